@@ -1,0 +1,53 @@
+"""minihop: capture a ``torch.autograd.Function`` into two consistent torch.fx graphs.
+
+What PyTorch's compiler does when it meets a user's autograd.Function, without
+``torch._dynamo``: trace ``forward`` and ``backward`` on fake tensors, rewire the two graphs
+into a consistent pair, and run them as one differentiable op.
+
+Vocabulary (used throughout):
+  fwd, bwd      the two graphs, ``fwd_body_0`` and ``bwd_body_0`` in printed form.
+  fwd inputs    the fwd graph's placeholders: tensors forward touched (first use order),
+                then tensor arguments it never used. *Lifted* inputs are tensors pulled out
+                of objects, containers or closures; they never receive gradients.
+  saved         values bwd needs from fwd, returned by fwd after its outputs and taken by bwd
+                after its grads, in the order bwd first reads them.
+  grads         bwd's first inputs, one per fwd tensor output; ``unused_N`` if never read.
+  non_differentiable_idx, dirty_idx
+                fwd output positions marked by ``ctx.mark_non_differentiable``/``mark_dirty``.
+
+Pipeline: ``tracer`` -> ``rewire`` -> ``runtime``; ``api`` strings them together.
+"""
+
+from .api import apply, capture, clear_cache
+from .errors import (
+    BackwardOutputError,
+    DataDependentError,
+    GuardMismatchError,
+    InconsistentGraphsError,
+    InplaceInputError,
+    MinihopError,
+    UnsupportedArgumentError,
+    UnsupportedOperationError,
+    UnsupportedOutputError,
+)
+from .rewire.contract import check_consistent
+from .runtime.capture import Capture
+
+__all__ = [
+    "BackwardOutputError",
+    "Capture",
+    "DataDependentError",
+    "GuardMismatchError",
+    "InconsistentGraphsError",
+    "InplaceInputError",
+    "MinihopError",
+    "UnsupportedArgumentError",
+    "UnsupportedOperationError",
+    "UnsupportedOutputError",
+    "apply",
+    "capture",
+    "check_consistent",
+    "clear_cache",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,72 @@
+"""Every error minihop raises on purpose.
+
+Each class subclasses ``MinihopError`` and the built-in exception a user would already catch
+(``TypeError``, ``ValueError``, ``NotImplementedError``). Messages follow one shape, as JAX's do:
+what was found (naming the user's Function, method, argument path and source line), why it is
+not supported, and what to do instead. Each class carries a stable ``code`` so messages can be
+pinned in tests and looked up in ``docs/unsupported.md``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MinihopError",
+    "UnsupportedArgumentError",
+    "UnsupportedOutputError",
+    "DataDependentError",
+    "BackwardOutputError",
+    "InplaceInputError",
+    "GuardMismatchError",
+    "InconsistentGraphsError",
+    "UnsupportedOperationError",
+]
+
+
+class MinihopError(Exception):
+    """Base of every error minihop raises deliberately."""
+
+    code: str = "MH000"
+
+    def __init__(self, found: str, why: str, todo: str, *, where: str | None = None) -> None:
+        self.found = found
+        self.why = why
+        self.todo = todo
+        self.where = where
+        lines = [f"[{self.code}] {found}"]
+        if where:
+            lines.append(f"  at {where}")
+        lines.append(f"Why: {why}")
+        lines.append(f"What to do: {todo}")
+        super().__init__("\n".join(lines))
+
+
+class UnsupportedArgumentError(MinihopError, TypeError):
+    code = "MH101"
+
+
+class UnsupportedOutputError(MinihopError, TypeError):
+    code = "MH102"
+
+
+class DataDependentError(MinihopError, NotImplementedError):
+    code = "MH103"
+
+
+class UnsupportedOperationError(MinihopError, NotImplementedError):
+    code = "MH104"
+
+
+class InplaceInputError(MinihopError, RuntimeError):
+    code = "MH105"
+
+
+class BackwardOutputError(MinihopError, ValueError):
+    code = "MH201"
+
+
+class GuardMismatchError(MinihopError, ValueError):
+    code = "MH301"
+
+
+class InconsistentGraphsError(MinihopError, ValueError):
+    code = "MH401"

@@ -1,0 +1,168 @@
+"""Turn the two raw traces into one consistent (fwd, bwd) pair.
+
+Place in the pipeline: rewire (pure). Input: a ``RawCapture`` (the tracer's raw graphs, which
+are only read). Output: a frozen ``Pair`` with two fresh ``GraphModule``s built node by node:
+
+    fwd(*fwd_inputs)          -> ((out_0, ..., out_k), (saved_0, ..., saved_m))
+    bwd(*grads_0..k, *saved)  -> (grad for fwd input 0, ..., grad for fwd input n)
+
+Postcondition: ``check_consistent(pair.fwd, pair.bwd)`` holds (checked before returning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+import torch.fx as fx
+
+from ..spec import InputSource
+from ..structure import OutputSpec
+from .contract import check_consistent
+
+if TYPE_CHECKING:
+    from ..tracer.trace import RawCapture
+
+__all__ = ["Pair", "make_pair"]
+
+_SET_GRAD = torch._C._set_grad_enabled
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A consistent forward/backward pair and the metadata needed to run it.
+
+    ``inputs`` describes each fwd input in placeholder order; ``top_level[i]`` says whether
+    fwd output i is an output of the Function in eager's sense (an item of the returned
+    tuple), and only those carry gradients. ``saved_for_backward_idx`` lists the saved
+    values that came from ``ctx.save_for_backward`` (autograd checks their versions).
+    """
+
+    function_name: str
+    fwd: fx.GraphModule
+    bwd: fx.GraphModule
+    inputs: tuple[InputSource, ...]
+    top_level: tuple[bool, ...]
+    non_differentiable_idx: tuple[int, ...]
+    dirty_idx: tuple[int, ...]
+    saved_for_backward_idx: tuple[int, ...]
+    num_saved: int
+    output_spec: OutputSpec
+    materialize_grads: bool
+    argnames: tuple[str, ...]
+
+
+def _is_impure(node: fx.Node) -> bool:
+    if node.op in ("placeholder", "output"):
+        return True
+    if node.target in (_SET_GRAD, operator.setitem):
+        return True
+    return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).endswith("__")
+
+
+def _eliminate_dead_code(graph: fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        if not node.users and not _is_impure(node):
+            graph.erase_node(node)
+
+
+def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names: dict[fx.Node, str]) -> None:
+    """Copy every non-placeholder node of ``src`` into ``dst`` in order, renaming by hint."""
+    for node in src.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        new = dst.create_node(node.op, node.target, fx.map_arg(node.args, env.__getitem__),
+                              fx.map_arg(node.kwargs, env.__getitem__), name=names.get(node, node.name))
+        new.meta = dict(node.meta)
+        env[node] = new
+
+
+def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
+    graph.call_function(_SET_GRAD, (enabled,))
+
+
+def make_pair(raw: "RawCapture") -> Pair:
+    """Build the consistent pair from ``raw`` (which is not modified)."""
+    # ---- forward: inputs in first-use order, body, grad mode restored, view_as, outputs --
+    fwd = fx.Graph()
+    fenv: dict[fx.Node, fx.Node] = {}
+    for node, source in raw.fwd_inputs:
+        fenv[node] = fwd.placeholder(source.name)
+        fenv[node].meta = dict(node.meta)
+    _grad_toggle(fwd, False)
+    _copy_body(raw.fwd_graph, fwd, fenv, raw.names)
+    _grad_toggle(fwd, True)
+    outs: list[fx.Node] = []
+    for node, aliased in zip(raw.fwd_outputs, raw.aliased, strict=True):
+        new = fenv[node]
+        if aliased:
+            # Eager returns an input passed straight through as a view of it (y is not x).
+            view = fwd.call_method("view_as", (new, new))
+            view.meta = dict(new.meta)
+            new = view
+        outs.append(new)
+    saved_fwd: list[fx.Node] = []
+    for _, fwd_node in raw.bwd_saved:
+        if fwd_node not in saved_fwd:
+            saved_fwd.append(fwd_node)
+    fwd.output((tuple(outs), tuple(fenv[n] for n in saved_fwd)))
+    _eliminate_dead_code(fwd)
+
+    # ---- backward: grads (unused_N where never read), saved, body, per-input grads ------
+    bwd = fx.Graph()
+    benv: dict[fx.Node, fx.Node] = {}
+    unused = 0
+    for i, node in enumerate(raw.grad_inputs):
+        if node is None:
+            placeholder = bwd.placeholder(f"unused_{unused}")
+            unused += 1
+            continue
+        placeholder = bwd.placeholder(raw.grad_names[i] or f"grad_{i}")
+        placeholder.meta = dict(node.meta)
+        benv[node] = placeholder
+    saved_placeholder: dict[fx.Node, fx.Node] = {}
+    for fwd_node in saved_fwd:
+        placeholder = bwd.placeholder(fenv[fwd_node].name)
+        placeholder.meta = dict(fenv[fwd_node].meta)
+        saved_placeholder[fwd_node] = placeholder
+    for bnode, fwd_node in raw.bwd_saved:
+        benv[bnode] = saved_placeholder[fwd_node]
+    _grad_toggle(bwd, False)
+    _copy_body(raw.bwd_graph, bwd, benv, raw.names)
+    grads_by_input: dict[fx.Node, list[fx.Node]] = {}
+    for arg_node, grad in zip(raw.arg_inputs, raw.arg_grads, strict=True):
+        if arg_node is not None and grad is not None:
+            grads_by_input.setdefault(arg_node, []).append(benv[grad])
+    results: list[fx.Node | None] = []
+    for node, _source in raw.fwd_inputs:
+        parts = grads_by_input.get(node)
+        if not parts:
+            results.append(None)
+            continue
+        total = parts[0]
+        for extra in parts[1:]:
+            # The same tensor passed as two arguments: eager accumulates both gradients.
+            total = bwd.call_function(operator.add, (total, extra))
+            total.meta = dict(extra.meta)
+        results.append(total)
+    _grad_toggle(bwd, True)
+    bwd.output(tuple(results))
+    _eliminate_dead_code(bwd)
+
+    fwd_gm = fx.GraphModule(torch.nn.Module(), fwd, class_name="fwd_body_0")
+    bwd_gm = fx.GraphModule(torch.nn.Module(), bwd, class_name="bwd_body_0")
+    saved_via_ctx = set(raw.saved_for_backward)
+    pair = Pair(
+        function_name=raw.function_name, fwd=fwd_gm, bwd=bwd_gm,
+        inputs=tuple(source for _, source in raw.fwd_inputs),
+        top_level=raw.top_level, non_differentiable_idx=raw.non_differentiable_idx,
+        dirty_idx=raw.dirty_idx,
+        saved_for_backward_idx=tuple(i for i, n in enumerate(saved_fwd) if n in saved_via_ctx),
+        num_saved=len(saved_fwd), output_spec=raw.output_spec,
+        materialize_grads=raw.materialize_grads, argnames=raw.argnames,
+    )
+    check_consistent(pair.fwd, pair.bwd)
+    return pair
+

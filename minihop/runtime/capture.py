@@ -1,0 +1,153 @@
+"""``Capture``: the result of capturing a Function, and the callable that runs it.
+
+Place in the pipeline: runtime. Built from a ``Pair`` (and its outer graph); holds the graphs
+and metadata a consumer reads, and a hot path prepared once: an input-fetch function generated
+from the input paths, the ``autograd.Function`` subclass, and the output-rebuild plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..errors import GuardMismatchError
+from ..rewire.pair import Pair
+from ..spec import InputSource
+from ..structure import OutputSpec, make_getter
+from .function import make_function
+from .guards import call_key, describe_key_difference
+
+__all__ = ["Capture", "make_capture", "readable"]
+
+
+def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
+    """One generated function pulling every fwd input out of the caller's arguments."""
+    getters = []
+    for source in inputs:
+        if source.path is None:
+            constant = source.constant
+            # Lifted tensors never receive gradients (eager's Function does not see them).
+            value = constant.detach() if constant is not None and constant.requires_grad else constant
+            getters.append(lambda args, kwargs, v=value: v)
+            continue
+        get = make_getter(source.path)
+        if source.lifted:
+            getters.append(lambda args, kwargs, g=get: _detached(g(args, kwargs)))
+        else:
+            getters.append(get)
+    gs = tuple(getters)
+
+    def fetch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        return [g(args, kwargs) for g in gs]
+
+    return fetch
+
+
+def _detached(value: torch.Tensor) -> torch.Tensor:
+    return value.detach() if value.requires_grad else value
+
+
+def readable(gm: fx.GraphModule) -> str:
+    """``print_readable`` with source comments removed and blank lines squashed (Dynamo's form)."""
+    text = gm.print_readable(print_output=False)
+    text = re.sub(r"(?m)^ *#.*\n?", "", text)
+    lines = [line.rstrip() for line in text.split("\n")]
+    out: list[str] = []
+    for line in lines:
+        if line == "" and out and out[-1] == "":
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Capture:
+    """A captured ``autograd.Function``: the consistent pair, its metadata, and ``__call__``.
+
+    ``fwd``/``bwd`` are the pair (see the README's graph contract); ``graph`` is the outer
+    graph calling them once (runnable, in Dynamo's layout); ``inputs`` says where each fwd
+    input comes from (``lifted`` ones are pulled out of objects, containers or closures);
+    ``output_spec`` rebuilds the user's output structure. ``key`` is what the capture assumed
+    of its arguments; calling it with arguments of other properties raises
+    ``GuardMismatchError``.
+    """
+
+    function: type
+    fwd: fx.GraphModule
+    bwd: fx.GraphModule
+    graph: fx.GraphModule
+    inputs: tuple[InputSource, ...]
+    non_differentiable_idx: tuple[int, ...]
+    dirty_idx: tuple[int, ...]
+    saved_for_backward_idx: tuple[int, ...]
+    output_spec: OutputSpec
+    top_level: tuple[bool, ...]
+    key: tuple[Any, ...]
+    argnames: tuple[str, ...]
+    capture_seconds: float = 0.0
+    _fetch: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+    _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def lifted_inputs(self) -> tuple[InputSource, ...]:
+        return tuple(s for s in self.inputs if s.lifted)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments to positions, as ``Function.apply`` binds them."""
+        if not kwargs:
+            return args
+        forward = self.function.forward
+        sig = inspect.signature(forward)
+        uses_setup = self.function.setup_context is not torch.autograd.Function.setup_context  # type: ignore[comparison-overlap]
+        bound = sig.bind(*args, **kwargs) if uses_setup else sig.bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.args) if uses_setup else tuple(bound.args[1:])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self.bind(args, kwargs)
+        key = call_key(args)
+        if key != self.key:
+            raise GuardMismatchError(
+                f"Capture of {self.function.__qualname__} called with arguments unlike the "
+                f"captured ones: {describe_key_difference(self.key, key, self.argnames)}",
+                "A capture is specialised on its arguments' shapes, dtypes, devices, "
+                "requires_grad, non-tensor values and grad mode.",
+                "Capture again for these arguments, or use minihop.apply, which captures "
+                "once per distinct set of properties.")
+        return self.run(args)
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        """Run without the guard check (the caller has checked ``key``)."""
+        sink: list[Any] = []
+        result = self._function.apply(sink, *self._fetch(args, {}))
+        spec = self.output_spec
+        if spec.kind == "tensor":
+            return result[0]
+        if sink:
+            flat: list[Any] = [None] * (len(result) + len(sink))
+            top = iter(result)
+            nested = iter(sink)
+            for i, is_top in enumerate(self.top_level):
+                flat[i] = next(top) if is_top else next(nested)
+            return spec.rebuild(flat)
+        return spec.rebuild(result)
+
+    def __str__(self) -> str:
+        return readable(self.graph)
+
+
+def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
+                 seconds: float) -> Capture:
+    return Capture(
+        function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
+        non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
+        saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
+        top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
+        _fetch=_fetcher(pair.inputs), _function=make_function(pair),
+    )

@@ -1,0 +1,74 @@
+"""What a capture assumed about its arguments, as a hashable key.
+
+Place in the pipeline: runtime. A capture is traced on fake tensors, so it is valid for every
+call whose arguments have the same *properties*: for each tensor its shape, dtype, device,
+layout and ``requires_grad``; for each non-tensor its value (baked into the graphs as a
+constant); the structure around them; and grad mode. ``call_key`` computes exactly that, and
+the cache and ``Capture.__call__`` compare keys.
+
+Rule for values that are not hashable and not containers: they are keyed by identity
+(``id``), so a different object means a new capture, never a stale one.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+__all__ = ["call_key", "describe_key_difference"]
+
+_HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
+                   torch.device, torch.layout, torch.memory_format, type)
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
+                value.requires_grad)
+    if isinstance(value, _HASHABLE_ATOMS):
+        return ("V", type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _key(v)) for k, v in value.items()))
+    if isinstance(value, torch.nn.Module) or callable(value):
+        return ("id", type(value), id(value))
+    if hasattr(value, "__dict__"):
+        return ("O", type(value), tuple((k, _key(v)) for k, v in vars(value).items()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", type(value), id(value))
+    return ("V", type(value), value)
+
+
+def call_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The properties of a call that a capture depends on (args already bound to positions)."""
+    return (torch.is_grad_enabled(), tuple(_key(a) for a in args))
+
+
+def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
+                            argnames: tuple[str, ...]) -> str:
+    """A human-readable first difference between two keys."""
+    if expected[0] != found[0]:
+        return f"grad mode: captured with {expected[0]}, called with {found[0]}"
+    exp_args, found_args = expected[1], found[1]
+    if len(exp_args) != len(found_args):
+        return f"number of arguments: captured {len(exp_args)}, called with {len(found_args)}"
+    for i, (e, f) in enumerate(zip(exp_args, found_args, strict=True)):
+        if e != f:
+            name = argnames[i] if i < len(argnames) else f"args[{i}]"
+            return f"argument {i} ({name}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
+    return "no difference"
+
+
+def _show(key: Any) -> str:
+    if isinstance(key, tuple) and key and key[0] == "T":
+        _, cls, shape, dtype, device, _layout, rg = key
+        return (f"{cls.__name__}(shape={list(shape)}, dtype={dtype}, device={device}, "
+                f"requires_grad={rg})")
+    if isinstance(key, tuple) and key and key[0] == "V":
+        return repr(key[2])
+    return repr(key)

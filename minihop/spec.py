@@ -1,0 +1,37 @@
+"""Records passed down the pipeline: where each forward graph input comes from.
+
+Shared vocabulary between tracer (which discovers inputs), rewire (which orders them) and runtime
+(which fetches them from the caller's arguments on every call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .structure import Path
+
+__all__ = ["InputSource"]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSource:
+    """One forward graph input and where its value comes from.
+
+    ``path`` locates it in the caller's arguments (``None`` for a tensor forward reached
+    through a closure, a global or a module: ``constant`` then holds that tensor).
+    ``arg_index`` is set when the input *is* one of forward's tensor arguments: it receives
+    the gradient the user's backward returns at that position. Lifted inputs (from objects,
+    containers, closures) have ``arg_index is None`` and never receive a gradient, as in eager.
+    """
+
+    name: str
+    description: str
+    path: Path | None
+    arg_index: int | None
+    constant: torch.Tensor | None = None
+
+    @property
+    def lifted(self) -> bool:
+        return self.arg_index is None

@@ -1,0 +1,196 @@
+"""Python structures around tensors: paths to leaves, flattening plans, rebuilding plans.
+
+Shared by the tracer (which swaps argument tensors for fake ones and flattens what forward
+returned) and the runtime (which pulls graph inputs out of the caller's arguments and rebuilds
+the caller's output structure). Everything decided here is decided once, at capture time: a
+plan is a small closure the hot path calls, not a walk over the structure.
+
+Invariant: ``flatten`` and ``rebuild`` agree on leaf order (depth first: tuple/list items in
+order, dict items in insertion order, object attributes in ``vars()`` order).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Step",
+    "Path",
+    "format_path",
+    "iter_leaves",
+    "replace_tensors",
+    "make_getter",
+    "OutputSpec",
+    "describe_output",
+]
+
+# One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
+# ("key", k) or ("attr", name).
+Step = tuple[str, Any]
+Path = tuple[Step, ...]
+
+# Values that are leaves even though they may have a __dict__.
+_ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
+           torch.device, torch.layout, torch.memory_format, type, torch.nn.Module)
+
+
+def _is_object_container(value: Any) -> bool:
+    """A user object whose attributes we look into (dataclasses and plain classes)."""
+    if isinstance(value, _ATOMIC) or callable(value) or isinstance(value, torch.Tensor):
+        return False
+    return hasattr(value, "__dict__") and not isinstance(value, type)
+
+
+def format_path(path: Path, argnames: tuple[str, ...] = ()) -> str:
+    """``(("arg", 1), ("attr", "b"))`` -> ``weird.b`` (or ``args[1].b`` without names)."""
+    out = ""
+    for kind, key in path:
+        if kind == "arg":
+            out += argnames[key] if key < len(argnames) else f"args[{key}]"
+        elif kind == "kw":
+            out += str(key)
+        elif kind == "item":
+            out += f"[{key}]"
+        elif kind == "key":
+            out += f"[{key!r}]"
+        else:
+            out += f".{key}"
+    return out
+
+
+def iter_leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """Yield ``(path, leaf)`` for every leaf (tensor or other atom) below ``value``."""
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from iter_leaves(item, path + (("item", i),))
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from iter_leaves(item, path + (("key", k),))
+    elif _is_object_container(value):
+        for k, item in vars(value).items():
+            yield from iter_leaves(item, path + (("attr", k),))
+    else:
+        yield path, value
+
+
+def _contains_tensor(value: Any) -> bool:
+    return any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value))
+
+
+def replace_tensors(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path = ()) -> Any:
+    """A copy of ``value`` with each tensor ``t`` at ``path`` replaced by ``fn(path, t)``.
+
+    Containers are rebuilt, user objects are shallow-copied; parts without tensors are kept
+    as they are (same object), as eager would pass them.
+    """
+    if isinstance(value, torch.Tensor):
+        return fn(path, value)
+    if not _contains_tensor(value):
+        return value
+    if isinstance(value, tuple):
+        items = [replace_tensors(v, fn, path + (("item", i),)) for i, v in enumerate(value)]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [replace_tensors(v, fn, path + (("item", i),)) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        new = copy.copy(value)
+        for k, v in value.items():
+            new[k] = replace_tensors(v, fn, path + (("key", k),))
+        return new
+    new_obj = copy.copy(value)
+    for k, v in vars(value).items():
+        # object.__setattr__ also works for frozen dataclasses.
+        object.__setattr__(new_obj, k, replace_tensors(v, fn, path + (("attr", k),)))
+    return new_obj
+
+
+def make_getter(path: Path) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """A function ``(args, kwargs) -> value at path``, generated once for the hot path."""
+    expr = ""
+    for kind, key in path:
+        if kind == "arg":
+            expr = f"args[{int(key)}]"
+        elif kind == "kw":
+            expr = f"kwargs[{key!r}]"
+        elif kind == "item":
+            expr += f"[{int(key)}]"
+        elif kind == "key":
+            expr += f"[{key!r}]"
+        else:
+            expr += f".{key}"
+    fn: Callable[[tuple[Any, ...], dict[str, Any]], Any] = eval(f"lambda args, kwargs: {expr}")
+    return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """The shape of what forward returned, with tensors replaced by flat output indices.
+
+    ``kind`` is ``"tensor"`` (``index`` into the flat outputs), ``"const"`` (``value``),
+    ``"tuple"``, ``"list"``, ``"namedtuple"``, ``"dict"`` or ``"object"`` (``children``, with
+    ``keys`` for dicts/objects and ``template`` for namedtuples/objects).
+    """
+
+    kind: str
+    index: int = -1
+    value: Any = None
+    keys: tuple[Any, ...] = ()
+    children: tuple["OutputSpec", ...] = ()
+    template: Any = None
+
+    def rebuild(self, flat: tuple[Any, ...] | list[Any]) -> Any:
+        """Rebuild the user's structure from the flat tensor outputs."""
+        kind = self.kind
+        if kind == "tensor":
+            return flat[self.index]
+        if kind == "const":
+            return self.value
+        items = [c.rebuild(flat) for c in self.children]
+        if kind == "tuple":
+            return tuple(items)
+        if kind == "list":
+            return items
+        if kind == "namedtuple":
+            return type(self.template)(*items)
+        if kind == "dict":
+            return dict(zip(self.keys, items, strict=True))
+        obj = copy.copy(self.template)
+        for k, v in zip(self.keys, items, strict=True):
+            object.__setattr__(obj, k, v)
+        return obj
+
+
+def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
+                    level: int = 0) -> OutputSpec:
+    """Build the ``OutputSpec`` of ``value``; ``on_tensor(t, top_level)`` returns t's flat index.
+
+    ``top_level`` is True for a tensor returned directly or as an item of a returned tuple
+    (``level`` 0 or 1): the only tensors eager autograd treats as outputs of the Function.
+    """
+    if isinstance(value, torch.Tensor):
+        return OutputSpec("tensor", index=on_tensor(value, level <= 1))
+    if isinstance(value, tuple):
+        # Only the returned tuple itself spreads into outputs; deeper tuples are plain values.
+        child_level = 1 if level == 0 else 2
+        children = tuple(describe_output(v, on_tensor, child_level) for v in value)
+        if hasattr(value, "_fields"):
+            return OutputSpec("namedtuple", children=children, template=value)
+        return OutputSpec("tuple", children=children)
+    if isinstance(value, list):
+        return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2) for v in value))
+    if isinstance(value, dict):
+        return OutputSpec("dict", keys=tuple(value), children=tuple(
+            describe_output(v, on_tensor, 2) for v in value.values()))
+    if _is_object_container(value) and _contains_tensor(value):
+        attrs = vars(value)
+        return OutputSpec("object", keys=tuple(attrs), template=value, children=tuple(
+            describe_output(v, on_tensor, 2) for v in attrs.values()))
+    return OutputSpec("const", value=value)

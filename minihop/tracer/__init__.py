@@ -1,0 +1,8 @@
+"""tracer: run a user's autograd.Function on fake values and record two raw fx graphs.
+
+First stage of the pipeline (tracer -> rewire -> runtime). See ``trace.trace_function``.
+"""
+
+from .trace import RawCapture, function_parts, trace_function
+
+__all__ = ["RawCapture", "function_parts", "trace_function"]

@@ -1,0 +1,84 @@
+"""Readable names for graph values, taken from the user's own code.
+
+Place in the pipeline: tracer. Dynamo names a node after the local variable it is stored in;
+minihop gets the same effect by reading the user's frame locals when forward/backward return
+(``sys.setprofile``, only while that one call runs), and names inputs after argument paths
+(``weird.b`` -> ``l_weird_b``), as Dynamo's sources do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterator
+from types import CodeType, FrameType
+from typing import Any
+
+from ..structure import Path
+
+__all__ = ["input_name", "capture_locals", "code_of"]
+
+
+def _ident(text: str) -> str:
+    text = re.sub(r"\W", "_", str(text))
+    return text if text and not text[0].isdigit() else f"_{text}"
+
+
+def input_name(path: Path, argnames: tuple[str, ...]) -> str:
+    """Dynamo's style of input name: ``x`` -> ``l_x_``; ``weird.b`` -> ``l_weird_b``."""
+    parts: list[str] = []
+    trailing = True
+    for kind, key in path:
+        if kind == "arg":
+            parts.append(argnames[key] if key < len(argnames) else f"args_{key}")
+            trailing = True
+        elif kind == "kw":
+            parts.append(str(key))
+            trailing = True
+        elif kind in ("item", "key"):
+            parts.append(f"{key}")
+            trailing = True
+        else:
+            parts.append(str(key))
+            trailing = False
+    return _ident("l_" + "_".join(parts) + ("_" if trailing else ""))
+
+
+def code_of(fn: Any) -> CodeType | None:
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+@contextlib.contextmanager
+def capture_locals(fn: Any, sink: dict[str, Any]) -> Iterator[None]:
+    """While active, fill ``sink`` with ``fn``'s locals as its (outermost) call returns."""
+    code = code_of(fn)
+    previous = sys.getprofile()
+    if code is None:
+        yield
+        return
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code is code and not sink:
+            sink.update(frame.f_locals)
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+
+
+def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any]) -> dict[Any, str]:
+    """Map node -> local variable name, first name wins; ``node_of`` returns None if unknown."""
+    hints: dict[Any, str] = {}
+    for name, value in locals_.items():
+        if name in ("ctx", "self", "cls") or name.startswith("_"):
+            continue
+        node = node_of(value)
+        if node is not None and node not in hints and node.op != "placeholder":
+            hints[node] = _ident(name)
+    return hints

@@ -1,0 +1,206 @@
+"""Record torch-level calls on fake values into an fx graph.
+
+Place in the pipeline: the tracer's engine. ``GraphRecorder`` (a ``torch.fx.Tracer``) owns one
+``fx.Graph`` and the map from each fake value to the node that produced it; ``RecordingMode``
+(a ``TorchFunctionMode``) sees every torch call the user's code makes, runs it on fake values
+(so ``x.shape``, ``x.dtype`` and ``isinstance`` answer for real) and hands calls that produce
+tensors to the active recorder.
+
+Invariant: every fake tensor the user's code can reach maps to exactly one node of the graph
+being recorded, or is resolved (lifted, or saved from forward) on first use.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import DataDependentError, UnsupportedOperationError
+
+__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame"]
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_MINIHOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = (_TORCH_DIR, _MINIHOP_DIR, os.path.dirname(operator.__file__))
+
+# Tensor methods that Dynamo prints as Python operators when called with two operands.
+_BINARY_OPERATORS: dict[str, Callable[..., Any]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+    "__getitem__": operator.getitem, "__and__": operator.and_, "__or__": operator.or_,
+    "__xor__": operator.xor, "eq": operator.eq, "ne": operator.ne, "lt": operator.lt,
+    "le": operator.le, "gt": operator.gt, "ge": operator.ge, "__pow__": operator.pow,
+}
+_REFLECTED_OPERATORS: dict[str, Callable[..., Any]] = {
+    "__rsub__": operator.sub, "__rdiv__": operator.truediv, "__rtruediv__": operator.truediv,
+    "__rpow__": operator.pow, "__rmatmul__": operator.matmul,
+}
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+def user_frame() -> traceback.FrameSummary | None:
+    """The innermost frame that belongs to the user's code (not torch's, not minihop's)."""
+    f = sys._getframe(1)
+    while f is not None:
+        filename = f.f_code.co_filename
+        if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<"):
+            return traceback.FrameSummary(filename, f.f_lineno, f.f_code.co_name)
+        f = f.f_back  # type: ignore[assignment]
+    return None
+
+
+def format_frame(frame: traceback.FrameSummary | None) -> str | None:
+    if frame is None:
+        return None
+    return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {(frame.line or "").strip()}'
+
+
+def _target_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, tuple[Any, ...]]:
+    """Choose how a call is written in the graph: (op, target, args), in Dynamo's forms."""
+    name = getattr(func, "__name__", None)
+    owner = getattr(func, "__qualname__", "").split(".")[0]
+    if owner in ("TensorBase", "Tensor") and name is not None:
+        if not kwargs and len(args) == 2:
+            if name in _BINARY_OPERATORS:
+                return "call_function", _BINARY_OPERATORS[name], args
+            if name in _REFLECTED_OPERATORS:
+                return "call_function", _REFLECTED_OPERATORS[name], (args[1], args[0])
+        if name == "neg" and len(args) == 1 and not kwargs:
+            return "call_function", operator.neg, args
+        return "call_method", name, args
+    if name == "__get__" and hasattr(func, "__self__"):
+        # A tensor property such as ``x.T`` or ``x.real``.
+        return "call_function", getattr, (args[0], func.__self__.__name__)
+    return "call_function", func, args
+
+
+class GraphRecorder(fx.Tracer):
+    """One graph being recorded, and which node each fake value stands for.
+
+    ``resolve`` is called for a fake tensor the graph has not seen: it returns the node to use
+    (a placeholder for an input or a saved forward value) or raises.
+    """
+
+    def __init__(self, resolve: Callable[["GraphRecorder", torch.Tensor], fx.Node]) -> None:
+        super().__init__()
+        self.graph = fx.Graph()
+        self.resolve = resolve
+        self.node_of: dict[int, fx.Node] = {}
+        # Keeps every fake alive so ``id`` keys stay unique for the life of the recording.
+        self.alive: list[Any] = []
+        # In-place calls on values the graph did not create: (node, first argument).
+        self.mutations: list[tuple[fx.Node, torch.Tensor]] = []
+
+    def bind(self, value: torch.Tensor, node: fx.Node) -> None:
+        self.node_of[id(value)] = node
+        self.alive.append(value)
+        node.meta["val"] = value
+
+    def node_for(self, value: torch.Tensor) -> fx.Node:
+        node = self.node_of.get(id(value))
+        if node is None:
+            node = self.resolve(self, value)
+            self.bind(value, node)
+        return node
+
+    def placeholder(self, name: str, value: Any) -> fx.Node:
+        node = self.create_node("placeholder", name, (), {}, name=name)
+        node.meta["val"] = value
+        return node
+
+    def to_graph_arg(self, value: Any) -> Any:
+        return tree_map(lambda v: self.node_for(v) if isinstance(v, torch.Tensor) else v, value)
+
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> fx.Node:
+        op, target, args = _target_of(func, args, kwargs)
+        node = self.create_node(op, target, self.to_graph_arg(args), self.to_graph_arg(kwargs))
+        frame = user_frame()
+        if frame is not None:
+            node.meta["stack_trace"] = "".join(traceback.format_list([frame]))
+        if op == "call_method" and target.endswith("_") and not target.endswith("__"):
+            self.mutations.append((node, args[0]))
+        if isinstance(result, torch.Tensor):
+            self.bind(result, node)
+            return node
+        node.meta["val"] = result
+        if isinstance(result, (tuple, list)):
+            for i, item in enumerate(result):
+                if isinstance(item, torch.Tensor):
+                    item_node = self.create_node("call_function", operator.getitem, (node, i), {})
+                    item_node.meta["stack_trace"] = node.meta.get("stack_trace")
+                    self.bind(item, item_node)
+        return node
+
+
+class RecordingMode(TorchFunctionMode):
+    """Runs every torch call on fake values and records the ones that make tensors.
+
+    Real tensors that reach a call (closed-over constants, module parameters) are turned into
+    fake values first, through ``lift_real``, so the graph gets them as inputs.
+    """
+
+    def __init__(self, fake_mode: FakeTensorMode, lift_real: Callable[[torch.Tensor], torch.Tensor],
+                 describe: Callable[[], str]) -> None:
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.lift_real = lift_real
+        self.describe = describe
+        self.recorder: GraphRecorder | None = None
+
+    def _fakeify(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self.lift_real(value)
+        return value
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        recorder = self.recorder
+        if recorder is None or func is torch._C._set_grad_enabled:
+            return func(*args, **kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        if any(isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) for v in flat):
+            args, kwargs = tree_map(self._fakeify, (args, kwargs))
+        try:
+            result = func(*args, **kwargs)
+        except _DATA_DEPENDENT as e:
+            raise DataDependentError(
+                f"{self.describe()} calls {getattr(func, '__name__', func)!s}, whose result "
+                "depends on tensor values.",
+                "minihop traces on fake tensors that have shapes and dtypes but no values, so "
+                "Python control flow or numbers taken from tensor data (.item(), .tolist(), "
+                "bool(t), data-dependent output shapes) cannot be captured.",
+                "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
+                "Python argument; or run this Function eagerly.",
+                where=format_frame(user_frame()),
+            ) from e
+        except UnsupportedOperatorException as e:
+            raise UnsupportedOperationError(
+                f"{self.describe()} calls {func!s}, which has no fake-tensor implementation.",
+                "minihop must run every op on fake tensors to learn output shapes.",
+                "Register a fake (meta) kernel for the op, or run this Function eagerly.",
+                where=format_frame(user_frame()),
+            ) from e
+        if func is torch.Tensor.__setitem__:
+            # Returns None but writes into its first argument.
+            node = recorder.record(operator.setitem, args, kwargs, None)
+            recorder.mutations.append((node, args[0]))
+            return result
+        if any(isinstance(v, torch.Tensor) for v in tree_flatten(result)[0]):
+            recorder.record(func, args, kwargs, result)
+        return result

@@ -1,0 +1,388 @@
+"""Trace a user's ``autograd.Function`` into two raw graphs.
+
+Place in the pipeline: the tracer's entry point (``trace_function``). Forward runs under
+no-grad on fake copies of the arguments, with a proxy ctx; backward then runs on fake grads and
+whatever forward values it reaches. The result, ``RawCapture``, holds both raw graphs and
+everything the rewire needs to make them consistent; nothing here reorders or renames.
+
+Invariants: every tensor forward reaches is a recorded node or a placeholder with an
+``InputSource``; every forward value backward reads is a backward placeholder paired with its
+forward node (``bwd_saved``), in the order backward first read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..errors import BackwardOutputError, InplaceInputError, UnsupportedArgumentError
+from ..spec import InputSource
+from ..structure import OutputSpec, Path, describe_output, format_path, replace_tensors
+from .ctx import ProxyCtx
+from .names import capture_locals, input_name, name_hints
+from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
+
+__all__ = ["RawCapture", "trace_function", "function_parts"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RawCapture:
+    """Both raw graphs and what tracing learned; input to ``rewire.make_pair``."""
+
+    function_name: str
+    argnames: tuple[str, ...]
+    fwd_graph: fx.Graph
+    fwd_inputs: tuple[tuple[fx.Node, InputSource], ...]
+    fwd_outputs: tuple[fx.Node, ...]
+    top_level: tuple[bool, ...]
+    aliased: tuple[bool, ...]
+    output_spec: OutputSpec
+    non_differentiable_idx: tuple[int, ...]
+    dirty_idx: tuple[int, ...]
+    bwd_graph: fx.Graph
+    grad_inputs: tuple[fx.Node | None, ...]
+    grad_names: tuple[str | None, ...]
+    bwd_saved: tuple[tuple[fx.Node, fx.Node], ...]
+    arg_grads: tuple[fx.Node | None, ...]
+    arg_inputs: tuple[fx.Node | None, ...]
+    saved_for_backward: tuple[fx.Node, ...]
+    names: dict[fx.Node, str]
+    materialize_grads: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionParts:
+    """The user's Function, resolved: the callables autograd would call, and their names."""
+
+    name: str
+    forward: Any
+    setup_context: Any | None
+    backward: Any
+    argnames: tuple[str, ...]
+    gradnames: tuple[str, ...] | None
+
+
+def function_parts(fn_cls: type) -> FunctionParts:
+    """Resolve forward/setup_context/backward (or vjp) the way ``Function.apply`` does."""
+    if not (isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function)):
+        raise UnsupportedArgumentError(
+            f"minihop.capture got {fn_cls!r}, which is not a torch.autograd.Function subclass.",
+            "minihop captures the forward and backward of an autograd.Function.",
+            "Pass the class itself (MyFunction), not an instance or MyFunction.apply.",
+        )
+    setup = fn_cls.setup_context
+    uses_setup = setup is not torch.autograd.Function.setup_context  # type: ignore[comparison-overlap]
+    backward = fn_cls.backward
+    if backward is torch.autograd.Function.backward and fn_cls.vjp is not torch.autograd.Function.vjp:
+        backward = fn_cls.vjp
+    params = list(inspect.signature(fn_cls.forward).parameters.values())
+    if not uses_setup:
+        params = params[1:]  # ctx
+    argnames = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    bparams = list(inspect.signature(backward).parameters.values())[1:]
+    gradnames = None if any(p.kind == p.VAR_POSITIONAL for p in bparams) else tuple(p.name for p in bparams)
+    return FunctionParts(fn_cls.__qualname__, fn_cls.forward, setup if uses_setup else None,
+                         backward, argnames, gradnames)
+
+
+def _bind(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Keyword arguments to positions, defaults filled, as ``Function.apply`` binds them."""
+    if not kwargs:
+        return args
+    sig = inspect.signature(fn_cls.forward)
+    if parts.setup_context is None:
+        bound = sig.bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.args[1:])
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.args)
+
+
+def _closure_names(fn: Any) -> dict[int, str]:
+    """id(tensor) -> name, for tensors forward reaches through closure cells or globals."""
+    names: dict[int, str] = {}
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return names
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, torch.Tensor):
+            names.setdefault(id(value), f"l_{name}_")
+    for name in code.co_names:
+        value = fn.__globals__.get(name)
+        if isinstance(value, torch.Tensor):
+            names.setdefault(id(value), f"g_{name}_")
+    return names
+
+
+class _Tracing:
+    """State of one capture while forward and backward are traced."""
+
+    def __init__(self, fn_cls: type, parts: FunctionParts, args: tuple[Any, ...]) -> None:
+        self.fn_cls = fn_cls
+        self.parts = parts
+        self.args = args
+        self.fake_mode = FakeTensorMode()
+        self.sources: dict[int, InputSource] = {}  # id(fake) -> where the input comes from
+        self.real_to_fake: dict[int, torch.Tensor] = {}
+        self.closure_names = {**_closure_names(parts.backward), **_closure_names(parts.forward)}
+        self.fwd = GraphRecorder(self._resolve_fwd)
+        self.bwd = GraphRecorder(self._resolve_bwd)
+        self.grad_of: dict[int, int] = {}  # id(fake grad) -> flat output index
+        self.grad_nodes: dict[int, fx.Node] = {}
+        self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
+        self.phase = "forward"
+        self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe)
+
+    def _describe(self) -> str:
+        return f"{self.parts.name}.{self.phase}"
+
+    # -- inputs ---------------------------------------------------------------------------
+    def fake_arg(self, path: Path, real: torch.Tensor) -> torch.Tensor:
+        if type(real) not in (torch.Tensor, torch.nn.Parameter):
+            raise UnsupportedArgumentError(
+                f"{self.parts.name}.apply got a {type(real).__name__} (a tensor subclass) at "
+                f"{format_path(path, self.parts.argnames)}.",
+                "minihop traces on plain fake tensors; a subclass's own __torch_function__ or "
+                "__torch_dispatch__ behaviour would be lost.",
+                "Pass a plain tensor (t.as_subclass(torch.Tensor)), or run this Function eagerly.",
+            )
+        fake = self.real_to_fake.get(id(real))
+        if fake is None:
+            fake = self.fake_mode.from_tensor(real)
+            self.real_to_fake[id(real)] = fake
+            arg_index = path[0][1] if len(path) == 1 and path[0][0] == "arg" else None
+            self.sources[id(fake)] = InputSource(
+                input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
+                path, arg_index)
+        return fake
+
+    def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
+        fake = self.real_to_fake.get(id(real))
+        if fake is None:
+            fake = self.fake_mode.from_tensor(real)
+            self.real_to_fake[id(real)] = fake
+            name = self.closure_names.get(id(real), f"lifted_{len(self.sources)}")
+            self.sources[id(fake)] = InputSource(
+                name, f"tensor reached from {self._describe()} ({name})", None, None, real)
+        return fake
+
+    def _resolve_fwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
+        source = self.sources.get(id(value))
+        if source is None:
+            raise UnsupportedArgumentError(
+                f"{self._describe()} used a fake tensor that minihop did not create.",
+                "Fake tensors from another capture or FakeTensorMode cannot be mixed in.",
+                "Pass real tensors to minihop.capture.",
+                where=format_frame(user_frame()),
+            )
+        return rec.placeholder(source.name, value)
+
+    def _resolve_bwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
+        index = self.grad_of.get(id(value))
+        if index is not None:
+            node = rec.placeholder(f"grad_{index}", value)
+            self.grad_nodes[index] = node
+            return node
+        fwd_node = self.fwd.node_for(value)  # a forward value (or input) backward reads
+        node = rec.placeholder(fwd_node.name, value)
+        self.bwd_saved.append((node, fwd_node))
+        return node
+
+    # -- running the user's code ---------------------------------------------------------
+    def run(self, phase: str, fn: Any, recorder: GraphRecorder, locals_: dict[str, Any],
+            *args: Any) -> Any:
+        self.phase = phase
+        self.mode.recorder = recorder
+        try:
+            with self.fake_mode, self.mode, torch.no_grad(), capture_locals(fn, locals_):
+                return fn(*args)
+        finally:
+            self.mode.recorder = None
+
+
+def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RawCapture:
+    """Run ``fn_cls``'s forward and backward symbolically and return both raw graphs."""
+    parts = function_parts(fn_cls)
+    args = _bind(parts, fn_cls, args, kwargs)
+    t = _Tracing(fn_cls, parts, args)
+    fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
+    grad_on = torch.is_grad_enabled()
+    ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
+    record = ctx._minihop_record
+
+    fwd_locals: dict[str, Any] = {}
+    if parts.setup_context is None:
+        out = t.run("forward", parts.forward, t.fwd, fwd_locals, ctx, *fake_args)
+    else:
+        out = t.run("forward", parts.forward, t.fwd, fwd_locals, *fake_args)
+        t.run("setup_context", parts.setup_context, t.fwd, {}, ctx, fake_args, out)
+
+    _check_mutations(t, record.dirty)
+
+    # Outputs: flatten in structure order; note which are top-level and which are inputs.
+    flat: list[torch.Tensor] = []
+    top: list[bool] = []
+
+    def on_tensor(value: torch.Tensor, is_top: bool) -> int:
+        flat.append(value)
+        top.append(is_top)
+        return len(flat) - 1
+
+    spec = describe_output(out, on_tensor)
+    fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
+    arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
+                 for s in [t.sources[id(v)]]}
+    dirty_ids = {id(d) for d in record.dirty}
+    aliased = tuple(is_top and id(v) in arg_fakes and id(v) not in dirty_ids
+                    for v, is_top in zip(flat, top, strict=True))
+    nondiff_ids = {id(v) for v in record.non_differentiable}
+    non_differentiable_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in nondiff_ids)
+    dirty_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in dirty_ids)
+
+    # Tensor arguments forward never touched still get an input, so gradients line up.
+    for a in fake_args:
+        if isinstance(a, torch.Tensor):
+            t.fwd.node_for(a)
+    names = name_hints(fwd_locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None)
+    single = isinstance(out, torch.Tensor)
+    for v, node in zip(flat, fwd_outputs, strict=True):
+        if node.op != "placeholder" and node not in names:
+            names[node] = "outs" if single else "out"
+
+    # Backward: one grad per top-level item of forward's return value (None for non-tensors).
+    top_items = list(out) if isinstance(out, tuple) else [out]
+    grads: list[Any] = []
+    with t.fake_mode:
+        flat_index = 0
+        for item in top_items:
+            if isinstance(item, torch.Tensor):
+                g = torch.empty_like(item)
+                t.grad_of[id(g)] = flat_index
+                t.bwd.alive.append(g)
+                grads.append(g)
+            else:
+                grads.append(None)
+            flat_index += sum(1 for _ in _tensor_leaves(item))
+    bwd_locals: dict[str, Any] = {}
+    result = t.run("backward", parts.backward, t.bwd, bwd_locals, ctx, *grads)
+    arg_grads = _arg_grads(t, args, result)
+    names.update(name_hints(bwd_locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
+
+    grad_names: list[str | None] = [None] * len(flat)
+    item_index = 0
+    flat_index = 0
+    for item in top_items:
+        if isinstance(item, torch.Tensor):
+            if parts.gradnames is not None and item_index < len(parts.gradnames):
+                grad_names[flat_index] = parts.gradnames[item_index]
+        flat_index += sum(1 for _ in _tensor_leaves(item))
+        item_index += 1
+
+    fwd_inputs = tuple((node, t.sources[id(node.meta["val"])])
+                       for node in t.fwd.graph.nodes if node.op == "placeholder")
+    return RawCapture(
+        function_name=parts.name, argnames=parts.argnames,
+        fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
+        top_level=tuple(top), aliased=aliased, output_spec=spec,
+        non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
+        arg_inputs=tuple(t.fwd.node_for(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
+        saved_for_backward=tuple(t.fwd.node_of[id(v)] for v in (record.saved or ())
+                                 if isinstance(v, torch.Tensor) and id(v) in t.fwd.node_of),
+        bwd_graph=t.bwd.graph,
+        grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
+        grad_names=tuple(grad_names), bwd_saved=tuple(t.bwd_saved), arg_grads=arg_grads,
+        names=names, materialize_grads=record.materialize_grads,
+    )
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    describe_output(value, lambda v, _top: found.append(v) or 0, level=2)
+    return found
+
+
+def _check_mutations(t: _Tracing, dirty: list[torch.Tensor]) -> None:
+    dirty_ids = {id(d) for d in dirty}
+    for node, target in t.fwd.mutations:
+        source = t.sources.get(id(target))
+        if source is not None and id(target) not in dirty_ids:
+            raise InplaceInputError(
+                f"{t.parts.name}.forward modifies its input {source.description} in place "
+                f"({node.format_node()}) without ctx.mark_dirty.",
+                "Eager autograd needs to know about in-place changes to inputs to keep "
+                "gradients right; an unreported one gives silently wrong gradients.",
+                f"Call ctx.mark_dirty({source.description}) and return it, or work on a "
+                f"copy ({source.description}.clone()).",
+                where=node.meta.get("stack_trace", "").strip() or None,
+            )
+
+
+def _arg_grads(t: _Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node | None, ...]:
+    """Check what backward returned against forward's arguments, as eager does."""
+    name = t.parts.name
+    grads = result if isinstance(result, tuple) else (result,)
+    if len(grads) > len(args) and all(g is None for g in grads[len(args):]):
+        grads = grads[: len(args)]  # eager drops trailing Nones
+    if len(grads) != len(args):
+        raise BackwardOutputError(
+            f"{name}.backward returned {len(grads)} gradient(s), but forward takes "
+            f"{len(args)} argument(s) ({', '.join(t.parts.argnames) or '-'}).",
+            "autograd needs exactly one gradient (or None) per forward argument; eager "
+            "raises 'returned an incorrect number of gradients' for this Function.",
+            "Return one value per forward argument, None for those that need no gradient.",
+        )
+    nodes: list[fx.Node | None] = []
+    for i, (arg, g) in enumerate(zip(args, grads, strict=True)):
+        argname = t.parts.argnames[i] if i < len(t.parts.argnames) else f"args[{i}]"
+        if g is None:
+            nodes.append(None)
+            continue
+        if not isinstance(g, torch.Tensor):
+            raise BackwardOutputError(
+                f"{name}.backward returned a {type(g).__name__} as the gradient for "
+                f"argument {i} ({argname}).",
+                "A gradient must be a tensor or None.",
+                f"Return a tensor shaped like {argname}, or None.",
+            )
+        if not isinstance(arg, torch.Tensor):
+            raise BackwardOutputError(
+                f"{name}.backward returned a tensor as the gradient for argument {i} "
+                f"({argname}), which is a {type(arg).__name__}, not a tensor.",
+                "Only tensor arguments can receive gradients; eager raises 'returned a "
+                "gradient different than None ... not a Variable' for this Function.",
+                f"Return None at position {i}.",
+            )
+        expected = tuple(arg.shape)
+        found = tuple(g.shape)
+        if found != expected and not _expandable(expected, found):
+            raise BackwardOutputError(
+                f"{name}.backward returned a gradient of shape {list(found)} for argument "
+                f"{i} ({argname}).\n  expected: {list(expected)} (the shape of {argname})\n"
+                f"  found:    {list(found)}",
+                "A gradient must have its input's shape (or one that sums to it); eager "
+                "raises 'returned an invalid gradient' for this Function.",
+                "Fix the backward so this gradient has its input's shape.",
+            )
+        nodes.append(t.bwd.node_for(g))
+    return tuple(nodes)
+
+
+def _expandable(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (autograd then sums the gradient back)."""
+    if len(shape) > len(to):
+        return False
+    for a, b in zip(reversed(shape), reversed(to)):
+        if a != b and a != 1:
+            return False
+    return True
