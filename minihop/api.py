@@ -10,11 +10,13 @@ import threading
 import time
 from typing import Any
 
+from .errors import UnsupportedOperationError
 from .rewire.outer import make_outer_graph
-from .rewire.pair import make_pair
+from .rewire.pair import Pair, make_pair
 from .runtime.capture import Capture, make_capture
+from .runtime.function import GradLayout, Retrace
 from .runtime.guards import call_key
-from .tracer.trace import function_parts, trace_function
+from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 
 __all__ = ["capture", "apply", "clear_cache"]
 
@@ -41,7 +43,30 @@ def capture(fn_cls: type, *args: Any, **kwargs: Any) -> Capture:
     raw = trace_function(fn_cls, args, {})
     pair = make_pair(raw)
     outer = make_outer_graph(pair)
-    return make_capture(pair, outer, fn_cls, call_key(args), time.perf_counter() - start)
+    retrace = None
+    if raw.grad_assumptions or not raw.materialize_grads:
+        retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)
+    return make_capture(pair, outer, fn_cls, call_key(args), time.perf_counter() - start, retrace)
+
+
+def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace:
+    """Trace backward again for grads unlike the ones it was traced with (see runtime)."""
+    saved_index = {name: i for i, name in enumerate(pair.saved_names)}
+
+    def retrace(layout: GradLayout) -> tuple[Any, tuple[int, ...]]:
+        specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
+        variant = make_pair(trace_function(fn_cls, (), {}, grad_specs=specs, retrace=inputs))
+        missing = [n for n in variant.saved_names if n not in saved_index]
+        if missing:
+            raise UnsupportedOperationError(
+                f"{pair.function_name}.backward, for the grads it received now, reads forward "
+                f"values ({', '.join(missing)}) that forward did not save for the grads it "
+                "was captured with.",
+                "Forward has already run; it saved only what the captured backward needed.",
+                "Make backward read the same forward values whatever its grads look like.")
+        return variant.bwd, tuple(saved_index[n] for n in variant.saved_names)
+
+    return retrace
 
 
 def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:

@@ -181,7 +181,8 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
         # Only the returned tuple itself spreads into outputs; deeper tuples are plain values.
         child_level = 1 if level == 0 else 2
         children = tuple(describe_output(v, on_tensor, child_level) for v in value)
-        if hasattr(value, "_fields"):
+        if hasattr(value, "_fields") and level > 0:
+            # A returned namedtuple comes back from Function.apply as a plain tuple (eager).
             return OutputSpec("namedtuple", children=children, template=value)
         return OutputSpec("tuple", children=children)
     if isinstance(value, list):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -25,7 +25,7 @@ from .contract import check_consistent
 if TYPE_CHECKING:
     from ..tracer.trace import RawCapture
 
-__all__ = ["Pair", "make_pair"]
+__all__ = ["Pair", "make_pair", "strip_grad_toggles"]
 
 _SET_GRAD = torch._C._set_grad_enabled
 
@@ -52,6 +52,9 @@ class Pair:
     output_spec: OutputSpec
     materialize_grads: bool
     argnames: tuple[str, ...]
+    once_differentiable: bool
+    grad_assumptions: tuple[Any, ...]
+    saved_names: tuple[str, ...]
 
 
 def _is_impure(node: fx.Node) -> bool:
@@ -83,6 +86,21 @@ def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
     graph.call_function(_SET_GRAD, (enabled,))
 
 
+def strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` without its ``_set_grad_enabled`` calls.
+
+    Used to run bwd under ``create_graph=True``: eager runs the user's backward with grad
+    mode on then, so its ops are recorded for double backward.
+    """
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _SET_GRAD:
+            continue
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
 def make_pair(raw: "RawCapture") -> Pair:
     """Build the consistent pair from ``raw`` (which is not modified)."""
     # ---- forward: inputs in first-use order, body, grad mode restored, view_as, outputs --
@@ -100,7 +118,7 @@ def make_pair(raw: "RawCapture") -> Pair:
         if aliased:
             # Eager returns an input passed straight through as a view of it (y is not x).
             view = fwd.call_method("view_as", (new, new))
-            view.meta = dict(new.meta)
+            view.meta = {"val": new.meta.get("val"), "stack_trace": raw.return_trace}
             new = view
         outs.append(new)
     saved_fwd: list[fx.Node] = []
@@ -162,6 +180,8 @@ def make_pair(raw: "RawCapture") -> Pair:
         saved_for_backward_idx=tuple(i for i, n in enumerate(saved_fwd) if n in saved_via_ctx),
         num_saved=len(saved_fwd), output_spec=raw.output_spec,
         materialize_grads=raw.materialize_grads, argnames=raw.argnames,
+        once_differentiable=raw.once_differentiable, grad_assumptions=raw.grad_assumptions,
+        saved_names=tuple(fenv[n].name for n in saved_fwd),
     )
     check_consistent(pair.fwd, pair.bwd)
     return pair

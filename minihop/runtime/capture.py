@@ -20,7 +20,7 @@ from ..errors import GuardMismatchError
 from ..rewire.pair import Pair
 from ..spec import InputSource
 from ..structure import OutputSpec, make_getter
-from .function import make_function
+from .function import Retrace, make_function
 from .guards import call_key, describe_key_difference
 
 __all__ = ["Capture", "make_capture", "readable"]
@@ -143,11 +143,11 @@ class Capture:
 
 
 def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
-                 seconds: float) -> Capture:
+                 seconds: float, retrace: Retrace | None = None) -> Capture:
     return Capture(
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _fetch=_fetcher(pair.inputs), _function=make_function(pair),
+        _fetch=_fetcher(pair.inputs), _function=make_function(pair, retrace),
     )

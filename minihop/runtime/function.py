@@ -9,24 +9,91 @@ ctx calls is done here with the real ctx: saved values go through ``ctx.save_for
 
 Only top-level outputs (eager's outputs of the Function) are returned to autograd; tensors
 nested inside returned objects travel through ``sink`` and never require grad, as in eager.
+
+Backward variants: bwd was traced with fake grads. If the user's backward read something of
+its grads that can differ at run time (strides, contiguity, ``requires_grad``, or, with
+``set_materialize_grads(False)``, whether a grad is None), the real grads are checked against
+what the trace assumed; on a difference ``retrace`` produces (once per distinct case) a bwd
+traced for the real grads. A backward that read nothing of its grads pays nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx as fx
+from torch.autograd.function import once_differentiable
 
-from ..errors import UnsupportedOperationError
-from ..rewire.pair import Pair
+from ..rewire.pair import Pair, strip_grad_toggles
 
-__all__ = ["make_function"]
+__all__ = ["make_function", "GradLayout", "Retrace"]
 
 _set_grad = torch._C._set_grad_enabled
 _is_grad = torch.is_grad_enabled
 
+# Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
+GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
+# Returns a bwd traced for that layout and, per saved value it takes, the index of that value
+# among this capture's saved values.
+Retrace = Callable[[GradLayout], tuple[fx.GraphModule, tuple[int, ...]]]
 
-def make_function(pair: Pair) -> type[torch.autograd.Function]:
+
+class _Backwards:
+    """The bwd code for each (grad case, create_graph) seen so far; built lazily."""
+
+    def __init__(self, pair: Pair, top_idx: tuple[int, ...], retrace: Retrace | None) -> None:
+        self.pair = pair
+        self.top_idx = top_idx
+        self.retrace = retrace
+        position = {i: p for p, i in enumerate(top_idx)}
+        self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
+                            for a in pair.grad_assumptions)
+        self.materialize = pair.materialize_grads
+        identity = tuple(range(pair.num_saved))
+        self.base_key = self.key_of_expected()
+        self.variants: dict[Any, tuple[fx.GraphModule, tuple[int, ...]]] = {
+            self.base_key: (pair.bwd, identity)}
+        self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
+
+    @property
+    def needs_key(self) -> bool:
+        return bool(self.checks) or not self.materialize
+
+    def key_of_expected(self) -> Any:
+        nones = (False,) * len(self.top_idx) if not self.materialize else ()
+        return (nones, tuple(a.expected for a in self.pair.grad_assumptions))
+
+    def key_of(self, top_grads: tuple[Any, ...]) -> Any:
+        nones = tuple(g is None for g in top_grads) if not self.materialize else ()
+        return (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
+                             for p, q, args, kwargs in self.checks))
+
+    def get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
+        found = self.code.get((key, create_graph))
+        if found is not None:
+            return found
+        variant = self.variants.get(key)
+        if variant is None:
+            if self.retrace is None:
+                raise AssertionError("minihop bug: a capture without retrace saw new grads")
+            layout: list[Any] = [None] * len(self.pair.top_level)
+            for p, i in enumerate(self.top_idx):
+                g = top_grads[p]
+                layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
+            variant = self.retrace(tuple(layout))
+            self.variants[key] = variant
+        gm, saved_map = variant
+        if create_graph:
+            gm = strip_grad_toggles(gm)
+        identity = saved_map == tuple(range(self.pair.num_saved))
+        found = (gm.forward, None if identity else saved_map)
+        self.code[(key, create_graph)] = found
+        return found
+
+
+def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``. Apply as ``F.apply(sink, *inputs)``."""
     fwd_code = pair.fwd.forward
     bwd_code = pair.bwd.forward
@@ -40,9 +107,14 @@ def make_function(pair: Pair) -> type[torch.autograd.Function]:
     stashed = tuple(i for i in range(pair.num_saved) if i not in set(via_ctx))
     num_saved = pair.num_saved
     materialize = pair.materialize_grads
-    single_top = len(top_idx) == num_outputs
+    once = pair.once_differentiable
+    all_top = len(top_idx) == num_outputs
+    backwards = _Backwards(pair, top_idx, retrace)
+    needs_key = backwards.needs_key
 
     def forward(ctx: Any, sink: list[Any], *inputs: Any) -> Any:
+        if not materialize:
+            ctx.set_materialize_grads(False)
         grad_mode = _is_grad()
         try:
             outs, saved = fwd_code(*inputs)
@@ -53,7 +125,7 @@ def make_function(pair: Pair) -> type[torch.autograd.Function]:
         if stashed:
             # Values eager keeps as plain ctx attributes: no version-counter check, as in eager.
             ctx.minihop_stash = [saved[i] for i in stashed]
-        if single_top:
+        if all_top:
             result = tuple(outs)
         else:
             result = tuple(outs[i] for i in top_idx)
@@ -65,20 +137,12 @@ def make_function(pair: Pair) -> type[torch.autograd.Function]:
         return result
 
     def backward(ctx: Any, *top_grads: Any) -> Any:
-        if not materialize and any(g is None for g in top_grads):
-            raise UnsupportedOperationError(
-                f"{pair.function_name}.backward would receive None for an output's gradient "
-                "(ctx.set_materialize_grads(False)).",
-                "This capture's backward was traced with a tensor gradient for every output; "
-                "running it on None could differ from eager.",
-                "Use outputs' gradients in the loss, or keep grads materialized.")
-        if single_top:
-            grads = top_grads
+        if all_top:
+            grads: tuple[Any, ...] | list[Any] = top_grads
         else:
-            grads_list: list[Any] = [None] * num_outputs
+            grads = [None] * num_outputs
             for p, i in enumerate(top_idx):
-                grads_list[i] = top_grads[p]
-            grads = tuple(grads_list)
+                grads[i] = top_grads[p]
         if stashed:
             saved: list[Any] = [None] * num_saved
             for i, value in zip(via_ctx, ctx.saved_tensors, strict=True):
@@ -88,21 +152,26 @@ def make_function(pair: Pair) -> type[torch.autograd.Function]:
         else:
             saved = list(ctx.saved_tensors) if via_ctx else []
         grad_mode = _is_grad()
+        # create_graph=True: eager runs backward with grad mode on (double backward), except
+        # under once_differentiable, whose wrapper turns it off.
+        create_graph = grad_mode and not once
+        code = bwd_code
+        if needs_key or create_graph:
+            key = backwards.key_of(top_grads) if needs_key else backwards.base_key
+            code, saved_map = backwards.get(key, create_graph, top_grads)
+            if saved_map is not None:
+                saved = [saved[i] for i in saved_map]
         try:
-            result = bwd_code(*grads, *saved)
+            result = code(*grads, *saved)
         finally:
             _set_grad(grad_mode)
         return (None, *result)
 
-    def setup(ctx: Any) -> None:
-        ctx.set_materialize_grads(materialize)
-
-    def forward_with_setup(ctx: Any, sink: list[Any], *inputs: Any) -> Any:
-        setup(ctx)
-        return forward(ctx, sink, *inputs)
+    if once:
+        backward = once_differentiable(backward)
 
     namespace = {
-        "forward": staticmethod(forward if materialize else forward_with_setup),
+        "forward": staticmethod(forward),
         "backward": staticmethod(backward),
         "__qualname__": f"Captured[{pair.function_name}]",
         "__module__": __name__,

@@ -9,16 +9,18 @@ minihop gets the same effect by reading the user's frame locals when forward/bac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
 
 from ..structure import Path
 
-__all__ = ["input_name", "capture_locals", "code_of"]
+__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints"]
 
 
 def _ident(text: str) -> str:
@@ -52,9 +54,17 @@ def code_of(fn: Any) -> CodeType | None:
     return code if isinstance(code, CodeType) else None
 
 
+@dataclasses.dataclass
+class FrameSnapshot:
+    """The user's frame as its call returned: locals and the returning line."""
+
+    locals: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stack_trace: str | None = None
+
+
 @contextlib.contextmanager
-def capture_locals(fn: Any, sink: dict[str, Any]) -> Iterator[None]:
-    """While active, fill ``sink`` with ``fn``'s locals as its (outermost) call returns."""
+def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
+    """While active, fill ``sink`` from ``fn``'s frame as its (outermost) call returns."""
     code = code_of(fn)
     previous = sys.getprofile()
     if code is None:
@@ -62,8 +72,10 @@ def capture_locals(fn: Any, sink: dict[str, Any]) -> Iterator[None]:
         return
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "return" and frame.f_code is code and not sink:
-            sink.update(frame.f_locals)
+        if event == "return" and frame.f_code is code and sink.stack_trace is None:
+            sink.locals.update(frame.f_locals)
+            summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
+            sink.stack_trace = "".join(traceback.format_list([summary]))
 
     sys.setprofile(profile)
     try:

@@ -155,11 +155,14 @@ class RecordingMode(TorchFunctionMode):
     """
 
     def __init__(self, fake_mode: FakeTensorMode, lift_real: Callable[[torch.Tensor], torch.Tensor],
-                 describe: Callable[[], str]) -> None:
+                 describe: Callable[[], str],
+                 on_query: Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]) -> None:
         super().__init__()
         self.fake_mode = fake_mode
         self.lift_real = lift_real
         self.describe = describe
+        # Called for calls that make no tensor (metadata reads such as ``g.stride()``).
+        self.on_query = on_query
         self.recorder: GraphRecorder | None = None
 
     def _fakeify(self, value: Any) -> Any:
@@ -203,4 +206,6 @@ class RecordingMode(TorchFunctionMode):
             return result
         if any(isinstance(v, torch.Tensor) for v in tree_flatten(result)[0]):
             recorder.record(func, args, kwargs, result)
+        else:
+            self.on_query(func, args, kwargs, result)
         return result

@@ -18,16 +18,17 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.autograd.function import once_differentiable
 
 from ..errors import BackwardOutputError, InplaceInputError, UnsupportedArgumentError
 from ..spec import InputSource
 from ..structure import OutputSpec, Path, describe_output, format_path, replace_tensors
 from .ctx import ProxyCtx
-from .names import capture_locals, input_name, name_hints
+from .names import FrameSnapshot, capture_locals, input_name, name_hints
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
-__all__ = ["RawCapture", "trace_function", "function_parts"]
+__all__ = ["GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,39 @@ class RawCapture:
     saved_for_backward: tuple[fx.Node, ...]
     names: dict[fx.Node, str]
     materialize_grads: bool
+    return_trace: str | None
+    once_differentiable: bool
+    grad_assumptions: tuple["GradAssumption", ...]
+    inputs_for_retrace: "TraceInputs"
+
+
+@dataclasses.dataclass(frozen=True)
+class GradSpec:
+    """The layout of one real incoming gradient, to trace backward for it (``None``: absent)."""
+
+    stride: tuple[int, ...]
+    requires_grad: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class GradAssumption:
+    """Backward read ``query(grad, *args, **kwargs) == expected`` of fwd output ``index``'s grad."""
+
+    index: int
+    query: Any
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+    expected: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceInputs:
+    """Fake arguments of a finished trace, to trace again (another grad layout) without
+    holding the caller's real tensors."""
+
+    fake_mode: FakeTensorMode
+    fake_args: tuple[Any, ...]
+    grad_enabled: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +99,10 @@ class FunctionParts:
     backward: Any
     argnames: tuple[str, ...]
     gradnames: tuple[str, ...] | None
+    once_differentiable: bool
+
+
+_ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
 
 
 def function_parts(fn_cls: type) -> FunctionParts:
@@ -84,10 +122,14 @@ def function_parts(fn_cls: type) -> FunctionParts:
     if not uses_setup:
         params = params[1:]  # ctx
     argnames = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    once = getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE_CODE
+    if once:
+        # Trace the user's function itself; the runtime re-applies the decorator's semantics.
+        backward = backward.__wrapped__
     bparams = list(inspect.signature(backward).parameters.values())[1:]
     gradnames = None if any(p.kind == p.VAR_POSITIONAL for p in bparams) else tuple(p.name for p in bparams)
     return FunctionParts(fn_cls.__qualname__, fn_cls.forward, setup if uses_setup else None,
-                         backward, argnames, gradnames)
+                         backward, argnames, gradnames, once)
 
 
 def _bind(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -125,14 +167,23 @@ def _closure_names(fn: Any) -> dict[int, str]:
     return names
 
 
+# What autograd guarantees about a grad (it equals the output's): reading it assumes nothing.
+_GRAD_FIXED = frozenset({
+    "size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device", "layout", "__len__",
+    "is_floating_point", "is_complex", "element_size", "is_cuda", "is_cpu", "is_sparse",
+    "get_device", "__format__", "__repr__", "names",
+})
+
+
 class _Tracing:
     """State of one capture while forward and backward are traced."""
 
-    def __init__(self, fn_cls: type, parts: FunctionParts, args: tuple[Any, ...]) -> None:
+    def __init__(self, fn_cls: type, parts: FunctionParts, fake_mode: FakeTensorMode) -> None:
         self.fn_cls = fn_cls
         self.parts = parts
-        self.args = args
-        self.fake_mode = FakeTensorMode()
+        self.fake_mode = fake_mode
+        self.assumptions: list[GradAssumption] = []
+        self.input_nodes: dict[int, fx.Node] = {}
         self.sources: dict[int, InputSource] = {}  # id(fake) -> where the input comes from
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_names = {**_closure_names(parts.backward), **_closure_names(parts.forward)}
@@ -142,14 +193,24 @@ class _Tracing:
         self.grad_nodes: dict[int, fx.Node] = {}
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
         self.phase = "forward"
-        self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe)
+        self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
+
+    def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        """Backward read something of a grad that autograd does not fix: remember it."""
+        if self.phase != "backward" or not args or getattr(func, "__name__", "") in _GRAD_FIXED:
+            return
+        if getattr(func, "__name__", "") == "__get__" and getattr(getattr(func, "__self__", None), "__name__", "") in _GRAD_FIXED:
+            return
+        index = self.grad_of.get(id(args[0]))
+        if index is not None:
+            self.assumptions.append(GradAssumption(index, func, tuple(args[1:]), tuple(kwargs.items()), result))
 
     def _describe(self) -> str:
         return f"{self.parts.name}.{self.phase}"
 
     # -- inputs ---------------------------------------------------------------------------
     def fake_arg(self, path: Path, real: torch.Tensor) -> torch.Tensor:
-        if type(real) not in (torch.Tensor, torch.nn.Parameter):
+        if type(real) not in (torch.Tensor, torch.nn.Parameter, FakeTensor):
             raise UnsupportedArgumentError(
                 f"{self.parts.name}.apply got a {type(real).__name__} (a tensor subclass) at "
                 f"{format_path(path, self.parts.argnames)}.",
@@ -159,7 +220,7 @@ class _Tracing:
             )
         fake = self.real_to_fake.get(id(real))
         if fake is None:
-            fake = self.fake_mode.from_tensor(real)
+            fake = real if isinstance(real, FakeTensor) else self.fake_mode.from_tensor(real)
             self.real_to_fake[id(real)] = fake
             arg_index = path[0][1] if len(path) == 1 and path[0][0] == "arg" else None
             self.sources[id(fake)] = InputSource(
@@ -186,7 +247,14 @@ class _Tracing:
                 "Pass real tensors to minihop.capture.",
                 where=format_frame(user_frame()),
             )
-        return rec.placeholder(source.name, value)
+        node = rec.placeholder(source.name, value)
+        self.input_nodes[id(value)] = node
+        return node
+
+    def input_node(self, value: torch.Tensor) -> fx.Node:
+        """The placeholder of an input (even after an in-place op rebound its value)."""
+        node = self.input_nodes.get(id(value))
+        return node if node is not None else self.fwd.node_for(value)
 
     def _resolve_bwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
         index = self.grad_of.get(id(value))
@@ -200,33 +268,44 @@ class _Tracing:
         return node
 
     # -- running the user's code ---------------------------------------------------------
-    def run(self, phase: str, fn: Any, recorder: GraphRecorder, locals_: dict[str, Any],
+    def run(self, phase: str, fn: Any, recorder: GraphRecorder, snapshot: FrameSnapshot,
             *args: Any) -> Any:
         self.phase = phase
         self.mode.recorder = recorder
         try:
-            with self.fake_mode, self.mode, torch.no_grad(), capture_locals(fn, locals_):
+            with self.fake_mode, self.mode, torch.no_grad(), capture_locals(fn, snapshot):
                 return fn(*args)
         finally:
             self.mode.recorder = None
 
 
-def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RawCapture:
-    """Run ``fn_cls``'s forward and backward symbolically and return both raw graphs."""
+def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                   grad_specs: tuple[GradSpec | None, ...] | None = None,
+                   retrace: TraceInputs | None = None) -> RawCapture:
+    """Run ``fn_cls``'s forward and backward symbolically and return both raw graphs.
+
+    ``grad_specs`` (one per fwd output; default: contiguous grads) sets the layout of the fake
+    grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
+    """
     parts = function_parts(fn_cls)
-    args = _bind(parts, fn_cls, args, kwargs)
-    t = _Tracing(fn_cls, parts, args)
+    if retrace is not None:
+        args = retrace.fake_args
+        grad_on = retrace.grad_enabled
+        t = _Tracing(fn_cls, parts, retrace.fake_mode)
+    else:
+        args = _bind(parts, fn_cls, args, kwargs)
+        grad_on = torch.is_grad_enabled()
+        t = _Tracing(fn_cls, parts, FakeTensorMode())
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
-    grad_on = torch.is_grad_enabled()
     ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
     record = ctx._minihop_record
 
-    fwd_locals: dict[str, Any] = {}
+    fwd_frame = FrameSnapshot()
     if parts.setup_context is None:
-        out = t.run("forward", parts.forward, t.fwd, fwd_locals, ctx, *fake_args)
+        out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
     else:
-        out = t.run("forward", parts.forward, t.fwd, fwd_locals, *fake_args)
-        t.run("setup_context", parts.setup_context, t.fwd, {}, ctx, fake_args, out)
+        out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
+        t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
 
     _check_mutations(t, record.dirty)
 
@@ -249,12 +328,21 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     nondiff_ids = {id(v) for v in record.non_differentiable}
     non_differentiable_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in nondiff_ids)
     dirty_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in dirty_ids)
+    returned_ids = {id(v) for v, is_top in zip(flat, top, strict=True) if is_top}
+    if any(id(d) not in returned_ids for d in record.dirty):
+        raise InplaceInputError(
+            f"{parts.name}.forward marks an input dirty (ctx.mark_dirty) but does not return it.",
+            "Eager raises 'Some elements marked as dirty during the forward method were not "
+            "returned as output': autograd rewrites a dirty input's history through the "
+            "Function's outputs, so it must be one.",
+            "Return the modified input as one of forward's outputs.",
+            where=fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None)
 
     # Tensor arguments forward never touched still get an input, so gradients line up.
     for a in fake_args:
         if isinstance(a, torch.Tensor):
-            t.fwd.node_for(a)
-    names = name_hints(fwd_locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None)
+            t.input_node(a)
+    names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None)
     single = isinstance(out, torch.Tensor)
     for v, node in zip(flat, fwd_outputs, strict=True):
         if node.op != "placeholder" and node not in names:
@@ -266,18 +354,20 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     with t.fake_mode:
         flat_index = 0
         for item in top_items:
-            if isinstance(item, torch.Tensor):
-                g = torch.empty_like(item)
+            grad_spec = (grad_specs[flat_index] if grad_specs is not None and isinstance(item, torch.Tensor)
+                         else _CONTIGUOUS)
+            if isinstance(item, torch.Tensor) and grad_spec is not None:
+                g = _fake_grad(item, grad_spec)
                 t.grad_of[id(g)] = flat_index
                 t.bwd.alive.append(g)
                 grads.append(g)
             else:
                 grads.append(None)
             flat_index += sum(1 for _ in _tensor_leaves(item))
-    bwd_locals: dict[str, Any] = {}
-    result = t.run("backward", parts.backward, t.bwd, bwd_locals, ctx, *grads)
+    bwd_frame = FrameSnapshot()
+    result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
     arg_grads = _arg_grads(t, args, result)
-    names.update(name_hints(bwd_locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
+    names.update(name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
 
     grad_names: list[str | None] = [None] * len(flat)
     item_index = 0
@@ -296,14 +386,31 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
         top_level=tuple(top), aliased=aliased, output_spec=spec,
         non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
-        arg_inputs=tuple(t.fwd.node_for(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
+        arg_inputs=tuple(t.input_node(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
         saved_for_backward=tuple(t.fwd.node_of[id(v)] for v in (record.saved or ())
                                  if isinstance(v, torch.Tensor) and id(v) in t.fwd.node_of),
         bwd_graph=t.bwd.graph,
         grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
         grad_names=tuple(grad_names), bwd_saved=tuple(t.bwd_saved), arg_grads=arg_grads,
         names=names, materialize_grads=record.materialize_grads,
+        return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
+        grad_assumptions=tuple(t.assumptions),
+        inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
     )
+
+
+_CONTIGUOUS = GradSpec((), False)
+
+
+def _fake_grad(out: torch.Tensor, spec: GradSpec) -> torch.Tensor:
+    """A fake grad for ``out``: its shape, dtype and device, with the spec's strides."""
+    if spec.stride:
+        g = torch.empty_strided(out.shape, spec.stride, dtype=out.dtype, device=out.device)
+    else:
+        g = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    if spec.requires_grad:
+        g.requires_grad_(True)
+    return g
 
 
 def _tensor_leaves(value: Any) -> list[torch.Tensor]:
