@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import UnsupportedOperationError
+import torch
+
+from .errors import UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
 from .runtime.capture import Capture, make_capture
@@ -32,21 +35,50 @@ def _bind(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
     return bind_args(function_parts(fn_cls), fn_cls, args, kwargs)
 
 
-def capture(fn_cls: type, *args: Any, **kwargs: Any) -> Capture:
+def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] = False,
+            **kwargs: Any) -> Capture:
     """Capture ``fn_cls`` (an ``autograd.Function``) for arguments like ``args``.
 
     Tensors in ``args`` are only read for their properties (shape, dtype, device,
     requires_grad): tracing runs on fake tensors. The result runs with ``cap(*args)``.
+
+    ``dynamic=True`` traces every dimension of every tensor argument with a symbolic size;
+    ``dynamic={"x": [0]}`` (argument name or position -> dimensions) only those. One such
+    capture serves every call whose sizes satisfy the guards recorded while tracing.
     """
     start = time.perf_counter()
     args = _bind(fn_cls, args, kwargs)
-    raw = trace_function(fn_cls, args, {})
+    dims = _dynamic_dims(fn_cls, args, dynamic)
+    raw = trace_function(fn_cls, args, {}, dynamic=dims)
     pair = make_pair(raw)
     outer = make_outer_graph(pair)
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads:
         retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)
-    return make_capture(pair, outer, fn_cls, call_key(args), time.perf_counter() - start, retrace)
+    return make_capture(pair, outer, fn_cls, call_key(args, dims), time.perf_counter() - start,
+                        retrace, dims, raw.shape_guards)
+
+
+def _dynamic_dims(fn_cls: type, args: tuple[Any, ...],
+                  dynamic: bool | Mapping[int | str, Sequence[int]]) -> dict[int, tuple[int, ...]]:
+    """Normalise ``dynamic`` to {argument position: dimensions}."""
+    if dynamic is False:
+        return {}
+    if dynamic is True:
+        return {i: tuple(range(a.dim())) for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor) and a.dim() > 0}
+    argnames = function_parts(fn_cls).argnames
+    dims: dict[int, tuple[int, ...]] = {}
+    for name, which in dynamic.items():
+        index = argnames.index(name) if isinstance(name, str) and name in argnames else name
+        if not isinstance(index, int) or not (0 <= index < len(args)) or not isinstance(args[index], torch.Tensor):
+            raise UnsupportedArgumentError(
+                f"dynamic names {name!r}, which is not a tensor argument of {fn_cls.__qualname__} "
+                f"(arguments: {', '.join(argnames)}).",
+                "Only dimensions of tensor arguments can be dynamic.",
+                "Name a tensor argument by name or position, e.g. dynamic={'x': [0]}.")
+        dims[index] = tuple(int(d) % args[index].dim() for d in which)
+    return dims
 
 
 def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace:

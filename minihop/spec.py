@@ -24,6 +24,7 @@ class InputSource:
     ``arg_index`` is set when the input *is* one of forward's tensor arguments: it receives
     the gradient the user's backward returns at that position. Lifted inputs (from objects,
     containers, closures) have ``arg_index is None`` and never receive a gradient, as in eager.
+    With dynamic shapes, a size symbol is an input too: ``dim`` is then set.
     """
 
     name: str
@@ -31,6 +32,7 @@ class InputSource:
     path: Path | None
     arg_index: int | None
     constant: torch.Tensor | None = None
+    dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
 
     @property
     def lifted(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,9 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
             getters.append(lambda args, kwargs, v=value: v)
             continue
         get = make_getter(source.path)
-        if source.lifted:
+        if source.dim is not None:
+            getters.append(lambda args, kwargs, g=get, d=source.dim: g(args, kwargs).size(d))
+        elif source.lifted:
             getters.append(lambda args, kwargs, g=get: _detached(g(args, kwargs)))
         else:
             getters.append(get)
@@ -90,7 +93,10 @@ class Capture:
     top_level: tuple[bool, ...]
     key: tuple[Any, ...]
     argnames: tuple[str, ...]
+    dynamic_dims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    shape_guards: Any = None
     capture_seconds: float = 0.0
+    _shape_check: Callable[[list[Any]], bool] | None = dataclasses.field(repr=False, default=None)
     _fetch: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
@@ -111,16 +117,29 @@ class Capture:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self.bind(args, kwargs)
-        key = call_key(args)
+        key = call_key(args, self.dynamic_dims)
         if key != self.key:
             raise GuardMismatchError(
                 f"Capture of {self.function.__qualname__} called with arguments unlike the "
                 f"captured ones: {describe_key_difference(self.key, key, self.argnames)}",
-                "A capture is specialised on its arguments' shapes, dtypes, devices, "
-                "requires_grad, non-tensor values and grad mode.",
+                "A capture is specialised on its arguments' shapes (but for dynamic "
+                "dimensions), dtypes, devices, requires_grad, non-tensor values and grad mode.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
+        if not self.sizes_fit(args):
+            raise GuardMismatchError(
+                f"Capture of {self.function.__qualname__} called with dynamic sizes outside "
+                f"what it was traced for: {self.shape_guards.expression if self.shape_guards else ''} "
+                f"is False for T = {[tuple(args[i].shape) for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
+                "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
+                "Capture again for these sizes.")
         return self.run(args)
+
+    def sizes_fit(self, args: tuple[Any, ...]) -> bool:
+        """Whether the dynamic arguments' sizes satisfy the capture's shape guards."""
+        if self._shape_check is None:
+            return True
+        return bool(self._shape_check([args[i] for i in self.shape_guards.arg_indices]))  # type: ignore[union-attr]
 
     def run(self, args: tuple[Any, ...]) -> Any:
         """Run without the guard check (the caller has checked ``key``)."""
@@ -143,8 +162,15 @@ class Capture:
 
 
 def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
-                 seconds: float, retrace: Retrace | None = None) -> Capture:
+                 seconds: float, retrace: Retrace | None = None,
+                 dynamic_dims: dict[int, tuple[int, ...]] | None = None,
+                 shape_guards: Any = None) -> Capture:
+    shape_check = None
+    if shape_guards is not None:
+        # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
+        shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     return Capture(
+        dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,

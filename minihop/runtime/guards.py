@@ -44,9 +44,22 @@ def _key(value: Any) -> Any:
     return ("V", type(value), value)
 
 
-def call_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The properties of a call that a capture depends on (args already bound to positions)."""
-    return (torch.is_grad_enabled(), tuple(_key(a) for a in args))
+def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[Any, ...]:
+    """The properties of a call that a capture depends on (args already bound to positions).
+
+    ``dynamic`` maps an argument position to its dynamic dimensions, whose sizes are left out
+    of the key (the capture's shape guards check them instead).
+    """
+    if not dynamic:
+        return (torch.is_grad_enabled(), tuple(_key(a) for a in args))
+    keys = []
+    for i, a in enumerate(args):
+        k = _key(a)
+        dims = dynamic.get(i)
+        if dims and k[0] == "T":
+            k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
+        keys.append(k)
+    return (torch.is_grad_enabled(), tuple(keys))
 
 
 def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],

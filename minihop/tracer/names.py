@@ -73,7 +73,11 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "return" and frame.f_code is code and sink.stack_trace is None:
-            sink.locals.update(frame.f_locals)
+            # Parameters name inputs, not the values an op returned in their place
+            # (``y = y.contiguous()`` may return the same object).
+            nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+            params = set(code.co_varnames[:nparams])
+            sink.locals.update((k, v) for k, v in frame.f_locals.items() if k not in params)
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
             sink.stack_trace = "".join(traceback.format_list([summary]))
 

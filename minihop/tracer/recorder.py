@@ -19,8 +19,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
+from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -49,6 +51,10 @@ _BINARY_OPERATORS: dict[str, Callable[..., Any]] = {
 _REFLECTED_OPERATORS: dict[str, Callable[..., Any]] = {
     "__rsub__": operator.sub, "__rdiv__": operator.truediv, "__rtruediv__": operator.truediv,
     "__rpow__": operator.pow, "__rmatmul__": operator.matmul,
+}
+_SYMPY_OPS: dict[type, Callable[..., Any]] = {
+    sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
+    Mod: operator.mod, PythonMod: operator.mod,
 }
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
@@ -96,10 +102,14 @@ class GraphRecorder(fx.Tracer):
     (a placeholder for an input or a saved forward value) or raises.
     """
 
-    def __init__(self, resolve: Callable[["GraphRecorder", torch.Tensor], fx.Node]) -> None:
+    def __init__(self, resolve: Callable[["GraphRecorder", torch.Tensor], fx.Node],
+                 resolve_symbol: Callable[["GraphRecorder", sympy.Symbol], fx.Node]) -> None:
         super().__init__()
         self.graph = fx.Graph()
         self.resolve = resolve
+        # Dynamic shapes: a size symbol the graph has not seen -> its placeholder.
+        self.resolve_symbol = resolve_symbol
+        self.expr_nodes: dict[sympy.Expr, Any] = {}
         self.node_of: dict[int, fx.Node] = {}
         # Keeps every fake alive so ``id`` keys stay unique for the life of the recording.
         self.alive: list[Any] = []
@@ -123,8 +133,43 @@ class GraphRecorder(fx.Tracer):
         node.meta["val"] = value
         return node
 
+    def node_for_expr(self, expr: sympy.Expr) -> Any:
+        """The graph value of a size expression: an int, a symbol's placeholder, or ops on them."""
+        if expr.is_Integer:
+            return int(expr)
+        node = self.expr_nodes.get(expr)
+        if node is None:
+            if expr.is_Symbol:
+                node = self.resolve_symbol(self, expr)
+            else:
+                node = self._build_expr(expr)
+            self.expr_nodes[expr] = node
+        return node
+
+    def _build_expr(self, expr: sympy.Expr) -> fx.Node:
+        op = _SYMPY_OPS.get(type(expr))
+        if op is None and isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+            op = operator.pow
+        if op is None:
+            raise UnsupportedOperationError(
+                f"A size expression {expr} ({type(expr).__name__}) reaches a graph op.",
+                "minihop writes size arithmetic as +, *, //, % and integer powers only.",
+                "Capture without dynamic shapes for this Function.")
+        args = [self.node_for_expr(a) for a in expr.args]
+        node = args[0]
+        for arg in args[1:]:
+            node = self.create_node("call_function", op, (node, arg), {})
+        return node
+
+    def _graph_value(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.node_for(value)
+        if isinstance(value, torch.SymInt):
+            return self.node_for_expr(value.node.expr)
+        return value
+
     def to_graph_arg(self, value: Any) -> Any:
-        return tree_map(lambda v: self.node_for(v) if isinstance(v, torch.Tensor) else v, value)
+        return tree_map(self._graph_value, value)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> fx.Node:
         op, target, args = _target_of(func, args, kwargs)

@@ -18,10 +18,18 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import sympy
+from torch._guards import GuardSource, Source
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.autograd.function import once_differentiable
 
-from ..errors import BackwardOutputError, InplaceInputError, UnsupportedArgumentError
+from ..errors import (
+    BackwardOutputError,
+    InplaceInputError,
+    UnsupportedArgumentError,
+    UnsupportedOperationError,
+)
 from ..spec import InputSource
 from ..structure import OutputSpec, Path, describe_output, format_path, replace_tensors
 from .ctx import ProxyCtx
@@ -58,6 +66,7 @@ class RawCapture:
     once_differentiable: bool
     grad_assumptions: tuple["GradAssumption", ...]
     inputs_for_retrace: "TraceInputs"
+    shape_guards: "ShapeGuards | None"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +96,28 @@ class TraceInputs:
     fake_mode: FakeTensorMode
     fake_args: tuple[Any, ...]
     grad_enabled: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSource(Source):
+    """Names a dynamic argument for the ShapeEnv (``x``; ``T[0]`` in guard code)."""
+
+    path: str
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.path
+
+    def guard_source(self) -> GuardSource:
+        return GuardSource.LOCAL
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeGuards:
+    """Guard code over the dynamic arguments ``T`` (``args[i]`` for i in ``arg_indices``)."""
+
+    arg_indices: tuple[int, ...]
+    expression: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,13 +189,20 @@ def _closure_names(fn: Any) -> dict[int, str]:
             value = cell.cell_contents
         except ValueError:
             continue
-        if isinstance(value, torch.Tensor):
-            names.setdefault(id(value), f"l_{name}_")
+        _name_reachable(names, value, f"l_{name}")
     for name in code.co_names:
-        value = fn.__globals__.get(name)
-        if isinstance(value, torch.Tensor):
-            names.setdefault(id(value), f"g_{name}_")
+        if name in fn.__globals__:
+            _name_reachable(names, fn.__globals__[name], f"g_{name}")
     return names
+
+
+def _name_reachable(names: dict[int, str], value: Any, prefix: str) -> None:
+    """Name a closed-over tensor, or a closed-over module's parameters and buffers."""
+    if isinstance(value, torch.Tensor):
+        names.setdefault(id(value), f"{prefix}_")
+    elif isinstance(value, torch.nn.Module):
+        for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
+            names.setdefault(id(tensor), f"{prefix}_{pname.replace('.', '_')}")
 
 
 # What autograd guarantees about a grad (it equals the output's): reading it assumes nothing.
@@ -178,7 +216,8 @@ _GRAD_FIXED = frozenset({
 class _Tracing:
     """State of one capture while forward and backward are traced."""
 
-    def __init__(self, fn_cls: type, parts: FunctionParts, fake_mode: FakeTensorMode) -> None:
+    def __init__(self, fn_cls: type, parts: FunctionParts, fake_mode: FakeTensorMode,
+                 dynamic: dict[int, tuple[int, ...]]) -> None:
         self.fn_cls = fn_cls
         self.parts = parts
         self.fake_mode = fake_mode
@@ -187,8 +226,14 @@ class _Tracing:
         self.sources: dict[int, InputSource] = {}  # id(fake) -> where the input comes from
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_names = {**_closure_names(parts.backward), **_closure_names(parts.forward)}
-        self.fwd = GraphRecorder(self._resolve_fwd)
-        self.bwd = GraphRecorder(self._resolve_bwd)
+        self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
+        self.bwd = GraphRecorder(self._resolve_bwd, self._resolve_bwd_symbol)
+        self.dynamic = dynamic
+        # size symbol -> (input tensor's source, dim, SymInt); and each dynamic input's symbols
+        self.symbol_sources: dict[sympy.Symbol, tuple[InputSource, int, torch.SymInt]] = {}
+        self.input_symbols: dict[int, list[sympy.Symbol]] = {}
+        self.placeholder_sources: dict[fx.Node, InputSource] = {}
+        self.dynamic_fakes: list[tuple[int, torch.Tensor]] = []
         self.grad_of: dict[int, int] = {}  # id(fake grad) -> flat output index
         self.grad_nodes: dict[int, fx.Node] = {}
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
@@ -220,13 +265,29 @@ class _Tracing:
             )
         fake = self.real_to_fake.get(id(real))
         if fake is None:
-            fake = real if isinstance(real, FakeTensor) else self.fake_mode.from_tensor(real)
-            self.real_to_fake[id(real)] = fake
             arg_index = path[0][1] if len(path) == 1 and path[0][0] == "arg" else None
-            self.sources[id(fake)] = InputSource(
-                input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
-                path, arg_index)
+            dims = self.dynamic.get(arg_index, ()) if arg_index is not None else ()
+            if isinstance(real, FakeTensor):
+                fake = real
+            elif dims:
+                fake = self._symbolic_fake(real, dims, format_path(path, self.parts.argnames))
+                self.dynamic_fakes.append((arg_index, fake))
+            else:
+                fake = self.fake_mode.from_tensor(real)
+            self.real_to_fake[id(real)] = fake
+            source = InputSource(input_name(path, self.parts.argnames),
+                                 format_path(path, self.parts.argnames), path, arg_index)
+            self.sources[id(fake)] = source
+            for d, size in enumerate(fake.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    self.symbol_sources.setdefault(size.node.expr, (source, d, size))
+                    self.input_symbols.setdefault(id(fake), []).append(size.node.expr)
         return fake
+
+    def _symbolic_fake(self, real: torch.Tensor, dims: tuple[int, ...], name: str) -> torch.Tensor:
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
+        context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=[None] * real.dim())
+        return self.fake_mode.from_tensor(real, symbolic_context=context, source=ArgSource(name))
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
         fake = self.real_to_fake.get(id(real))
@@ -247,9 +308,38 @@ class _Tracing:
                 "Pass real tensors to minihop.capture.",
                 where=format_frame(user_frame()),
             )
+        for symbol in self.input_symbols.get(id(value), ()):
+            rec.node_for_expr(symbol)  # Dynamo's order: a size symbol just before its tensor
         node = rec.placeholder(source.name, value)
         self.input_nodes[id(value)] = node
+        self.placeholder_sources[node] = source
         return node
+
+    def _resolve_fwd_symbol(self, rec: GraphRecorder, symbol: sympy.Symbol) -> fx.Node:
+        entry = self.symbol_sources.get(symbol)
+        if entry is None:
+            raise UnsupportedOperationError(
+                f"{self._describe()} uses a size ({symbol}) that is no input's dimension.",
+                "minihop passes size symbols in from the dynamic inputs' shapes.",
+                "Capture without dynamic shapes for this Function.")
+        source, dim, size = entry
+        node = rec.placeholder(str(symbol), size)
+        self.placeholder_sources[node] = InputSource(
+            str(symbol), f"{source.description}.size({dim})", source.path, None, dim=dim)
+        return node
+
+    def _resolve_bwd_symbol(self, rec: GraphRecorder, symbol: sympy.Symbol) -> fx.Node:
+        fwd_node = self.fwd.node_for_expr(symbol)
+        node = rec.placeholder(fwd_node.name, fwd_node.meta.get("val"))
+        self.bwd_saved.append((node, fwd_node))
+        return node
+
+    def _lift_shape_symbols(self, rec: GraphRecorder, value: torch.Tensor) -> None:
+        """Sizes in a bwd input's shape come in as saved values before it (Dynamo's order)."""
+        for size in value.shape:
+            if isinstance(size, torch.SymInt):
+                for symbol in sorted(size.node.expr.free_symbols, key=str):
+                    rec.node_for_expr(symbol)
 
     def input_node(self, value: torch.Tensor) -> fx.Node:
         """The placeholder of an input (even after an in-place op rebound its value)."""
@@ -257,6 +347,7 @@ class _Tracing:
         return node if node is not None else self.fwd.node_for(value)
 
     def _resolve_bwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
+        self._lift_shape_symbols(rec, value)
         index = self.grad_of.get(id(value))
         if index is not None:
             node = rec.placeholder(f"grad_{index}", value)
@@ -281,7 +372,8 @@ class _Tracing:
 
 def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                    grad_specs: tuple[GradSpec | None, ...] | None = None,
-                   retrace: TraceInputs | None = None) -> RawCapture:
+                   retrace: TraceInputs | None = None,
+                   dynamic: dict[int, tuple[int, ...]] | None = None) -> RawCapture:
     """Run ``fn_cls``'s forward and backward symbolically and return both raw graphs.
 
     ``grad_specs`` (one per fwd output; default: contiguous grads) sets the layout of the fake
@@ -291,11 +383,13 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
-        t = _Tracing(fn_cls, parts, retrace.fake_mode)
+        t = _Tracing(fn_cls, parts, retrace.fake_mode, {})
     else:
         args = _bind(parts, fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
-        t = _Tracing(fn_cls, parts, FakeTensorMode())
+        dynamic = dict(dynamic or {})
+        mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
+        t = _Tracing(fn_cls, parts, mode, dynamic)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
     ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
     record = ctx._minihop_record
@@ -366,7 +460,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
             flat_index += sum(1 for _ in _tensor_leaves(item))
     bwd_frame = FrameSnapshot()
     result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
-    arg_grads = _arg_grads(t, args, result)
+    arg_grads = _arg_grads(t, fake_args, result)
     names.update(name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
 
     grad_names: list[str | None] = [None] * len(flat)
@@ -379,7 +473,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         flat_index += sum(1 for _ in _tensor_leaves(item))
         item_index += 1
 
-    fwd_inputs = tuple((node, t.sources[id(node.meta["val"])])
+    fwd_inputs = tuple((node, t.placeholder_sources[node])
                        for node in t.fwd.graph.nodes if node.op == "placeholder")
     return RawCapture(
         function_name=parts.name, argnames=parts.argnames,
@@ -396,7 +490,19 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
+        shape_guards=_shape_guards(t),
     )
+
+
+def _shape_guards(t: _Tracing) -> ShapeGuards | None:
+    """What the trace assumed of the dynamic sizes, as code over the dynamic arguments."""
+    env = t.fake_mode.shape_env
+    if env is None or not t.dynamic_fakes:
+        return None
+    fakes = [fake for _, fake in t.dynamic_fakes]
+    sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
+    guards = env.produce_guards(fakes, sources)
+    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True")
 
 
 _CONTIGUOUS = GradSpec((), False)
