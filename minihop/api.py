@@ -16,7 +16,7 @@ import torch
 from .errors import UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
-from .runtime.capture import Capture, make_capture
+from .runtime.capture import Capture, live_key, make_capture
 from .runtime.function import GradLayout, Retrace
 from .runtime.guards import call_key
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
@@ -106,10 +106,10 @@ def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
     args = _bind(fn_cls, args, kwargs)
     key = (fn_cls, call_key(args))
     cap = _cache.get(key)
-    if cap is None:
+    if cap is None or (cap.live_key and cap.live_key != live_key(cap.inputs)):
         with _cache_lock:
             cap = _cache.get(key)
-            if cap is None:
+            if cap is None or (cap.live_key and cap.live_key != live_key(cap.inputs)):
                 cap = capture(fn_cls, *args)
                 _cache[key] = cap
     return cap.run(args)

@@ -60,7 +60,8 @@ class InplaceInputError(MinihopError, RuntimeError):
     code = "MH105"
 
 
-class BackwardOutputError(MinihopError, ValueError):
+class BackwardOutputError(MinihopError, ValueError, RuntimeError):
+    # Eager raises RuntimeError for these: code written against eager keeps catching them.
     code = "MH201"
 
 

@@ -7,6 +7,8 @@ Shared vocabulary between tracer (which discovers inputs), rewire (which orders 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -24,7 +26,9 @@ class InputSource:
     ``arg_index`` is set when the input *is* one of forward's tensor arguments: it receives
     the gradient the user's backward returns at that position. Lifted inputs (from objects,
     containers, closures) have ``arg_index is None`` and never receive a gradient, as in eager.
-    With dynamic shapes, a size symbol is an input too: ``dim`` is then set.
+    With dynamic shapes, a size symbol is an input too: ``dim`` is then set. A tensor reached
+    through a closure cell, a global or a module held there is fetched anew on every call
+    (``live``), as eager would read it; one reached another way is held as ``constant``.
     """
 
     name: str
@@ -33,6 +37,8 @@ class InputSource:
     arg_index: int | None
     constant: torch.Tensor | None = None
     dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
+    # For a tensor reached through a closure, global or module: fetches its current value.
+    live: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def lifted(self) -> bool:

@@ -22,15 +22,18 @@ from ..rewire.pair import Pair
 from ..spec import InputSource
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
-from .guards import call_key, describe_key_difference
+from .guards import call_key, describe_key_difference, value_key
 
-__all__ = ["Capture", "make_capture", "readable"]
+__all__ = ["Capture", "live_key", "make_capture", "readable"]
 
 
 def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
     """One generated function pulling every fwd input out of the caller's arguments."""
     getters = []
     for source in inputs:
+        if source.live is not None:
+            getters.append(lambda args, kwargs, f=source.live: _detached(f()))
+            continue
         if source.path is None:
             constant = source.constant
             # Lifted tensors never receive gradients (eager's Function does not see them).
@@ -50,6 +53,11 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
         return [g(args, kwargs) for g in gs]
 
     return fetch
+
+
+def live_key(inputs: tuple[InputSource, ...]) -> tuple[Any, ...]:
+    """Properties of the tensors reached through closures, globals and modules, now."""
+    return tuple(value_key(s.live()) for s in inputs if s.live is not None)
 
 
 def _detached(value: torch.Tensor) -> torch.Tensor:
@@ -93,6 +101,7 @@ class Capture:
     top_level: tuple[bool, ...]
     key: tuple[Any, ...]
     argnames: tuple[str, ...]
+    live_key: tuple[Any, ...] = ()
     dynamic_dims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     shape_guards: Any = None
     capture_seconds: float = 0.0
@@ -126,6 +135,13 @@ class Capture:
                 "dimensions), dtypes, devices, requires_grad, non-tensor values and grad mode.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
+        if self.live_key != live_key(self.inputs):
+            raise GuardMismatchError(
+                f"Capture of {self.function.__qualname__}: a tensor it reaches through a "
+                "closure, global or module changed shape, dtype, device or requires_grad "
+                "since it was captured.",
+                "The graphs were traced for the tensor's old properties.",
+                "Capture again (minihop.apply does this by itself).")
         if not self.sizes_fit(args):
             raise GuardMismatchError(
                 f"Capture of {self.function.__qualname__} called with dynamic sizes outside "
@@ -170,7 +186,7 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     return Capture(
-        dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+        live_key=live_key(pair.inputs), dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,

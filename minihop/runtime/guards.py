@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["call_key", "describe_key_difference"]
+__all__ = ["call_key", "describe_key_difference", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
@@ -33,7 +33,11 @@ def _key(value: Any) -> Any:
         return (type(value), tuple(_key(v) for v in value))
     if isinstance(value, dict):
         return (dict, tuple((k, _key(v)) for k, v in value.items()))
-    if isinstance(value, torch.nn.Module) or callable(value):
+    if isinstance(value, torch.nn.Module):
+        # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
+        return ("M", type(value), id(value), tuple(
+            (name, _key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
+    if callable(value):
         return ("id", type(value), id(value))
     if hasattr(value, "__dict__"):
         return ("O", type(value), tuple((k, _key(v)) for k, v in vars(value).items()))
@@ -42,6 +46,11 @@ def _key(value: Any) -> Any:
     except TypeError:
         return ("id", type(value), id(value))
     return ("V", type(value), value)
+
+
+def value_key(value: Any) -> Any:
+    """The key of one value (a tensor's properties, a constant's value, ...)."""
+    return _key(value)
 
 
 def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[Any, ...]:

@@ -237,7 +237,9 @@ class RecordingMode(TorchFunctionMode):
                 "Python argument; or run this Function eagerly.",
                 where=format_frame(user_frame()),
             ) from e
-        except UnsupportedOperatorException as e:
+        except (UnsupportedOperatorException, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and "fake impl" not in str(e) and "fake kernel" not in str(e):
+                raise
             raise UnsupportedOperationError(
                 f"{self.describe()} calls {func!s}, which has no fake-tensor implementation.",
                 "minihop must run every op on fake tensors to learn output shapes.",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from ..errors import (
     InplaceInputError,
     UnsupportedArgumentError,
     UnsupportedOperationError,
+    UnsupportedOutputError,
 )
 from ..spec import InputSource
 from ..structure import OutputSpec, Path, describe_output, format_path, replace_tensors
@@ -177,32 +179,45 @@ def _bind(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dic
     return tuple(bound.args)
 
 
-def _closure_names(fn: Any) -> dict[int, str]:
-    """id(tensor) -> name, for tensors forward reaches through closure cells or globals."""
-    names: dict[int, str] = {}
+def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
+    """id(tensor) -> (input name, how to fetch it now), for tensors forward/backward reach
+    through closure cells, globals, or the parameters and buffers of a module held there.
+
+    Fetching anew on every call is what eager does: rebinding the name or replacing the
+    parameter takes effect at the next call.
+    """
+    routes: dict[int, tuple[str, Callable[[], Any]]] = {}
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     code = getattr(fn, "__code__", None)
     if code is None:
-        return names
+        return routes
     for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
         try:
             value = cell.cell_contents
         except ValueError:
             continue
-        _name_reachable(names, value, f"l_{name}")
+        _add_routes(routes, value, f"l_{name}", lambda c=cell: c.cell_contents)
     for name in code.co_names:
         if name in fn.__globals__:
-            _name_reachable(names, fn.__globals__[name], f"g_{name}")
-    return names
+            _add_routes(routes, fn.__globals__[name], f"g_{name}",
+                        lambda g=fn.__globals__, n=name: g[n])
+    return routes
 
 
-def _name_reachable(names: dict[int, str], value: Any, prefix: str) -> None:
-    """Name a closed-over tensor, or a closed-over module's parameters and buffers."""
+def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
+                fetch: Callable[[], Any]) -> None:
+    """Routes to a closed-over tensor, or to a closed-over module's parameters and buffers."""
     if isinstance(value, torch.Tensor):
-        names.setdefault(id(value), f"{prefix}_")
+        routes.setdefault(id(value), (f"{prefix}_", fetch))
     elif isinstance(value, torch.nn.Module):
         for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
-            names.setdefault(id(tensor), f"{prefix}_{pname.replace('.', '_')}")
+            routes.setdefault(id(tensor), (f"{prefix}_{pname.replace('.', '_')}",
+                                           lambda f=fetch, p=pname: _module_tensor(f(), p)))
+
+
+def _module_tensor(module: torch.nn.Module, name: str) -> Any:
+    owner, _, leaf = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, leaf)
 
 
 # What autograd guarantees about a grad (it equals the output's): reading it assumes nothing.
@@ -225,7 +240,8 @@ class _Tracing:
         self.input_nodes: dict[int, fx.Node] = {}
         self.sources: dict[int, InputSource] = {}  # id(fake) -> where the input comes from
         self.real_to_fake: dict[int, torch.Tensor] = {}
-        self.closure_names = {**_closure_names(parts.backward), **_closure_names(parts.forward)}
+        self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
+        self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
         self.bwd = GraphRecorder(self._resolve_bwd, self._resolve_bwd_symbol)
         self.dynamic = dynamic
@@ -294,9 +310,17 @@ class _Tracing:
         if fake is None:
             fake = self.fake_mode.from_tensor(real)
             self.real_to_fake[id(real)] = fake
-            name = self.closure_names.get(id(real), f"lifted_{len(self.sources)}")
+            path = self.module_paths.get(id(real))
+            if path is not None:
+                # A parameter or buffer of a module argument: read from the argument each call.
+                self.sources[id(fake)] = InputSource(
+                    input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
+                    path, None)
+                return fake
+            name, live = self.closure_routes.get(id(real), (f"lifted_{len(self.sources)}", None))
             self.sources[id(fake)] = InputSource(
-                name, f"tensor reached from {self._describe()} ({name})", None, None, real)
+                name, f"tensor reached from {self._describe()} ({name})", None, None, real,
+                live=live)
         return fake
 
     def _resolve_fwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
@@ -390,6 +414,15 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
         t = _Tracing(fn_cls, parts, mode, dynamic)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.nn.Module):
+            for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
+                t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in pname.split("."))))
+    # Direct tensor arguments first: a tensor passed both directly and inside a container is
+    # the Function's input (it gets a gradient), as in eager.
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            t.fake_arg((("arg", i),), a)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
     ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
     record = ctx._minihop_record
@@ -422,6 +455,16 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     nondiff_ids = {id(v) for v in record.non_differentiable}
     non_differentiable_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in nondiff_ids)
     dirty_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in dirty_ids)
+    for v, is_top in zip(flat, top, strict=True):
+        source = t.sources.get(id(v))
+        if is_top and source is not None and source.lifted:
+            raise UnsupportedOutputError(
+                f"{parts.name}.forward returns {source.description}, a tensor it reached "
+                "through an object, container, closure or module, as one of its outputs.",
+                "Eager does not see that tensor as an input, so it rewrites the tensor's own "
+                "autograd history in place (it stops being a leaf); minihop does not copy that.",
+                f"Return {source.description}.clone(), or pass the tensor as a direct argument.",
+                where=fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None)
     returned_ids = {id(v) for v, is_top in zip(flat, top, strict=True) if is_top}
     if any(id(d) not in returned_ids for d in record.dirty):
         raise InplaceInputError(
