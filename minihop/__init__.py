@@ -18,7 +18,8 @@ Vocabulary (used throughout):
 Pipeline: ``tracer`` -> ``rewire`` -> ``runtime``; ``api`` strings them together.
 """
 
-from .api import apply, capture, clear_cache
+from .api import capture
+from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, function
 from .errors import (
     BackwardOutputError,
     DataDependentError,
@@ -30,13 +31,17 @@ from .errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
+from .explain import Explanation, explain
 from .rewire.contract import check_consistent
 from .runtime.capture import Capture
 
 __all__ = [
     "BackwardOutputError",
+    "CacheStats",
     "Capture",
+    "CapturedFunction",
     "DataDependentError",
+    "Explanation",
     "GuardMismatchError",
     "InconsistentGraphsError",
     "InplaceInputError",
@@ -46,8 +51,11 @@ __all__ = [
     "UnsupportedOutputError",
     "apply",
     "capture",
+    "captured",
     "check_consistent",
     "clear_cache",
+    "explain",
+    "function",
 ]
 
 __version__ = "0.1.0"

@@ -26,6 +26,12 @@ class CtxRecord:
     non_differentiable: list[torch.Tensor] = dataclasses.field(default_factory=list)
     dirty: list[torch.Tensor] = dataclasses.field(default_factory=list)
     materialize_grads: bool = True
+    # What the user's code used, in first-use order (for ``minihop.explain``).
+    used: list[str] = dataclasses.field(default_factory=list)
+
+    def use(self, feature: str) -> None:
+        if feature not in self.used:
+            self.used.append(feature)
 
 
 class ProxyCtx:
@@ -38,29 +44,40 @@ class ProxyCtx:
 
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
+        self._minihop_record.use("needs_input_grad")
         return self._minihop_record.needs_input_grad
 
     def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
+        self._minihop_record.use("save_for_backward")
         self._minihop_record.saved = tuple(tensors)
 
     def save_for_forward(self, *tensors: torch.Tensor | None) -> None:
         # Forward-mode AD only; reverse mode (all minihop captures) never reads these.
-        pass
+        self._minihop_record.use("save_for_forward")
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
+        self._minihop_record.use("saved_tensors")
         return self._minihop_record.saved or ()
 
     saved_variables = saved_tensors
 
     def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:
+        self._minihop_record.use("mark_non_differentiable")
         self._minihop_record.non_differentiable.extend(tensors)
 
     def mark_dirty(self, *tensors: torch.Tensor) -> None:
+        self._minihop_record.use("mark_dirty")
         self._minihop_record.dirty.extend(tensors)
 
     def set_materialize_grads(self, value: bool) -> None:
+        self._minihop_record.use(f"set_materialize_grads({bool(value)})")
         self._minihop_record.materialize_grads = bool(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        kind = "tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+        self._minihop_record.use(f"ctx.{name} ({kind})")
+        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         return "<minihop proxy ctx>"

@@ -56,6 +56,9 @@ _SYMPY_OPS: dict[type, Callable[..., Any]] = {
     sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
     Mod: operator.mod, PythonMod: operator.mod,
 }
+# Calls that take values out of a tensor into Python; a fake tensor has none to give.
+_VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
+                          "__index__", "__complex__", "__array__"})
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
@@ -225,6 +228,8 @@ class RecordingMode(TorchFunctionMode):
         if any(isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) for v in flat):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
         try:
+            if getattr(func, "__name__", None) in _VALUE_READS:
+                raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except _DATA_DEPENDENT as e:
             raise DataDependentError(

@@ -69,6 +69,7 @@ class RawCapture:
     grad_assumptions: tuple["GradAssumption", ...]
     inputs_for_retrace: "TraceInputs"
     shape_guards: "ShapeGuards | None"
+    ctx_features: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +166,7 @@ def function_parts(fn_cls: type) -> FunctionParts:
                          backward, argnames, gradnames, once)
 
 
-def _bind(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+def bind_to_positions(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """Keyword arguments to positions, defaults filled, as ``Function.apply`` binds them."""
     if not kwargs:
         return args
@@ -409,7 +410,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         grad_on = retrace.grad_enabled
         t = _Tracing(fn_cls, parts, retrace.fake_mode, {})
     else:
-        args = _bind(parts, fn_cls, args, kwargs)
+        args = bind_to_positions(parts, fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
@@ -533,7 +534,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
-        shape_guards=_shape_guards(t),
+        shape_guards=_shape_guards(t), ctx_features=tuple(record.used),
     )
 
 

@@ -1,0 +1,212 @@
+"""The guarded capture cache behind ``minihop.apply``, ``minihop.function`` and ``@captured``.
+
+Place in the pipeline: above it (it calls ``api.capture``). One ``CapturedFunction`` per
+user Function and policy; all entry points share this one implementation.
+
+The key of an entry (its guards) is: the Function class and the identity of its
+``forward``/``backward``/``vjp``/``setup_context`` (a redefined method never hits a stale
+entry); per argument, what ``runtime.guards.call_key`` records (tensor shape, dtype, device,
+layout, ``requires_grad``; non-tensor values; the structure around them; grad mode); and,
+checked on each hit, the properties of tensors reached through closures, globals and modules
+(``Capture.live_key``) and, for dynamic captures, the shape guards.
+
+Policies: ``fallback="raise"`` (default) re-raises a capture's ``MinihopError``;
+``fallback="eager"`` runs ``F.apply`` instead, warns once per Function with the reason, and
+remembers the decision for that key. Past ``cache_limit`` entries a warning is given once;
+then with ``"raise"`` the least recently used entry is evicted (always correct, costs a
+recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its recompile limit.
+The oldest entry is the one evicted (no bookkeeping on the hit path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .api import bind_arguments, capture, dynamic_dims
+from .errors import MinihopError
+from .runtime.capture import Capture, live_key
+from .runtime.guards import call_key
+
+__all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache"]
+
+Fallback = Literal["raise", "eager"]
+DynamicSpec = bool | Mapping[int | str, Sequence[int]]
+
+
+@dataclasses.dataclass
+class CacheStats:
+    """Counts for one CapturedFunction (read them in tests; never time them)."""
+
+    hits: int = 0
+    captures: int = 0
+    eager_calls: int = 0
+    evictions: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """A key minihop could not capture, run eagerly under ``fallback="eager"``."""
+
+    error: MinihopError
+
+
+def _method_key(fn_cls: type) -> tuple[Any, ...]:
+    return (fn_cls, fn_cls.forward, fn_cls.backward, fn_cls.vjp, fn_cls.setup_context)
+
+
+class CapturedFunction:
+    """``F.apply`` through a guarded cache of captures; ``.apply`` is the drop-in."""
+
+    def __init__(self, fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
+                 cache_limit: int = 8, eager_apply: Any = None) -> None:
+        if fallback not in ("raise", "eager"):
+            raise ValueError(f"fallback must be 'raise' or 'eager', got {fallback!r}")
+        self.fn_cls = fn_cls
+        self.fallback: Fallback = fallback
+        self.dynamic = dynamic
+        self.cache_limit = cache_limit
+        self.stats = CacheStats()
+        self._eager_apply = eager_apply or fn_cls.apply
+        self._entries: OrderedDict[Any, list[Capture | _Refused]] = OrderedDict()
+        self._lock = threading.RLock()
+        self._warned: set[str] = set()
+
+    def __repr__(self) -> str:
+        return (f"<minihop.function {self.fn_cls.__qualname__} fallback={self.fallback!r} "
+                f"entries={len(self._entries)} {self.stats}>")
+
+    @property
+    def captures(self) -> list[Capture]:
+        """The captures currently cached."""
+        return [e for entries in self._entries.values() for e in entries if isinstance(e, Capture)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def _find(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused | None:
+        for entry in self._entries.get(key, ()):
+            if isinstance(entry, _Refused):
+                return entry
+            if entry.live_key and entry.live_key != live_key(entry.inputs):
+                continue
+            if entry.sizes_fit(args):
+                return entry
+        return None
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, FakeTensor) for a in args):
+            # Applied inside another Function being traced: inline it, as eager's no-grad
+            # forward would run it.
+            return self._eager_apply(*args, **kwargs)
+        args = bind_arguments(self.fn_cls, args, kwargs)
+        dims = dynamic_dims(self.fn_cls, args, self.dynamic) if self.dynamic else None
+        key = (_method_key(self.fn_cls), call_key(args, dims))
+        entry = self._find(key, args)
+        if entry is None:
+            with self._lock:
+                entry = self._find(key, args)
+                if entry is None:
+                    entry = self._capture(key, args)
+        else:
+            self.stats.hits += 1
+        if isinstance(entry, _Refused):
+            self.stats.eager_calls += 1
+            return self._eager_apply(*args)
+        return entry.run(args)
+
+    __call__ = apply
+
+    def _capture(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused:
+        if len(self._entries) >= self.cache_limit and key not in self._entries:
+            self._warn_once("limit", (
+                f"minihop: {self.fn_cls.__qualname__} reached cache_limit={self.cache_limit} "
+                "captures (arguments with many different shapes, dtypes or values?). "
+                + ("New cases now run eagerly." if self.fallback == "eager" else
+                   "The oldest capture is evicted for each new one; consider "
+                   "dynamic=True or a higher cache_limit.")))
+            if self.fallback == "eager":
+                return _Refused(MinihopError(
+                    f"{self.fn_cls.__qualname__} is past its cache limit.",
+                    "Each distinct argument key needs its own capture.", "Raise cache_limit."))
+            self._entries.popitem(last=False)
+            self.stats.evictions += 1
+        try:
+            entry: Capture | _Refused = capture(self.fn_cls, *args, dynamic=self.dynamic)
+            self.stats.captures += 1
+        except MinihopError as e:
+            if self.fallback == "raise":
+                raise
+            self._warn_once("fallback", (
+                f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
+                f"{e}"))
+            entry = _Refused(e)
+        self._entries.setdefault(key, []).append(entry)
+        self._entries.move_to_end(key)
+        return entry
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(message, stacklevel=4)
+
+
+_default: weakref.WeakKeyDictionary[type, CapturedFunction] = weakref.WeakKeyDictionary()
+_default_lock = threading.Lock()
+
+
+def _default_for(fn_cls: type) -> CapturedFunction:
+    found = _default.get(fn_cls)
+    if found is None:
+        with _default_lock:
+            found = _default.get(fn_cls)
+            if found is None:
+                found = CapturedFunction(fn_cls)
+                _default[fn_cls] = found
+    return found
+
+
+def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
+    """Drop-in for ``fn_cls.apply(*args, **kwargs)``: strict (unsupported Functions raise),
+    captured once per distinct guard key."""
+    return _default_for(fn_cls).apply(*args, **kwargs)
+
+
+def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
+             cache_limit: int = 8) -> CapturedFunction:
+    """A ``CapturedFunction`` for ``fn_cls`` with its own cache and policy."""
+    return CapturedFunction(fn_cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
+
+
+def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
+             cache_limit: int = 8) -> Any:
+    """Class decorator: ``F.apply`` itself goes through minihop (``@captured`` or
+    ``@captured(fallback="eager")``)."""
+
+    def decorate(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+            raise TypeError(f"@minihop.captured decorates autograd.Function subclasses, not {cls!r}")
+        cf = CapturedFunction(cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit,
+                              eager_apply=cls.apply)
+        cls.apply = staticmethod(cf.apply)  # type: ignore[method-assign]
+        cls.minihop = cf  # type: ignore[attr-defined]
+        return cls
+
+    return decorate(fn_cls) if fn_cls is not None else decorate
+
+
+def clear_cache() -> None:
+    """Forget every capture made by ``minihop.apply``."""
+    with _default_lock:
+        for cf in list(_default.values()):
+            cf.clear()
+        _default.clear()

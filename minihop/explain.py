@@ -1,0 +1,124 @@
+"""``minihop.explain``: what a capture of a Function did with each thing it used.
+
+Not part of the pipeline: it runs it (``api.capture_with_trace``) and reports, for a person,
+every ctx feature the Function used and how minihop handled it (captured, specialised,
+guarded, refused), the guards of the capture, and the size of its graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .api import capture_with_trace
+from .errors import MinihopError
+from .runtime.guards import describe_key_difference
+
+__all__ = ["Explanation", "explain"]
+
+# How each ctx feature is handled; rules as data, keyed by the feature's name.
+_HANDLING: dict[str, str] = {
+    "save_for_backward": "captured: values backward reads are saved through the runtime ctx's "
+                         "save_for_backward (version-checked, seen by saved_tensors_hooks)",
+    "saved_tensors": "captured: each saved value backward reads becomes a bwd input",
+    "needs_input_grad": "specialised: answered from the arguments' requires_grad, which is "
+                        "part of the guard key",
+    "mark_non_differentiable": "captured: non_differentiable_idx",
+    "mark_dirty": "captured: dirty_idx; the runtime marks the input dirty as eager does",
+    "set_materialize_grads(False)": "specialised: backward is retraced per pattern of None grads",
+    "set_materialize_grads(True)": "captured: grads are materialised (the default)",
+    "save_for_forward": "ignored: forward-mode AD only",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The report ``explain`` prints; ``features`` pairs each use with its handling."""
+
+    function: str
+    captured: bool
+    error: str | None
+    features: tuple[tuple[str, str], ...] = ()
+    guards: tuple[str, ...] = ()
+    fwd_inputs: tuple[str, ...] = ()
+    saved: int = 0
+    fwd_ops: int = 0
+    bwd_ops: int = 0
+    capture_ms: float = 0.0
+
+    def __str__(self) -> str:
+        lines = [f"minihop.explain: {self.function}",
+                 f"  captured: {'yes' if self.captured else 'no'}"]
+        if self.error:
+            lines.append("  refused:")
+            lines.extend(f"    {line}" for line in self.error.splitlines())
+            return "\n".join(lines)
+        lines.append(f"  capture time: {self.capture_ms:.1f} ms; fwd ops {self.fwd_ops}, bwd ops "
+                     f"{self.bwd_ops}, saved values {self.saved}")
+        lines.append("  fwd inputs: " + ", ".join(self.fwd_inputs))
+        lines.append("  ctx features:")
+        lines.extend(f"    {name}: {how}" for name, how in self.features)
+        if not self.features:
+            lines.append("    (none)")
+        lines.append("  guards (a call must match these to reuse the capture):")
+        lines.extend(f"    {g}" for g in self.guards)
+        return "\n".join(lines)
+
+
+def _handling(feature: str) -> str:
+    if feature in _HANDLING:
+        return _HANDLING[feature]
+    if feature.startswith("ctx.") and feature.endswith("(tensor)"):
+        return "captured: a tensor on ctx is saved if backward reads it (no version check, as eager)"
+    if feature.startswith("ctx."):
+        return "specialised: a Python value on ctx is a constant in the bwd graph"
+    return "captured"
+
+
+def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: bool = True,
+            **kwargs: Any) -> Explanation:
+    """Capture ``fn_cls`` for these arguments and report how each of its features was handled."""
+    name = getattr(fn_cls, "__qualname__", repr(fn_cls))
+    try:
+        raw, cap = capture_with_trace(fn_cls, args, kwargs, dynamic)
+    except MinihopError as e:
+        report = Explanation(name, False, str(e))
+    else:
+        grad_mode, arg_keys = cap.key
+        guards = [f"grad mode enabled == {grad_mode}"]
+        for i, key in enumerate(arg_keys):
+            argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
+            guards.append(f"{argname}: " + describe_key_difference(
+                (grad_mode, (key,)), (grad_mode, (key,)), (argname,)).replace("no difference", _show_key(key)))
+        for source in cap.inputs:
+            if source.live is not None:
+                guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
+                              "requires_grad as at capture (read anew each call)")
+        if cap.shape_guards is not None:
+            guards.append(f"dynamic sizes: {cap.shape_guards.expression}")
+        for assumption in raw.grad_assumptions:
+            guards.append(f"backward read {getattr(assumption.query, '__name__', assumption.query)} of "
+                          f"output {assumption.index}'s grad == {assumption.expected!r} (else retraced)")
+        report = Explanation(
+            name, True, None,
+            features=tuple((f, _handling(f)) for f in raw.ctx_features),
+            guards=tuple(guards),
+            fwd_inputs=tuple(f"{s.name} <- {s.description}" for s in cap.inputs),
+            saved=len([n for n in cap.fwd.graph.nodes if n.op == "output"][0].args[0][1]),
+            fwd_ops=sum(n.op.startswith("call") for n in cap.fwd.graph.nodes),
+            bwd_ops=sum(n.op.startswith("call") for n in cap.bwd.graph.nodes),
+            capture_ms=cap.capture_seconds * 1e3,
+        )
+    if print_report:
+        print(report)
+    return report
+
+
+def _show_key(key: Any) -> str:
+    if isinstance(key, tuple) and key and key[0] == "T":
+        _, cls, shape, dtype, device, _layout, rg = key
+        dims = ", ".join("*" if d is None else str(d) for d in shape)
+        return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}"
+    if isinstance(key, tuple) and key and key[0] == "V":
+        return f"== {key[2]!r}"
+    return f"same structure and values ({type(key).__name__})"
