@@ -16,6 +16,7 @@ __all__ = [
     "DataDependentError",
     "BackwardOutputError",
     "InplaceInputError",
+    "SideEffectError",
     "GuardMismatchError",
     "InconsistentGraphsError",
     "UnsupportedOperationError",
@@ -58,6 +59,10 @@ class UnsupportedOperationError(MinihopError, NotImplementedError):
 
 class InplaceInputError(MinihopError, RuntimeError):
     code = "MH105"
+
+
+class SideEffectError(MinihopError, NotImplementedError):
+    code = "MH106"
 
 
 class BackwardOutputError(MinihopError, ValueError, RuntimeError):

@@ -13,6 +13,7 @@ forward node (``bwd_saved``), in the order backward first read it.
 from __future__ import annotations
 
 import dataclasses
+import dis
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -28,14 +29,15 @@ from torch.autograd.function import once_differentiable
 from ..errors import (
     BackwardOutputError,
     InplaceInputError,
+    SideEffectError,
     UnsupportedArgumentError,
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
 from ..spec import InputSource
-from ..structure import OutputSpec, Path, describe_output, format_path, replace_tensors
+from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx
-from .names import FrameSnapshot, capture_locals, input_name, name_hints
+from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
 __all__ = ["GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -164,6 +166,37 @@ def function_parts(fn_cls: type) -> FunctionParts:
     gradnames = None if any(p.kind == p.VAR_POSITIONAL for p in bparams) else tuple(p.name for p in bparams)
     return FunctionParts(fn_cls.__qualname__, fn_cls.forward, setup if uses_setup else None,
                          backward, argnames, gradnames, once)
+
+
+# Bytecode that changes Python state outside the call: it would run once, at capture, and
+# never when the captured graphs run.
+_STATE_WRITES = {"STORE_GLOBAL": "assigns to the global", "DELETE_GLOBAL": "deletes the global",
+                 "STORE_DEREF": "assigns to the enclosing variable"}
+
+
+def check_side_effects(parts: FunctionParts) -> None:
+    """Refuse user code whose Python side effects a captured graph could not replay."""
+    for method, fn in (("forward", parts.forward), ("setup_context", parts.setup_context),
+                       ("backward", parts.backward)):
+        code = code_of(fn) if fn is not None else None
+        if code is None:
+            continue
+        cellvars = set(code.co_cellvars)
+        for ins in dis.get_instructions(code):
+            what = _STATE_WRITES.get(ins.opname)
+            if ins.opname == "STORE_DEREF" and ins.argval in cellvars:
+                what = None  # a local captured by an inner function: still local state
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == "print":
+                what = "calls"
+            if what is not None:
+                raise SideEffectError(
+                    f"{parts.name}.{method} {what} `{ins.argval}` "
+                    f"(line {ins.positions.lineno if ins.positions else '?'}).",
+                    "A capture replays only tensor operations; Python side effects in "
+                    f"{method} run once, while tracing, and never again when the graphs run.",
+                    "Keep such state out of the Function (or in tensors it returns), or run it "
+                    "eagerly with minihop.function(F, fallback='eager').",
+                    where=f'File "{code.co_filename}", line {ins.positions.lineno if ins.positions else "?"}')
 
 
 def bind_to_positions(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -405,6 +438,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
     """
     parts = function_parts(fn_cls)
+    check_side_effects(parts)
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
@@ -415,6 +449,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
         t = _Tracing(fn_cls, parts, mode, dynamic)
+    _refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
         if isinstance(a, torch.nn.Module):
             for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
@@ -446,6 +481,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         top.append(is_top)
         return len(flat) - 1
 
+    _refuse_hidden_tensors(parts, (out,), "output")
     spec = describe_output(out, on_tensor)
     fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
@@ -561,6 +597,20 @@ def _fake_grad(out: torch.Tensor, spec: GradSpec) -> torch.Tensor:
     if spec.requires_grad:
         g.requires_grad_(True)
     return g
+
+
+def _refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: str) -> None:
+    """Tensors inside sets (or other unordered containers) cannot be passed through a graph."""
+    for path, leaf in iter_leaves(values):
+        if isinstance(leaf, (set, frozenset)) and any(isinstance(v, torch.Tensor) for v in leaf):
+            where = format_path(path[1:], parts.argnames) if what == "argument" else "the returned value"
+            error = UnsupportedArgumentError if what == "argument" else UnsupportedOutputError
+            raise error(
+                f"{parts.name} {'gets' if what == 'argument' else 'returns'} a "
+                f"{type(leaf).__name__} holding tensors ({where or 'forward output'}).",
+                "A set has no order, so its tensors cannot be matched to graph inputs or "
+                "outputs from one call to the next.",
+                "Use a tuple, list or dict instead.")
 
 
 def _tensor_leaves(value: Any) -> list[torch.Tensor]:
