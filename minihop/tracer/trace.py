@@ -603,7 +603,8 @@ def _refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: 
     """Tensors inside sets (or other unordered containers) cannot be passed through a graph."""
     for path, leaf in iter_leaves(values):
         if isinstance(leaf, (set, frozenset)) and any(isinstance(v, torch.Tensor) for v in leaf):
-            where = format_path(path[1:], parts.argnames) if what == "argument" else "the returned value"
+            where = (format_path((("arg", path[0][1]), *path[1:]), parts.argnames) if what == "argument"
+                     else "the returned value")
             error = UnsupportedArgumentError if what == "argument" else UnsupportedOutputError
             raise error(
                 f"{parts.name} {'gets' if what == 'argument' else 'returns'} a "
@@ -626,13 +627,19 @@ def _check_mutations(t: _Tracing, dirty: list[torch.Tensor]) -> None:
         if source is not None and id(target) not in dirty_ids:
             raise InplaceInputError(
                 f"{t.parts.name}.forward modifies its input {source.description} in place "
-                f"({node.format_node()}) without ctx.mark_dirty.",
+                f"({_describe_mutation(node, source.description)}) without ctx.mark_dirty.",
                 "Eager autograd needs to know about in-place changes to inputs to keep "
                 "gradients right; an unreported one gives silently wrong gradients.",
                 f"Call ctx.mark_dirty({source.description}) and return it, or work on a "
                 f"copy ({source.description}.clone()).",
                 where=node.meta.get("stack_trace", "").strip() or None,
             )
+
+
+def _describe_mutation(node: fx.Node, name: str) -> str:
+    if node.op == "call_method":
+        return f"{name}.{node.target}(...)"
+    return f"{name}[...] = ..."
 
 
 def _arg_grads(t: _Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node | None, ...]:
