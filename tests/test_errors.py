@@ -1,0 +1,624 @@
+"""Every deliberate minihop error: its class, its pinned message, and what eager does instead.
+
+Each error must be a ``minihop.MinihopError`` and the built-in a user would catch. Where eager
+raises too (bad gradients from backward), eager's error is checked; where eager works
+(data-dependent control flow, tensor subclasses, unmarked in-place writes), the error is a
+documented refusal and eager is checked to run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+
+import minihop
+import minihop.errors
+
+
+def r(*shape: int, grad: bool = True) -> torch.Tensor:
+    return torch.randn(*shape).requires_grad_(grad)
+
+
+def capture_error(cls: type[minihop.MinihopError], fn_cls: Any, *args: Any,
+                  match: str) -> minihop.MinihopError:
+    """``minihop.capture(fn_cls, *args)`` raises ``cls`` with a message matching ``match``."""
+    with pytest.raises(cls, match=match) as info:
+        minihop.capture(fn_cls, *args)
+    return info.value
+
+
+def eager_backward(fn_cls: type, *args: Any) -> None:
+    """Run ``fn_cls.apply`` and a backward through its first output, as a user would."""
+    out = fn_cls.apply(*args)
+    first = out[0] if isinstance(out, tuple) else out
+    first.sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------
+# The error hierarchy
+# ---------------------------------------------------------------------------------------------
+
+_BUILTIN = {
+    "UnsupportedArgumentError": TypeError,
+    "UnsupportedOutputError": TypeError,
+    "DataDependentError": NotImplementedError,
+    "UnsupportedOperationError": NotImplementedError,
+    "InplaceInputError": RuntimeError,
+    "BackwardOutputError": ValueError,
+    "GuardMismatchError": ValueError,
+    "InconsistentGraphsError": ValueError,
+}
+
+
+class TestHierarchy:
+    @pytest.mark.parametrize("name", sorted(_BUILTIN))
+    def test_public_and_subclasses(self, name: str) -> None:
+        """Each error class is exported, a MinihopError, and subclasses its built-in."""
+        cls = getattr(minihop, name)
+        assert name in minihop.__all__
+        assert issubclass(cls, minihop.MinihopError)
+        assert issubclass(cls, _BUILTIN[name])
+
+    @pytest.mark.parametrize("name", sorted(set(minihop.errors.__all__) - {"MinihopError"}))
+    def test_every_error_catchable_as_builtin(self, name: str) -> None:
+        """Every class in minihop.errors (new ones too) is a MinihopError and a built-in error."""
+        cls = getattr(minihop.errors, name)
+        assert issubclass(cls, minihop.MinihopError)
+        assert issubclass(cls, (TypeError, ValueError, NotImplementedError, RuntimeError))
+
+    def test_codes_unique(self) -> None:
+        """Each error class has its own stable code."""
+        codes = [getattr(minihop.errors, name).code for name in minihop.errors.__all__]
+        assert len(set(codes)) == len(codes)
+        assert all(re.fullmatch(r"MH\d{3}", c) for c in codes)
+
+    def test_message_layout(self) -> None:
+        """Messages read: [code] found / at where / Why / What to do."""
+        err = minihop.BackwardOutputError("found it", "because", "fix it", where="file.py:3")
+        assert str(err) == "[MH201] found it\n  at file.py:3\nWhy: because\nWhat to do: fix it"
+        assert (err.found, err.why, err.todo, err.where) == ("found it", "because", "fix it", "file.py:3")
+
+
+# ---------------------------------------------------------------------------------------------
+# DataDependentError: documented refusals (eager runs these)
+# ---------------------------------------------------------------------------------------------
+
+class IfOnSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        if x.sum() > 0:
+            return x * 2
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Item(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * x.max().item()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class ToList(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * sum(x.tolist())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class IfInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if g.sum() > 0:
+            return g * 2
+        return g
+
+
+class NonZero(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x[x > 0] * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+class Numpy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * float(x.detach().numpy().sum())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class FloatOfTensor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * float(x.sum())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class TestDataDependentError:
+    def test_if_on_tensor(self) -> None:
+        """`if x.sum() > 0` in forward is refused, pointing at the user's line."""
+        err = capture_error(minihop.DataDependentError, IfOnSum, r(3),
+                            match=r"IfOnSum\.forward calls __bool__, whose result depends on tensor values")
+        assert re.search(r'test_errors\.py", line \d+, in forward: if x\.sum\(\) > 0:', str(err))
+        assert isinstance(err, NotImplementedError) and isinstance(err, minihop.MinihopError)
+        eager_backward(IfOnSum, r(3))
+
+    def test_item(self) -> None:
+        """`.item()` in forward is refused."""
+        err = capture_error(minihop.DataDependentError, Item, r(3),
+                            match=r"Item\.forward calls item, whose result depends on tensor values")
+        assert "What to do: Compute with tensor ops instead" in str(err)
+        assert isinstance(err, NotImplementedError) and isinstance(err, minihop.MinihopError)
+        eager_backward(Item, r(3))
+
+    def test_tolist(self) -> None:
+        """`.tolist()` in forward is refused."""
+        err = capture_error(minihop.DataDependentError, ToList, r(3),
+                            match=r"ToList\.forward calls \w+, whose result depends on tensor values")
+        assert re.search(r"in forward: return x \* sum\(x\.tolist\(\)\)", str(err))
+        eager_backward(ToList, r(3))
+
+    def test_if_in_backward(self) -> None:
+        """Data-dependent control flow in backward names backward."""
+        err = capture_error(minihop.DataDependentError, IfInBackward, r(3),
+                            match=r"IfInBackward\.backward calls __bool__")
+        assert isinstance(err, NotImplementedError)
+        eager_backward(IfInBackward, r(3))
+
+    def test_data_dependent_shape(self) -> None:
+        """Boolean-mask indexing (an output shape that depends on values) is refused."""
+        capture_error(minihop.DataDependentError, NonZero, r(4),
+                      match=r"NonZero\.forward calls \w+, whose result depends on tensor values")
+        out = NonZero.apply(r(4))
+        assert out.dim() == 1
+
+    def test_float_of_tensor(self) -> None:
+        """float(t) in forward is refused."""
+        err = capture_error(minihop.DataDependentError, FloatOfTensor, r(3),
+                            match=r"FloatOfTensor\.forward calls __float__, whose result depends on tensor values")
+        assert isinstance(err, NotImplementedError)
+        eager_backward(FloatOfTensor, r(3))
+
+    def test_numpy(self) -> None:
+        """.numpy() in forward (values leave torch) is refused with minihop's error, not torch's."""
+        err = capture_error(minihop.DataDependentError, Numpy, r(3),
+                            match=r"Numpy\.forward calls \w+, whose result depends on tensor values")
+        assert isinstance(err, NotImplementedError)
+        eager_backward(Numpy, r(3))
+
+    def test_through_apply(self) -> None:
+        """minihop.apply raises the same error."""
+        minihop.clear_cache()
+        with pytest.raises(minihop.DataDependentError, match=r"Item\.forward calls item"):
+            minihop.apply(Item, r(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# InplaceInputError: documented refusal (eager runs, silently)
+# ---------------------------------------------------------------------------------------------
+
+class MulInplace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class AddToSecond(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        y.add_(1)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class SetItemInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x[0] = 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class MulInplaceMarked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class TestInplaceInputError:
+    def test_method_inplace(self) -> None:
+        """x.mul_ on an input without mark_dirty is refused, with the fix in the message."""
+        err = capture_error(minihop.InplaceInputError, MulInplace, torch.randn(3),
+                            match=r"MulInplace\.forward modifies its input x in place .* without ctx\.mark_dirty")
+        assert "What to do: Call ctx.mark_dirty(x) and return it, or work on a copy (x.clone())" in str(err)
+        assert isinstance(err, RuntimeError) and isinstance(err, minihop.MinihopError)
+        x = torch.ones(3)
+        MulInplace.apply(x)  # eager accepts it and writes the input
+        assert x.tolist() == [2.0, 2.0, 2.0]
+
+    def test_second_argument(self) -> None:
+        """The message names the argument that was modified."""
+        capture_error(minihop.InplaceInputError, AddToSecond, r(3), torch.randn(3),
+                      match=r"AddToSecond\.forward modifies its input y in place")
+
+    def test_setitem(self) -> None:
+        """Item assignment into an input is an in-place write too."""
+        err = capture_error(minihop.InplaceInputError, SetItemInput, torch.randn(3),
+                            match=r"SetItemInput\.forward modifies its input x in place")
+        assert re.search(r'test_errors\.py", line \d+, in forward', str(err))
+        SetItemInput.apply(torch.randn(3))
+
+    def test_marked_dirty_is_fine(self) -> None:
+        """The same write with ctx.mark_dirty is captured."""
+        cap = minihop.capture(MulInplaceMarked, torch.randn(3))
+        x = torch.ones(3)
+        cap(x)
+        assert x.tolist() == [2.0, 2.0, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# BackwardOutputError: eager raises too (at backward time)
+# ---------------------------------------------------------------------------------------------
+
+class TooFewGrads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class TooManyGrads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+class GradForFloat(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, g.sum()
+
+
+class BadShape(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.expand(4)
+
+
+class PythonFloatGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2.0
+
+
+class TrailingNones(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None, None
+
+
+_BACKWARD_CASES: dict[str, tuple[type, tuple[Any, ...], str, str]] = {
+    # name: (Function, args, minihop message, eager message)
+    "too_few": (TooFewGrads, (r(3), r(3)),
+                re.escape("TooFewGrads.backward returned 1 gradient(s), but forward takes 2 argument(s) (x, y)."),
+                re.escape("returned an incorrect number of gradients (expected 2, got 1)")),
+    "too_many": (TooManyGrads, (r(3),),
+                 re.escape("TooManyGrads.backward returned 2 gradient(s), but forward takes 1 argument(s) (x)."),
+                 re.escape("returned an incorrect number of gradients (expected 1, got 2)")),
+    "non_tensor_input": (GradForFloat, (r(3), 2.0),
+                         re.escape("GradForFloat.backward returned a tensor as the gradient for argument 1 "
+                                   "(scale), which is a float, not a tensor."),
+                         "returned a gradient different than None at position 2, but the corresponding "
+                         "forward input was not a Variable"),
+    "bad_shape": (BadShape, (r(3),),
+                  re.escape("BadShape.backward returned a gradient of shape [4] for argument 0 (x).\n"
+                            "  expected: [3] (the shape of x)\n  found:    [4]"),
+                  re.escape("returned an invalid gradient at index 0 - got [4] but expected shape "
+                            "compatible with [3]")),
+    "python_float": (PythonFloatGrad, (r(3),),
+                     re.escape("PythonFloatGrad.backward returned a float as the gradient for argument 0 (x)."),
+                     re.escape("expected Variable or None (got float)")),
+}
+
+
+class TestBackwardOutputError:
+    @pytest.mark.parametrize("case", sorted(_BACKWARD_CASES))
+    def test_minihop_raises(self, case: str) -> None:
+        """A bad backward result is a BackwardOutputError (a ValueError) at capture time."""
+        fn_cls, args, pattern, _ = _BACKWARD_CASES[case]
+        err = capture_error(minihop.BackwardOutputError, fn_cls, *args, match=pattern)
+        assert isinstance(err, ValueError) and isinstance(err, minihop.MinihopError)
+        assert "What to do: " in str(err)
+
+    @pytest.mark.parametrize("case", sorted(_BACKWARD_CASES))
+    def test_eager_raises(self, case: str) -> None:
+        """Eager autograd rejects the same backward, at backward time."""
+        fn_cls, args, _, pattern = _BACKWARD_CASES[case]
+        with pytest.raises(RuntimeError, match=pattern):
+            eager_backward(fn_cls, *args)
+
+    @pytest.mark.parametrize("case", sorted(_BACKWARD_CASES))
+    def test_caught_like_eager(self, case: str) -> None:
+        """Code that catches eager's RuntimeError for a bad backward also catches minihop's error."""
+        fn_cls, args, _, _ = _BACKWARD_CASES[case]
+        minihop.clear_cache()
+        with pytest.raises(RuntimeError):
+            minihop.apply(fn_cls, *args)
+
+    def test_trailing_nones_accepted(self) -> None:
+        """Extra trailing Nones are dropped, as eager does."""
+        x = r(3)
+        minihop.capture(TrailingNones, x)(x).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+        eager_backward(TrailingNones, r(3))
+
+    def test_broadcastable_shape_accepted(self) -> None:
+        """A gradient that sums back to the input's shape is not an error (eager reduces it)."""
+
+        class Broadcast(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g.expand(5, 3)
+
+        x = r(3)
+        minihop.capture(Broadcast, x)(x).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 5.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# UnsupportedArgumentError
+# ---------------------------------------------------------------------------------------------
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+class TestUnsupportedArgumentError:
+    @pytest.mark.filterwarnings("ignore:.*should not be instantiated")
+    @pytest.mark.parametrize("kind", ["lambda", "apply", "instance", "other_class", "builtin_type"])
+    def test_not_a_function(self, kind: str) -> None:
+        """capture() of something that is not an autograd.Function subclass."""
+        thing = {"lambda": lambda: (lambda x: x * 2), "apply": lambda: Double.apply,
+                 "instance": lambda: Double(), "other_class": lambda: torch.nn.Module,
+                 "builtin_type": lambda: int}[kind]()
+        err = capture_error(minihop.UnsupportedArgumentError, thing, r(3),
+                            match=r"minihop\.capture got .*, which is not a torch\.autograd\.Function subclass\.")
+        assert "Pass the class itself (MyFunction), not an instance or MyFunction.apply." in str(err)
+        assert isinstance(err, TypeError) and isinstance(err, minihop.MinihopError)
+
+    def test_tensor_subclass(self) -> None:
+        """A tensor subclass argument is refused; eager accepts it."""
+        x = torch.randn(3).as_subclass(Sub).requires_grad_()
+        err = capture_error(minihop.UnsupportedArgumentError, Double, x,
+                            match=r"Double\.apply got a Sub \(a tensor subclass\) at x\.")
+        assert "t.as_subclass(torch.Tensor)" in str(err)
+        assert isinstance(err, TypeError)
+        eager_backward(Double, torch.randn(3).as_subclass(Sub).requires_grad_())
+
+    def test_tensor_subclass_nested(self) -> None:
+        """A tensor subclass inside a container argument is refused, naming its path."""
+
+        class First(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, xs):
+                return x * xs[0]
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, None
+
+        capture_error(minihop.UnsupportedArgumentError, First, r(3), [torch.randn(3).as_subclass(Sub)],
+                      match=r"First\.apply got a Sub \(a tensor subclass\) at xs\[0\]\.")
+
+    def test_parameter_accepted(self) -> None:
+        """nn.Parameter is not refused as a subclass."""
+        p = torch.nn.Parameter(torch.randn(3))
+        minihop.capture(Double, p)(p).sum().backward()
+        torch.testing.assert_close(p.grad, torch.full((3,), 2.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# UnsupportedOutputError: documented refusal (eager rewrites the tensor's history in place)
+# ---------------------------------------------------------------------------------------------
+
+class ReturnLifted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        return x * 2, p["w"]
+
+    @staticmethod
+    def backward(ctx, g, _gw):
+        return g * 2, None
+
+
+class TestUnsupportedOutputError:
+    def test_lifted_tensor_returned(self) -> None:
+        """Returning a tensor reached through a container argument is refused, naming its path."""
+        err = capture_error(minihop.UnsupportedOutputError, ReturnLifted, r(3), {"w": r(3)},
+                            match=re.escape("ReturnLifted.forward returns p['w'], a tensor it reached "
+                                            "through an object, container, closure or module"))
+        assert "What to do: Return p['w'].clone(), or pass the tensor as a direct argument." in str(err)
+        assert isinstance(err, TypeError) and isinstance(err, minihop.MinihopError)
+        w = r(3)
+        _, out = ReturnLifted.apply(r(3), {"w": w})
+        assert out is w and not w.is_leaf  # eager turns the user's leaf into a non-leaf
+
+
+# ---------------------------------------------------------------------------------------------
+# UnsupportedOperationError
+# ---------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("minihop_test_errors::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class UsesOpaqueOp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _twice(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class TestUnsupportedOperationError:
+    def test_op_without_fake_kernel(self) -> None:
+        """A custom op without a fake implementation is refused with minihop's error; eager runs it."""
+        err = capture_error(minihop.UnsupportedOperationError, UsesOpaqueOp, r(3),
+                            match=r"UsesOpaqueOp\.forward calls .*twice.*, which has no fake-tensor implementation")
+        assert isinstance(err, NotImplementedError)
+        eager_backward(UsesOpaqueOp, r(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# GuardMismatchError
+# ---------------------------------------------------------------------------------------------
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.s = s
+        return x * s
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s, None
+
+
+def _guard(cap: minihop.Capture, *args: Any, match: str) -> minihop.GuardMismatchError:
+    with pytest.raises(minihop.GuardMismatchError, match=match) as info:
+        cap(*args)
+    err = info.value
+    assert isinstance(err, ValueError) and isinstance(err, minihop.MinihopError)
+    return err
+
+
+_CALLED = "Capture of Double called with arguments unlike the captured ones: argument 0 (x):\n"
+
+
+class TestGuardMismatchError:
+    def test_shape(self) -> None:
+        """A differently shaped argument, with captured and found on separate lines."""
+        cap = minihop.capture(Double, r(3))
+        err = _guard(cap, r(4), match=re.escape(
+            _CALLED + "  captured: Tensor(shape=[3], dtype=torch.float32, device=cpu, requires_grad=True)\n"
+            "  found:    Tensor(shape=[4], dtype=torch.float32, device=cpu, requires_grad=True)"))
+        assert "What to do: Capture again for these arguments, or use minihop.apply" in str(err)
+
+    def test_dtype(self) -> None:
+        """A different dtype."""
+        cap = minihop.capture(Double, r(3))
+        _guard(cap, r(3).double().detach().requires_grad_(),
+               match=re.escape("found:    Tensor(shape=[3], dtype=torch.float64"))
+
+    def test_requires_grad(self) -> None:
+        """A different requires_grad flag."""
+        cap = minihop.capture(Double, r(3))
+        _guard(cap, r(3, grad=False), match=re.escape("requires_grad=False)"))
+
+    def test_constant_value(self) -> None:
+        """A different Python constant."""
+        cap = minihop.capture(Scale, r(3), 2.0)
+        _guard(cap, r(3), 3.0, match=re.escape(
+            "argument 1 (s):\n  captured: 2.0\n  found:    3.0"))
+
+    def test_grad_mode(self) -> None:
+        """Called under no_grad when captured with grad mode on."""
+        cap = minihop.capture(Double, r(3))
+        with torch.no_grad():
+            _guard(cap, r(3), match=re.escape("grad mode: captured with True, called with False"))
+
+    def test_dynamic_sizes_outside_guards(self) -> None:
+        """A dynamic capture called with a size its guards exclude (a size of 1)."""
+        cap = minihop.capture(Double, r(3, 4), dynamic=True)
+        assert cap(r(6, 7)).shape == (6, 7)
+        _guard(cap, r(1, 7), match="Capture of Double called with dynamic sizes outside what it was traced for")
+
+    def test_apply_recaptures_instead(self) -> None:
+        """minihop.apply never raises GuardMismatchError: it captures again."""
+        minihop.clear_cache()
+        assert minihop.apply(Double, r(3)).shape == (3,)
+        assert minihop.apply(Double, r(4)).shape == (4,)
+        minihop.clear_cache()
