@@ -15,11 +15,11 @@ import torch
 from .errors import UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
-from .runtime.capture import Capture, live_key, make_capture
+from .runtime.capture import Capture, make_capture
 from .runtime.function import GradLayout, Retrace
 from .runtime.guards import call_key
 from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
-from .tracer.trace import bind_to_positions
+from .tracer.trace import bind_to_positions, python_value_routes
 
 __all__ = ["bind_arguments", "capture", "capture_with_trace", "dynamic_dims"]
 
@@ -57,7 +57,7 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     if raw.grad_assumptions or not raw.materialize_grads:
         retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)
     cap = make_capture(pair, outer, fn_cls, call_key(args, dims), time.perf_counter() - start,
-                       retrace, dims, raw.shape_guards)
+                       retrace, dims, raw.shape_guards, python_value_routes(function_parts(fn_cls)))
     return raw, cap
 
 

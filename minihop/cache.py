@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .api import bind_arguments, capture, dynamic_dims
 from .errors import MinihopError
-from .runtime.capture import Capture, live_key
+from .runtime.capture import Capture
 from .runtime.guards import call_key
 
 __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache"]
@@ -97,7 +97,7 @@ class CapturedFunction:
         for entry in self._entries.get(key, ()):
             if isinstance(entry, _Refused):
                 return entry
-            if entry.live_key and entry.live_key != live_key(entry.inputs):
+            if entry.live_key and entry.live_key != entry.current_live_key():
                 continue
             if entry.sizes_fit(args):
                 return entry

@@ -24,7 +24,7 @@ from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
 from .guards import call_key, describe_key_difference, value_key
 
-__all__ = ["Capture", "live_key", "make_capture", "readable"]
+__all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
 
 def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
@@ -55,9 +55,12 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
     return fetch
 
 
-def live_key(inputs: tuple[InputSource, ...]) -> tuple[Any, ...]:
-    """Properties of the tensors reached through closures, globals and modules, now."""
-    return tuple(value_key(s.live()) for s in inputs if s.live is not None)
+def live_fetchers(inputs: tuple[InputSource, ...],
+                  python_values: tuple[tuple[str, Callable[[], Any]], ...]) -> tuple[Callable[[], Any], ...]:
+    """How to read, now, everything a capture took from outside its arguments: tensors
+    reached through closures, globals and modules, and the Python values forward/backward
+    read from their closures and globals (baked into the graphs as constants)."""
+    return (*(s.live for s in inputs if s.live is not None), *(fetch for _, fetch in python_values))
 
 
 def _detached(value: torch.Tensor) -> torch.Tensor:
@@ -102,6 +105,7 @@ class Capture:
     key: tuple[Any, ...]
     argnames: tuple[str, ...]
     live_key: tuple[Any, ...] = ()
+    _live: tuple[Callable[[], Any], ...] = dataclasses.field(repr=False, default=())
     dynamic_dims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     shape_guards: Any = None
     capture_seconds: float = 0.0
@@ -135,12 +139,13 @@ class Capture:
                 "dimensions), dtypes, devices, requires_grad, non-tensor values and grad mode.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
-        if self.live_key != live_key(self.inputs):
+        if self.live_key != self.current_live_key():
             raise GuardMismatchError(
-                f"Capture of {self.function.__qualname__}: a tensor it reaches through a "
-                "closure, global or module changed shape, dtype, device or requires_grad "
-                "since it was captured.",
-                "The graphs were traced for the tensor's old properties.",
+                f"Capture of {self.function.__qualname__}: a value it reads from a closure, "
+                "global or module changed since it was captured (a Python value, or a "
+                "tensor's shape, dtype, device or requires_grad).",
+                "The graphs were traced for the old value: Python values are constants in "
+                "them, tensors' properties are baked into their shapes.",
                 "Capture again (minihop.apply does this by itself).")
         if not self.sizes_fit(args):
             raise GuardMismatchError(
@@ -150,6 +155,10 @@ class Capture:
                 "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
                 "Capture again for these sizes.")
         return self.run(args)
+
+    def current_live_key(self) -> tuple[Any, ...]:
+        """``live_key`` as it is now; a difference means the capture is stale."""
+        return tuple(value_key(fetch()) for fetch in self._live)
 
     def sizes_fit(self, args: tuple[Any, ...]) -> bool:
         """Whether the dynamic arguments' sizes satisfy the capture's shape guards."""
@@ -180,13 +189,15 @@ class Capture:
 def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
                  seconds: float, retrace: Retrace | None = None,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None,
-                 shape_guards: Any = None) -> Capture:
+                 shape_guards: Any = None,
+                 python_values: tuple[tuple[str, Callable[[], Any]], ...] = ()) -> Capture:
     shape_check = None
     if shape_guards is not None:
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
+    live = live_fetchers(pair.inputs, python_values)
     return Capture(
-        live_key=live_key(pair.inputs), dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+        live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,

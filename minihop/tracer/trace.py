@@ -12,9 +12,11 @@ forward node (``bwd_saved``), in the order backward first read it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import dis
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +42,7 @@ from .ctx import ProxyCtx
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
-__all__ = ["GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
+__all__ = ["python_value_routes", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +176,27 @@ _STATE_WRITES = {"STORE_GLOBAL": "assigns to the global", "DELETE_GLOBAL": "dele
                  "STORE_DEREF": "assigns to the enclosing variable"}
 
 
+# Methods that change a container held in a global or closure variable.
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "add",
+                       "discard", "setdefault", "popitem", "appendleft", "sort", "reverse"})
+
+
+_MUTABLE = (list, dict, set, bytearray, collections.deque)
+
+
+def _outside_values(fn: Any) -> dict[str, Any]:
+    """The globals and closure variables ``fn`` can see, by name."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    values = dict(getattr(fn, "__globals__", {}))
+    code = getattr(fn, "__code__", None)
+    for name, cell in zip(code.co_freevars if code else (), fn.__closure__ or (), strict=False):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:
+            pass
+    return values
+
+
 def check_side_effects(parts: FunctionParts) -> None:
     """Refuse user code whose Python side effects a captured graph could not replay."""
     for method, fn in (("forward", parts.forward), ("setup_context", parts.setup_context),
@@ -182,12 +205,20 @@ def check_side_effects(parts: FunctionParts) -> None:
         if code is None:
             continue
         cellvars = set(code.co_cellvars)
+        outside = _outside_values(fn)
+        previous = None
         for ins in dis.get_instructions(code):
             what = _STATE_WRITES.get(ins.opname)
             if ins.opname == "STORE_DEREF" and ins.argval in cellvars:
                 what = None  # a local captured by an inner function: still local state
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == "print":
                 what = "calls"
+            if (previous is not None and previous.opname in ("LOAD_GLOBAL", "LOAD_DEREF")
+                    and ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in _MUTATORS
+                    and isinstance(outside.get(previous.argval), _MUTABLE)):
+                what = f"calls .{ins.argval}() on"
+                ins = previous
+            previous = ins
             if what is not None:
                 raise SideEffectError(
                     f"{parts.name}.{method} {what} `{ins.argval}` "
@@ -236,6 +267,38 @@ def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
             _add_routes(routes, fn.__globals__[name], f"g_{name}",
                         lambda g=fn.__globals__, n=name: g[n])
     return routes
+
+
+def python_value_routes(parts: FunctionParts) -> tuple[tuple[str, Callable[[], Any]], ...]:
+    """Non-tensor values forward/setup_context/backward read from closures and globals.
+
+    The graphs hold them as constants, so a capture is only valid while they are unchanged
+    (eager would read the new value). Modules are left out (their contents are not read as
+    one value), and so are tensors and ``nn.Module``s (they are graph inputs, see
+    ``_closure_routes``).
+    """
+    routes: dict[str, Callable[[], Any]] = {}
+    for method in (parts.forward, parts.setup_context, parts.backward):
+        if method is None:
+            continue
+        fn = inspect.unwrap(getattr(method, "__func__", method))
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            continue
+        for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+            routes.setdefault(f"closure {name}", lambda c=cell: c.cell_contents)
+        for name in code.co_names:
+            if name in fn.__globals__:
+                routes.setdefault(f"global {name}", lambda g=fn.__globals__, n=name: g[n])
+    return tuple((name, fetch) for name, fetch in routes.items() if _is_python_value(fetch))
+
+
+def _is_python_value(fetch: Callable[[], Any]) -> bool:
+    try:
+        value = fetch()
+    except (KeyError, ValueError):
+        return False
+    return not isinstance(value, (types.ModuleType, torch.Tensor, torch.nn.Module))
 
 
 def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
