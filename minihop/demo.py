@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -169,6 +170,9 @@ def run_example(example: Example, *, show_graphs: bool = True,
         start = time.perf_counter()
         capture(example.function, *args)
         first_ms = (time.perf_counter() - start) * 1000
+        # Collect now, so a pending collection of torch's start-up garbage (a few hundred ms)
+        # does not land inside the warm measurement; timeit goes further and disables gc.
+        gc.collect()
         start = time.perf_counter()
         cap = capture(example.function, *args)
         warm_ms = (time.perf_counter() - start) * 1000
