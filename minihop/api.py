@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .spec import bind_arguments
 from .errors import UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
@@ -19,16 +20,9 @@ from .runtime.capture import Capture, make_capture
 from .runtime.function import GradLayout, Retrace
 from .runtime.guards import call_key
 from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
-from .tracer.trace import bind_to_positions, python_value_routes
+from .tracer.trace import python_value_routes
 
-__all__ = ["bind_arguments", "capture", "capture_with_trace", "dynamic_dims"]
-
-def bind_arguments(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Keyword arguments to positions, defaults filled, as ``Function.apply`` binds them."""
-    if not kwargs:
-        return args
-    return bind_to_positions(function_parts(fn_cls), fn_cls, args, kwargs)
-
+__all__ = ["capture", "capture_with_trace", "dynamic_dims"]
 
 def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] = False,
             **kwargs: Any) -> Capture:
@@ -48,6 +42,7 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
                        dynamic: bool | Mapping[int | str, Sequence[int]] = False) -> tuple[RawCapture, Capture]:
     """``capture``, also returning the raw trace (for ``explain``)."""
     start = time.perf_counter()
+    function_parts(fn_cls)  # refuses a non-Function with minihop's error
     args = bind_arguments(fn_cls, args, kwargs)
     dims = dynamic_dims(fn_cls, args, dynamic)
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
@@ -64,11 +59,13 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
 def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace:
     """Trace backward again for grads unlike the ones it was traced with (see runtime)."""
     saved_index = {name: i for i, name in enumerate(pair.saved_names)}
+    input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 
-    def retrace(layout: GradLayout) -> tuple[Any, tuple[int, ...]]:
+    def retrace(layout: GradLayout) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
         variant = make_pair(trace_function(fn_cls, (), {}, grad_specs=specs, retrace=inputs))
         missing = [n for n in variant.saved_names if n not in saved_index]
+        missing += [s.name for s in variant.inputs if s.name not in input_index]
         if missing:
             raise UnsupportedOperationError(
                 f"{pair.function_name}.backward, for the grads it received now, reads forward "
@@ -76,7 +73,8 @@ def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace
                 "was captured with.",
                 "Forward has already run; it saved only what the captured backward needed.",
                 "Make backward read the same forward values whatever its grads look like.")
-        return variant.bwd, tuple(saved_index[n] for n in variant.saved_names)
+        return (variant.bwd, tuple(saved_index[n] for n in variant.saved_names),
+                tuple(input_index[s.name] for s in variant.inputs))
 
     return retrace
 

@@ -31,10 +31,11 @@ from typing import Any, Literal
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .api import bind_arguments, capture, dynamic_dims
+from .api import capture, dynamic_dims
 from .errors import MinihopError
 from .runtime.capture import Capture
 from .runtime.guards import call_key
+from .spec import bind_arguments
 
 __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache"]
 

@@ -7,6 +7,7 @@ Shared vocabulary between tracer (which discovers inputs), rewire (which orders 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 
 from .structure import Path
 
-__all__ = ["InputSource"]
+__all__ = ["InputSource", "bind_arguments", "uses_setup_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,3 +44,31 @@ class InputSource:
     @property
     def lifted(self) -> bool:
         return self.arg_index is None
+
+
+def uses_setup_context(fn_cls: type) -> bool:
+    """Whether ``fn_cls`` is written in the ``setup_context`` style (forward without ctx)."""
+    return fn_cls.setup_context is not torch.autograd.Function.setup_context  # type: ignore[comparison-overlap]
+
+
+def bind_arguments(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Arguments to positions, exactly as ``Function.apply`` binds them.
+
+    With ``setup_context``, eager binds keywords and fills defaults (``inputs`` then holds
+    them all). Without it, keywords fill positions in order and defaults are left to Python;
+    a keyword that skips a position is eager's TypeError.
+    """
+    setup_style = uses_setup_context(fn_cls)
+    if not kwargs and not setup_style:
+        return args  # the common case, decided without inspecting signatures
+    signature = inspect.signature(fn_cls.forward)
+    if setup_style:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.args)
+    bound = signature.bind(None, *args, **kwargs)
+    if bound.kwargs:
+        names = list(signature.parameters)[1:]
+        missing = next(i for i, n in enumerate(names) if n not in bound.arguments)
+        raise TypeError(f"forward() missing required argument: '{names[missing]}' (position {missing})")
+    return tuple(bound.args[1:])

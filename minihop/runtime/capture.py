@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from ..errors import GuardMismatchError
 from ..rewire.pair import Pair
-from ..spec import InputSource
+from ..spec import InputSource, bind_arguments
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
 from .guards import call_key, describe_key_difference, value_key
@@ -118,15 +118,8 @@ class Capture:
         return tuple(s for s in self.inputs if s.lifted)
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """Keyword arguments to positions, as ``Function.apply`` binds them."""
-        if not kwargs:
-            return args
-        forward = self.function.forward
-        sig = inspect.signature(forward)
-        uses_setup = self.function.setup_context is not torch.autograd.Function.setup_context  # type: ignore[comparison-overlap]
-        bound = sig.bind(*args, **kwargs) if uses_setup else sig.bind(None, *args, **kwargs)
-        bound.apply_defaults()
-        return tuple(bound.args) if uses_setup else tuple(bound.args[1:])
+        """Arguments to positions, as ``Function.apply`` binds them."""
+        return bind_arguments(self.function, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self.bind(args, kwargs)

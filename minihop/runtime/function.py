@@ -35,9 +35,29 @@ _is_grad = torch.is_grad_enabled
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
-# Returns a bwd traced for that layout and, per saved value it takes, the index of that value
-# among this capture's saved values.
-Retrace = Callable[[GradLayout], tuple[fx.GraphModule, tuple[int, ...]]]
+# Returns a bwd traced for that layout; per saved value it takes, the index of that value
+# among this capture's saved values; per gradient it returns, the index of its fwd input
+# among this capture's fwd inputs.
+Retrace = Callable[[GradLayout], tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]]
+
+
+class _Never:
+    """Equal to nothing: an assumption with symbolic sizes is checked by retracing."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_NEVER = _Never()
+
+
+def _symbolic(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(_symbolic(v) for v in value)
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 class _Backwards:
@@ -51,10 +71,10 @@ class _Backwards:
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
                             for a in pair.grad_assumptions)
         self.materialize = pair.materialize_grads
-        identity = tuple(range(pair.num_saved))
+        self.num_inputs = len(pair.inputs)
         self.base_key = self.key_of_expected()
-        self.variants: dict[Any, tuple[fx.GraphModule, tuple[int, ...]]] = {
-            self.base_key: (pair.bwd, identity)}
+        self.variants: dict[Any, tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]] = {
+            self.base_key: (pair.bwd, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
         self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
 
     @property
@@ -63,7 +83,8 @@ class _Backwards:
 
     def key_of_expected(self) -> Any:
         nones = (False,) * len(self.top_idx) if not self.materialize else ()
-        return (nones, tuple(a.expected for a in self.pair.grad_assumptions))
+        return (nones, tuple(_NEVER if _symbolic(a.expected) else a.expected
+                             for a in self.pair.grad_assumptions))
 
     def key_of(self, top_grads: tuple[Any, ...]) -> Any:
         nones = tuple(g is None for g in top_grads) if not self.materialize else ()
@@ -84,13 +105,28 @@ class _Backwards:
                 layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
             variant = self.retrace(tuple(layout))
             self.variants[key] = variant
-        gm, saved_map = variant
+        gm, saved_map, input_map = variant
         if create_graph:
             gm = strip_grad_toggles(gm)
+        code = gm.forward
+        if input_map != tuple(range(self.num_inputs)):
+            code = _scatter_grads(code, input_map, self.num_inputs)
         identity = saved_map == tuple(range(self.pair.num_saved))
-        found = (gm.forward, None if identity else saved_map)
+        found = (code, None if identity else saved_map)
         self.code[(key, create_graph)] = found
         return found
+
+
+def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int) -> Callable[..., Any]:
+    """A variant's gradients, placed at this capture's fwd input positions (None elsewhere)."""
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        grads: list[Any] = [None] * n
+        for i, g in zip(input_map, code(*args), strict=True):
+            grads[i] = g
+        return tuple(grads)
+
+    return run
 
 
 def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.autograd.Function]:

@@ -36,7 +36,7 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import InputSource
+from ..spec import InputSource, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
@@ -152,7 +152,7 @@ def function_parts(fn_cls: type) -> FunctionParts:
             "Pass the class itself (MyFunction), not an instance or MyFunction.apply.",
         )
     setup = fn_cls.setup_context
-    uses_setup = setup is not torch.autograd.Function.setup_context  # type: ignore[comparison-overlap]
+    uses_setup = uses_setup_context(fn_cls)
     backward = fn_cls.backward
     if backward is torch.autograd.Function.backward and fn_cls.vjp is not torch.autograd.Function.vjp:
         backward = fn_cls.vjp
@@ -228,20 +228,6 @@ def check_side_effects(parts: FunctionParts) -> None:
                     "Keep such state out of the Function (or in tensors it returns), or run it "
                     "eagerly with minihop.function(F, fallback='eager').",
                     where=f'File "{code.co_filename}", line {ins.positions.lineno if ins.positions else "?"}')
-
-
-def bind_to_positions(parts: FunctionParts, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Keyword arguments to positions, defaults filled, as ``Function.apply`` binds them."""
-    if not kwargs:
-        return args
-    sig = inspect.signature(fn_cls.forward)
-    if parts.setup_context is None:
-        bound = sig.bind(None, *args, **kwargs)
-        bound.apply_defaults()
-        return tuple(bound.args[1:])
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return tuple(bound.args)
 
 
 def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
@@ -386,7 +372,7 @@ class _Tracing:
                 fake = self._symbolic_fake(real, dims, format_path(path, self.parts.argnames))
                 self.dynamic_fakes.append((arg_index, fake))
             else:
-                fake = self.fake_mode.from_tensor(real)
+                fake = self._static_fake(real)
             self.real_to_fake[id(real)] = fake
             source = InputSource(input_name(path, self.parts.argnames),
                                  format_path(path, self.parts.argnames), path, arg_index)
@@ -397,6 +383,14 @@ class _Tracing:
                     self.input_symbols.setdefault(id(fake), []).append(size.node.expr)
         return fake
 
+    def _static_fake(self, real: torch.Tensor) -> torch.Tensor:
+        """A fake with concrete sizes, also when this capture has dynamic ones elsewhere."""
+        if self.fake_mode.shape_env is None:
+            return self.fake_mode.from_tensor(real)
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * real.dim(),
+                                           constraint_sizes=[None] * real.dim())
+        return self.fake_mode.from_tensor(real, symbolic_context=context)
+
     def _symbolic_fake(self, real: torch.Tensor, dims: tuple[int, ...], name: str) -> torch.Tensor:
         sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
         context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=[None] * real.dim())
@@ -405,7 +399,7 @@ class _Tracing:
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
         fake = self.real_to_fake.get(id(real))
         if fake is None:
-            fake = self.fake_mode.from_tensor(real)
+            fake = self._static_fake(real)
             self.real_to_fake[id(real)] = fake
             path = self.module_paths.get(id(real))
             if path is not None:
@@ -507,7 +501,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         grad_on = retrace.grad_enabled
         t = _Tracing(fn_cls, parts, retrace.fake_mode, {})
     else:
-        args = bind_to_positions(parts, fn_cls, args, kwargs)
+        args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
