@@ -55,6 +55,7 @@ class Pair:
     once_differentiable: bool
     grad_assumptions: tuple[Any, ...]
     saved_names: tuple[str, ...]
+    ctx_saved: tuple[tuple[str, int] | None, ...]
 
 
 def _is_impure(node: fx.Node) -> bool:
@@ -99,6 +100,31 @@ def strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
             continue
         env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+def _ctx_saved_refs(raw: "RawCapture", fenv: dict[fx.Node, fx.Node], fwd: fx.Graph,
+                    saved_fwd: list[fx.Node]) -> tuple[tuple[str, int] | None, ...]:
+    """What the user passed to ``ctx.save_for_backward``, as runtime references.
+
+    Each entry is ``("saved", i)`` (a value bwd reads), ``("input", j)`` or ``("output", k)``
+    (a fwd input or output bwd does not read), or None (the user saved None). The runtime
+    saves exactly these through its ctx, so eager's version checks and ``saved_tensors_hooks``
+    see what they would in eager. An intermediate bwd never reads is not kept (it is not
+    available after fwd); that is the one place minihop saves less than eager.
+    """
+    placeholders = [n for n in fwd.nodes if n.op == "placeholder"]
+    outputs = [n for n in fwd.nodes if n.op == "output"][0].args[0][0]
+    refs: list[tuple[str, int] | None] = []
+    for node in raw.saved_for_backward:
+        if node is None:
+            refs.append(None)
+        elif node in saved_fwd:
+            refs.append(("saved", saved_fwd.index(node)))
+        elif fenv.get(node) in placeholders:
+            refs.append(("input", placeholders.index(fenv[node])))
+        elif fenv.get(node) in outputs:
+            refs.append(("output", list(outputs).index(fenv[node])))
+    return tuple(refs)
 
 
 def make_pair(raw: "RawCapture") -> Pair:
@@ -171,13 +197,14 @@ def make_pair(raw: "RawCapture") -> Pair:
 
     fwd_gm = fx.GraphModule(torch.nn.Module(), fwd, class_name="fwd_body_0")
     bwd_gm = fx.GraphModule(torch.nn.Module(), bwd, class_name="bwd_body_0")
-    saved_via_ctx = set(raw.saved_for_backward)
+    ctx_saved = _ctx_saved_refs(raw, fenv, fwd, saved_fwd)
     pair = Pair(
         function_name=raw.function_name, fwd=fwd_gm, bwd=bwd_gm,
         inputs=tuple(source for _, source in raw.fwd_inputs),
         top_level=raw.top_level, non_differentiable_idx=raw.non_differentiable_idx,
         dirty_idx=raw.dirty_idx,
-        saved_for_backward_idx=tuple(i for i, n in enumerate(saved_fwd) if n in saved_via_ctx),
+        saved_for_backward_idx=tuple(sorted({ref[1] for ref in ctx_saved if ref and ref[0] == "saved"})),
+        ctx_saved=ctx_saved,
         num_saved=len(saved_fwd), output_spec=raw.output_spec,
         materialize_grads=raw.materialize_grads, argnames=raw.argnames,
         once_differentiable=raw.once_differentiable, grad_assumptions=raw.grad_assumptions,

@@ -139,8 +139,15 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
     position = {i: p for p, i in enumerate(top_idx)}
     nondiff_pos = tuple(position[i] for i in pair.non_differentiable_idx)
     dirty_pos = tuple(position[i] for i in pair.dirty_idx)
+    # What goes through ctx.save_for_backward: exactly what the user saved (see Pair.ctx_saved);
+    # bwd's other saved values (read from ctx attributes) are stashed without version checks.
+    ctx_refs = pair.ctx_saved
     via_ctx = tuple(pair.saved_for_backward_idx)
-    stashed = tuple(i for i in range(pair.num_saved) if i not in set(via_ctx))
+    ctx_position = {ref[1]: p for p, ref in reversed(list(enumerate(ctx_refs)))
+                    if ref is not None and ref[0] == "saved"}
+    from_ctx = tuple((i, ctx_position[i]) for i in via_ctx)
+    stashed = tuple(i for i in range(pair.num_saved) if i not in ctx_position)
+    plain_ctx = ctx_refs == tuple(("saved", i) for i in via_ctx)
     num_saved = pair.num_saved
     materialize = pair.materialize_grads
     once = pair.once_differentiable
@@ -156,8 +163,12 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
             outs, saved = fwd_code(*inputs)
         finally:
             _set_grad(grad_mode)  # the graph's own toggle restores True; keep autograd's mode
-        if via_ctx:
-            ctx.save_for_backward(*[saved[i] for i in via_ctx])
+        if plain_ctx:
+            if via_ctx:
+                ctx.save_for_backward(*[saved[i] for i in via_ctx])
+        else:
+            pick = {"saved": saved, "input": inputs, "output": outs}
+            ctx.save_for_backward(*[None if ref is None else pick[ref[0]][ref[1]] for ref in ctx_refs])
         if stashed:
             # Values eager keeps as plain ctx attributes: no version-counter check, as in eager.
             ctx.minihop_stash = [saved[i] for i in stashed]
@@ -179,14 +190,16 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
             grads = [None] * num_outputs
             for p, i in enumerate(top_idx):
                 grads[i] = top_grads[p]
-        if stashed:
-            saved: list[Any] = [None] * num_saved
-            for i, value in zip(via_ctx, ctx.saved_tensors, strict=True):
-                saved[i] = value
-            for i, value in zip(stashed, ctx.minihop_stash, strict=True):
-                saved[i] = value
-        else:
+        if plain_ctx and not stashed:
             saved = list(ctx.saved_tensors) if via_ctx else []
+        else:
+            # Unpack everything the user saved, as eager does (version checks, unpack hooks).
+            unpacked = ctx.saved_tensors if ctx_refs else ()
+            saved: list[Any] = [None] * num_saved
+            for i, p in from_ctx:
+                saved[i] = unpacked[p]
+            for i, value in zip(stashed, ctx.minihop_stash if stashed else (), strict=True):
+                saved[i] = value
         grad_mode = _is_grad()
         # create_graph=True: eager runs backward with grad mode on (double backward), except
         # under once_differentiable, whose wrapper turns it off.

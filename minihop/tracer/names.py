@@ -67,7 +67,9 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
     """While active, fill ``sink`` from ``fn``'s frame as its (outermost) call returns."""
     code = code_of(fn)
     previous = sys.getprofile()
-    if code is None:
+    if code is None or previous is not None:
+        # Another profiler (cProfile, a debugger) owns the hook: leave it alone; nodes are
+        # then named after their ops instead of the user's variables.
         yield
         return
 

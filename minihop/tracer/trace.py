@@ -65,7 +65,7 @@ class RawCapture:
     bwd_saved: tuple[tuple[fx.Node, fx.Node], ...]
     arg_grads: tuple[fx.Node | None, ...]
     arg_inputs: tuple[fx.Node | None, ...]
-    saved_for_backward: tuple[fx.Node, ...]
+    saved_for_backward: tuple[fx.Node | None, ...]
     names: dict[fx.Node, str]
     materialize_grads: bool
     return_trace: str | None
@@ -618,8 +618,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         top_level=tuple(top), aliased=aliased, output_spec=spec,
         non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
         arg_inputs=tuple(t.input_node(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
-        saved_for_backward=tuple(t.fwd.node_of[id(v)] for v in (record.saved or ())
-                                 if isinstance(v, torch.Tensor) and id(v) in t.fwd.node_of),
+        saved_for_backward=tuple(_saved_node(t, v) for v in (record.saved or ())),
         bwd_graph=t.bwd.graph,
         grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
         grad_names=tuple(grad_names), bwd_saved=tuple(t.bwd_saved), arg_grads=arg_grads,
@@ -654,6 +653,16 @@ def _fake_grad(out: torch.Tensor, spec: GradSpec) -> torch.Tensor:
     if spec.requires_grad:
         g.requires_grad_(True)
     return g
+
+
+def _saved_node(t: _Tracing, value: Any) -> fx.Node | None:
+    """The fwd node of a value passed to ``ctx.save_for_backward`` (None for None)."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    node = t.fwd.node_of.get(id(value))
+    if node is None and id(value) in t.sources:
+        node = t.input_node(value)  # an input forward only saved
+    return node
 
 
 def _refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: str) -> None:
