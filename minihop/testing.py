@@ -9,7 +9,11 @@ input's ``.grad`` after the same backward, and the pair's graph contract.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import operator
 from typing import Any
+
+import torch.fx as fx
 
 import torch
 
@@ -18,7 +22,8 @@ from .rewire.contract import check_consistent
 from .runtime.capture import Capture
 from .structure import Path, format_path, iter_leaves, replace_tensors
 
-__all__ = ["assert_matches_eager", "clone_args", "EagerComparison"]
+__all__ = ["assert_matches_eager", "assert_same_graph", "clone_args", "dynamo_graphs",
+           "DynamoGraphs", "EagerComparison"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,3 +113,92 @@ def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = None,
             if eg is not None:
                 torch.testing.assert_close(mg, eg, rtol=rtol, atol=atol, equal_nan=True, msg=lambda s: f"{where}: {s}")
     return EagerComparison(cap, eager_out, mine_out, eager_args, mine_args)
+
+
+# Names under which the same operation may appear in different systems' graphs.
+_OPERATOR_NAMES = {operator.add: "add", operator.sub: "sub", operator.mul: "mul",
+                   operator.truediv: "div", operator.neg: "neg", operator.matmul: "matmul",
+                   operator.getitem: "getitem", operator.pow: "pow", operator.floordiv: "floordiv"}
+
+
+def _op_name(node: fx.Node, normalize: bool) -> str:
+    target = node.target
+    if node.op == "call_method":
+        return str(target) if normalize else f"Tensor.{target}"
+    if node.op == "call_function":
+        if normalize and target in _OPERATOR_NAMES:
+            return _OPERATOR_NAMES[target]
+        name = getattr(target, "__name__", str(target))
+        if normalize and (getattr(torch, name, None) is target or getattr(torch.Tensor, name, None) is target):
+            return name
+        return f"{getattr(target, '__module__', '')}.{name}"
+    return f"{node.op}:{target}" if node.op == "get_attr" else node.op
+
+
+def _canonical(gm: fx.GraphModule, check_meta: bool, normalize: bool) -> list[str]:
+    """One line per node with positional names (%0, %1, ...) instead of the graph's own."""
+    index: dict[fx.Node, str] = {}
+    lines: list[str] = []
+    for node in gm.graph.nodes:
+        index[node] = f"%{len(index)}"
+
+        def show(a: Any) -> str:
+            return index[a] if isinstance(a, fx.Node) else repr(a)
+
+        args = fx.node.map_aggregate(node.args, lambda a: show(a))
+        kwargs = {k: fx.node.map_aggregate(v, lambda a: show(a)) for k, v in node.kwargs.items()}
+        line = f"{index[node]} = {_op_name(node, normalize)}{args!r}{kwargs if kwargs else ''}"
+        if check_meta:
+            val = node.meta.get("val", node.meta.get("example_value"))
+            if isinstance(val, torch.Tensor):
+                line += f"  # {str(val.dtype).removeprefix('torch.')}{list(val.shape)}"
+        lines.append(line.replace("'", ""))
+    return lines
+
+
+def assert_same_graph(a: fx.GraphModule, b: fx.GraphModule, *, check_meta: bool = False,
+                      normalize: bool = True) -> None:
+    """Assert two GraphModules compute the same thing node for node, up to node names.
+
+    Compared: placeholders (count and order), each op and its target, arguments (as positions
+    of earlier nodes or constants) and the output structure; with ``check_meta``, also each
+    node's ``meta["val"]`` shape and dtype. ``normalize`` treats ``x.sin()``, ``torch.sin(x)``
+    and ``operator.mul``/``Tensor.mul`` as the same op. On failure the message is a diff.
+    """
+    left = _canonical(a, check_meta, normalize)
+    right = _canonical(b, check_meta, normalize)
+    if left != right:
+        diff = "\n".join(difflib.unified_diff(left, right, "a", "b", lineterm=""))
+        raise AssertionError(f"graphs differ (up to node names):\n{diff}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamoGraphs:
+    """What torch's Dynamo captured for one ``F.apply`` call: the outer graph and its bodies."""
+
+    outer: fx.GraphModule
+    fwd: fx.GraphModule
+    bwd: fx.GraphModule
+
+
+def dynamo_graphs(fn_cls: type, *args: Any, **kwargs: Any) -> DynamoGraphs:
+    """Dynamo's graphs for ``fn_cls.apply(*args, **kwargs)`` (uses the public torch.compile).
+
+    minihop never needs Dynamo; this helper exists so a test can compare both systems.
+    """
+    import torch.compiler  # public API; imported here so minihop's import stays light
+
+    graphs: list[fx.GraphModule] = []
+
+    def record(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compiler.reset()
+    compiled = torch.compile(lambda *a, **k: fn_cls.apply(*a, **k), backend=record, fullgraph=True)
+    compiled(*clone_args(args), **kwargs)
+    outer = graphs[-1]
+    bodies = dict(outer.named_children())
+    fwd_name = next(n for n in bodies if n.startswith("fwd_body"))
+    bwd_name = next(n for n in bodies if n.startswith("bwd_body"))
+    return DynamoGraphs(outer, bodies[fwd_name], bodies[bwd_name])
