@@ -34,6 +34,7 @@ from .errors import (
 )
 from .explain import Explanation, explain
 from .rewire.contract import check_consistent
+from .runtime.artifact import load_capture as load
 from .runtime.capture import Capture
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "clear_cache",
     "explain",
     "function",
+    "load",
 ]
 
 __version__ = "0.1.0"

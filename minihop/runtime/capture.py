@@ -92,7 +92,8 @@ class Capture:
     ``GuardMismatchError``.
     """
 
-    function: type
+    function: type | None
+    pair: Pair
     fwd: fx.GraphModule
     bwd: fx.GraphModule
     graph: fx.GraphModule
@@ -119,14 +120,22 @@ class Capture:
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Arguments to positions, as ``Function.apply`` binds them."""
+        if self.function is None:  # loaded from an artifact: positions only
+            if kwargs:
+                raise TypeError(f"a loaded capture of {self.name} takes positional arguments only")
+            return args
         return bind_arguments(self.function, args, kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.pair.function_name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self.bind(args, kwargs)
         key = call_key(args, self.dynamic_dims)
         if key != self.key:
             raise GuardMismatchError(
-                f"Capture of {self.function.__qualname__} called with arguments unlike the "
+                f"Capture of {self.name} called with arguments unlike the "
                 f"captured ones: {describe_key_difference(self.key, key, self.argnames)}",
                 "A capture is specialised on its arguments' shapes (but for dynamic "
                 "dimensions), dtypes, devices, requires_grad, non-tensor values and grad mode.",
@@ -134,7 +143,7 @@ class Capture:
                 "once per distinct set of properties.")
         if self.live_key != self.current_live_key():
             raise GuardMismatchError(
-                f"Capture of {self.function.__qualname__}: a value it reads from a closure, "
+                f"Capture of {self.name}: a value it reads from a closure, "
                 "global or module changed since it was captured (a Python value, or a "
                 "tensor's shape, dtype, device or requires_grad).",
                 "The graphs were traced for the old value: Python values are constants in "
@@ -142,7 +151,7 @@ class Capture:
                 "Capture again (minihop.apply does this by itself).")
         if not self.sizes_fit(args):
             raise GuardMismatchError(
-                f"Capture of {self.function.__qualname__} called with dynamic sizes outside "
+                f"Capture of {self.name} called with dynamic sizes outside "
                 f"what it was traced for: {self.shape_guards.expression if self.shape_guards else ''} "
                 f"is False for T = {[tuple(args[i].shape) for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
                 "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
@@ -178,6 +187,12 @@ class Capture:
     def __str__(self) -> str:
         return readable(self.graph)
 
+    def save(self, path: str) -> None:
+        """Write the capture to ``path`` (see ``minihop.runtime.artifact`` for the format)."""
+        from .artifact import save_capture
+
+        save_capture(self, path)
+
 
 def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
                  seconds: float, retrace: Retrace | None = None,
@@ -190,7 +205,7 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     live = live_fetchers(pair.inputs, python_values)
     return Capture(
-        live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+        pair=pair, live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,

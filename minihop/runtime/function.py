@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch.autograd.function import once_differentiable
 
+from ..errors import UnsupportedOperationError
 from ..rewire.pair import Pair, strip_grad_toggles
 
 __all__ = ["make_function", "GradLayout", "Retrace"]
@@ -98,7 +99,12 @@ class _Backwards:
         variant = self.variants.get(key)
         if variant is None:
             if self.retrace is None:
-                raise AssertionError("minihop bug: a capture without retrace saw new grads")
+                raise UnsupportedOperationError(
+                    f"{self.pair.function_name}.backward received grads unlike the ones it was "
+                    "traced with (their layout, or which are None), and this capture cannot "
+                    "trace backward again (it was loaded from an artifact).",
+                    "Its backward reads properties of its grads, so another case needs another trace.",
+                    "Capture the Function again in this process (minihop.capture).")
             layout: list[Any] = [None] * len(self.pair.top_level)
             for p, i in enumerate(self.top_idx):
                 g = top_grads[p]

@@ -1,0 +1,272 @@
+"""Capture artifacts: ``Capture.save(path)`` and ``minihop.load(path)``.
+
+Place in the pipeline: runtime. A saved capture runs (and differentiates) without the user's
+Function class being importable: it holds the two graphs and everything the runtime needs.
+
+Format ``minihop-capture`` version 1: one file written by ``torch.save`` holding a dict
+  ``manifest``  JSON text: format, version, function name, argument names, fwd inputs (name,
+                description, path in the arguments, argument index, size dimension), output
+                structure, the index lists (``non_differentiable_idx``, ``dirty_idx``,
+                ``saved_for_backward_idx``), what the user saved (``ctx_saved``), the number
+                and names of saved values, ``top_level``, ``materialize_grads``,
+                ``once_differentiable``, shape guards, and a readable copy of the call guards;
+  ``fwd``, ``bwd``  the graphs as JSON node lists (name, op, target by qualified name, args
+                with node references, and each value's dtype and shape), rebuilt node by node
+                on load, so names, grad-mode calls and annotations survive;
+  ``constants``  tensors the Function reached through closures/globals/modules, as they were
+                when saved (a loaded capture uses these values);
+  ``key``       the call guard key (pickled), checked by ``cap(*args)`` as before.
+Loading runs pickle (``torch.load(weights_only=False)``): load only files you trust.
+
+Not saved: the route to live closure values (a loaded capture uses the saved constants) and
+the ability to retrace backward (a backward that needs retracing raises a clear error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import pickle
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.node import _get_qualified_name
+
+from ..errors import UnsupportedOutputError
+from ..rewire.outer import make_outer_graph
+from ..rewire.pair import Pair
+from ..spec import InputSource
+from ..structure import OutputSpec
+
+__all__ = ["FORMAT", "VERSION", "save_capture", "load_capture"]
+
+FORMAT = "minihop-capture"
+VERSION = 1
+
+
+def _spec_to_json(spec: OutputSpec, name: str) -> dict[str, Any]:
+    if spec.kind in ("object", "namedtuple"):
+        raise UnsupportedOutputError(
+            f"Cannot save the capture of {name}: its output holds a "
+            f"{type(spec.template).__name__} ({spec.kind}).",
+            "An artifact must load without the user's classes being importable.",
+            "Return tuples, lists or dicts of tensors from forward to save the capture.")
+    out: dict[str, Any] = {"kind": spec.kind}
+    if spec.kind == "tensor":
+        out["index"] = spec.index
+    elif spec.kind == "const":
+        json.dumps(spec.value)  # raises for values JSON cannot hold
+        out["value"] = spec.value
+    else:
+        out["children"] = [_spec_to_json(c, name) for c in spec.children]
+        if spec.kind == "dict":
+            out["keys"] = list(spec.keys)
+    return out
+
+
+def _spec_from_json(data: dict[str, Any]) -> OutputSpec:
+    kind = data["kind"]
+    if kind == "tensor":
+        return OutputSpec("tensor", index=data["index"])
+    if kind == "const":
+        return OutputSpec("const", value=data["value"])
+    children = tuple(_spec_from_json(c) for c in data["children"])
+    return OutputSpec(kind, keys=tuple(data.get("keys", ())), children=children)
+
+
+def _source_to_json(source: InputSource) -> dict[str, Any]:
+    return {"name": source.name, "description": source.description,
+            "path": None if source.path is None else [list(step) for step in source.path],
+            "arg_index": source.arg_index, "dim": source.dim}
+
+
+def save_capture(cap: Any, path: str) -> None:
+    """Write ``cap`` (a ``Capture``) to ``path``."""
+    pair: Pair = cap.pair
+    constants = {s.name: (s.live() if s.live is not None else s.constant)
+                 for s in pair.inputs if s.path is None}
+    manifest = {
+        "format": FORMAT, "version": VERSION, "function": pair.function_name,
+        "argnames": list(pair.argnames),
+        "inputs": [_source_to_json(s) for s in pair.inputs],
+        "output": _spec_to_json(pair.output_spec, pair.function_name),
+        "top_level": list(pair.top_level),
+        "non_differentiable_idx": list(pair.non_differentiable_idx),
+        "dirty_idx": list(pair.dirty_idx),
+        "saved_for_backward_idx": list(pair.saved_for_backward_idx),
+        "ctx_saved": [None if r is None else list(r) for r in pair.ctx_saved],
+        "num_saved": pair.num_saved, "saved_names": list(pair.saved_names),
+        "materialize_grads": pair.materialize_grads,
+        "once_differentiable": pair.once_differentiable,
+        "dynamic_dims": {str(k): list(v) for k, v in cap.dynamic_dims.items()},
+        "shape_guards": None if cap.shape_guards is None else {
+            "arg_indices": list(cap.shape_guards.arg_indices),
+            "expression": cap.shape_guards.expression},
+        "guards_readable": repr(cap.key),
+    }
+    try:
+        key_bytes = pickle.dumps(cap.key)
+        assumptions = pickle.dumps(pair.grad_assumptions)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise UnsupportedOutputError(
+            f"Cannot save the capture of {pair.function_name}: its guards hold values that "
+            f"cannot be stored ({e}).",
+            "An artifact must load without the user's classes being importable.",
+            "Pass plain Python values (numbers, strings, tuples) as non-tensor arguments.") from e
+    torch.save({"manifest": json.dumps(manifest, indent=1), "fwd": graph_to_json(pair.fwd),
+                "bwd": graph_to_json(pair.bwd),
+                "constants": constants, "key": key_bytes, "grad_assumptions": assumptions}, path)
+
+
+def _qualified_name(target: Any) -> str:
+    name = _get_qualified_name(target)
+    if _resolve(name) is not target:
+        raise UnsupportedOutputError(
+            f"Cannot save a graph that calls {target!r}: it cannot be found again by name.",
+            "Artifacts name the functions their graphs call, to load without pickled code.",
+            "Use torch operations (or register a custom op) in forward/backward.")
+    return name
+
+
+def _resolve(qualified: str) -> Any:
+    """``torch._C._nn.linear`` -> the object: the longest importable prefix, then attributes."""
+    parts = qualified.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        else:
+            return obj
+    return None
+
+
+def _arg_to_json(arg: Any) -> Any:
+    if isinstance(arg, fx.Node):
+        return {"node": arg.name}
+    if isinstance(arg, (tuple, list)):
+        return {"tuple" if isinstance(arg, tuple) else "list": [_arg_to_json(a) for a in arg]}
+    if isinstance(arg, dict):
+        return {"dict": [[k, _arg_to_json(v)] for k, v in arg.items()]}
+    if isinstance(arg, slice):
+        return {"slice": [_arg_to_json(arg.start), _arg_to_json(arg.stop), _arg_to_json(arg.step)]}
+    if isinstance(arg, torch.dtype):
+        return {"dtype": str(arg).removeprefix("torch.")}
+    if isinstance(arg, torch.device):
+        return {"device": str(arg)}
+    if isinstance(arg, (torch.memory_format, torch.layout)):
+        return {"torch": str(arg).removeprefix("torch.")}
+    if arg is Ellipsis:
+        return {"ellipsis": True}
+    if arg is None or isinstance(arg, (bool, int, float, str)):
+        return arg
+    raise UnsupportedOutputError(
+        f"Cannot save a graph argument of type {type(arg).__name__} ({arg!r}).",
+        "Artifacts store graph constants as plain data.",
+        "Keep graph constants to numbers, strings, dtypes, devices and slices.")
+
+
+def _arg_from_json(data: Any, env: dict[str, fx.Node]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    kind, value = next(iter(data.items()))
+    if kind == "node":
+        return env[value]
+    if kind in ("tuple", "list"):
+        items = [_arg_from_json(v, env) for v in value]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {k: _arg_from_json(v, env) for k, v in value}
+    if kind == "slice":
+        return slice(*(_arg_from_json(v, env) for v in value))
+    if kind == "dtype":
+        return getattr(torch, value)
+    if kind == "device":
+        return torch.device(value)
+    if kind == "torch":
+        return getattr(torch, value)
+    return Ellipsis
+
+
+def graph_to_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
+    """The nodes of ``gm`` as plain data (names, ops, targets by name, args, value metadata)."""
+    nodes = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        meta = None
+        if isinstance(val, torch.Tensor) and not any(isinstance(d, torch.SymInt) for d in val.shape):
+            meta = [str(val.dtype).removeprefix("torch."), list(val.shape), str(val.device)]
+        nodes.append({"name": node.name, "op": node.op,
+                      "target": _qualified_name(node.target) if node.op == "call_function" else node.target,
+                      "args": _arg_to_json(node.args), "kwargs": _arg_to_json(node.kwargs), "val": meta,
+                      "stack_trace": node.meta.get("stack_trace")})
+    return nodes
+
+
+def graph_from_json(nodes: list[dict[str, Any]], class_name: str) -> fx.GraphModule:
+    """Rebuild a GraphModule saved by ``graph_to_json`` (metadata as fake tensors, for printing)."""
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    fake_mode = FakeTensorMode()
+    for data in nodes:
+        target = _resolve(data["target"]) if data["op"] == "call_function" else data["target"]
+        node = graph.create_node(data["op"], target, _arg_from_json(data["args"], env),
+                                 _arg_from_json(data["kwargs"], env), name=data["name"])
+        if data["val"] is not None:
+            dtype, shape, device = data["val"]
+            with fake_mode:
+                node.meta["val"] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        if data.get("stack_trace"):
+            node.meta["stack_trace"] = data["stack_trace"]
+        env[data["name"]] = node
+    return fx.GraphModule(torch.nn.Module(), graph, class_name=class_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShapeGuards:
+    arg_indices: tuple[int, ...]
+    expression: str
+
+
+def load_capture(path: str) -> Any:
+    """Load a capture saved by ``Capture.save``; runnable and differentiable as before."""
+    from .capture import make_capture
+
+    data = torch.load(path, weights_only=False)
+    manifest = json.loads(data["manifest"])
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(f"{path} is not a {FORMAT} version {VERSION} file "
+                         f"(found {manifest.get('format')!r} version {manifest.get('version')!r})")
+    constants = data["constants"]
+    inputs = tuple(
+        InputSource(s["name"], s["description"],
+                    None if s["path"] is None else tuple(tuple(step) for step in s["path"]),
+                    s["arg_index"], constants.get(s["name"]) if s["path"] is None else None,
+                    dim=s["dim"])
+        for s in manifest["inputs"])
+    pair = Pair(
+        function_name=manifest["function"], fwd=graph_from_json(data["fwd"], "fwd_body_0"),
+        bwd=graph_from_json(data["bwd"], "bwd_body_0"), inputs=inputs,
+        top_level=tuple(manifest["top_level"]),
+        non_differentiable_idx=tuple(manifest["non_differentiable_idx"]),
+        dirty_idx=tuple(manifest["dirty_idx"]),
+        saved_for_backward_idx=tuple(manifest["saved_for_backward_idx"]),
+        num_saved=manifest["num_saved"], output_spec=_spec_from_json(manifest["output"]),
+        materialize_grads=manifest["materialize_grads"], argnames=tuple(manifest["argnames"]),
+        once_differentiable=manifest["once_differentiable"],
+        grad_assumptions=pickle.loads(data["grad_assumptions"]),
+        saved_names=tuple(manifest["saved_names"]),
+        ctx_saved=tuple(None if r is None else (r[0], r[1]) for r in manifest["ctx_saved"]),
+    )
+    guards = manifest["shape_guards"]
+    return make_capture(
+        pair, make_outer_graph(pair), None, pickle.loads(data["key"]), 0.0,
+        dynamic_dims={int(k): tuple(v) for k, v in manifest["dynamic_dims"].items()},
+        shape_guards=None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]))
