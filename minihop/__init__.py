@@ -33,6 +33,7 @@ from .errors import (
     UnsupportedOutputError,
 )
 from .explain import Explanation, explain
+from .program import trace
 from .rewire.contract import check_consistent
 from .runtime.artifact import load_capture as load
 from .runtime.capture import Capture
@@ -60,6 +61,7 @@ __all__ = [
     "explain",
     "function",
     "load",
+    "trace",
 ]
 
 __version__ = "0.1.0"

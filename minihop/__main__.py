@@ -17,6 +17,7 @@ __all__ = ["SUBCOMMANDS", "main", "make_parser"]
 # name -> (module under minihop, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "capture four example Functions, print their graphs, check them against eager"),
+    "show": ("show", "capture one Function on random arguments and print its graphs (--check: against eager)"),
 }
 
 

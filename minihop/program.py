@@ -1,0 +1,199 @@
+"""``minihop.trace``: trace an ordinary function (or ``nn.Module``) that applies Functions.
+
+Not a pipeline stage of its own: it runs the tracer twice over. The user's function runs on
+fake tensors while its torch calls are recorded into an outer graph; each ``F.apply`` it makes
+is captured on the spot (tracer -> rewire, sharing the outer fake tensors) and recorded as one
+``autograd_function_apply`` call on ``fwd_body_N`` / ``bwd_body_N``, followed by a ``getitem``
+per output: the layout of the graphs in PyTorch's own tests.
+
+The result is an executable ``GraphModule``: its inputs are the tensors the function reaches
+(arguments, and tensors inside argument containers or objects), in order of first use, named
+as Dynamo names them (``L_x_``); ``gm.meta["minihop_inputs"]`` lists where each comes from.
+Parameters, buffers and closed-over tensors are attributes of the GraphModule. It returns the
+tensors of the function's result, flattened. Running it gives eager's outputs, and backward
+through it eager's gradients (the apply calls are torch's own higher-order operator).
+
+``Function.apply`` is intercepted by replacing it on ``torch.autograd.Function`` while the
+function runs (under a lock; calls from other threads on real tensors pass through).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._functorch.autograd_function import autograd_function_apply
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .errors import UnsupportedArgumentError, UnsupportedOperationError
+from .rewire.pair import make_pair
+from .spec import bind_arguments
+from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
+from .tracer.names import input_name
+from .tracer.recorder import GraphRecorder, RecordingMode
+from .tracer.trace import TraceInputs, trace_function
+
+__all__ = ["trace"]
+
+_intercept_lock = threading.Lock()
+
+
+class _Program:
+    """State of one whole-function trace."""
+
+    def __init__(self, argnames: tuple[str, ...]) -> None:
+        self.fake_mode = FakeTensorMode()
+        self.argnames = argnames
+        self.recorder = GraphRecorder(self._resolve, self._no_symbols)
+        self.mode = RecordingMode(self.fake_mode, self._lift, lambda: "the traced function",
+                                  lambda *a: None)
+        self.sources: dict[int, tuple[Path, str]] = {}  # id(fake) -> (path, name)
+        self.real_to_fake: dict[int, torch.Tensor] = {}
+        self.attributes: dict[str, Any] = {}  # root attributes: bodies, parameters, constants
+        self.attribute_of: dict[int, str] = {}  # id(fake) -> attribute name
+        self.input_paths: list[str] = []
+        self.applies = 0
+        self.parameter_names: dict[int, str] = {}
+
+    # -- values ---------------------------------------------------------------------------
+    def fake_arg(self, path: Path, real: torch.Tensor) -> torch.Tensor:
+        fake = self.real_to_fake.get(id(real))
+        if fake is None:
+            fake = self.fake_mode.from_tensor(real)
+            self.real_to_fake[id(real)] = fake
+            self.sources[id(fake)] = (path, input_name(path, self.argnames))
+        return fake
+
+    def _lift(self, real: torch.Tensor) -> torch.Tensor:
+        """A real tensor reached by the function (parameter, buffer, closure): an attribute."""
+        fake = self.real_to_fake.get(id(real))
+        if fake is None:
+            fake = self.fake_mode.from_tensor(real)
+            self.real_to_fake[id(real)] = fake
+            name = self.parameter_names.get(id(real), f"_tensor_constant{len(self.attributes)}")
+            self.attributes[name] = real
+            self.attribute_of[id(fake)] = name
+        return fake
+
+    def _resolve(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
+        attribute = self.attribute_of.get(id(value))
+        if attribute is not None:
+            node = rec.create_node("get_attr", attribute, (), {}, name=attribute.replace(".", "_"))
+            node.meta["val"] = value
+            return node
+        source = self.sources.get(id(value))
+        if source is None:
+            raise UnsupportedArgumentError(
+                "The traced function used a tensor minihop did not see coming in.",
+                "Every tensor must be an argument, reachable from one, or a closed-over value.",
+                "Pass it as an argument.")
+        path, name = source
+        node = rec.create_node("placeholder", "L" + name[1:] if name.startswith("l_") else name,
+                               (), {}, name=name)
+        node.meta["val"] = value
+        self.input_paths.append(format_path(path, self.argnames))
+        return node
+
+    def _no_symbols(self, rec: GraphRecorder, symbol: Any) -> fx.Node:
+        raise UnsupportedOperationError(
+            f"minihop.trace met a symbolic size ({symbol}).", "minihop.trace traces static shapes.",
+            "Use minihop.capture(F, ..., dynamic=True) for a single Function.")
+
+    # -- one F.apply ------------------------------------------------------------------------
+    def apply(self, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args = bind_arguments(fn_cls, args, kwargs)
+        recorder, self.mode.recorder = self.mode.recorder, None  # the Function's own ops are its bodies'
+        try:
+            raw = trace_function(fn_cls, (), {}, retrace=TraceInputs(self.fake_mode, args, torch.is_grad_enabled()))
+            pair = make_pair(raw)
+        finally:
+            self.mode.recorder = recorder
+        n = self.applies
+        self.applies += 1
+        fwd_name, bwd_name = f"fwd_body_{n}", f"bwd_body_{n}"
+        self.attributes[fwd_name] = pair.fwd
+        self.attributes[bwd_name] = pair.bwd
+        rec = self.recorder
+        fwd_node = rec.create_node("get_attr", fwd_name, (), {}, name=fwd_name)
+        bwd_node = rec.create_node("get_attr", bwd_name, (), {}, name=bwd_name)
+        inputs: list[Any] = []
+        for source in pair.inputs:
+            if source.path is not None:
+                inputs.append(rec.node_for(make_getter(source.path)(args, {})))
+            else:
+                inputs.append(rec.node_for(self.mode._fakeify(source.live() if source.live else source.constant)))
+        kw: dict[str, Any] = {"non_differentiable_idx": list(pair.non_differentiable_idx),
+                              "saved_for_backward_idx": list(pair.saved_for_backward_idx)}
+        if pair.dirty_idx:
+            kw["dirty_idx"] = list(pair.dirty_idx)
+        call = rec.create_node("call_function", autograd_function_apply, (fwd_node, bwd_node, *inputs), kw)
+        # Fresh fake outputs with eager's requires_grad (the traced ones were made under no_grad).
+        needs_grad = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        fwd_outs = [n for n in pair.fwd.graph.nodes if n.op == "output"][0].args[0][0]
+        flat: list[torch.Tensor] = []
+        self.mode.recorder = None  # making the fresh fakes is bookkeeping, not graph
+        with self.fake_mode:
+            for i, out in enumerate(fwd_outs):
+                val = out.meta["val"]
+                fresh = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device)
+                differentiable = (pair.top_level[i] and i not in pair.non_differentiable_idx
+                                  and (val.dtype.is_floating_point or val.dtype.is_complex))
+                if needs_grad and differentiable:
+                    fresh.requires_grad_(True)
+                item = rec.create_node("call_function", operator.getitem, (call, i), {})
+                rec.bind(fresh, item)
+                flat.append(fresh)
+        self.mode.recorder = recorder
+        result = pair.output_spec.rebuild(flat)
+        return result
+
+
+def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
+    """Trace ``fn(*args, **kwargs)`` (a function or ``nn.Module``) into one GraphModule."""
+    import inspect
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    params = inspect.signature(target).parameters
+    argnames = tuple(params)
+    if kwargs:
+        bound = inspect.signature(target).bind(*args, **kwargs)
+        bound.apply_defaults()
+        args = tuple(bound.args)
+    program = _Program(argnames)
+    if isinstance(fn, torch.nn.Module):
+        for name, tensor in (*fn.named_parameters(), *fn.named_buffers()):
+            program.parameter_names[id(tensor)] = name
+    fake_args = tuple(replace_tensors(a, program.fake_arg, (("arg", i),)) for i, a in enumerate(args))
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def intercepted(cls: type, *a: Any, **k: Any) -> Any:
+        if any(isinstance(v, FakeTensor) and v.fake_mode is program.fake_mode
+               for _, v in iter_leaves((a, k))):
+            return program.apply(cls, a, k)
+        return original.__func__(cls, *a, **k)
+
+    with _intercept_lock:
+        torch.autograd.Function.apply = classmethod(intercepted)  # type: ignore[method-assign,assignment]
+        program.mode.recorder = program.recorder
+        try:
+            with program.fake_mode, program.mode:
+                out = fn(*fake_args)
+        finally:
+            program.mode.recorder = None
+            torch.autograd.Function.apply = original  # type: ignore[method-assign]
+    rec = program.recorder
+    outputs = tuple(rec.node_for(v) for _, v in iter_leaves(out) if isinstance(v, torch.Tensor))
+    rec.graph.output(outputs)
+    # Inputs were created at first use; list them first, in that order, as Dynamo's graphs do.
+    placeholders = [n for n in rec.graph.nodes if n.op == "placeholder"]
+    first = next(iter(rec.graph.nodes))
+    for node in placeholders:
+        first.prepend(node) if node is not first else None
+        first = node.next if node is first else first
+    gm = fx.GraphModule(program.attributes, rec.graph, class_name="GraphModule")
+    gm.meta["minihop_inputs"] = list(program.input_paths)
+    return gm
