@@ -28,6 +28,7 @@ __all__ = [
     "make_getter",
     "OutputSpec",
     "describe_output",
+    "attributes",
 ]
 
 # One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
@@ -41,10 +42,29 @@ _ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.d
 
 
 def _is_object_container(value: Any) -> bool:
-    """A user object whose attributes we look into (dataclasses and plain classes)."""
+    """A user object whose attributes we look into (dataclasses, plain and __slots__ classes)."""
     if isinstance(value, _ATOMIC) or callable(value) or isinstance(value, torch.Tensor):
         return False
-    return hasattr(value, "__dict__") and not isinstance(value, type)
+    return (hasattr(value, "__dict__") or bool(_slot_names(type(value)))) and not isinstance(value, type)
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def attributes(value: Any) -> dict[str, Any]:
+    """An object's attributes: its ``__dict__`` and its set ``__slots__``."""
+    found = dict(getattr(value, "__dict__", {}))
+    for name in _slot_names(type(value)):
+        if hasattr(value, name):
+            found[name] = getattr(value, name)
+    return found
 
 
 def format_path(path: Path, argnames: tuple[str, ...] = ()) -> str:
@@ -75,7 +95,7 @@ def iter_leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
         for k, item in value.items():
             yield from iter_leaves(item, path + (("key", k),))
     elif _is_object_container(value):
-        for k, item in vars(value).items():
+        for k, item in attributes(value).items():
             yield from iter_leaves(item, path + (("attr", k),))
     else:
         yield path, value
@@ -106,7 +126,7 @@ def replace_tensors(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: P
             new[k] = replace_tensors(v, fn, path + (("key", k),))
         return new
     new_obj = copy.copy(value)
-    for k, v in vars(value).items():
+    for k, v in attributes(value).items():
         # object.__setattr__ also works for frozen dataclasses.
         object.__setattr__(new_obj, k, replace_tensors(v, fn, path + (("attr", k),)))
     return new_obj
@@ -191,7 +211,7 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
         return OutputSpec("dict", keys=tuple(value), children=tuple(
             describe_output(v, on_tensor, 2) for v in value.values()))
     if _is_object_container(value) and _contains_tensor(value):
-        attrs = vars(value)
+        attrs = attributes(value)
         return OutputSpec("object", keys=tuple(attrs), template=value, children=tuple(
             describe_output(v, on_tensor, 2) for v in attrs.values()))
     return OutputSpec("const", value=value)

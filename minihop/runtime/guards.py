@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..structure import attributes
+
 __all__ = ["call_key", "describe_key_difference", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -39,8 +41,9 @@ def _key(value: Any) -> Any:
             (name, _key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
     if callable(value):
         return ("id", type(value), id(value))
-    if hasattr(value, "__dict__"):
-        return ("O", type(value), tuple((k, _key(v)) for k, v in vars(value).items()))
+    attrs = attributes(value)
+    if attrs:
+        return ("O", type(value), tuple((k, _key(v)) for k, v in attrs.items()))
     try:
         hash(value)
     except TypeError:
