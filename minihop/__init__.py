@@ -19,7 +19,7 @@ Pipeline: ``tracer`` -> ``rewire`` -> ``runtime``; ``api`` strings them together
 """
 
 from .api import capture
-from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, function
+from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, counters, function, reset
 from .errors import (
     BackwardOutputError,
     DataDependentError,
@@ -58,9 +58,11 @@ __all__ = [
     "captured",
     "check_consistent",
     "clear_cache",
+    "counters",
     "explain",
     "function",
     "load",
+    "reset",
     "trace",
 ]
 

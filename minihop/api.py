@@ -18,7 +18,7 @@ from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
 from .runtime.capture import Capture, make_capture
 from .runtime.function import GradLayout, Retrace
-from .runtime.guards import call_key
+from .runtime.guards import call_key, layout_key
 from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
 from .tracer.trace import python_value_routes
 
@@ -52,7 +52,8 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     if raw.grad_assumptions or not raw.materialize_grads:
         retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)
     cap = make_capture(pair, outer, fn_cls, call_key(args, dims), time.perf_counter() - start,
-                       retrace, dims, raw.shape_guards, python_value_routes(function_parts(fn_cls)))
+                       retrace, dims, raw.shape_guards, python_value_routes(function_parts(fn_cls)),
+                       layout_key(args) if raw.reads_layout else None)
     return raw, cap
 
 

@@ -15,7 +15,7 @@ Policies: ``fallback="raise"`` (default) re-raises a capture's ``MinihopError``;
 remembers the decision for that key. Past ``cache_limit`` entries a warning is given once;
 then with ``"raise"`` the least recently used entry is evicted (always correct, costs a
 recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its recompile limit.
-The oldest entry is the one evicted (no bookkeeping on the hit path).
+The oldest capture is the one evicted (first in, first out: no bookkeeping on the hit path).
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .api import capture, dynamic_dims
 from .errors import MinihopError
 from .runtime.capture import Capture
 from .runtime.guards import call_key
 from .spec import bind_arguments
+from .tracer.recorder import tracing
 
-__all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache"]
+__all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache",
+           "counters", "reset"]
 
 Fallback = Literal["raise", "eager"]
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
@@ -80,6 +81,7 @@ class CapturedFunction:
         self._entries: OrderedDict[Any, list[Capture | _Refused]] = OrderedDict()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        _all.add(self)
 
     def __repr__(self) -> str:
         return (f"<minihop.function {self.fn_cls.__qualname__} fallback={self.fallback!r} "
@@ -100,12 +102,12 @@ class CapturedFunction:
                 return entry
             if entry.live_key and entry.live_key != entry.current_live_key():
                 continue
-            if entry.sizes_fit(args):
+            if entry.sizes_fit(args) and entry.layout_fits(args):
                 return entry
         return None
 
     def apply(self, *args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(a, FakeTensor) for a in args):
+        if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
             return self._eager_apply(*args, **kwargs)
@@ -113,22 +115,30 @@ class CapturedFunction:
         dims = dynamic_dims(self.fn_cls, args, self.dynamic) if self.dynamic else None
         key = (_method_key(self.fn_cls), call_key(args, dims))
         entry = self._find(key, args)
-        if entry is None:
-            with self._lock:
+        with self._lock:
+            if entry is None:
                 entry = self._find(key, args)
                 if entry is None:
                     entry = self._capture(key, args)
-        else:
-            self.stats.hits += 1
+            else:
+                self.stats.hits += 1
+                _totals["cache_hits"] += 1
+            if isinstance(entry, _Refused):
+                self.stats.eager_calls += 1
+                _totals["fallbacks"] += 1
         if isinstance(entry, _Refused):
-            self.stats.eager_calls += 1
             return self._eager_apply(*args)
         return entry.run(args)
 
     __call__ = apply
 
+    def _count(self) -> int:
+        return sum(len(entries) for entries in self._entries.values())
+
     def _capture(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused:
-        if len(self._entries) >= self.cache_limit and key not in self._entries:
+        # Captures for other closure/global values stay (the value may come back) and count
+        # toward the limit.
+        if self._count() >= self.cache_limit:
             self._warn_once("limit", (
                 f"minihop: {self.fn_cls.__qualname__} reached cache_limit={self.cache_limit} "
                 "captures (arguments with many different shapes, dtypes or values?). "
@@ -139,11 +149,16 @@ class CapturedFunction:
                 return _Refused(MinihopError(
                     f"{self.fn_cls.__qualname__} is past its cache limit.",
                     "Each distinct argument key needs its own capture.", "Raise cache_limit."))
-            self._entries.popitem(last=False)
+            oldest_key = next(iter(self._entries))
+            oldest = self._entries[oldest_key]
+            oldest.pop(0)
+            if not oldest:
+                del self._entries[oldest_key]
             self.stats.evictions += 1
         try:
             entry: Capture | _Refused = capture(self.fn_cls, *args, dynamic=self.dynamic)
             self.stats.captures += 1
+            _totals["captures"] += 1
         except MinihopError as e:
             if self.fallback == "raise":
                 raise
@@ -162,6 +177,9 @@ class CapturedFunction:
 
 
 _default: weakref.WeakKeyDictionary[type, CapturedFunction] = weakref.WeakKeyDictionary()
+# Every CapturedFunction alive (for reset()), and process-wide totals (for counters()).
+_all: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()
+_totals: dict[str, int] = {"captures": 0, "cache_hits": 0, "fallbacks": 0}
 _default_lock = threading.Lock()
 
 
@@ -203,6 +221,21 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
         return cls
 
     return decorate(fn_cls) if fn_cls is not None else decorate
+
+
+def counters() -> dict[str, int]:
+    """Process-wide totals: ``captures``, ``cache_hits`` and ``fallbacks`` (eager runs)."""
+    return dict(_totals)
+
+
+def reset() -> None:
+    """Clear every minihop cache and zero the counters."""
+    clear_cache()
+    for cf in list(_all):
+        cf.clear()
+        cf.stats = CacheStats()
+    for name in _totals:
+        _totals[name] = 0
 
 
 def clear_cache() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from .api import capture_with_trace
 from .errors import MinihopError
 from .runtime.guards import describe_key_difference
@@ -42,6 +44,8 @@ class Explanation:
     guards: tuple[str, ...] = ()
     fwd_inputs: tuple[str, ...] = ()
     saved: int = 0
+    saved_values: tuple[str, ...] = ()
+    graphs: str = ""
     fwd_ops: int = 0
     bwd_ops: int = 0
     capture_ms: float = 0.0
@@ -56,12 +60,18 @@ class Explanation:
         lines.append(f"  capture time: {self.capture_ms:.1f} ms; fwd ops {self.fwd_ops}, bwd ops "
                      f"{self.bwd_ops}, saved values {self.saved}")
         lines.append("  fwd inputs: " + ", ".join(self.fwd_inputs))
+        lines.append("  saved for backward:")
+        lines.extend(f"    {v}" for v in self.saved_values)
+        if not self.saved_values:
+            lines.append("    (nothing)")
         lines.append("  ctx features:")
         lines.extend(f"    {name}: {how}" for name, how in self.features)
         if not self.features:
             lines.append("    (none)")
         lines.append("  guards (a call must match these to reuse the capture):")
         lines.extend(f"    {g}" for g in self.guards)
+        lines.append("  graphs:")
+        lines.extend(f"    {line}" for line in self.graphs.splitlines())
         return "\n".join(lines)
 
 
@@ -99,12 +109,15 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
         for assumption in raw.grad_assumptions:
             guards.append(f"backward read {getattr(assumption.query, '__name__', assumption.query)} of "
                           f"output {assumption.index}'s grad == {assumption.expected!r} (else retraced)")
+        saved_nodes = [n for n in cap.fwd.graph.nodes if n.op == "output"][0].args[0][1]
         report = Explanation(
             name, True, None,
             features=tuple((f, _handling(f)) for f in raw.ctx_features),
             guards=tuple(guards),
             fwd_inputs=tuple(f"{s.name} <- {s.description}" for s in cap.inputs),
-            saved=len([n for n in cap.fwd.graph.nodes if n.op == "output"][0].args[0][1]),
+            saved=len(saved_nodes),
+            saved_values=tuple(f"{n.name}: {_describe_value(n.meta.get('val'))}" for n in saved_nodes),
+            graphs=str(cap),
             fwd_ops=sum(n.op.startswith("call") for n in cap.fwd.graph.nodes),
             bwd_ops=sum(n.op.startswith("call") for n in cap.bwd.graph.nodes),
             capture_ms=cap.capture_seconds * 1e3,
@@ -114,6 +127,14 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
     return report
 
 
+def _describe_value(val: Any) -> str:
+    if isinstance(val, torch.Tensor):
+        size = val.numel() * val.element_size() if not any(isinstance(d, torch.SymInt) for d in val.shape) else None
+        return (f"{str(val.dtype).removeprefix('torch.')}{list(val.shape)}"
+                + (f" ({size} bytes)" if size is not None else ""))
+    return f"{type(val).__name__} {val}"
+
+
 def _show_key(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] == "T":
         _, cls, shape, dtype, device, _layout, rg = key
@@ -121,4 +142,7 @@ def _show_key(key: Any) -> str:
         return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}"
     if isinstance(key, tuple) and key and key[0] == "V":
         return f"== {key[2]!r}"
+    if isinstance(key, tuple) and key and key[0] == "M":
+        params = ", ".join(f"{name} {_show_key(k)}" for name, k in key[3])
+        return f"the same {key[1].__name__} object; its tensors: {params or 'none'}"
     return f"same structure and values ({type(key).__name__})"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,9 +43,14 @@ _ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.d
            torch.device, torch.layout, torch.memory_format, type, torch.nn.Module)
 
 
+_PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                    types.BuiltinMethodType, functools.partial, types.ModuleType)
+
+
 def _is_object_container(value: Any) -> bool:
-    """A user object whose attributes we look into (dataclasses, plain and __slots__ classes)."""
-    if isinstance(value, _ATOMIC) or callable(value) or isinstance(value, torch.Tensor):
+    """A user object whose attributes we look into (dataclasses, plain and __slots__ classes,
+    callable instances too)."""
+    if isinstance(value, (*_ATOMIC, *_PLAIN_CALLABLES)) or isinstance(value, torch.Tensor):
         return False
     return (hasattr(value, "__dict__") or bool(_slot_names(type(value)))) and not isinstance(value, type)
 

@@ -22,7 +22,7 @@ from ..rewire.pair import Pair
 from ..spec import InputSource, bind_arguments
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
-from .guards import call_key, describe_key_difference, value_key
+from .guards import call_key, describe_key_difference, layout_key, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
@@ -106,6 +106,7 @@ class Capture:
     key: tuple[Any, ...]
     argnames: tuple[str, ...]
     live_key: tuple[Any, ...] = ()
+    layout: tuple[Any, ...] | None = None
     _live: tuple[Callable[[], Any], ...] = dataclasses.field(repr=False, default=())
     dynamic_dims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     shape_guards: Any = None
@@ -149,6 +150,13 @@ class Capture:
                 "The graphs were traced for the old value: Python values are constants in "
                 "them, tensors' properties are baked into their shapes.",
                 "Capture again (minihop.apply does this by itself).")
+        if not self.layout_fits(args):
+            raise GuardMismatchError(
+                f"Capture of {self.name} called with tensors laid out differently: strides "
+                f"{layout_key(args)}, captured {self.layout}.",
+                "Its forward read a tensor's layout (stride(), is_contiguous(), ...), so the "
+                "graphs may depend on it.",
+                "Capture again for these arguments (minihop.apply does this by itself).")
         if not self.sizes_fit(args):
             raise GuardMismatchError(
                 f"Capture of {self.name} called with dynamic sizes outside "
@@ -161,6 +169,11 @@ class Capture:
     def current_live_key(self) -> tuple[Any, ...]:
         """``live_key`` as it is now; a difference means the capture is stale."""
         return tuple(value_key(fetch()) for fetch in self._live)
+
+    def layout_fits(self, args: tuple[Any, ...]) -> bool:
+        """Whether the arguments' strides are the captured ones (checked only when forward
+        read a tensor's layout: ``stride()``, ``is_contiguous()``, ...)."""
+        return self.layout is None or layout_key(args) == self.layout
 
     def sizes_fit(self, args: tuple[Any, ...]) -> bool:
         """Whether the dynamic arguments' sizes satisfy the capture's shape guards."""
@@ -198,14 +211,15 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
                  seconds: float, retrace: Retrace | None = None,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None,
                  shape_guards: Any = None,
-                 python_values: tuple[tuple[str, Callable[[], Any]], ...] = ()) -> Capture:
+                 python_values: tuple[tuple[str, Callable[[], Any]], ...] = (),
+                 layout: tuple[Any, ...] | None = None) -> Capture:
     shape_check = None
     if shape_guards is not None:
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     live = live_fetchers(pair.inputs, python_values)
     return Capture(
-        pair=pair, live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+        pair=pair, layout=layout, live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,

@@ -13,16 +13,23 @@ Rule for values that are not hashable and not containers: they are keyed by iden
 from __future__ import annotations
 
 import enum
+import functools
+import types
 from typing import Any
 
 import torch
 
 from ..structure import attributes
 
-__all__ = ["call_key", "describe_key_difference", "value_key"]
+__all__ = ["call_key", "describe_key_difference", "layout_key", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
+
+
+# Callables keyed by identity; other callable objects are keyed by their attributes.
+_PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                    types.BuiltinMethodType, functools.partial, type)
 
 
 def _key(value: Any) -> Any:
@@ -39,7 +46,7 @@ def _key(value: Any) -> Any:
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         return ("M", type(value), id(value), tuple(
             (name, _key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
-    if callable(value):
+    if isinstance(value, _PLAIN_CALLABLES):
         return ("id", type(value), id(value))
     attrs = attributes(value)
     if attrs:
@@ -54,6 +61,12 @@ def _key(value: Any) -> Any:
 def value_key(value: Any) -> Any:
     """The key of one value (a tensor's properties, a constant's value, ...)."""
     return _key(value)
+
+
+def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The strides of each tensor argument (guarded only when forward read them)."""
+    return tuple(a.stride() if isinstance(a, torch.Tensor) and a.layout == torch.strided else None
+                 for a in args)
 
 
 def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[Any, ...]:

@@ -13,6 +13,7 @@ being recorded, or is resolved (lifted, or saved from forward) on first use.
 from __future__ import annotations
 
 import operator
+import threading
 import os
 import sys
 import traceback
@@ -35,7 +36,14 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import DataDependentError, UnsupportedOperationError
 
-__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame"]
+__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing"]
+
+_state = threading.local()
+
+
+def tracing() -> bool:
+    """Whether this thread is inside a minihop trace (user code running on fake values)."""
+    return getattr(_state, "depth", 0) > 0
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _MINIHOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,6 +225,14 @@ class RecordingMode(TorchFunctionMode):
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
             return self.lift_real(value)
         return value
+
+    def __enter__(self) -> "RecordingMode":
+        _state.depth = getattr(_state, "depth", 0) + 1
+        return super().__enter__()  # type: ignore[return-value]
+
+    def __exit__(self, *exc: Any) -> None:
+        _state.depth -= 1
+        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:

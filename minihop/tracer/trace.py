@@ -74,6 +74,7 @@ class RawCapture:
     inputs_for_retrace: "TraceInputs"
     shape_guards: "ShapeGuards | None"
     ctx_features: tuple[str, ...]
+    reads_layout: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +312,11 @@ _GRAD_FIXED = frozenset({
 })
 
 
+# Reads of a tensor's memory layout: forward's graph may then depend on its inputs' strides.
+_LAYOUT_READS = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense",
+                           "storage_offset", "data_ptr", "untyped_storage", "_is_view"})
+
+
 class _Tracing:
     """State of one capture while forward and backward are traced."""
 
@@ -321,6 +327,7 @@ class _Tracing:
         self.fake_mode = fake_mode
         self.assumptions: list[GradAssumption] = []
         self.input_nodes: dict[int, fx.Node] = {}
+        self.reads_layout = False
         self.sources: dict[int, InputSource] = {}  # id(fake) -> where the input comes from
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
@@ -340,8 +347,14 @@ class _Tracing:
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
 
     def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        """Backward read something of a grad that autograd does not fix: remember it."""
-        if self.phase != "backward" or not args or getattr(func, "__name__", "") in _GRAD_FIXED:
+        """Backward read something of a grad that autograd does not fix: remember it.
+        Forward read a tensor's layout: the capture then guards its arguments' strides."""
+        name = getattr(func, "__name__", "")
+        if self.phase != "backward":
+            if name in _LAYOUT_READS:
+                self.reads_layout = True
+            return
+        if not args or name in _GRAD_FIXED:
             return
         if getattr(func, "__name__", "") == "__get__" and getattr(getattr(func, "__self__", None), "__name__", "") in _GRAD_FIXED:
             return
@@ -626,7 +639,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
         return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
-        shape_guards=_shape_guards(t), ctx_features=tuple(record.used),
+        shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
     )
 
 
