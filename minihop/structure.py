@@ -31,6 +31,7 @@ __all__ = [
     "OutputSpec",
     "describe_output",
     "attributes",
+    "PLAIN_CALLABLES",
 ]
 
 # One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
@@ -43,14 +44,15 @@ _ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.d
            torch.device, torch.layout, torch.memory_format, type, torch.nn.Module)
 
 
-_PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+# Callables that are code, not objects holding state: keyed by identity, never looked into.
+PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                     types.BuiltinMethodType, functools.partial, types.ModuleType)
 
 
 def _is_object_container(value: Any) -> bool:
     """A user object whose attributes we look into (dataclasses, plain and __slots__ classes,
     callable instances too)."""
-    if isinstance(value, (*_ATOMIC, *_PLAIN_CALLABLES)) or isinstance(value, torch.Tensor):
+    if isinstance(value, (*_ATOMIC, *PLAIN_CALLABLES)) or isinstance(value, torch.Tensor):
         return False
     return (hasattr(value, "__dict__") or bool(_slot_names(type(value)))) and not isinstance(value, type)
 

@@ -13,23 +13,16 @@ Rule for values that are not hashable and not containers: they are keyed by iden
 from __future__ import annotations
 
 import enum
-import functools
-import types
 from typing import Any
 
 import torch
 
-from ..structure import attributes
+from ..structure import PLAIN_CALLABLES, attributes
 
 __all__ = ["call_key", "describe_key_difference", "layout_key", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
-
-
-# Callables keyed by identity; other callable objects are keyed by their attributes.
-_PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-                    types.BuiltinMethodType, functools.partial, type)
 
 
 def _key(value: Any) -> Any:
@@ -46,7 +39,7 @@ def _key(value: Any) -> Any:
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         return ("M", type(value), id(value), tuple(
             (name, _key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
-    if isinstance(value, _PLAIN_CALLABLES):
+    if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
     attrs = attributes(value)
     if attrs:
