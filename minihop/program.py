@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import traceback
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from .rewire.pair import make_pair
 from .spec import bind_arguments
 from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
 from .tracer.names import input_name
-from .tracer.recorder import GraphRecorder, RecordingMode
+from .tracer.recorder import GraphRecorder, RecordingMode, user_frame
 from .tracer.trace import TraceInputs, trace_function
 
 __all__ = ["trace"]
@@ -117,6 +118,8 @@ class _Program:
         self.attributes[fwd_name] = pair.fwd
         self.attributes[bwd_name] = pair.bwd
         rec = self.recorder
+        frame = user_frame()
+        where = "".join(traceback.format_list([frame])) if frame is not None else None
         fwd_node = rec.create_node("get_attr", fwd_name, (), {}, name=fwd_name)
         bwd_node = rec.create_node("get_attr", bwd_name, (), {}, name=bwd_name)
         inputs: list[Any] = []
@@ -130,6 +133,8 @@ class _Program:
         if pair.dirty_idx:
             kw["dirty_idx"] = list(pair.dirty_idx)
         call = rec.create_node("call_function", autograd_function_apply, (fwd_node, bwd_node, *inputs), kw)
+        for node in (fwd_node, bwd_node, call):
+            node.meta["stack_trace"] = where  # one source line: printed as one block, as Dynamo's
         # Fresh fake outputs with eager's requires_grad (the traced ones were made under no_grad).
         needs_grad = torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args)
@@ -145,6 +150,7 @@ class _Program:
                 if needs_grad and differentiable:
                     fresh.requires_grad_(True)
                 item = rec.create_node("call_function", operator.getitem, (call, i), {})
+                item.meta["stack_trace"] = where
                 rec.bind(fresh, item)
                 flat.append(fresh)
         self.mode.recorder = recorder
