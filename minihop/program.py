@@ -8,7 +8,8 @@ per output: the layout of the graphs in PyTorch's own tests.
 
 The result is an executable ``GraphModule``: its inputs are the tensors the function reaches
 (arguments, and tensors inside argument containers or objects), in order of first use, named
-as Dynamo names them (``L_x_``); ``gm.meta["minihop_inputs"]`` lists where each comes from.
+as Dynamo names them (``L_x_``; Dynamo may order lifted inputs differently);
+``gm.meta["minihop_inputs"]`` lists where each comes from.
 Parameters, buffers and closed-over tensors are attributes of the GraphModule. It returns the
 tensors of the function's result, flattened. Running it gives eager's outputs, and backward
 through it eager's gradients (the apply calls are torch's own higher-order operator).
@@ -84,6 +85,9 @@ class _Program:
         if attribute is not None:
             node = rec.create_node("get_attr", attribute, (), {}, name=attribute.replace(".", "_"))
             node.meta["val"] = value
+            frame = user_frame()
+            if frame is not None:
+                node.meta["stack_trace"] = "".join(traceback.format_list([frame]))
             return node
         source = self.sources.get(id(value))
         if source is None:
@@ -106,6 +110,9 @@ class _Program:
     # -- one F.apply ------------------------------------------------------------------------
     def apply(self, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         args = bind_arguments(fn_cls, args, kwargs)
+        # Real tensors handed straight to apply (parameters, closed-over tensors) are lifted.
+        args = tuple(replace_tensors(a, lambda _p, t: t if isinstance(t, FakeTensor) else self._lift(t),
+                                     (("arg", i),)) for i, a in enumerate(args))
         recorder, self.mode.recorder = self.mode.recorder, None  # the Function's own ops are its bodies'
         try:
             raw = trace_function(fn_cls, (), {}, retrace=TraceInputs(self.fake_mode, args, torch.is_grad_enabled()))
@@ -120,14 +127,14 @@ class _Program:
         rec = self.recorder
         frame = user_frame()
         where = "".join(traceback.format_list([frame])) if frame is not None else None
-        fwd_node = rec.create_node("get_attr", fwd_name, (), {}, name=fwd_name)
-        bwd_node = rec.create_node("get_attr", bwd_name, (), {}, name=bwd_name)
         inputs: list[Any] = []
         for source in pair.inputs:
             if source.path is not None:
                 inputs.append(rec.node_for(make_getter(source.path)(args, {})))
             else:
                 inputs.append(rec.node_for(self.mode._fakeify(source.live() if source.live else source.constant)))
+        fwd_node = rec.create_node("get_attr", fwd_name, (), {}, name=fwd_name)
+        bwd_node = rec.create_node("get_attr", bwd_name, (), {}, name=bwd_name)
         kw: dict[str, Any] = {"non_differentiable_idx": list(pair.non_differentiable_idx),
                               "saved_for_backward_idx": list(pair.saved_for_backward_idx)}
         if pair.dirty_idx:
@@ -176,9 +183,12 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
     fake_args = tuple(replace_tensors(a, program.fake_arg, (("arg", i),)) for i, a in enumerate(args))
     original = torch.autograd.Function.__dict__["apply"]
 
+    thread = threading.get_ident()
+
     def intercepted(cls: type, *a: Any, **k: Any) -> Any:
-        if any(isinstance(v, FakeTensor) and v.fake_mode is program.fake_mode
-               for _, v in iter_leaves((a, k))):
+        # Every apply the traced function makes (in this thread, outside a Function being
+        # traced) is captured, whatever tensors it gets: arguments' fakes, parameters, constants.
+        if threading.get_ident() == thread and program.mode.recorder is not None:
             return program.apply(cls, a, k)
         return original.__func__(cls, *a, **k)
 
@@ -194,7 +204,7 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
     rec = program.recorder
     outputs = tuple(rec.node_for(v) for _, v in iter_leaves(out) if isinstance(v, torch.Tensor))
     rec.graph.output(outputs)
-    # Inputs were created at first use; list them first, in that order, as Dynamo's graphs do.
+    # Inputs were created at first use; list them first, in that order.
     placeholders = [n for n in rec.graph.nodes if n.op == "placeholder"]
     first = next(iter(rec.graph.nodes))
     for node in placeholders:

@@ -97,9 +97,10 @@ def run(options: argparse.Namespace) -> int:
     except minihop.MinihopError as e:
         print(e)
         return 2
-    print(cap)
     if options.explain:
-        minihop.explain(fn_cls, *args, dynamic=options.dynamic)
+        minihop.explain(fn_cls, *args, dynamic=options.dynamic)  # its report holds the graphs
+    else:
+        print(cap)
     if options.check:
         try:
             assert_matches_eager(fn_cls, *args)
