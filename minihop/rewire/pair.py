@@ -84,11 +84,13 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
 
 
 def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
-    graph.call_function(_SET_GRAD, (enabled,))
+    node = graph.call_function(_SET_GRAD, (enabled,))
+    node.meta["minihop_grad_toggle"] = True  # the body's own, as opposed to the user's
 
 
 def strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` without its ``_set_grad_enabled`` calls.
+    """A copy of ``gm`` without the ``_set_grad_enabled`` calls that open and close its body
+    (the user's own ``enable_grad``/``no_grad`` blocks stay).
 
     Used to run bwd under ``create_graph=True``: eager runs the user's backward with grad
     mode on then, so its ops are recorded for double backward.
@@ -96,7 +98,7 @@ def strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is _SET_GRAD:
+        if node.meta.get("minihop_grad_toggle"):
             continue
         env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)

@@ -238,7 +238,12 @@ class RecordingMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         recorder = self.recorder
-        if recorder is None or func is torch._C._set_grad_enabled:
+        if recorder is None:
+            return func(*args, **kwargs)
+        if func is torch._C._set_grad_enabled:
+            # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward:
+            # part of the program (Dynamo records it the same way).
+            recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
         if any(isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) for v in flat):

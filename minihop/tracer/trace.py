@@ -492,7 +492,8 @@ class _Tracing:
         self.phase = phase
         self.mode.recorder = recorder
         try:
-            with self.fake_mode, self.mode, torch.no_grad(), capture_locals(fn, snapshot):
+            # no_grad is entered before the recording mode, so its own toggles are not recorded.
+            with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot):
                 return fn(*args)
         finally:
             self.mode.recorder = None
