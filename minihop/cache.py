@@ -36,6 +36,7 @@ from .runtime.capture import Capture
 from .runtime.guards import call_key
 from .spec import bind_arguments
 from .tracer.recorder import tracing
+from .tracer.trace import function_parts
 
 __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache",
            "counters", "reset"]
@@ -176,7 +177,7 @@ class CapturedFunction:
             warnings.warn(message, stacklevel=4)
 
 
-_default: weakref.WeakKeyDictionary[type, CapturedFunction] = weakref.WeakKeyDictionary()
+_default: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()  # those made by apply
 # Every CapturedFunction alive (for reset()), and process-wide totals (for counters()).
 _all: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()
 _totals: dict[str, int] = {"captures": 0, "cache_hits": 0, "fallbacks": 0}
@@ -184,13 +185,18 @@ _default_lock = threading.Lock()
 
 
 def _default_for(fn_cls: type) -> CapturedFunction:
-    found = _default.get(fn_cls)
+    # Kept on the class itself (not in a registry keyed by it): the two then form a cycle the
+    # garbage collector frees when the user drops the class, captures included.
+    if not isinstance(fn_cls, type):
+        function_parts(fn_cls)  # raises minihop's error for a non-Function
+    found = fn_cls.__dict__.get("_minihop_default")
     if found is None:
         with _default_lock:
-            found = _default.get(fn_cls)
+            found = fn_cls.__dict__.get("_minihop_default")
             if found is None:
                 found = CapturedFunction(fn_cls)
-                _default[fn_cls] = found
+                type.__setattr__(fn_cls, "_minihop_default", found)
+                _default.add(found)
     return found
 
 
@@ -241,6 +247,5 @@ def reset() -> None:
 def clear_cache() -> None:
     """Forget every capture made by ``minihop.apply``."""
     with _default_lock:
-        for cf in list(_default.values()):
+        for cf in list(_default):
             cf.clear()
-        _default.clear()
