@@ -36,7 +36,7 @@ from .spec import bind_arguments
 from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
 from .tracer.names import input_name
 from .tracer.recorder import GraphRecorder, RecordingMode, user_frame
-from .tracer.trace import TraceInputs, trace_function
+from .tracer.trace import TRACE_LOCK, TraceInputs, trace_function
 
 __all__ = ["trace"]
 
@@ -192,7 +192,7 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
             return program.apply(cls, a, k)
         return original.__func__(cls, *a, **k)
 
-    with _intercept_lock:
+    with TRACE_LOCK, _intercept_lock:
         torch.autograd.Function.apply = classmethod(intercepted)  # type: ignore[method-assign,assignment]
         program.mode.recorder = program.recorder
         try:

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import dis
 import inspect
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,7 @@ from .ctx import ProxyCtx
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
-__all__ = ["python_value_routes", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
+__all__ = ["TRACE_LOCK", "python_value_routes", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -508,6 +509,19 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     ``grad_specs`` (one per fwd output; default: contiguous grads) sets the layout of the fake
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
     """
+    with TRACE_LOCK:
+        return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+
+
+# One trace at a time in a process: torch's fake-tensor machinery keeps process-wide state
+# (lazy imports, kernel-invocation flags) that concurrent traces in several threads trip over.
+# Captures are rare (once per key); running captured graphs needs no lock.
+TRACE_LOCK = threading.RLock()
+
+
+def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
+                    dynamic: dict[int, tuple[int, ...]] | None) -> RawCapture:
     parts = function_parts(fn_cls)
     check_side_effects(parts)
     if retrace is not None:
