@@ -1,0 +1,5 @@
+"""``python -m bench``: run every benchmark (see ``bench.run``)."""
+
+from .run import main
+
+raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""The benchmark Functions and the cases (Function x size) every measurement runs over.
+
+Place: bench/, a consumer of minihop's public API; this module imports only torch so a fresh
+process (the cold-capture measurement) can import it without paying for anything else.
+
+Each Function has a hand-written backward, as a user would write it:
+
+  MySin      one op; saves its input; backward grad * cos(x).
+  Add        the seed's two-output Function: a = sin(x), b = cos(y); saves a, x and the
+             result a * b; returns (result, a + b).
+  MLP        x @ W1 -> relu -> @ W2; saves x, W1, the relu output and W2.
+  LayerNorm  normalise the last dimension, scale and shift; saves xhat, rstd and weight.
+  chain(n)   generated: forward chains n elementwise ops, backward the matching n (scaling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "Warmup", "case_named",
+           "make_chain"]
+
+
+class MySin(torch.autograd.Function):
+    """sin(x), saving x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * x.cos()
+
+
+class Add(torch.autograd.Function):
+    """The seed's ``Add``: saves an intermediate, an input and an output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.sin(x)
+        b = torch.cos(y)
+        result = a * b
+        ctx.save_for_backward(a, x, result)
+        return result, a + b
+
+    @staticmethod
+    def backward(ctx: Any, grad_a: torch.Tensor, grad_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, x, result = ctx.saved_tensors
+        return a * grad_b * 2 + x, result + grad_a * 3
+
+
+class MLP(torch.autograd.Function):
+    """relu(x @ w1) @ w2 with its backward written out (the relu output doubles as the mask)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        r = (x @ w1).relu()
+        ctx.save_for_backward(x, w1, r, w2)
+        return r @ w2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, w1, r, w2 = ctx.saved_tensors
+        grad_w2 = r.t() @ grad
+        grad_h = (grad @ w2.t()) * (r > 0)
+        return grad_h @ w1.t(), x.t() @ grad_h, grad_w2
+
+
+class LayerNorm(torch.autograd.Function):
+    """Layer norm over the last dimension with a hand-written backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                eps: float) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        centered = x - mean
+        var = (centered * centered).mean(-1, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        xhat = centered * rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        return xhat * weight + bias
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        xhat, rstd, weight = ctx.saved_tensors
+        dxhat = grad * weight
+        grad_x = rstd * (dxhat - dxhat.mean(-1, keepdim=True)
+                         - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+        grad_w = (grad * xhat).flatten(0, -2).sum(0)
+        grad_b = grad.flatten(0, -2).sum(0)
+        return grad_x, grad_w, grad_b, None
+
+
+class Warmup(torch.autograd.Function):
+    """Captured (and compiled) first, so that the warm measurements pay no one-off start-up."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.cos()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return -grad * x.sin()
+
+
+def make_chain(n: int) -> type[torch.autograd.Function]:
+    """A Function whose forward is n elementwise ops in a row (alternately ``* c`` and
+    ``neg``), written out line by line, and whose backward is the matching n ops reversed."""
+    fwd = ["    @staticmethod", "    def forward(ctx, x):", "        y = x"]
+    bwd = ["    @staticmethod", "    def backward(ctx, g):"]
+    for i in range(n):
+        fwd.append("        y = y * 1.0001" if i % 2 == 0 else "        y = y.neg()")
+    for i in reversed(range(n)):
+        bwd.append("        g = g * 1.0001" if i % 2 == 0 else "        g = g.neg()")
+    fwd.append("        return y")
+    bwd.append("        return g")
+    name = f"Chain{n}"
+    source = "\n".join([f"class {name}(torch.autograd.Function):", *fwd, *bwd]) + "\n"
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(source, f"<bench chain {n}>", "exec"), namespace)
+    cls: type[torch.autograd.Function] = namespace[name]
+    return cls
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One Function at one size: ``make_args`` builds fresh leaf tensors (seeded)."""
+
+    name: str
+    function: type[torch.autograd.Function]
+    small: bool
+    make_args: Callable[[], tuple[Any, ...]]
+
+
+def _leaf(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen) * scale).requires_grad_()
+
+
+def _args(build: Callable[[torch.Generator], tuple[Any, ...]]) -> Callable[[], tuple[Any, ...]]:
+    return lambda: build(torch.Generator().manual_seed(0))
+
+
+def _cases() -> tuple[Case, ...]:
+    cases = []
+    for small, (n, d, h) in ((True, (8, 8, 8)), (False, (256, 1024, 1024))):
+        shape = f"{n}x{d}"
+        cases += [
+            Case(f"MySin {shape}", MySin, small, _args(lambda g, n=n, d=d: (_leaf(g, n, d),))),
+            Case(f"Add {shape}", Add, small,
+                 _args(lambda g, n=n, d=d: (_leaf(g, n, d), _leaf(g, n, d)))),
+            Case(f"MLP {shape}" + ("" if small else f" (hidden {h})"), MLP, small,
+                 _args(lambda g, n=n, d=d, h=h: (_leaf(g, n, d), _leaf(g, d, h, scale=d ** -0.5),
+                                                 _leaf(g, h, d, scale=h ** -0.5)))),
+            Case(f"LayerNorm {shape}", LayerNorm, small,
+                 _args(lambda g, n=n, d=d: (_leaf(g, n, d), _leaf(g, d), _leaf(g, d), 1e-5))),
+        ]
+    return tuple(cases)
+
+
+CASES: tuple[Case, ...] = _cases()
+
+
+def case_named(name: str) -> Case:
+    for case in CASES:
+        if case.name == name:
+            return case
+    raise KeyError(f"no benchmark case {name!r}; cases: {', '.join(c.name for c in CASES)}")

@@ -1,0 +1,105 @@
+"""The issue's targets, checked against one run's measurements: one row each, PASS or MISS.
+
+Place: bench/, after the measurements. Thresholds (from the performance issue):
+  - warm capture of the one-op case (MySin 8x8) <= 5 ms;
+  - warm capture >= 20x faster than Dynamo ``backend="eager"``, on every case;
+  - ``cap(*args)`` fwd+bwd <= 1.1x eager ``F.apply`` on the small sizes, and within noise on
+    the large ones (noise: the largest of 5%, twice the A/A ratio's distance from 1 (eager
+    timed against itself exactly as ``cap(*args)`` is timed against eager), and the half-width
+    of the ~95% confidence interval of ``cap(*args)``'s own ratio);
+  - ``minihop.apply`` hit <= 1.3x eager on the small sizes;
+  - bytes saved for backward never above eager's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .capture_latency import CaptureLatency
+from .functions import CASES, Case
+from .per_call import AA, APPLY, CAP, EAGER, PerCall
+from .saved import Saved
+from .table import Table
+
+__all__ = ["Targets", "check_targets", "CAPTURE_GROUP", "PER_CALL_GROUP", "SAVED_GROUP"]
+
+CAPTURE_GROUP, PER_CALL_GROUP, SAVED_GROUP = "capture", "per-call", "saved"
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """The targets table and, per group ("capture", "per-call", "saved"), whether any missed."""
+
+    table: Table
+    missed: dict[str, bool]
+
+
+def _verdict(ok: bool, by: str) -> str:
+    return "PASS" if ok else f"MISS ({by})"
+
+
+def _noise(per_call: PerCall, name: str) -> float:
+    t = per_call.timings[name]
+    lo, hi = t[CAP].ratio_interval(t[EAGER])
+    return max(0.05, 2 * abs(t[AA].ratio_to(t[EAGER]) - 1), (hi - lo) / 2)
+
+
+def check_targets(cases: tuple[Case, ...] = CASES, *, warm: CaptureLatency | None = None,
+                  per_call: PerCall | None = None, saved: Saved | None = None) -> Targets:
+    """A row per target and case that was measured."""
+    rows: list[tuple[str, ...]] = []
+    missed = {CAPTURE_GROUP: False, PER_CALL_GROUP: False, SAVED_GROUP: False}
+
+    def add(group: str, target: str, case: str, measured: str, threshold: str, ok: bool, by: str) -> None:
+        rows.append((target, case, measured, threshold, _verdict(ok, by)))
+        missed[group] |= not ok
+
+    if warm is not None:
+        one_op = next((c for c in cases if c.small and c.name in warm.ms and c.name.startswith("MySin")), None)
+        if one_op is not None:
+            ms = warm.ms[one_op.name]["minihop"][0]
+            add(CAPTURE_GROUP, "warm capture, one-op case", one_op.name, f"{ms:.1f} ms", "<= 5 ms",
+                ms <= 5.0, f"{ms / 5.0:.1f}x over")
+        for case in cases:
+            m = warm.ms.get(case.name)
+            if m is None or "eager" not in m:
+                continue
+            speedup = m["eager"][0] / m["minihop"][0]
+            add(CAPTURE_GROUP, "warm capture vs Dynamo eager", case.name, f"{speedup:.1f}x faster",
+                ">= 20x faster", speedup >= 20.0, f"{20.0 / speedup:.1f}x short")
+    if per_call is not None:
+        for case in cases:
+            t = per_call.timings.get(case.name)
+            if t is None:
+                continue
+            ratio = t[CAP].ratio_to(t[EAGER])
+            shown = f"{ratio:.2f}x (min/min {t[CAP].min_ns / t[EAGER].min_ns:.2f}x)"
+            if case.small:
+                add(PER_CALL_GROUP, "cap(*args) fwd+bwd vs eager", case.name, shown,
+                    "<= 1.10x", ratio <= 1.10, f"+{(ratio - 1.10) * 100:.1f} points over")
+            else:
+                tol = _noise(per_call, case.name)
+                add(PER_CALL_GROUP, "cap(*args) fwd+bwd vs eager (large)", case.name, shown,
+                    f"<= {1 + tol:.2f}x (noise)", ratio <= 1 + tol,
+                    f"+{(ratio - 1 - tol) * 100:.1f} points over")
+        for case in cases:
+            t = per_call.timings.get(case.name)
+            if t is None or not case.small:
+                continue
+            ratio = t[APPLY].ratio_to(t[EAGER])
+            shown = f"{ratio:.2f}x (min/min {t[APPLY].min_ns / t[EAGER].min_ns:.2f}x)"
+            add(PER_CALL_GROUP, "minihop.apply hit vs eager", case.name, shown, "<= 1.30x",
+                ratio <= 1.30, f"+{(ratio - 1.30) * 100:.1f} points over")
+    if saved is not None:
+        for case in cases:
+            b = saved.bytes.get(case.name)
+            if b is None:
+                continue
+            eager, mine = b["eager"][0] + b["eager"][2], b["minihop"][0] + b["minihop"][2]
+            add(SAVED_GROUP, "bytes saved for backward vs eager", case.name,
+                f"{mine / eager:.2f}x ({mine} B)" if eager else f"{mine} B", "<= 1.00x",
+                mine <= eager, f"+{mine - eager} B")
+    table = Table("Targets", ("target", "case", "measured", "threshold", "result"), tuple(rows),
+                  ("Per-call ratios are paired medians from this run, as in table (b) (the verdict uses "
+                   "them); min/min is the ratio of the fastest rounds. Raw times in the tables below.",))
+    return Targets(table, missed)

@@ -1,0 +1,98 @@
+"""Smoke tests for bench/: each measurement runs with tiny repetition counts and returns a
+table with the expected rows. Never timing assertions: speed claims live in bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+import bench  # noqa: E402
+from bench import gpu_check  # noqa: E402
+from bench.capture_latency import measure_cold, measure_warm  # noqa: E402
+from bench.functions import CASES, case_named, make_chain  # noqa: E402
+from bench.per_call import AA, APPLY, AOT, CAP, EAGER, FLOOR, RUN, measure_per_call  # noqa: E402
+from bench.profiling import profile_capture, profile_per_call  # noqa: E402
+from bench.report import keep_marked_sections, per_call_breakdown, render  # noqa: E402
+from bench.saved import measure_saved  # noqa: E402
+from bench.scaling import measure_scaling, plot_scaling  # noqa: E402
+from bench.targets import check_targets  # noqa: E402
+from bench.timing import machine_facts  # noqa: E402
+
+SMALL = (case_named("MySin 8x8"),)
+
+
+def test_cases_cover_each_function_small_and_large() -> None:
+    """Every benchmark Function appears at a small and a large size, and matches eager."""
+    names = {c.function.__name__ for c in CASES}
+    assert names == {"MySin", "Add", "MLP", "LayerNorm"}
+    for name in names:
+        assert {c.small for c in CASES if c.function.__name__ == name} == {True, False}
+    from minihop.testing import assert_matches_eager
+
+    for case in CASES:
+        if case.small:
+            assert_matches_eager(case.function, *case.make_args())
+    assert_matches_eager(make_chain(5), torch.randn(3, requires_grad=True))
+
+
+def test_measurements_return_their_rows(tmp_path: Path) -> None:
+    """(a)-(d), targets, profiles and the report, each at the smallest setting."""
+    warm = measure_warm(SMALL, reps=1, dynamo_reps=1, backends=("eager",))
+    assert warm.table.labels == ("MySin 8x8",)
+    per_call = measure_per_call(SMALL, budget_s=0.002, min_rounds=1, inductor=False)
+    assert per_call.table.labels == ("MySin 8x8",)
+    assert set(per_call.timings["MySin 8x8"]) == {EAGER, AA, CAP, RUN, APPLY, AOT, FLOOR}
+    saved = measure_saved(SMALL, with_compile=False)
+    assert saved.table.labels == ("MySin 8x8",)
+    assert saved.bytes["MySin 8x8"]["eager"][0] == 8 * 8 * 4  # x, saved by forward
+    scaling = measure_scaling((2, 4), reps=1, dynamo=False)
+    assert scaling.table.labels == ("2", "4")
+    assert plot_scaling(scaling, tmp_path / "plot.png")
+
+    targets = check_targets(SMALL, warm=warm, per_call=per_call, saved=saved)
+    assert [row[0] for row in targets.table.rows] == [
+        "warm capture, one-op case", "warm capture vs Dynamo eager", "cap(*args) fwd+bwd vs eager",
+        "minihop.apply hit vs eager", "bytes saved for backward vs eager"]
+    assert all(row[-1] == "PASS" or row[-1].startswith("MISS (") for row in targets.table.rows)
+
+    per_call_profile = profile_per_call(calls=3)
+    capture_profile = profile_capture(SMALL[0], reps=1)
+    assert "cumtime" in per_call_profile.cumulative and "tottime" in capture_profile.own
+    breakdown = per_call_breakdown(per_call, "MySin 8x8")
+    assert breakdown is not None and len(breakdown.rows) == 5
+    text = render(facts=machine_facts(), command="python -m bench", elapsed_s=1.0, targets=targets,
+                  tables=[warm.table, per_call.table, saved.table, scaling.table], breakdown=breakdown,
+                  per_call_profiles=[per_call_profile], capture_profiles=[capture_profile], plot_note="")
+    for heading in ("## Machine", "## Reproduce", "## Targets", "## Tables", "(b) Steady-state"):
+        assert heading in text
+    assert bench.Table is type(warm.table)
+
+
+def test_rerun_keeps_sections_other_scripts_wrote() -> None:
+    """A marked section (bench/fuzz.py's) survives a rewrite of RESULTS.md."""
+    old = "# old\n\n<!-- fuzz:start -->\n## Fuzzing\nrows\n<!-- fuzz:end -->\n"
+    merged = keep_marked_sections(old, "# new\n")
+    assert merged == "# new\n\n<!-- fuzz:start -->\n## Fuzzing\nrows\n<!-- fuzz:end -->\n"
+    assert keep_marked_sections("# old\n", "# new\n") == "# new\n"
+
+
+def test_cold_capture_runs_in_a_fresh_process() -> None:
+    """The fresh-process capture reports import and capture seconds for minihop."""
+    cold = measure_cold("MySin 8x8", reps=1, backends=())
+    assert cold.table.labels == ("minihop",)
+    assert set(cold.seconds) == {"minihop"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA run is bench/gpu_check.py's own job")
+def test_gpu_check_skips_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without CUDA the GPU check says so and succeeds; its checks run on CPU on request."""
+    assert gpu_check.main([]) == 0
+    assert capsys.readouterr().out.strip() == "no CUDA device; skipped"
+    assert all(r[2] == "ok" for r in gpu_check.check_case(SMALL[0], "cpu"))
