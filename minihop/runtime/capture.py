@@ -22,7 +22,7 @@ from ..rewire.pair import Pair
 from ..spec import InputSource, bind_arguments
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
-from .guards import call_key, describe_key_difference, layout_key, value_key
+from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
@@ -112,6 +112,7 @@ class Capture:
     shape_guards: Any = None
     capture_seconds: float = 0.0
     _shape_check: Callable[[list[Any]], bool] | None = dataclasses.field(repr=False, default=None)
+    _guard: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     _fetch: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
@@ -133,6 +134,10 @@ class Capture:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self.bind(args, kwargs)
+        if self._guard(args) and (not self._live or self.live_key == self.current_live_key()) \
+                and (self.layout is None or self.layout_fits(args)) \
+                and (self._shape_check is None or self.sizes_fit(args)):
+            return self.run(args)
         key = call_key(args, self.dynamic_dims)
         if key != self.key:
             raise GuardMismatchError(
@@ -219,7 +224,7 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     live = live_fetchers(pair.inputs, python_values)
     return Capture(
-        pair=pair, layout=layout, live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+        pair=pair, layout=layout, _guard=compile_guard(key), live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,

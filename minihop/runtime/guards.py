@@ -13,13 +13,14 @@ Rule for values that are not hashable and not containers: they are keyed by iden
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..structure import PLAIN_CALLABLES, attributes
 
-__all__ = ["call_key", "describe_key_difference", "layout_key", "value_key"]
+__all__ = ["call_key", "compile_guard", "describe_key_difference", "layout_key", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
@@ -103,3 +104,41 @@ def _show(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] == "V":
         return repr(key[2])
     return repr(key)
+
+
+def compile_guard(key: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
+    """A function ``args -> bool`` equal to ``call_key(args, dynamic) == key``, generated once.
+
+    Tensors and plain values get direct attribute checks (no key tuples built per call);
+    anything else falls back to comparing its key. Dynamic dimensions (``None`` in the key's
+    shape) are not checked here: the capture's shape guards check them.
+    """
+    grad_mode, arg_keys = key
+    lines = [f"def guard(args):", f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode}:",
+             "        return False"]
+    consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": _key}
+    for i, k in enumerate(arg_keys):
+        a = f"args[{i}]"
+        consts[f"k{i}"] = k
+        if isinstance(k, tuple) and k and k[0] == "T":
+            _, cls, shape, dtype, device, layout, rg = k
+            consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout})
+            checks = [f"type({a}) is c{i}", f"{a}.dtype is d{i}", f"{a}.requires_grad is {rg}",
+                      f"{a}.device == v{i}", f"{a}.layout is l{i}", f"{a}.dim() == {len(shape)}"]
+            if None in shape:
+                checks += [f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None]
+            else:
+                consts[f"s{i}"] = torch.Size(shape)
+                checks.append(f"{a}.shape == s{i}")
+            lines.append(f"    if not ({' and '.join(checks)}):")
+        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in (int, float, bool, str, type(None)):
+            consts[f"t{i}"] = k[1]
+            lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")
+        else:
+            lines.append(f"    if key_of({a}) != k{i}:")
+        lines.append("        return False")
+    lines.append("    return True")
+    namespace = dict(consts)
+    exec("\n".join(lines), namespace)
+    guard: Callable[[tuple[Any, ...]], bool] = namespace["guard"]
+    return guard
