@@ -184,6 +184,9 @@ def make_pair(raw: "RawCapture") -> Pair:
     results: list[fx.Node | None] = []
     for node, _source in raw.fwd_inputs:
         parts = grads_by_input.get(node)
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not (val.dtype.is_floating_point or val.dtype.is_complex):
+            parts = None  # an integer input has no gradient; eager drops one returned for it
         if not parts:
             results.append(None)
             continue

@@ -624,8 +624,21 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                 grads.append(None)
             flat_index += sum(1 for _ in _tensor_leaves(item))
     bwd_frame = FrameSnapshot()
-    result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
-    arg_grads = _arg_grads(t, fake_args, result)
+    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+    try:
+        result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
+        arg_grads = _arg_grads(t, fake_args, result)
+    except Exception:
+        if grad_can_flow:
+            raise
+        # No gradient can flow (grad mode off, or no argument requires grad): eager never
+        # calls this backward, so its failure is not the caller's; bwd returns None for all.
+        t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
+        t.grad_nodes.clear()
+        t.bwd_saved.clear()
+        t.assumptions.clear()
+        bwd_frame = FrameSnapshot()
+        arg_grads = (None,) * len(fake_args)
     names.update(name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
 
     grad_names: list[str | None] = [None] * len(flat)
