@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import pathlib
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +81,15 @@ def update_section(text: str | None, section: str) -> str:
     return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
+def _commit() -> str:
+    """The repository's commit, and whether minihop/ has uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=_ROOT, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{sha} ({'minihop/ modified' if git('status', '--porcelain', 'minihop') else 'clean'})"
+
+
 def render(counts: collections.Counter[str], codes: collections.Counter[str],
            failures: dict[str, list[tuple[int, str, str]]], command: str, seconds: float,
            first_seed: int, examples: int, jobs: int) -> str:
@@ -92,7 +102,7 @@ def render(counts: collections.Counter[str], codes: collections.Counter[str],
              "minihop). *invalid* counts cases eager itself rejects (generator's fault).", "",
              f"Command: `{command}` (seeds {first_seed}..{first_seed + examples - 1}, {jobs} "
              f"process(es)); {seconds:.0f} s on {platform.machine()} with {os.cpu_count()} CPU(s), "
-             f"torch {torch.__version__}.", "",
+             f"torch {torch.__version__}, minihop at commit {_commit()}.", "",
              "| examples | matched | refused | mismatched | crashed | invalid |",
              "|---:|---:|---:|---:|---:|---:|",
              f"| {sum(counts.values())} | " + " | ".join(str(counts[k]) for k in KINDS) + " |", ""]

@@ -488,11 +488,12 @@ class _Builder:
     def build(self) -> Case:
         ch = self.ch
         self.build_args()
-        style = self.style = "setup_context" if ch.chance(20) else "ctx"
+        self.style = "setup_context" if ch.chance(20) else "ctx"
         for _ in range(ch.integer(1, 6)):
             self.step()
+        outputs = self.build_outputs(self.style)
+        style = self.style
         self.features.append(f"style-{style}")
-        outputs = self.build_outputs(style)
         materialize = not ch.chance(25)
         if not materialize:
             self.features.append("materialize-false")
@@ -511,7 +512,10 @@ class _Builder:
         if style == "setup_context":
             # Eager refuses saving an input returned as-is when setup_context is overridden.
             inputs = [self.t(a.name) for a in self.args if a.kind == "tensor"]
-            values = [v for v in values if not any(self.t(v) is t for t in inputs)] or values
+            values = [v for v in values if not any(self.t(v) is t for t in inputs)]
+            if not values:  # every value is an input: forward(ctx, ...) style has no such rule
+                self.style = "ctx"
+                values = self.values
         n = ch.integer(1, 3)
         chosen = [values[-1]] + [self.ch.choice(values) for _ in range(n - 1)]
         kinds = ["tuple"] * 3 + ["tuple_mixed"] * 2 + ["nested", "dict", "object"]

@@ -130,7 +130,7 @@ def _innermost(error: BaseException) -> str:
     if not frames:
         return "?"
     f = frames[-1]
-    return f"{os.path.basename(f.filename)}:{f.name}"
+    return f"{re.sub(r'[0-9]+', 'N', os.path.basename(f.filename))}:{f.name}"
 
 
 def _signature(error: BaseException) -> str:

@@ -10,8 +10,10 @@ carrying the generated source as a note. The budget is fixed (derandomized, 300 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import pathlib
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -35,7 +37,8 @@ EXAMPLES = 300
 COUNTS: collections.Counter[str] = collections.Counter()
 REFUSED: collections.Counter[str] = collections.Counter()
 AFTER_FIRST_FAILURE: collections.Counter[str] = collections.Counter()
-_DIRECTORY = pathlib.Path(tempfile.mkdtemp(prefix="minihop_fuzz_"))
+_DIRECTORY = pathlib.Path(tempfile.mkdtemp(prefix="minihop_fuzz_"))  # the cases' source files
+atexit.register(shutil.rmtree, _DIRECTORY, ignore_errors=True)
 
 
 class _DrawChooser:
