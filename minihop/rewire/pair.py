@@ -104,6 +104,16 @@ def strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
+def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:
+    """``grad.sum_to_size(input's shape)`` where the shapes differ (a broadcast gradient)."""
+    val = grad.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and isinstance(input_val, torch.Tensor)) or val.shape == input_val.shape:
+        return grad
+    reduced = graph.call_method("sum_to_size", (grad, *input_val.shape))
+    reduced.meta = {"val": input_val}
+    return reduced
+
+
 def _ctx_saved_refs(raw: "RawCapture", fenv: dict[fx.Node, fx.Node], fwd: fx.Graph,
                     saved_fwd: list[fx.Node]) -> tuple[tuple[str, int] | None, ...]:
     """What the user passed to ``ctx.save_for_backward``, as runtime references.
@@ -141,11 +151,13 @@ def make_pair(raw: "RawCapture") -> Pair:
     _copy_body(raw.fwd_graph, fwd, fenv, raw.names)
     _grad_toggle(fwd, True)
     outs: list[fx.Node] = []
-    for node, aliased in zip(raw.fwd_outputs, raw.aliased, strict=True):
+    for i, (node, aliased) in enumerate(zip(raw.fwd_outputs, raw.aliased, strict=True)):
         new = fenv[node]
         if aliased:
-            # Eager returns an input passed straight through as a view of it (y is not x).
-            view = fwd.call_method("view_as", (new, new))
+            # Eager returns an input passed straight through as a view of it (y is not x),
+            # or, when it is marked non-differentiable, as a detached alias of it.
+            method = "detach" if i in raw.non_differentiable_idx else "view_as"
+            view = fwd.call_method(method, (new,) if method == "detach" else (new, new))
             view.meta = {"val": new.meta.get("val"), "stack_trace": raw.return_trace}
             new = view
         outs.append(new)
@@ -190,9 +202,12 @@ def make_pair(raw: "RawCapture") -> Pair:
         if not parts:
             results.append(None)
             continue
+        if len(parts) > 1:
+            # The same tensor passed as two arguments: eager reduces each gradient to the
+            # input's shape, then accumulates them.
+            parts = [_sum_to_input(bwd, p, val) for p in parts]
         total = parts[0]
         for extra in parts[1:]:
-            # The same tensor passed as two arguments: eager accumulates both gradients.
             total = bwd.call_function(operator.add, (total, extra))
             total.meta = dict(extra.meta)
         results.append(total)
