@@ -109,7 +109,7 @@ def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:
     val = grad.meta.get("val")
     if not (isinstance(val, torch.Tensor) and isinstance(input_val, torch.Tensor)) or val.shape == input_val.shape:
         return grad
-    reduced = graph.call_method("sum_to_size", (grad, *input_val.shape))
+    reduced = graph.call_method("sum_to_size", (grad, tuple(input_val.shape)))
     reduced.meta = {"val": input_val}
     return reduced
 
