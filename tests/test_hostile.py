@@ -704,10 +704,15 @@ def test_table_names_real_tests() -> None:
     import pathlib
     import re
 
-    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "hostile_inputs.md").read_text()
+    root = pathlib.Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "hostile_inputs.md").read_text()
     prefixes = {"TV": TestValues, "TL": TestLayouts, "TA": TestArguments, "TU": TestUserExceptions,
                 "TR": TestRecursion, "TF": TestFaultSafety}
     named = re.findall(r"`(T[A-Z])::(test_\w+)`", doc)
     assert len(named) >= 20
     missing = [f"{p}::{name}" for p, name in named if not hasattr(prefixes[p], name)]
     assert missing == []
+    # The README carries the same table.
+    rows = [line for line in doc.splitlines() if line.startswith("|")]
+    readme = (root / "README.md").read_text()
+    assert all(row in readme for row in rows), "README's hostile-inputs table differs from docs/hostile_inputs.md"
