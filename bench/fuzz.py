@@ -82,11 +82,11 @@ def update_section(text: str | None, section: str) -> str:
 
 
 def _commit() -> str:
-    """The repository's commit, and whether minihop/ has uncommitted changes."""
+    """The last commit that changed minihop/, and whether minihop/ has uncommitted changes."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=_ROOT, capture_output=True, text=True).stdout.strip()
 
-    sha = git("rev-parse", "--short", "HEAD") or "unknown"
+    sha = git("log", "-1", "--format=%h", "--", "minihop") or "unknown"  # minihop/'s last commit
     return f"{sha} ({'minihop/ modified' if git('status', '--porcelain', 'minihop') else 'clean'})"
 
 
