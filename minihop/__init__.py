@@ -1,7 +1,7 @@
 """minihop: capture a ``torch.autograd.Function`` into two consistent torch.fx graphs.
 
 What PyTorch's compiler does when it meets a user's autograd.Function, without
-``torch._dynamo``: trace ``forward`` and ``backward`` on fake tensors, rewire the two graphs
+Dynamo (PyTorch's bytecode tracer): trace ``forward`` and ``backward`` on fake tensors, rewire the two graphs
 into a consistent pair, and run them as one differentiable op.
 
 Vocabulary (used throughout):

@@ -25,7 +25,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m minihop",
         description="minihop: capture a torch.autograd.Function into consistent forward/backward "
-                    "torch.fx graphs, without torch._dynamo.")
+                    "torch.fx graphs, without Dynamo.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(f"minihop.{module_name}")
