@@ -14,7 +14,6 @@ import torch
 
 from .api import capture_with_trace
 from .errors import MinihopError
-from .runtime.guards import describe_key_difference
 
 __all__ = ["Explanation", "explain"]
 
@@ -98,8 +97,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
         guards = [f"grad mode enabled == {grad_mode}"]
         for i, key in enumerate(arg_keys):
             argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
-            guards.append(f"{argname}: " + describe_key_difference(
-                (grad_mode, (key,)), (grad_mode, (key,)), (argname,)).replace("no difference", _show_key(key)))
+            guards.append(f"{argname}: {_show_key(key)}")
         for source in cap.inputs:
             if source.live is not None:
                 guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "

@@ -1599,43 +1599,20 @@ class TestCaptureCall:
 # minihop.apply: drop-in for F.apply, cached
 # ---------------------------------------------------------------------------------------------
 
-# Functions for the apply tests count their traces: a capture runs the user's forward once (on
-# fake tensors); a cache hit runs only the graphs. Eager references use the uncounted twins.
+# The apply tests use their own classes (each class has its own cache), behaving exactly as
+# the plain ones; the `traces` fixture logs each capture by the short name.
 
 
-class CountedMul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, y):
-        ctx.save_for_backward(x, y)
-        return x * y
-
-    @staticmethod
-    def backward(ctx, g):
-        x, y = ctx.saved_tensors
-        return g * y, g * x
+class CountedMul(Mul):
+    pass
 
 
-class CountedSin(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.sin(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * torch.cos(x)
+class CountedSin(Sin):
+    pass
 
 
-class CountedScale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale=2.0):
-        ctx.scale = scale
-        return x * scale
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * ctx.scale, None
+class CountedScale(Scale):
+    pass
 
 
 class CountedTwo(torch.autograd.Function):
