@@ -42,6 +42,7 @@ __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "c
            "counters", "reset"]
 
 Fallback = Literal["raise", "eager"]
+_is_compiling = torch.compiler.is_compiling
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
 
 
@@ -82,6 +83,11 @@ class CapturedFunction:
         self._entries: OrderedDict[Any, list[Capture | _Refused]] = OrderedDict()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        # The capture that ran last, and the Function's methods it was made for: a call like
+        # the previous one (the steady state of a training loop) is checked against it alone,
+        # with its compiled guard, before any key is built.
+        self._last: Capture | None = None
+        self._last_methods: tuple[Any, ...] = ()
         _all.add(self)
 
     def __repr__(self) -> str:
@@ -96,6 +102,7 @@ class CapturedFunction:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._last = None
 
     def _find(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused | None:
         for entry in self._entries.get(key, ()):
@@ -108,6 +115,18 @@ class CapturedFunction:
         return None
 
     def apply(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            # Under torch.compile: hand the Function to the compiler as it is, which captures it
+            # the way minihop models (its own autograd_function_apply); minihop's cache, locks
+            # and generated code are not for it to trace.
+            return self._eager_apply(*args, **kwargs)
+        last = self._last
+        if last is not None and not kwargs and last._hit(args) \
+                and _method_key(self.fn_cls) == self._last_methods and not tracing():
+            with self._lock:
+                self.stats.hits += 1
+                _totals["cache_hits"] += 1
+            return last._run(args)
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
@@ -129,7 +148,8 @@ class CapturedFunction:
                 _totals["fallbacks"] += 1
         if isinstance(entry, _Refused):
             return self._eager_apply(*args)
-        return entry.run(args)
+        self._last, self._last_methods = entry, key[0]
+        return entry._run(args)
 
     __call__ = apply
 
@@ -152,7 +172,8 @@ class CapturedFunction:
                     "Each distinct argument key needs its own capture.", "Raise cache_limit."))
             oldest_key = next(iter(self._entries))
             oldest = self._entries[oldest_key]
-            oldest.pop(0)
+            if oldest.pop(0) is self._last:
+                self._last = None
             if not oldest:
                 del self._entries[oldest_key]
             self.stats.evictions += 1
@@ -203,6 +224,8 @@ def _default_for(fn_cls: type) -> CapturedFunction:
 def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
     """Drop-in for ``fn_cls.apply(*args, **kwargs)``: strict (unsupported Functions raise),
     captured once per distinct guard key."""
+    if _is_compiling():
+        return fn_cls.apply(*args, **kwargs)  # see CapturedFunction.apply
     return _default_for(fn_cls).apply(*args, **kwargs)
 
 

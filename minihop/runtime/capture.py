@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..errors import GuardMismatchError
+from ..errors import GuardMismatchError, UnsupportedOperationError
 from ..rewire.pair import Pair
 from ..spec import InputSource, bind_arguments
 from ..structure import OutputSpec, make_getter
@@ -25,6 +25,8 @@ from .function import Retrace, make_function
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
+
+_is_compiling = torch.compiler.is_compiling
 
 
 def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
@@ -115,6 +117,11 @@ class Capture:
     _guard: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     _fetch: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+    # The hot path, prepared by make_capture: ``_hit(args)`` is every check a call must pass
+    # (key, closure values, layout, shape guards) for positional arguments; ``_run(args)``
+    # fetches the fwd inputs, applies the Function and rebuilds the user's output.
+    _hit: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
+    _run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
     def lifted_inputs(self) -> tuple[InputSource, ...]:
@@ -133,18 +140,21 @@ class Capture:
         return self.pair.function_name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return self._under_compiler(args, kwargs)
+        if not kwargs and self._hit(args):
+            return self._run(args)
         args = self.bind(args, kwargs)
-        if self._guard(args) and (not self._live or self.live_key == self.current_live_key()) \
-                and (self.layout is None or self.layout_fits(args)) \
-                and (self._shape_check is None or self.sizes_fit(args)):
-            return self.run(args)
+        if self._hit(args):
+            return self._run(args)
         key = call_key(args, self.dynamic_dims)
         if key != self.key:
             raise GuardMismatchError(
                 f"Capture of {self.name} called with arguments unlike the "
                 f"captured ones: {describe_key_difference(self.key, key, self.argnames)}",
                 "A capture is specialised on its arguments' shapes (but for dynamic "
-                "dimensions), dtypes, devices, requires_grad, non-tensor values and grad mode.",
+                "dimensions), dtypes, devices, requires_grad, non-tensor values, grad mode "
+                "and autocast state.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
         if self.live_key != self.current_live_key():
@@ -171,6 +181,18 @@ class Capture:
                 "Capture again for these sizes.")
         return self.run(args)
 
+    def _under_compiler(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # torch.compile traces the Function itself (as it would F.apply): the same program,
+        # captured by the compiler's own mechanism instead of minihop's generated code.
+        if self.function is None:
+            raise UnsupportedOperationError(
+                f"A capture of {self.name} loaded from an artifact was called under torch.compile.",
+                "Under the compiler minihop hands it the original Function class, and a loaded "
+                "capture does not have it.",
+                "Call the loaded capture outside torch.compile, or compile a function that "
+                "calls the original Function (or minihop.apply on it).")
+        return self.function.apply(*args, **kwargs)
+
     def current_live_key(self) -> tuple[Any, ...]:
         """``live_key`` as it is now; a difference means the capture is stale."""
         return tuple(value_key(fetch()) for fetch in self._live)
@@ -188,19 +210,7 @@ class Capture:
 
     def run(self, args: tuple[Any, ...]) -> Any:
         """Run without the guard check (the caller has checked ``key``)."""
-        sink: list[Any] = []
-        result = self._function.apply(sink, *self._fetch(args, {}))
-        spec = self.output_spec
-        if spec.kind == "tensor":
-            return result[0]
-        if sink:
-            flat: list[Any] = [None] * (len(result) + len(sink))
-            top = iter(result)
-            nested = iter(sink)
-            for i, is_top in enumerate(self.top_level):
-                flat[i] = next(top) if is_top else next(nested)
-            return spec.rebuild(flat)
-        return spec.rebuild(result)
+        return self._run(args)
 
     def __str__(self) -> str:
         return readable(self.graph)
@@ -210,6 +220,70 @@ class Capture:
         from .artifact import save_capture
 
         save_capture(self, path)
+
+
+def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[int, ...] | None:
+    """The argument positions of the fwd inputs, when each is a whole positional argument."""
+    picks = []
+    for source in inputs:
+        if source.live is not None or source.dim is not None or source.lifted or source.path is None \
+                or len(source.path) != 1 or source.path[0][0] != "arg":
+            return None
+        picks.append(int(source.path[0][1]))
+    return tuple(picks)
+
+
+def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
+            spec: OutputSpec, top_level: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], Any]:
+    """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
+    allows (decided here, once; see ``make_function`` for the Function's calling forms)."""
+    apply = function.apply
+    picks = _positional_picks(inputs)
+    if picks is None:
+        fetch_any = _fetcher(inputs)
+
+        def fetch(args: tuple[Any, ...]) -> Any:
+            return fetch_any(args, {})
+    elif picks == tuple(range(arity)):
+        fetch = None  # the arguments are the fwd inputs
+    else:
+        fetch = eval(f"lambda args: ({''.join(f'args[{i}], ' for i in picks)})")
+
+    if getattr(function, "uses_sink", False):
+        def run_nested(args: tuple[Any, ...]) -> Any:
+            sink: list[Any] = []
+            result = apply(sink, *(args if fetch is None else fetch(args)))
+            flat: list[Any] = [None] * (len(result) + len(sink))
+            top = iter(result)
+            nested = iter(sink)
+            for i, is_top in enumerate(top_level):
+                flat[i] = next(top) if is_top else next(nested)
+            return spec.rebuild(flat)
+        return run_nested
+    # The Function's result is already the user's: one tensor, or the tuple of outputs in order.
+    as_is = getattr(function, "single_output", False) or (
+        spec.kind == "tuple" and all(c.kind == "tensor" for c in spec.children)
+        and tuple(c.index for c in spec.children) == tuple(range(len(top_level))))
+    if as_is:
+        if fetch is None:
+            return lambda args: apply(*args)
+        return lambda args: apply(*fetch(args))
+    if spec.kind == "tensor":
+        return lambda args: apply(*(args if fetch is None else fetch(args)))[spec.index]
+    return lambda args: spec.rebuild(apply(*(args if fetch is None else fetch(args))))
+
+
+def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> Callable[[tuple[Any, ...]], bool]:
+    """``guard`` plus only the checks this capture needs (closure values, layout, shapes)."""
+    if not capture._live and capture.layout is None and capture._shape_check is None:
+        return guard
+    live_key = capture.live_key
+
+    def hit(args: tuple[Any, ...]) -> bool:
+        return guard(args) and (not capture._live or live_key == capture.current_live_key()) \
+            and capture.layout_fits(args) and capture.sizes_fit(args)
+
+    return hit
 
 
 def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
@@ -223,11 +297,15 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     live = live_fetchers(pair.inputs, python_values)
-    return Capture(
+    function_cls = make_function(pair, retrace)
+    capture = Capture(
         pair=pair, layout=layout, _guard=compile_guard(key), live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _fetch=_fetcher(pair.inputs), _function=make_function(pair, retrace),
+        _fetch=_fetcher(pair.inputs), _function=function_cls,
+        _run=_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level),
     )
+    object.__setattr__(capture, "_hit", _hit_check(capture._guard, capture))
+    return capture

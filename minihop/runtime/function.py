@@ -136,12 +136,21 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
 
 
 def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.autograd.Function]:
-    """The ``autograd.Function`` subclass that runs ``pair``. Apply as ``F.apply(sink, *inputs)``."""
+    """The ``autograd.Function`` subclass that runs ``pair``.
+
+    Apply it as ``F.apply(*inputs)``, or ``F.apply(sink, *inputs)`` when ``F.uses_sink`` (some
+    fwd outputs are nested inside returned objects: those are appended to ``sink``). With
+    ``F.single_output`` it returns the one output tensor itself, as the user's forward did.
+    Each of these is decided here, once, so the per-call code does only the work its capture
+    needs.
+    """
     fwd_code = pair.fwd.forward
     bwd_code = pair.bwd.forward
     num_outputs = len(pair.top_level)
     top_idx = tuple(i for i, top in enumerate(pair.top_level) if top)
     nested_idx = tuple(i for i, top in enumerate(pair.top_level) if not top)
+    uses_sink = bool(nested_idx)
+    single = num_outputs == 1 and not uses_sink and pair.output_spec.kind == "tensor"
     position = {i: p for p, i in enumerate(top_idx)}
     nondiff_pos = tuple(position[i] for i in pair.non_differentiable_idx)
     dirty_pos = tuple(position[i] for i in pair.dirty_idx)
@@ -154,6 +163,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
     from_ctx = tuple((i, ctx_position[i]) for i in via_ctx)
     stashed = tuple(i for i in range(pair.num_saved) if i not in ctx_position)
     plain_ctx = ctx_refs == tuple(("saved", i) for i in via_ctx)
+    # The common case: the user saved exactly bwd's saved values, in bwd's order.
+    all_via_ctx = plain_ctx and via_ctx == tuple(range(pair.num_saved))
     num_saved = pair.num_saved
     materialize = pair.materialize_grads
     once = pair.once_differentiable
@@ -161,7 +172,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
     backwards = _Backwards(pair, top_idx, retrace)
     needs_key = backwards.needs_key
 
-    def forward(ctx: Any, sink: list[Any], *inputs: Any) -> Any:
+    def run_fwd(ctx: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Runs fwd, saves for backward through ``ctx``; returns all fwd outputs."""
         if not materialize:
             ctx.set_materialize_grads(False)
         grad_mode = _is_grad()
@@ -169,7 +181,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
             outs, saved = fwd_code(*inputs)
         finally:
             _set_grad(grad_mode)  # the graph's own toggle restores True; keep autograd's mode
-        if plain_ctx:
+        if all_via_ctx:
+            if num_saved:
+                ctx.save_for_backward(*saved)
+        elif plain_ctx:
             if via_ctx:
                 ctx.save_for_backward(*[saved[i] for i in via_ctx])
         else:
@@ -178,30 +193,47 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
         if stashed:
             # Values eager keeps as plain ctx attributes: no version-counter check, as in eager.
             ctx.minihop_stash = [saved[i] for i in stashed]
-        if all_top:
-            result = tuple(outs)
-        else:
-            result = tuple(outs[i] for i in top_idx)
-            sink.extend(outs[i] for i in nested_idx)
+        return outs
+
+    def mark(ctx: Any, result: tuple[Any, ...]) -> None:
         if nondiff_pos:
             ctx.mark_non_differentiable(*[result[p] for p in nondiff_pos])
         if dirty_pos:
             ctx.mark_dirty(*[result[p] for p in dirty_pos])
-        return result
 
-    def backward(ctx: Any, *top_grads: Any) -> Any:
+    if uses_sink:
+        def forward(ctx: Any, sink: list[Any], *inputs: Any) -> Any:
+            outs = run_fwd(ctx, inputs)
+            result = tuple(outs[i] for i in top_idx)
+            sink.extend(outs[i] for i in nested_idx)
+            mark(ctx, result)
+            return result
+    elif single:
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            outs = run_fwd(ctx, inputs)
+            mark(ctx, outs)
+            return outs[0]
+    else:
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            result = tuple(run_fwd(ctx, inputs))
+            mark(ctx, result)
+            return result
+
+    def run_bwd(ctx: Any, top_grads: tuple[Any, ...]) -> tuple[Any, ...]:
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
         else:
             grads = [None] * num_outputs
             for p, i in enumerate(top_idx):
                 grads[i] = top_grads[p]
-        if plain_ctx and not stashed:
-            saved = list(ctx.saved_tensors) if via_ctx else []
+        if all_via_ctx:
+            saved: tuple[Any, ...] | list[Any] = ctx.saved_tensors if num_saved else ()
+        elif plain_ctx and not stashed:
+            saved = ctx.saved_tensors if via_ctx else ()
         else:
             # Unpack everything the user saved, as eager does (version checks, unpack hooks).
             unpacked = ctx.saved_tensors if ctx_refs else ()
-            saved: list[Any] = [None] * num_saved
+            saved = [None] * num_saved
             for i, p in from_ctx:
                 saved[i] = unpacked[p]
             for i, value in zip(stashed, ctx.minihop_stash if stashed else (), strict=True):
@@ -217,10 +249,16 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
             if saved_map is not None:
                 saved = [saved[i] for i in saved_map]
         try:
-            result = code(*grads, *saved)
+            return code(*grads, *saved)
         finally:
             _set_grad(grad_mode)
-        return (None, *result)
+
+    if uses_sink:
+        def backward(ctx: Any, *top_grads: Any) -> Any:
+            return (None, *run_bwd(ctx, top_grads))  # no gradient for the sink
+    else:
+        def backward(ctx: Any, *top_grads: Any) -> Any:
+            return run_bwd(ctx, top_grads)
 
     if once:
         backward = once_differentiable(backward)
@@ -228,6 +266,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
     namespace = {
         "forward": staticmethod(forward),
         "backward": staticmethod(backward),
+        "uses_sink": uses_sink,
+        "single_output": single,
         "__qualname__": f"Captured[{pair.function_name}]",
         "__module__": __name__,
     }
