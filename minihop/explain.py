@@ -14,6 +14,7 @@ import torch
 
 from .api import capture_with_trace
 from .errors import MinihopError
+from .runtime.guards import describe_autocast
 
 __all__ = ["Explanation", "explain"]
 
@@ -93,8 +94,9 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
     except MinihopError as e:
         report = Explanation(name, False, str(e))
     else:
-        grad_mode, arg_keys = cap.key
-        guards = [f"grad mode enabled == {grad_mode}"]
+        grad_mode, arg_keys = cap.key[:2]
+        guards = [f"grad mode enabled == {grad_mode}",
+                  f"autocast == {describe_autocast(cap.key[2:])}"]
         for i, key in enumerate(arg_keys):
             argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
             guards.append(f"{argname}: {_show_key(key)}")

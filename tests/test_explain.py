@@ -159,10 +159,11 @@ class TestExplainCaptured:
         assert "(none)" in str(report)
 
     def test_guards_per_argument(self) -> None:
-        """Guards name grad mode and every argument: tensors with shape, dtype, device, requires_grad; values."""
+        """Guards name grad mode, autocast and every argument: tensors with shape, dtype, device, requires_grad; values."""
         report = minihop.explain(Features, r(3), r(3, grad=False), 2.0, print_report=False)
         assert report.guards[0] == "grad mode enabled == True"
-        by_arg = {g.split(":", 1)[0]: g for g in report.guards[1:]}
+        assert report.guards[1] == "autocast == off"
+        by_arg = {g.split(":", 1)[0]: g for g in report.guards[2:]}
         assert set(by_arg) == {"x", "y", "k"}
         for name, grad in (("x", True), ("y", False)):
             assert "[3]" in by_arg[name] and "torch.float32" in by_arg[name]
@@ -177,6 +178,12 @@ class TestExplainCaptured:
         with torch.no_grad():
             report = minihop.explain(Features, r(3), r(3), 2.0, print_report=False)
         assert report.guards[0] == "grad mode enabled == False"
+
+    def test_autocast_guard(self) -> None:
+        """Explained under torch.autocast, the autocast guard names the device and dtype."""
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            report = minihop.explain(Features, r(3), r(3), 2.0, print_report=False)
+        assert report.guards[1] == "autocast == cpu torch.bfloat16 (cache on)"
 
     def test_live_inputs(self) -> None:
         """Tensors read from a closure and a global are listed as fwd inputs and guarded."""

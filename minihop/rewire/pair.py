@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
+from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from ..spec import InputSource
 from ..structure import OutputSpec
@@ -61,7 +62,7 @@ class Pair:
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
-    if node.target in (_SET_GRAD, operator.setitem):
+    if node.target in (_SET_GRAD, operator.setitem, _enter_autocast, _exit_autocast):
         return True
     return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).endswith("__")
 

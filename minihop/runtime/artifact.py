@@ -267,6 +267,11 @@ def load_capture(path: str) -> Any:
     )
     guards = manifest["shape_guards"]
     return make_capture(
-        pair, make_outer_graph(pair), None, pickle.loads(data["key"]), 0.0,
+        pair, make_outer_graph(pair), None, _key_of_v1(pickle.loads(data["key"])), 0.0,
         dynamic_dims={int(k): tuple(v) for k, v in manifest["dynamic_dims"].items()},
         shape_guards=None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]))
+
+
+def _key_of_v1(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Keys written before the autocast state was part of them: made without autocast."""
+    return key if len(key) > 2 else (*key, None)

@@ -20,7 +20,8 @@ import torch
 
 from ..structure import PLAIN_CALLABLES, attributes
 
-__all__ = ["call_key", "compile_guard", "describe_key_difference", "layout_key", "value_key"]
+__all__ = ["autocast_key", "call_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+           "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
@@ -63,14 +64,38 @@ def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
                  for a in args)
 
 
+_any_autocast = torch._C._is_any_autocast_enabled
+# The devices whose autocast state a key records (where an enabled autocast changes op dtypes).
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def autocast_key() -> tuple[Any, ...] | None:
+    """The autocast state a capture depends on: None when autocast is off everywhere, else
+    ``((device, dtype), ..., cache_enabled)`` for each device where it is on. The graphs are
+    traced with it (dtypes in their metadata, Python branches on them), so it is part of the key."""
+    if not _any_autocast():
+        return None
+    on = tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES
+               if _autocast_enabled(d))
+    return (*on, torch.is_autocast_cache_enabled())
+
+
+def _autocast_enabled(device: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device)
+    except RuntimeError:  # a device type this build does not know
+        return False
+
+
 def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[Any, ...]:
-    """The properties of a call that a capture depends on (args already bound to positions).
+    """The properties of a call that a capture depends on (args already bound to positions):
+    ``(grad mode, per-argument keys, autocast state)``.
 
     ``dynamic`` maps an argument position to its dynamic dimensions, whose sizes are left out
     of the key (the capture's shape guards check them instead).
     """
     if not dynamic:
-        return (torch.is_grad_enabled(), tuple(_key(a) for a in args))
+        return (torch.is_grad_enabled(), tuple(_key(a) for a in args), autocast_key())
     keys = []
     for i, a in enumerate(args):
         k = _key(a)
@@ -78,7 +103,7 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
         if dims and k[0] == "T":
             k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
         keys.append(k)
-    return (torch.is_grad_enabled(), tuple(keys))
+    return (torch.is_grad_enabled(), tuple(keys), autocast_key())
 
 
 def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
@@ -86,6 +111,9 @@ def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
     """A human-readable first difference between two keys."""
     if expected[0] != found[0]:
         return f"grad mode: captured with {expected[0]}, called with {found[0]}"
+    if expected[2:] != found[2:]:
+        return (f"autocast: captured {describe_autocast(expected[2:])}, called "
+                f"{describe_autocast(found[2:])}")
     exp_args, found_args = expected[1], found[1]
     if len(exp_args) != len(found_args):
         return f"number of arguments: captured {len(exp_args)}, called with {len(found_args)}"
@@ -94,6 +122,13 @@ def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
             name = argnames[i] if i < len(argnames) else f"args[{i}]"
             return f"argument {i} ({name}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
     return "no difference"
+
+
+def describe_autocast(rest: tuple[Any, ...]) -> str:
+    state = rest[0] if rest else None
+    if state is None:
+        return "off"
+    return ", ".join(f"{d} {dtype}" for d, dtype in state[:-1]) + f" (cache {'on' if state[-1] else 'off'})"
 
 
 def _show(key: Any) -> str:
@@ -113,10 +148,16 @@ def compile_guard(key: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
     anything else falls back to comparing its key. Dynamic dimensions (``None`` in the key's
     shape) are not checked here: the capture's shape guards check them.
     """
-    grad_mode, arg_keys = key
+    grad_mode, arg_keys = key[:2]
+    autocast = key[2] if len(key) > 2 else None
     lines = [f"def guard(args):", f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode}:",
              "        return False"]
-    consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": _key}
+    if autocast is None:
+        lines += ["    if any_autocast():", "        return False"]
+    else:
+        lines += ["    if autocast_key() != autocast:", "        return False"]
+    consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": _key, "autocast": autocast,
+                              "any_autocast": _any_autocast, "autocast_key": autocast_key}
     for i, k in enumerate(arg_keys):
         a = f"args[{i}]"
         consts[f"k{i}"] = k

@@ -31,6 +31,8 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     UnsupportedOperatorException,
 )
+from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -203,18 +205,25 @@ class GraphRecorder(fx.Tracer):
         return node
 
 
-class RecordingMode(TorchFunctionMode):
+class RecordingMode(PreDispatchTorchFunctionMode):
     """Runs every torch call on fake values and records the ones that make tensors.
 
     Real tensors that reach a call (closed-over constants, module parameters) are turned into
     fake values first, through ``lift_real``, so the graph gets them as inputs.
+
+    It is a ``PreDispatchTorchFunctionMode`` for one reason: ``torch.autocast`` tells only
+    such modes when it is entered and exited (it is not an op), and minihop records both, as
+    ``_enter_autocast``/``_exit_autocast`` nodes (Dynamo's form), so the graphs switch autocast
+    where the user's code did (``custom_fwd(cast_inputs=...)`` included). Nothing else of that
+    class is used.
     """
 
     def __init__(self, fake_mode: FakeTensorMode, lift_real: Callable[[torch.Tensor], torch.Tensor],
                  describe: Callable[[], str],
                  on_query: Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]) -> None:
-        super().__init__()
+        TorchFunctionMode.__init__(self)  # not PreDispatchTorchFunctionMode's (see above)
         self.fake_mode = fake_mode
+        self.autocast_nodes: list[fx.Node] = []
         self.lift_real = lift_real
         self.describe = describe
         # Called for calls that make no tensor (metadata reads such as ``g.stride()``).
@@ -238,8 +247,19 @@ class RecordingMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         recorder = self.recorder
-        if recorder is None:
+        if func is _enter_autocast or func is _exit_autocast:
+            if recorder is None:
+                return None  # autocast has switched itself already; nothing to record
+        elif recorder is None:
             return func(*args, **kwargs)
+        if func is _enter_autocast:
+            # Called by autocast.__enter__ after it switched autocast (the fake ops that follow
+            # see the switch); the node makes the graph switch it the same way.
+            self.autocast_nodes.append(recorder.record(func, args, kwargs, None))
+            return None
+        if func is _exit_autocast:
+            recorder.record(func, (self.autocast_nodes.pop(),), {}, None)
+            return None
         if func is torch._C._set_grad_enabled:
             # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward:
             # part of the program (Dynamo records it the same way).
