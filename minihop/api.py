@@ -21,6 +21,8 @@ from .runtime.function import GradLayout, Retrace
 from .runtime.guards import call_key, layout_key
 from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
 from .tracer.trace import python_value_routes
+from .structure import replace_tensors
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 __all__ = ["capture", "capture_with_trace", "dynamic_dims"]
 
@@ -41,6 +43,12 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
 def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                        dynamic: bool | Mapping[int | str, Sequence[int]] = False) -> tuple[RawCapture, Capture]:
     """``capture``, also returning the raw trace (for ``explain``)."""
+    if torch._C._are_functorch_transforms_active():
+        # Called inside torch.func.grad/vmap/...: the arguments are the transforms' wrappers.
+        # Trace outside the transforms, on plain tensors with the wrappers' (logical)
+        # properties; the capture then runs on wrapped tensors like any torch code.
+        with temporarily_clear_interpreter_stack():
+            return capture_with_trace(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
     start = time.perf_counter()
     function_parts(fn_cls)  # refuses a non-Function with minihop's error
     args = bind_arguments(fn_cls, args, kwargs)
@@ -55,6 +63,22 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
                        retrace, dims, raw.shape_guards, python_value_routes(function_parts(fn_cls)),
                        layout_key(args) if raw.reads_layout else None)
     return raw, cap
+
+
+def _plain_like(value: Any) -> Any:
+    """``value`` with every torch.func-wrapped tensor replaced by a plain, empty tensor of the
+    same logical shape, strides, dtype, device and requires_grad."""
+    def plain(_path: Any, t: torch.Tensor) -> torch.Tensor:
+        if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return t
+        try:
+            stride = tuple(t.stride())
+        except RuntimeError:
+            stride = tuple(torch.empty(t.shape, device="meta").stride())
+        return torch.empty_strided(tuple(t.shape), stride, dtype=t.dtype, device=t.device,
+                                   requires_grad=t.requires_grad)
+
+    return replace_tensors(value, plain, ())
 
 
 def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace:

@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from ..errors import GuardMismatchError, UnsupportedOperationError
 from ..rewire.pair import Pair
-from ..spec import InputSource, bind_arguments
+from ..spec import InputSource, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
@@ -27,6 +27,7 @@ from .guards import call_key, compile_guard, describe_key_difference, layout_key
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
 _is_compiling = torch.compiler.is_compiling
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
@@ -234,21 +235,53 @@ def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[int, ...] | None
 
 
 def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
-            spec: OutputSpec, top_level: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], Any]:
+            spec: OutputSpec, top_level: tuple[bool, ...],
+            user_function: type | None = None) -> Callable[[tuple[Any, ...]], Any]:
     """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
     allows (decided here, once; see ``make_function`` for the Function's calling forms)."""
-    apply = function.apply
+    run = _plain_runner(function, inputs, arity, spec, top_level)
+    transformable = getattr(function, "transformable", None)
+    custom_vmap = user_function is not None and \
+        getattr(user_function, "vmap", None) is not torch.autograd.Function.vmap
+    if transformable is None and not custom_vmap:
+        return run  # an old-style Function: torch.func refuses it, as it refuses eager's
+    fetch = _fetch_positional(inputs, arity)
+
+    def run_transformed(args: tuple[Any, ...]) -> Any:
+        if custom_vmap:
+            # The user's own vmap rule is written for the user's arguments: run the Function
+            # eagerly under transforms (the transform then sees exactly eager's Function).
+            return user_function.apply(*args)  # type: ignore[union-attr]
+        result = transformable.apply(*(args if fetch is None else fetch(args)))
+        flat: list[Any] = [None] * len(top_level)
+        for k, i in enumerate(transformable.order):
+            flat[i] = result[k]
+        return spec.rebuild(flat)
+
+    def run_any(args: tuple[Any, ...]) -> Any:
+        if _transforms_active():
+            return run_transformed(args)
+        return run(args)
+
+    return run_any
+
+
+def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[tuple[Any, ...]], Any] | None:
+    """``args -> fwd inputs``, or None when the arguments are the fwd inputs."""
     picks = _positional_picks(inputs)
     if picks is None:
         fetch_any = _fetcher(inputs)
+        return lambda args: fetch_any(args, {})
+    if picks == tuple(range(arity)):
+        return None
+    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'args[{i}], ' for i in picks)})")
+    return fetch
 
-        def fetch(args: tuple[Any, ...]) -> Any:
-            return fetch_any(args, {})
-    elif picks == tuple(range(arity)):
-        fetch = None  # the arguments are the fwd inputs
-    else:
-        fetch = eval(f"lambda args: ({''.join(f'args[{i}], ' for i in picks)})")
 
+def _plain_runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
+                  spec: OutputSpec, top_level: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], Any]:
+    apply = function.apply
+    fetch = _fetch_positional(inputs, arity)
     if getattr(function, "uses_sink", False):
         def run_nested(args: tuple[Any, ...]) -> Any:
             sink: list[Any] = []
@@ -297,7 +330,9 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     live = live_fetchers(pair.inputs, python_values)
-    function_cls = make_function(pair, retrace)
+    setup_style = function is not None and uses_setup_context(function)
+    function_cls = make_function(pair, retrace, transformable=setup_style,
+                                 generate_vmap_rule=bool(setup_style and function.generate_vmap_rule))
     capture = Capture(
         pair=pair, layout=layout, _guard=compile_guard(key), live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
@@ -305,7 +340,8 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _fetch=_fetcher(pair.inputs), _function=function_cls,
-        _run=_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level),
+        _run=_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
+                     function if setup_style else None),
     )
     object.__setattr__(capture, "_hit", _hit_check(capture._guard, capture))
     return capture

@@ -135,7 +135,8 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
     return run
 
 
-def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.autograd.Function]:
+def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
+                  generate_vmap_rule: bool = False) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
 
     Apply it as ``F.apply(*inputs)``, or ``F.apply(sink, *inputs)`` when ``F.uses_sink`` (some
@@ -143,6 +144,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
     ``F.single_output`` it returns the one output tensor itself, as the user's forward did.
     Each of these is decided here, once, so the per-call code does only the work its capture
     needs.
+
+    With ``transformable`` (the user's Function is in the ``setup_context`` style, which is
+    what torch.func transforms require), ``F.transformable`` is a second class in that style,
+    used while a transform is active (see ``make_transformable``).
     """
     fwd_code = pair.fwd.forward
     bwd_code = pair.bwd.forward
@@ -220,12 +225,6 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
             return result
 
     def run_bwd(ctx: Any, top_grads: tuple[Any, ...]) -> tuple[Any, ...]:
-        if all_top:
-            grads: tuple[Any, ...] | list[Any] = top_grads
-        else:
-            grads = [None] * num_outputs
-            for p, i in enumerate(top_idx):
-                grads[i] = top_grads[p]
         if all_via_ctx:
             saved: tuple[Any, ...] | list[Any] = ctx.saved_tensors if num_saved else ()
         elif plain_ctx and not stashed:
@@ -238,6 +237,16 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
                 saved[i] = unpacked[p]
             for i, value in zip(stashed, ctx.minihop_stash if stashed else (), strict=True):
                 saved[i] = value
+        return call_bwd(top_grads, saved)
+
+    def call_bwd(top_grads: tuple[Any, ...], saved: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+        """bwd on the grads of the top-level outputs and bwd's saved values, in its order."""
+        if all_top:
+            grads: tuple[Any, ...] | list[Any] = top_grads
+        else:
+            grads = [None] * num_outputs
+            for p, i in enumerate(top_idx):
+                grads[i] = top_grads[p]
         grad_mode = _is_grad()
         # create_graph=True: eager runs backward with grad mode on (double backward), except
         # under once_differentiable, whose wrapper turns it off.
@@ -264,6 +273,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
         backward = once_differentiable(backward)
 
     namespace = {
+        "transformable": make_transformable(pair, call_bwd, generate_vmap_rule) if transformable else None,
         "forward": staticmethod(forward),
         "backward": staticmethod(backward),
         "uses_sink": uses_sink,
@@ -272,3 +282,78 @@ def make_function(pair: Pair, retrace: Retrace | None = None) -> type[torch.auto
         "__module__": __name__,
     }
     return type(f"Captured_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), namespace)
+
+
+def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tuple[Any, ...]],
+                       generate_vmap_rule: bool) -> type[torch.autograd.Function]:
+    """The pair as a ``setup_context``-style Function, for torch.func transforms.
+
+    torch.func (grad, vjp, vmap, ...) runs a Function's ``forward`` without a ctx and then
+    ``setup_context(ctx, inputs, output)``; whatever backward needs must therefore reach
+    ``setup_context`` through ``inputs`` or ``output``. So this class's forward returns
+    ``(*top-level outputs, *nested outputs, *saved intermediates)``: saved values that are fwd
+    inputs or top-level outputs are taken from ``inputs``/``output`` instead; the extras are
+    marked non-differentiable, and the caller keeps only the user's outputs. Everything bwd
+    reads goes through ``ctx.save_for_backward`` (so vmap batches it).
+    """
+    fwd_code = pair.fwd.forward
+    outputs_node = [n for n in pair.fwd.graph.nodes if n.op == "output"][0]
+    out_nodes, saved_nodes = outputs_node.args[0]
+    placeholders = [n for n in pair.fwd.graph.nodes if n.op == "placeholder"]
+    top_idx = tuple(i for i, top in enumerate(pair.top_level) if top)
+    nested_idx = tuple(i for i, top in enumerate(pair.top_level) if not top)
+    n_top, n_out = len(top_idx), len(pair.top_level)
+    order = (*top_idx, *nested_idx)
+    # Per saved value: where setup_context finds it.
+    where: list[tuple[str, int]] = []
+    extra: list[int] = []
+    for i, node in enumerate(saved_nodes):
+        if node in placeholders:
+            where.append(("input", placeholders.index(node)))
+        elif node in [out_nodes[j] for j in top_idx]:
+            where.append(("output", [out_nodes[j] for j in top_idx].index(node)))
+        else:
+            where.append(("output", n_out + len(extra)))
+            extra.append(i)
+    position = {i: p for p, i in enumerate(top_idx)}
+    nondiff_pos = tuple(position[i] for i in pair.non_differentiable_idx)
+    if pair.dirty_idx:
+        dirty_error = UnsupportedOperationError(
+            f"{pair.function_name} marks an input dirty (ctx.mark_dirty) and is called under a "
+            "torch.func transform.",
+            "In-place Functions under torch.func need the dirty input to be returned as the "
+            "same tensor at every transform level, which minihop's transform path does not do.",
+            "Call it outside the transform, or without the in-place write.")
+    else:
+        dirty_error = None
+    materialize = pair.materialize_grads
+
+    def forward(*inputs: Any) -> tuple[Any, ...]:
+        if dirty_error is not None:
+            raise dirty_error
+        grad_mode = _is_grad()
+        try:
+            outs, saved = fwd_code(*inputs)
+        finally:
+            _set_grad(grad_mode)
+        return (*[outs[i] for i in order], *[saved[i] for i in extra])
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+        if not materialize:
+            ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*[inputs[j] if kind == "input" else output[j] for kind, j in where])
+        ctx.mark_non_differentiable(*output[n_top:], *[output[p] for p in nondiff_pos])
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        return call_bwd(grads[:n_top], ctx.saved_tensors)
+
+    return type(f"Transformable_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+        "generate_vmap_rule": generate_vmap_rule,
+        "num_outputs": n_out,
+        "order": order,
+        "__qualname__": f"Captured[{pair.function_name}].transformable",
+        "__module__": __name__,
+    })
