@@ -6,6 +6,7 @@ Place in the pipeline: the top. Each entry is a few lines: trace forward and bac
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -55,7 +56,7 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     dims = dynamic_dims(fn_cls, args, dynamic)
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     pair = make_pair(raw)
-    outer = make_outer_graph(pair)
+    outer = functools.partial(make_outer_graph, pair)
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads:
         retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)

@@ -25,6 +25,7 @@ the ability to retrace backward (a backward that needs retracing raises a clear 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import pickle
@@ -267,7 +268,7 @@ def load_capture(path: str) -> Any:
     )
     guards = manifest["shape_guards"]
     return make_capture(
-        pair, make_outer_graph(pair), None, _key_of_v1(pickle.loads(data["key"])), 0.0,
+        pair, functools.partial(make_outer_graph, pair), None, _key_of_v1(pickle.loads(data["key"])), 0.0,
         dynamic_dims={int(k): tuple(v) for k, v in manifest["dynamic_dims"].items()},
         shape_guards=None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]))
 

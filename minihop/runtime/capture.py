@@ -8,6 +8,7 @@ from the input paths, the ``autograd.Function`` subclass, and the output-rebuild
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import re
@@ -99,7 +100,9 @@ class Capture:
     pair: Pair
     fwd: fx.GraphModule
     bwd: fx.GraphModule
-    graph: fx.GraphModule
+    # Builds ``graph``; called on first access (no call needs the outer graph, and building
+    # it costs as much as a third of a capture).
+    _make_graph: Callable[[], fx.GraphModule] = dataclasses.field(repr=False, compare=False)
     inputs: tuple[InputSource, ...]
     non_differentiable_idx: tuple[int, ...]
     dirty_idx: tuple[int, ...]
@@ -123,6 +126,11 @@ class Capture:
     # fetches the fwd inputs, applies the Function and rebuilds the user's output.
     _hit: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     _run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+
+    @functools.cached_property
+    def graph(self) -> fx.GraphModule:
+        """The outer graph: runnable ``(*fwd_inputs) -> outputs``, calling the pair once."""
+        return self._make_graph()
 
     @property
     def lifted_inputs(self) -> tuple[InputSource, ...]:
@@ -319,7 +327,7 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
     return hit
 
 
-def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[Any, ...],
+def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type, key: tuple[Any, ...],
                  seconds: float, retrace: Retrace | None = None,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None,
                  shape_guards: Any = None,
@@ -335,7 +343,7 @@ def make_capture(pair: Pair, outer: fx.GraphModule, function: type, key: tuple[A
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule))
     capture = Capture(
         pair=pair, layout=layout, _guard=compile_guard(key), live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
-        function=function, fwd=pair.fwd, bwd=pair.bwd, graph=outer, inputs=pair.inputs,
+        function=function, fwd=pair.fwd, bwd=pair.bwd, _make_graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,

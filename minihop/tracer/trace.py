@@ -15,9 +15,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import dis
+import functools
 import inspect
 import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -145,8 +147,27 @@ class FunctionParts:
 _ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
 
 
+_parts_memo: "weakref.WeakKeyDictionary[type, tuple[tuple[Any, ...], FunctionParts]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def function_parts(fn_cls: type) -> FunctionParts:
-    """Resolve forward/setup_context/backward (or vjp) the way ``Function.apply`` does."""
+    """Resolve forward/setup_context/backward (or vjp) the way ``Function.apply`` does.
+
+    Remembered per class while its methods stay the same objects (signatures are slow to read).
+    """
+    if isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function):
+        methods = (fn_cls.forward, fn_cls.backward, fn_cls.vjp, fn_cls.setup_context)
+        found = _parts_memo.get(fn_cls)
+        if found is not None and all(a is b for a, b in zip(found[0], methods, strict=True)):
+            return found[1]
+        parts = _function_parts(fn_cls)
+        _parts_memo[fn_cls] = (methods, parts)
+        return parts
+    return _function_parts(fn_cls)
+
+
+def _function_parts(fn_cls: type) -> FunctionParts:
     if not (isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function)):
         raise UnsupportedArgumentError(
             f"minihop.capture got {fn_cls!r}, which is not a torch.autograd.Function subclass.",
@@ -199,6 +220,11 @@ def _outside_values(fn: Any) -> dict[str, Any]:
     return values
 
 
+@functools.lru_cache(maxsize=1024)
+def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
+    return tuple(dis.get_instructions(code))
+
+
 def check_side_effects(parts: FunctionParts) -> None:
     """Refuse user code whose Python side effects a captured graph could not replay."""
     for method, fn in (("forward", parts.forward), ("setup_context", parts.setup_context),
@@ -209,7 +235,7 @@ def check_side_effects(parts: FunctionParts) -> None:
         cellvars = set(code.co_cellvars)
         outside = _outside_values(fn)
         previous = None
-        for ins in dis.get_instructions(code):
+        for ins in _instructions(code):
             what = _STATE_WRITES.get(ins.opname)
             if ins.opname == "STORE_DEREF" and ins.argval in cellvars:
                 what = None  # a local captured by an inner function: still local state
