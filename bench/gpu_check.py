@@ -9,7 +9,9 @@ Checks, for a few benchmark Functions at a small and a large size, outputs and e
   default      on the default stream;
   side stream  forward and backward with a non-default ``torch.cuda.Stream`` current;
   cross        forward on a side stream, backward called from the default stream after it
-               (autograd runs each backward op on its forward op's stream).
+               (autograd runs each backward op on its forward op's stream);
+  stream=      minihop's own ``stream=`` path (``cap.on_stream(s)``, ``minihop.function(F,
+               stream=s)``), called from the default stream with no waits around it.
 Then the per-call fwd+bwd time (synchronised per call) of eager, ``cap(*args)``,
 ``cap.run(args)`` and the ``minihop.apply`` hit, as ratios to eager. Exit status 1 if any
 check fails.
@@ -82,9 +84,19 @@ def check_case(case: Case, device: str) -> list[tuple[str, str, str]]:
         side = torch.cuda.Stream()
         settings += [("side stream current", side, side), ("fwd on side, bwd from default", side, None)]
     results = []
+    if device.startswith("cuda"):
+        # minihop's own stream= path, called from the default stream: it must synchronise by
+        # itself (no waits written around it here).
+        settings += [("minihop stream=side", "own", None)]
     for label, fwd_stream, bwd_stream in settings:
+        own = fwd_stream == "own"
+        fwd_stream = None if own else fwd_stream
         expected = _outputs_and_grads(case.function.apply, args, fwd_stream, bwd_stream)
-        for who, call in (("cap(*args)", cap), ("minihop.apply", lambda *a: minihop.apply(case.function, *a))):
+        callers = (("cap(*args)", cap), ("minihop.apply", lambda *a: minihop.apply(case.function, *a)))
+        if own:
+            callers = (("cap.on_stream(side)", cap.on_stream(side)),
+                       ("minihop.function(F, stream=side)", minihop.function(case.function, stream=side)))
+        for who, call in callers:
             try:
                 got = _outputs_and_grads(call, args, fwd_stream, bwd_stream)
                 torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -34,6 +34,7 @@ from .api import capture, dynamic_dims
 from .errors import MinihopError
 from .runtime.capture import Capture
 from .runtime.guards import call_key
+from .runtime.streams import run_on_stream
 from .spec import bind_arguments
 from .tracer.recorder import tracing
 from .tracer.trace import function_parts
@@ -229,10 +230,33 @@ def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
     return _default_for(fn_cls).apply(*args, **kwargs)
 
 
+class _OnStream(CapturedFunction):
+    """A ``CapturedFunction`` whose calls run on a given CUDA stream (``runtime.streams``)."""
+
+    def __init__(self, fn_cls: type, stream: Any, **options: Any) -> None:
+        super().__init__(fn_cls, **options)
+        self.stream = stream
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        return run_on_stream(lambda: CapturedFunction.apply(self, *args, **kwargs),
+                             (*args, *kwargs.values()), self.stream)
+
+    __call__ = apply
+
+
 def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
-             cache_limit: int = 8) -> CapturedFunction:
-    """A ``CapturedFunction`` for ``fn_cls`` with its own cache and policy."""
-    return CapturedFunction(fn_cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
+             cache_limit: int = 8, stream: Any = None) -> CapturedFunction:
+    """A ``CapturedFunction`` for ``fn_cls`` with its own cache and policy.
+
+    ``stream``: a ``torch.cuda.Stream`` to run every call's forward (and so its backward) on,
+    with the synchronisation that keeps inputs, outputs and saved tensors valid across it and
+    the caller's stream (see ``minihop.runtime.streams``). By default calls run on the
+    caller's current stream, as eager's would.
+    """
+    options = dict(fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
+    if stream is not None:
+        return _OnStream(fn_cls, stream, **options)
+    return CapturedFunction(fn_cls, **options)
 
 
 def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,

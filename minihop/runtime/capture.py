@@ -23,6 +23,7 @@ from ..rewire.pair import Pair
 from ..spec import InputSource, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
+from .streams import run_on_stream
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
@@ -189,6 +190,15 @@ class Capture:
                 "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
                 "Capture again for these sizes.")
         return self.run(args)
+
+    def on_stream(self, stream: Any) -> Callable[..., Any]:
+        """This capture as a callable whose calls run on CUDA ``stream``: forward there (and so
+        backward, by autograd's stream semantics), with the waits and ``record_stream`` calls
+        that keep inputs, outputs and saved tensors valid (see ``runtime.streams``)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return run_on_stream(lambda: self(*args, **kwargs), (*args, *kwargs.values()), stream)
+
+        return call
 
     def _under_compiler(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # torch.compile traces the Function itself (as it would F.apply): the same program,
