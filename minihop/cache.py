@@ -72,7 +72,7 @@ class CapturedFunction:
     """``F.apply`` through a guarded cache of captures; ``.apply`` is the drop-in."""
 
     def __init__(self, fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
-                 cache_limit: int = 8, eager_apply: Any = None) -> None:
+                 cache_limit: int = 8, eager_apply: Any = None, compile_cls: type | None = None) -> None:
         if fallback not in ("raise", "eager"):
             raise ValueError(f"fallback must be 'raise' or 'eager', got {fallback!r}")
         self.fn_cls = fn_cls
@@ -81,6 +81,9 @@ class CapturedFunction:
         self.cache_limit = cache_limit
         self.stats = CacheStats()
         self._eager_apply = eager_apply or fn_cls.apply
+        # The class whose ``.apply`` the compiler is given (it recognises only a Function
+        # class's own apply): fn_cls, or for @captured an undecorated twin of it.
+        self._compile_cls = compile_cls or fn_cls
         self._entries: OrderedDict[Any, list[Capture | _Refused]] = OrderedDict()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
@@ -120,7 +123,7 @@ class CapturedFunction:
             # Under torch.compile: hand the Function to the compiler as it is, which captures it
             # the way minihop models (its own autograd_function_apply); minihop's cache, locks
             # and generated code are not for it to trace.
-            return self._eager_apply(*args, **kwargs)
+            return self._compile_cls.apply(*args, **kwargs)
         last = self._last
         if last is not None and not kwargs and last._hit(args) \
                 and _method_key(self.fn_cls) == self._last_methods and not tracing():
@@ -267,8 +270,12 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
     def decorate(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
             raise TypeError(f"@minihop.captured decorates autograd.Function subclasses, not {cls!r}")
+        # The class as written, for torch.compile: same methods, torch's own apply.
+        twin = type(cls.__name__, (cls,), {"apply": torch.autograd.Function.__dict__["apply"],
+                                           "__module__": cls.__module__,
+                                           "__qualname__": cls.__qualname__})
         cf = CapturedFunction(cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit,
-                              eager_apply=cls.apply)
+                              eager_apply=cls.apply, compile_cls=twin)
         cls.apply = staticmethod(cf.apply)  # type: ignore[method-assign]
         cls.minihop = cf  # type: ignore[attr-defined]
         return cls

@@ -204,12 +204,13 @@ class Capture:
         # torch.compile traces the Function itself (as it would F.apply): the same program,
         # captured by the compiler's own mechanism instead of minihop's generated code.
         if self.function is None:
-            raise UnsupportedOperationError(
-                f"A capture of {self.name} loaded from an artifact was called under torch.compile.",
-                "Under the compiler minihop hands it the original Function class, and a loaded "
-                "capture does not have it.",
-                "Call the loaded capture outside torch.compile, or compile a function that "
-                "calls the original Function (or minihop.apply on it).")
+            # A plain RuntimeError: the compiler can build it while tracing (not minihop's own
+            # error class), so its message reaches the user.
+            raise RuntimeError(
+                f"minihop: a capture of {self.name} loaded from an artifact was called under "
+                "torch.compile. Under the compiler minihop hands it the original Function "
+                "class, which a loaded capture does not have. Call it outside torch.compile, "
+                "or compile a function that calls the original Function (or minihop.apply).")
         return self.function.apply(*args, **kwargs)
 
     def current_live_key(self) -> tuple[Any, ...]:
