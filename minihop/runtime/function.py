@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import linecache
+
 import torch
 import torch.fx as fx
 from torch.autograd.function import once_differentiable
@@ -77,6 +79,7 @@ class _Backwards:
         self.variants: dict[Any, tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]] = {
             self.base_key: (pair.bwd, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
         self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
+        self.plain: Callable[..., Any] | None = None  # the traced bwd without its body toggles
 
     @property
     def needs_key(self) -> bool:
@@ -96,6 +99,8 @@ class _Backwards:
         found = self.code.get((key, create_graph))
         if found is not None:
             return found
+        if key == self.base_key and self.plain is not None:
+            return self.plain, None  # the traced case, without toggles: right in either mode
         variant = self.variants.get(key)
         if variant is None:
             if self.retrace is None:
@@ -135,6 +140,30 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
     return run
 
 
+def without_body_toggles(gm: fx.GraphModule) -> Callable[..., Any] | None:
+    """``gm``'s code without the two ``_set_grad_enabled`` calls that open and close its body,
+    or None when the graph also switches grad mode itself (the user's ``no_grad`` blocks).
+
+    Why: autograd already runs a Function's forward with grad off, and its backward with grad
+    on exactly when ``create_graph=True`` (which is what eager's backward sees), so at run time
+    the body's own toggles only cost four calls and force a save/restore of grad mode around
+    each graph. The printed graphs keep them (Dynamo's layout). The source is fx's, minus
+    those two lines, compiled once against the same globals and bound to ``gm``.
+    """
+    toggles = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is _set_grad]
+    body = [n for n in toggles if n.meta.get("minihop_grad_toggle")]
+    if len(body) != 2 or len(toggles) != 2:
+        return None
+    prefixes = tuple(f"{n.name} = " for n in body)
+    source = "\n".join(line for line in gm.code.split("\n") if not line.lstrip().startswith(prefixes))
+    filename = f"<minihop runtime {type(gm).__name__} {id(gm):x}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, filename, "exec"), gm.forward.__func__.__globals__, namespace)
+    code: Callable[..., Any] = namespace["forward"].__get__(gm)
+    return code
+
+
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
                   generate_vmap_rule: bool = False) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
@@ -149,8 +178,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     what torch.func transforms require), ``F.transformable`` is a second class in that style,
     used while a transform is active (see ``make_transformable``).
     """
-    fwd_code = pair.fwd.forward
-    bwd_code = pair.bwd.forward
+    fwd_plain = without_body_toggles(pair.fwd)
+    bwd_plain = without_body_toggles(pair.bwd)
+    fwd_code = fwd_plain or pair.fwd.forward
+    bwd_code = bwd_plain or pair.bwd.forward
     num_outputs = len(pair.top_level)
     top_idx = tuple(i for i, top in enumerate(pair.top_level) if top)
     nested_idx = tuple(i for i, top in enumerate(pair.top_level) if not top)
@@ -175,17 +206,21 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     once = pair.once_differentiable
     all_top = len(top_idx) == num_outputs
     backwards = _Backwards(pair, top_idx, retrace)
+    backwards.plain = bwd_plain
     needs_key = backwards.needs_key
 
     def run_fwd(ctx: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Runs fwd, saves for backward through ``ctx``; returns all fwd outputs."""
         if not materialize:
             ctx.set_materialize_grads(False)
-        grad_mode = _is_grad()
-        try:
+        if fwd_plain is not None:
             outs, saved = fwd_code(*inputs)
-        finally:
-            _set_grad(grad_mode)  # the graph's own toggle restores True; keep autograd's mode
+        else:
+            grad_mode = _is_grad()
+            try:
+                outs, saved = fwd_code(*inputs)
+            finally:
+                _set_grad(grad_mode)  # the graph's own toggle restores True; keep autograd's mode
         if all_via_ctx:
             if num_saved:
                 ctx.save_for_backward(*saved)
@@ -206,7 +241,23 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         if dirty_pos:
             ctx.mark_dirty(*[result[p] for p in dirty_pos])
 
-    if uses_sink:
+    # The common case, without the general path's steps: no grad-mode save/restore, the user
+    # saved exactly bwd's saved values, nothing marked, every output top-level.
+    simple_fwd = (fwd_plain is not None and all_via_ctx and not stashed and materialize
+                  and not nondiff_pos and not dirty_pos and not uses_sink)
+    if simple_fwd and single:
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            outs, saved = fwd_code(*inputs)
+            if num_saved:
+                ctx.save_for_backward(*saved)
+            return outs[0]
+    elif simple_fwd:
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            outs, saved = fwd_code(*inputs)
+            if num_saved:
+                ctx.save_for_backward(*saved)
+            return outs
+    elif uses_sink:
         def forward(ctx: Any, sink: list[Any], *inputs: Any) -> Any:
             outs = run_fwd(ctx, inputs)
             result = tuple(outs[i] for i in top_idx)
@@ -249,10 +300,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
                 grads[i] = top_grads[p]
         grad_mode = _is_grad()
         # create_graph=True: eager runs backward with grad mode on (double backward), except
-        # under once_differentiable, whose wrapper turns it off.
+        # under once_differentiable, whose wrapper turns it off. Code without the body's
+        # toggles runs right in either mode.
         create_graph = grad_mode and not once
         code = bwd_code
-        if needs_key or create_graph:
+        if needs_key or (create_graph and bwd_plain is None):
             key = backwards.key_of(top_grads) if needs_key else backwards.base_key
             code, saved_map = backwards.get(key, create_graph, top_grads)
             if saved_map is not None:
@@ -262,7 +314,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         finally:
             _set_grad(grad_mode)
 
-    if uses_sink:
+    if bwd_plain is not None and all_top and all_via_ctx and not needs_key:
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return bwd_code(*grads, *ctx.saved_tensors)
+    elif uses_sink:
         def backward(ctx: Any, *top_grads: Any) -> Any:
             return (None, *run_bwd(ctx, top_grads))  # no gradient for the sink
     else:
