@@ -44,6 +44,7 @@ __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "c
 
 Fallback = Literal["raise", "eager"]
 _is_compiling = torch.compiler.is_compiling
+_NOTHING: dict[str, Any] = {}
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
 
 
@@ -124,6 +125,11 @@ class CapturedFunction:
             # the way minihop models (its own autograd_function_apply); minihop's cache, locks
             # and generated code are not for it to trace.
             return self._compile_cls.apply(*args, **kwargs)
+        return self._apply(args, kwargs)
+
+    __call__ = apply
+
+    def _apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         last = self._last
         if last is not None and not kwargs and last._hit(args) \
                 and _method_key(self.fn_cls) == self._last_methods and not tracing():
@@ -154,8 +160,6 @@ class CapturedFunction:
             return self._eager_apply(*args)
         self._last, self._last_methods = entry, key[0]
         return entry._run(args)
-
-    __call__ = apply
 
     def _count(self) -> int:
         return sum(len(entries) for entries in self._entries.values())
@@ -230,7 +234,8 @@ def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
     captured once per distinct guard key."""
     if _is_compiling():
         return fn_cls.apply(*args, **kwargs)  # see CapturedFunction.apply
-    return _default_for(fn_cls).apply(*args, **kwargs)
+    found = getattr(fn_cls, "__dict__", _NOTHING).get("_minihop_default")
+    return (found or _default_for(fn_cls))._apply(args, kwargs)
 
 
 class _OnStream(CapturedFunction):

@@ -164,9 +164,12 @@ def compile_guard(key: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
         if isinstance(k, tuple) and k and k[0] == "T":
             _, cls, shape, dtype, device, layout, rg = k
             consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout})
+            # Cheapest first; a CPU tensor's device is always plain "cpu", so is_cpu decides it.
+            device_check = f"{a}.is_cpu" if device == torch.device("cpu") else f"{a}.device == v{i}"
             checks = [f"type({a}) is c{i}", f"{a}.dtype is d{i}", f"{a}.requires_grad is {rg}",
-                      f"{a}.device == v{i}", f"{a}.layout is l{i}", f"{a}.dim() == {len(shape)}"]
+                      device_check, f"{a}.layout is l{i}"]
             if None in shape:
+                checks.append(f"{a}.dim() == {len(shape)}")
                 checks += [f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None]
             else:
                 consts[f"s{i}"] = torch.Size(shape)
