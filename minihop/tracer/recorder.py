@@ -182,7 +182,7 @@ class GraphRecorder(fx.Tracer):
         return value
 
     def to_graph_arg(self, value: Any) -> Any:
-        return tree_map(self._graph_value, value)
+        return _map_plain(self._graph_value, value)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> fx.Node:
         op, target, args = _target_of(func, args, kwargs)
@@ -203,6 +203,44 @@ class GraphRecorder(fx.Tracer):
                     item_node.meta["stack_trace"] = node.meta.get("stack_trace")
                     self.bind(item, item_node)
         return node
+
+
+# Per-op helpers for the common containers of op arguments and results (tuples, lists, dicts),
+# done by hand: pytree's general machinery costs tens of microseconds an op, a large part of
+# a capture. Anything else (namedtuples, other pytree nodes) goes to pytree.
+_PLAIN = (tuple, list, dict)
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _is_real_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
+
+
+def _any_leaf(test: Callable[[Any], bool], value: Any) -> bool:
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return any(_any_leaf(test, v) for v in value)
+    if kind is dict:
+        return any(_any_leaf(test, v) for v in value.values())
+    if isinstance(value, _PLAIN):  # a subclass: namedtuple, OrderedDict, ...
+        return any(test(v) for v in tree_flatten(value)[0])
+    return test(value)
+
+
+def _map_plain(fn: Callable[[Any], Any], value: Any) -> Any:
+    kind = type(value)
+    if kind is tuple:
+        return tuple(_map_plain(fn, v) for v in value)
+    if kind is list:
+        return [_map_plain(fn, v) for v in value]
+    if kind is dict:
+        return {k: _map_plain(fn, v) for k, v in value.items()}
+    if isinstance(value, _PLAIN):
+        return tree_map(fn, value)
+    return fn(value)
 
 
 class RecordingMode(PreDispatchTorchFunctionMode):
@@ -265,8 +303,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             # part of the program (Dynamo records it the same way).
             recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
-        if any(isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) for v in flat):
+        if _any_leaf(_is_real_tensor, args) or _any_leaf(_is_real_tensor, kwargs):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
         try:
             if getattr(func, "__name__", None) in _VALUE_READS:
@@ -297,7 +334,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             node = recorder.record(operator.setitem, args, kwargs, None)
             recorder.mutations.append((node, args[0]))
             return result
-        if any(isinstance(v, torch.Tensor) for v in tree_flatten(result)[0]):
+        if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result):
             recorder.record(func, args, kwargs, result)
         else:
             self.on_query(func, args, kwargs, result)
