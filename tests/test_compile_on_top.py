@@ -12,18 +12,7 @@ import pytest
 import torch
 
 import minihop
-
-
-class MySin(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return grad * x.cos()
+from shared_functions import MySin
 
 
 class Scale(torch.autograd.Function):

@@ -32,6 +32,7 @@ import torch
 from torch.autograd import Function
 
 import minihop
+from shared_functions import MySin
 
 SETUP_CONTEXT_MESSAGE = "must override the setup_context staticmethod"
 NO_VMAP_MESSAGE = "does not have vmap support"
@@ -122,18 +123,8 @@ class SinCustomVmap(Sin):
         return SinCustomVmap.apply(x.movedim(x_bdim, 0)), 0
 
 
-class OldSin(Function):
-    """Old style: forward takes ctx. Eager refuses it under every torch.func transform."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * x.cos()
+# Old style (forward takes ctx): eager refuses it under every torch.func transform.
+OldSin = MySin
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,24 +30,14 @@ from torch.autograd import Function
 from torch.utils.checkpoint import checkpoint
 
 import minihop
+from shared_functions import MySin
 
 
 # ---------------------------------------------------------------------------------------------
 # Functions
 # ---------------------------------------------------------------------------------------------
 
-class Sin(Function):
-    """Saves its input."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * x.cos()
+Sin = MySin  # saves its input
 
 
 class ExpMul(Function):

@@ -15,19 +15,8 @@ import pytest
 import torch
 
 import minihop
+from shared_functions import MySin
 from minihop.runtime.streams import StreamOps, run_on_stream
-
-
-class MySin(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x.sin()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return grad * x.cos()
 
 
 class TwoOut(torch.autograd.Function):
