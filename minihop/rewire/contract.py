@@ -32,12 +32,16 @@ class PairShape:
     num_saved: int
 
 
-def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+def _graph(gm: fx.GraphModule | fx.Graph) -> fx.Graph:
+    return gm if isinstance(gm, fx.Graph) else gm.graph
 
 
-def _output_value(gm: fx.GraphModule) -> Any:
-    outputs = [n for n in gm.graph.nodes if n.op == "output"]
+def _placeholders(gm: fx.GraphModule | fx.Graph) -> list[fx.Node]:
+    return [n for n in _graph(gm).nodes if n.op == "placeholder"]
+
+
+def _output_value(gm: fx.GraphModule | fx.Graph) -> Any:
+    outputs = [n for n in _graph(gm).nodes if n.op == "output"]
     return outputs[0].args[0] if outputs else None
 
 
@@ -51,8 +55,9 @@ def _same_meta(a: Any, b: Any) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype
 
 
-def check_consistent(fwd: fx.GraphModule, bwd: fx.GraphModule) -> PairShape:
-    """Check that ``fwd`` and ``bwd`` form a consistent pair; return their counts.
+def check_consistent(fwd: fx.GraphModule | fx.Graph, bwd: fx.GraphModule | fx.Graph) -> PairShape:
+    """Check that ``fwd`` and ``bwd`` (GraphModules or graphs) form a consistent pair; return
+    their counts.
 
     Raises ``InconsistentGraphsError`` naming every violated point of the contract, with the
     expected and found counts or metadata.

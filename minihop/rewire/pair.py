@@ -12,6 +12,7 @@ Postcondition: ``check_consistent(pair.fwd, pair.bwd)`` holds (checked before re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import TYPE_CHECKING, Any
 
@@ -42,8 +43,8 @@ class Pair:
     """
 
     function_name: str
-    fwd: fx.GraphModule
-    bwd: fx.GraphModule
+    fwd_graph: fx.Graph
+    bwd_graph: fx.Graph
     inputs: tuple[InputSource, ...]
     top_level: tuple[bool, ...]
     non_differentiable_idx: tuple[int, ...]
@@ -57,6 +58,18 @@ class Pair:
     grad_assumptions: tuple[Any, ...]
     saved_names: tuple[str, ...]
     ctx_saved: tuple[tuple[str, int] | None, ...]
+
+    # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
+    # emitted from the graphs directly, and fx's code generation is a third of a capture.
+    @functools.cached_property
+    def fwd(self) -> fx.GraphModule:
+        """The fwd graph as a GraphModule (``fwd_body_0``)."""
+        return fx.GraphModule(torch.nn.Module(), self.fwd_graph, class_name="fwd_body_0")
+
+    @functools.cached_property
+    def bwd(self) -> fx.GraphModule:
+        """The bwd graph as a GraphModule (``bwd_body_0``)."""
+        return fx.GraphModule(torch.nn.Module(), self.bwd_graph, class_name="bwd_body_0")
 
 
 def _is_impure(node: fx.Node) -> bool:
@@ -216,11 +229,9 @@ def make_pair(raw: "RawCapture") -> Pair:
     bwd.output(tuple(results))
     _eliminate_dead_code(bwd)
 
-    fwd_gm = fx.GraphModule(torch.nn.Module(), fwd, class_name="fwd_body_0")
-    bwd_gm = fx.GraphModule(torch.nn.Module(), bwd, class_name="bwd_body_0")
     ctx_saved = _ctx_saved_refs(raw, fenv, fwd, saved_fwd)
     pair = Pair(
-        function_name=raw.function_name, fwd=fwd_gm, bwd=bwd_gm,
+        function_name=raw.function_name, fwd_graph=fwd, bwd_graph=bwd,
         inputs=tuple(source for _, source in raw.fwd_inputs),
         top_level=raw.top_level, non_differentiable_idx=raw.non_differentiable_idx,
         dirty_idx=raw.dirty_idx,
@@ -231,6 +242,6 @@ def make_pair(raw: "RawCapture") -> Pair:
         once_differentiable=raw.once_differentiable, grad_assumptions=raw.grad_assumptions,
         saved_names=tuple(fenv[n].name for n in saved_fwd),
     )
-    check_consistent(pair.fwd, pair.bwd)
+    check_consistent(fwd, bwd)
     return pair
 

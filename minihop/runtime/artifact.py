@@ -253,8 +253,8 @@ def load_capture(path: str) -> Any:
                     dim=s["dim"])
         for s in manifest["inputs"])
     pair = Pair(
-        function_name=manifest["function"], fwd=graph_from_json(data["fwd"], "fwd_body_0"),
-        bwd=graph_from_json(data["bwd"], "bwd_body_0"), inputs=inputs,
+        function_name=manifest["function"], fwd_graph=graph_from_json(data["fwd"], "fwd_body_0").graph,
+        bwd_graph=graph_from_json(data["bwd"], "bwd_body_0").graph, inputs=inputs,
         top_level=tuple(manifest["top_level"]),
         non_differentiable_idx=tuple(manifest["non_differentiable_idx"]),
         dirty_idx=tuple(manifest["dirty_idx"]),

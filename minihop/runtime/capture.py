@@ -99,8 +99,6 @@ class Capture:
 
     function: type | None
     pair: Pair
-    fwd: fx.GraphModule
-    bwd: fx.GraphModule
     # Builds ``graph``; called on first access (no call needs the outer graph, and building
     # it costs as much as a third of a capture).
     _make_graph: Callable[[], fx.GraphModule] = dataclasses.field(repr=False, compare=False)
@@ -127,6 +125,16 @@ class Capture:
     # fetches the fwd inputs, applies the Function and rebuilds the user's output.
     _hit: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     _run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def fwd(self) -> fx.GraphModule:
+        """The fwd graph (``fwd_body_0``), built as a GraphModule on first access."""
+        return self.pair.fwd
+
+    @property
+    def bwd(self) -> fx.GraphModule:
+        """The bwd graph (``bwd_body_0``), built as a GraphModule on first access."""
+        return self.pair.bwd
 
     @functools.cached_property
     def graph(self) -> fx.GraphModule:
@@ -354,7 +362,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule))
     capture = Capture(
         pair=pair, layout=layout, _guard=compile_guard(key), live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
-        function=function, fwd=pair.fwd, bwd=pair.bwd, _make_graph=outer, inputs=pair.inputs,
+        function=function, _make_graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,

@@ -22,14 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import linecache
-
 import torch
 import torch.fx as fx
 from torch.autograd.function import once_differentiable
 
 from ..errors import UnsupportedOperationError
 from ..rewire.pair import Pair, strip_grad_toggles
+from .codegen import emit
 
 __all__ = ["make_function", "GradLayout", "Retrace"]
 
@@ -76,8 +75,9 @@ class _Backwards:
         self.materialize = pair.materialize_grads
         self.num_inputs = len(pair.inputs)
         self.base_key = self.key_of_expected()
-        self.variants: dict[Any, tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]] = {
-            self.base_key: (pair.bwd, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
+        # The traced bwd's GraphModule (None here) is built only if a variant needs it.
+        self.variants: dict[Any, tuple[fx.GraphModule | None, tuple[int, ...], tuple[int, ...]]] = {
+            self.base_key: (None, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
         self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
         self.plain: Callable[..., Any] | None = None  # the traced bwd without its body toggles
 
@@ -117,6 +117,8 @@ class _Backwards:
             variant = self.retrace(tuple(layout))
             self.variants[key] = variant
         gm, saved_map, input_map = variant
+        if gm is None:
+            gm = self.pair.bwd
         if create_graph:
             gm = strip_grad_toggles(gm)
         code = gm.forward
@@ -140,28 +142,20 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
     return run
 
 
-def without_body_toggles(gm: fx.GraphModule) -> Callable[..., Any] | None:
-    """``gm``'s code without the two ``_set_grad_enabled`` calls that open and close its body,
-    or None when the graph also switches grad mode itself (the user's ``no_grad`` blocks).
+def without_body_toggles(graph: fx.Graph, name: str) -> Callable[..., Any] | None:
+    """Code for ``graph`` without the two ``_set_grad_enabled`` calls that open and close its
+    body, or None when the graph also switches grad mode itself (the user's ``no_grad``
+    blocks) or cannot be emitted.
 
     Why: autograd already runs a Function's forward with grad off, and its backward with grad
     on exactly when ``create_graph=True`` (which is what eager's backward sees), so at run time
     the body's own toggles only cost four calls and force a save/restore of grad mode around
-    each graph. The printed graphs keep them (Dynamo's layout). The source is fx's, minus
-    those two lines, compiled once against the same globals and bound to ``gm``.
+    each graph. The graphs keep them (Dynamo's layout).
     """
-    toggles = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is _set_grad]
-    body = [n for n in toggles if n.meta.get("minihop_grad_toggle")]
-    if len(body) != 2 or len(toggles) != 2:
+    toggles = [n for n in graph.nodes if n.op == "call_function" and n.target is _set_grad]
+    if len(toggles) != 2 or not all(n.meta.get("minihop_grad_toggle") for n in toggles):
         return None
-    prefixes = tuple(f"{n.name} = " for n in body)
-    source = "\n".join(line for line in gm.code.split("\n") if not line.lstrip().startswith(prefixes))
-    filename = f"<minihop runtime {type(gm).__name__} {id(gm):x}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    namespace: dict[str, Any] = {}
-    exec(compile(source, filename, "exec"), gm.forward.__func__.__globals__, namespace)
-    code: Callable[..., Any] = namespace["forward"].__get__(gm)
-    return code
+    return emit(graph, skip=lambda node: node in toggles, name=name)
 
 
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
@@ -178,10 +172,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     what torch.func transforms require), ``F.transformable`` is a second class in that style,
     used while a transform is active (see ``make_transformable``).
     """
-    fwd_plain = without_body_toggles(pair.fwd)
-    bwd_plain = without_body_toggles(pair.bwd)
-    fwd_code = fwd_plain or pair.fwd.forward
-    bwd_code = bwd_plain or pair.bwd.forward
+    fwd_plain = without_body_toggles(pair.fwd_graph, "fwd_body")
+    bwd_plain = without_body_toggles(pair.bwd_graph, "bwd_body")
+    fwd_code = fwd_plain or emit(pair.fwd_graph, name="fwd_body") or pair.fwd.forward
+    bwd_code = bwd_plain or emit(pair.bwd_graph, name="bwd_body") or pair.bwd.forward
     num_outputs = len(pair.top_level)
     top_idx = tuple(i for i, top in enumerate(pair.top_level) if top)
     nested_idx = tuple(i for i, top in enumerate(pair.top_level) if not top)
@@ -351,10 +345,10 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
     marked non-differentiable, and the caller keeps only the user's outputs. Everything bwd
     reads goes through ``ctx.save_for_backward`` (so vmap batches it).
     """
-    fwd_code = pair.fwd.forward
-    outputs_node = [n for n in pair.fwd.graph.nodes if n.op == "output"][0]
+    fwd_code = emit(pair.fwd_graph, name="fwd_body") or pair.fwd.forward
+    outputs_node = [n for n in pair.fwd_graph.nodes if n.op == "output"][0]
     out_nodes, saved_nodes = outputs_node.args[0]
-    placeholders = [n for n in pair.fwd.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in pair.fwd_graph.nodes if n.op == "placeholder"]
     top_idx = tuple(i for i, top in enumerate(pair.top_level) if top)
     nested_idx = tuple(i for i, top in enumerate(pair.top_level) if not top)
     n_top, n_out = len(top_idx), len(pair.top_level)
