@@ -15,6 +15,7 @@ everything and writes ``bench/RESULTS.md``. One module per measurement:
   profiling        cProfile excerpts for the misses
   report, run      RESULTS.md and the entry point
   gpu_check        a separate script for a CUDA machine
+  before_after     a separate script: the hot path at an older commit vs now, in one run
 """
 
 from .functions import CASES, Case

@@ -11,6 +11,8 @@ Each Function has a hand-written backward, as a user would write it:
   MLP        x @ W1 -> relu -> @ W2; saves x, W1, the relu output and W2.
   LayerNorm  normalise the last dimension, scale and shift; saves xhat, rstd and weight.
   chain(n)   generated: forward chains n elementwise ops, backward the matching n (scaling).
+  SavesUnused  SiLU, x * sigmoid(x); saves x and the sigmoid, but its backward recomputes the
+             sigmoid from x and never reads the saved one (saved bytes only: SAVED_EXTRA_CASES).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "Warmup", "case_named",
-           "make_chain"]
+__all__ = ["CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "SavesUnused",
+           "Warmup", "case_named", "make_chain"]
 
 
 class MySin(torch.autograd.Function):
@@ -98,6 +100,24 @@ class LayerNorm(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
+class SavesUnused(torch.autograd.Function):
+    """SiLU whose forward still saves the sigmoid "for later" although its backward was changed
+    to recompute it from x (a leftover of the kind that costs memory unnoticed): backward reads
+    only the saved x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        s = x.sigmoid()
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        x, _ = ctx.saved_tensors
+        s = x.sigmoid()
+        return grad * s * (1 + x * (1 - s))
+
+
 class Warmup(torch.autograd.Function):
     """Captured (and compiled) first, so that the warm measurements pay no one-off start-up."""
 
@@ -167,6 +187,11 @@ def _cases() -> tuple[Case, ...]:
 
 
 CASES: tuple[Case, ...] = _cases()
+
+# Measured in (c) saved bytes only (and its targets), so that the other tables keep their rows.
+SAVED_EXTRA_CASES: tuple[Case, ...] = tuple(
+    Case(f"SavesUnused {n}x{d}", SavesUnused, small, _args(lambda g, n=n, d=d: (_leaf(g, n, d),)))
+    for small, (n, d) in ((True, (8, 8)), (False, (256, 1024))))
 
 
 def case_named(name: str) -> Case:

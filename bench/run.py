@@ -25,7 +25,7 @@ if __package__ in (None, ""):
 import torch
 
 from .capture_latency import measure_cold, measure_warm
-from .functions import CASES, Case, case_named, make_chain
+from .functions import CASES, SAVED_EXTRA_CASES, Case, case_named, make_chain
 from .per_call import measure_per_call
 from .profiling import Profile, profile_capture, profile_per_call
 from .report import keep_marked_sections, per_call_breakdown, render
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     tables.append(per_call.table)
     _show(per_call.table, t)
     t = time.perf_counter()
-    saved = measure_saved(CASES)
+    saved = measure_saved((*CASES, *SAVED_EXTRA_CASES))
     tables.append(saved.table)
     _show(saved.table, t)
     t = time.perf_counter()

@@ -14,9 +14,9 @@ if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an
     sys.path.insert(0, str(ROOT))
 
 import bench  # noqa: E402
-from bench import gpu_check  # noqa: E402
+from bench import before_after, gpu_check  # noqa: E402
 from bench.capture_latency import measure_cold, measure_warm  # noqa: E402
-from bench.functions import CASES, case_named, make_chain  # noqa: E402
+from bench.functions import CASES, SAVED_EXTRA_CASES, case_named, make_chain  # noqa: E402
 from bench.per_call import AA, APPLY, AOT, CAP, EAGER, FLOOR, RUN, measure_per_call  # noqa: E402
 from bench.profiling import profile_capture, profile_per_call  # noqa: E402
 from bench.report import keep_marked_sections, per_call_breakdown, render  # noqa: E402
@@ -36,7 +36,7 @@ def test_cases_cover_each_function_small_and_large() -> None:
         assert {c.small for c in CASES if c.function.__name__ == name} == {True, False}
     from minihop.testing import assert_matches_eager
 
-    for case in CASES:
+    for case in (*CASES, *SAVED_EXTRA_CASES):
         if case.small:
             assert_matches_eager(case.function, *case.make_args())
     assert_matches_eager(make_chain(5), torch.randn(3, requires_grad=True))
@@ -81,6 +81,37 @@ def test_rerun_keeps_sections_other_scripts_wrote() -> None:
     merged = keep_marked_sections(old, "# new\n")
     assert merged == "# new\n\n<!-- fuzz:start -->\n## Fuzzing\nrows\n<!-- fuzz:end -->\n"
     assert keep_marked_sections("# old\n", "# new\n") == "# new\n"
+
+
+def test_saved_bytes_drop_an_intermediate_backward_never_reads() -> None:
+    """SavesUnused saves x and sigmoid(x) but its backward reads only x: minihop keeps x (an
+    input, by reference) and not the sigmoid, so its residual bytes are 0 and eager's are not."""
+    small = SAVED_EXTRA_CASES[:1]
+    saved = measure_saved(small, with_compile=False)
+    b = saved.bytes["SavesUnused 8x8"]
+    assert b["eager"] == (2 * 256, 256, 0, 256)  # x and the sigmoid; the sigmoid is residual
+    assert b["minihop"] == (256, 256, 0, 0)  # x only
+    targets = check_targets(small, saved=saved)
+    assert [row[0] for row in targets.table.rows] == [
+        "bytes saved for backward vs eager",
+        "bytes saved below eager where a saved value is unused by backward"]
+    assert [row[-1] for row in targets.table.rows] == ["PASS", "PASS"]
+
+
+def test_before_after_section_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/before_after.py: --help only (the real run takes minutes); its section goes before
+    the fuzz section, replaces itself, and survives a rerun of ``python -m bench``."""
+    with pytest.raises(SystemExit) as exit_info:
+        before_after.main(["--help"])
+    assert exit_info.value.code == 0 and "--ref" in capsys.readouterr().out
+    block = f"{before_after.START}\nnumbers\n{before_after.END}"
+    fuzz = "<!-- fuzz:start -->\n## Fuzzing\n<!-- fuzz:end -->\n"
+    placed = before_after.place_section("# old\n\n" + fuzz, block)
+    assert placed == "# old\n\n" + block + "\n\n" + fuzz
+    again = before_after.place_section(placed, block.replace("numbers", "new numbers"))
+    assert again == placed.replace("numbers", "new numbers")
+    assert before_after.place_section(None, block) == block + "\n"
+    assert keep_marked_sections(placed, "# new\n") == "# new\n\n" + block + "\n\n" + fuzz
 
 
 def test_cold_capture_runs_in_a_fresh_process() -> None:
