@@ -35,6 +35,7 @@ class Profile:
     cumulative: str
     own: str
     minihop_own: str
+    shares: str = ""  # for captures: the time by kind of work (see ``_capture_shares``)
 
 
 def _table_part(text: str) -> str:
@@ -54,13 +55,45 @@ def _minihop_excerpt(profiler: cProfile.Profile, top: int) -> str:
     return _table_part(stream.getvalue()).replace(_MINIHOP_ROOT, "")
 
 
-def _profile(what: str, run: object, top: int) -> Profile:
+def _profile(what: str, run: object, top: int, shares: bool = False) -> Profile:
     profiler = cProfile.Profile()
     profiler.enable()
     run()  # type: ignore[operator]
     profiler.disable()
     return Profile(what, _excerpt(profiler, "cumulative", top), _excerpt(profiler, "tottime", top),
-                   _minihop_excerpt(profiler, top))
+                   _minihop_excerpt(profiler, top), _capture_shares(profiler) if shares else "")
+
+
+# Kinds of work in a capture, by the function that does it (file suffix, function name); their
+# cumulative times do not nest in one another.
+_CAPTURE_KINDS = (
+    ("fake-tensor op dispatch (torch: shape propagation of each op)",
+     ("torch/_subclasses/fake_tensor.py", "__torch_dispatch__")),
+    ("fake copies of the arguments (torch: FakeTensorMode.from_tensor)",
+     ("torch/_subclasses/fake_tensor.py", "from_real_tensor")),
+    ("fx node creation (torch: Graph.create_node, recording and rewiring)",
+     ("torch/fx/graph.py", "create_node")),
+    ("runtime code emission (minihop: runtime/codegen.py)",
+     ("minihop/runtime/codegen.py", "emit")),
+)
+
+
+def _capture_shares(profiler: cProfile.Profile) -> str:
+    """Where a capture's time goes, by kind of work, as a share of ``minihop.capture``."""
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    total = sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items()
+                if file.endswith("minihop/api.py") and name == "capture")
+    rows = []
+    counted = 0.0
+    for label, (suffix, func) in _CAPTURE_KINDS:
+        seconds = sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items()
+                      if file.endswith(suffix) and name == func)
+        counted += seconds
+        rows.append(f"| {label} | {100 * seconds / total:.0f}% |")
+    rows.append(f"| everything else (minihop's tracer, ctx, rewiring, guards; Python) | "
+                f"{100 * (total - counted) / total:.0f}% |")
+    return "\n".join(["| work | share of capture time |", "|---|---|", *rows]) + "\n"
+
 
 
 def profile_per_call(calls: int = 2000, top: int = 15, shape: tuple[int, ...] = (8, 8),
@@ -95,4 +128,4 @@ def profile_capture(case: Case, reps: int = 10, top: int = 15) -> Profile:
         for _ in range(reps):
             minihop.capture(case.function, *args)
 
-    return _profile(f"{reps} warm `minihop.capture` of {case.name}", run, top)
+    return _profile(f"{reps} warm `minihop.capture` of {case.name}", run, top, shares=True)

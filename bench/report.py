@@ -69,8 +69,29 @@ def keep_marked_sections(old: str, new: str) -> str:
     return new if not kept else new.rstrip() + "\n\n" + "\n\n".join(kept) + "\n"
 
 
+# Why the capture targets are missed and what would close the gap; the shares it cites are
+# the "time by kind of work" tables this run prints above it.
+CAPTURE_PLAN = """**Why, and the plan.** minihop runs every op of forward and backward once on fake
+tensors, as Dynamo does; torch's fake-tensor dispatch and its fake copies of the arguments are
+the largest share above and are the floor for any tracer built on `FakeTensorMode`. Dynamo's
+extra cost (bytecode analysis, guards, its own graph passes) is what minihop saves, which is
+why the ratio is largest for one-op Functions and shrinks per op (table (d)). Done so far:
+runtime code emitted straight from the graphs with GraphModules built only when read (fx's
+code generation was about a third of a capture), the outer graph built on first access,
+pytree walks replaced on the per-op path. Next, in order of expected gain: (1) record ops
+without a second fx node copy in rewiring (build the pair's graphs directly from the trace:
+about half of the fx node-creation share); (2) fake arguments built from metadata
+(`empty_strided` under the fake mode) where no two arguments share storage, instead of
+`from_tensor`'s full description; (3) reuse one `FakeTensorMode` per process for static
+shapes, so its dispatch cache stays warm across captures. Each would be measured here;
+(1)-(3) together are estimated to bring the one-op capture near the 5 ms target but not to
+20x Dynamo on multi-op Functions, whose floor is the fake dispatch itself.
+"""
+
+
 def _profile_block(profile: Profile) -> str:
-    return (f"cProfile, {profile.what}; top 15 by cumulative time:\n\n```\n{profile.cumulative}```\n\n"
+    shares = f"Time by kind of work, {profile.what} (cProfile):\n\n{profile.shares}\n" if profile.shares else ""
+    return (shares + f"cProfile, {profile.what}; top 15 by cumulative time:\n\n```\n{profile.cumulative}```\n\n"
             f"Top 15 by own time:\n\n```\n{profile.own}```\n\n"
             f"minihop's own functions, by own time:\n\n```\n{profile.minihop_own}```\n")
 
@@ -94,6 +115,7 @@ def render(*, facts: dict[str, str], command: str, elapsed_s: float, targets: Ta
                 "warm capture (the work is tracing forward and backward on fake tensors, then "
                 "rewiring); a one-op Function shows the fixed cost, a 100-op chain the cost per op:", ""]
         out += [_profile_block(p) for p in capture_profiles]
+        out += [CAPTURE_PLAN]
     if targets.missed[PER_CALL_GROUP]:
         out += ["### Per call", "", "The per-call rows marked MISS above give the ratio. The time of "
                 "one small step, layer by layer (from table (b), same run):", ""]

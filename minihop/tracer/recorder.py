@@ -108,16 +108,17 @@ def _target_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     return "call_function", func, args
 
 
-class GraphRecorder(fx.Tracer):
+class GraphRecorder:
     """One graph being recorded, and which node each fake value stands for.
 
     ``resolve`` is called for a fake tensor the graph has not seen: it returns the node to use
-    (a placeholder for an input or a saved forward value) or raises.
+    (a placeholder for an input or a saved forward value) or raises. Nodes go straight into an
+    ``fx.Graph`` (an ``fx.Tracer`` would add module scopes minihop has no use for, and its
+    construction alone was a few percent of a capture).
     """
 
     def __init__(self, resolve: Callable[["GraphRecorder", torch.Tensor], fx.Node],
                  resolve_symbol: Callable[["GraphRecorder", sympy.Symbol], fx.Node]) -> None:
-        super().__init__()
         self.graph = fx.Graph()
         self.resolve = resolve
         # Dynamic shapes: a size symbol the graph has not seen -> its placeholder.
@@ -128,6 +129,10 @@ class GraphRecorder(fx.Tracer):
         self.alive: list[Any] = []
         # In-place calls on values the graph did not create: (node, first argument).
         self.mutations: list[tuple[fx.Node, torch.Tensor]] = []
+
+    def create_node(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    name: str | None = None) -> fx.Node:
+        return self.graph.create_node(op, target, args, kwargs, name)
 
     def bind(self, value: torch.Tensor, node: fx.Node) -> None:
         self.node_of[id(value)] = node
