@@ -73,19 +73,21 @@ def keep_marked_sections(old: str, new: str) -> str:
 # the "time by kind of work" tables this run prints above it.
 CAPTURE_PLAN = """**Why, and the plan.** minihop runs every op of forward and backward once on fake
 tensors, as Dynamo does; torch's fake-tensor dispatch and its fake copies of the arguments are
-the largest share above and are the floor for any tracer built on `FakeTensorMode`. Dynamo's
-extra cost (bytecode analysis, guards, its own graph passes) is what minihop saves, which is
-why the ratio is largest for one-op Functions and shrinks per op (table (d)). Done so far:
-runtime code emitted straight from the graphs with GraphModules built only when read (fx's
-code generation was about a third of a capture), the outer graph built on first access,
-pytree walks replaced on the per-op path. Next, in order of expected gain: (1) record ops
-without a second fx node copy in rewiring (build the pair's graphs directly from the trace:
-about half of the fx node-creation share); (2) fake arguments built from metadata
-(`empty_strided` under the fake mode) where no two arguments share storage, instead of
-`from_tensor`'s full description; (3) reuse one `FakeTensorMode` per process for static
-shapes, so its dispatch cache stays warm across captures. Each would be measured here;
-(1)-(3) together are estimated to bring the one-op capture near the 5 ms target but not to
-20x Dynamo on multi-op Functions, whose floor is the fake dispatch itself.
+the largest measured shares above and are the floor for any tracer built on `FakeTensorMode`
+(a fresh `FakeTensorMode` alone is about 0.12 ms, `from_tensor` about 0.4 ms per argument).
+Dynamo's extra cost (bytecode analysis, guards, its own graph passes) is what minihop saves,
+which is why the ratio is largest for one-op Functions and shrinks per op (table (d)). Done:
+runtime code emitted straight from the graphs, GraphModules built only when read (fx's code
+generation was about a third of a capture), the outer graph built on first access, no
+`fx.Tracer` per graph, pytree walks replaced on the per-op path. Tried and dropped: fake
+arguments made with `empty_strided` instead of `from_tensor` (0.08 ms saved per argument, at
+the cost of losing `from_tensor`'s aliasing between arguments). Next: (1) build the pair's
+graphs directly while tracing instead of copying every node in rewiring (about half of the
+fx node-creation share, and part of "everything else"); (2) trim the tracer's per-capture
+set-up (frame snapshots, name hints, closure routes), which makes up most of "everything
+else" for a one-op Function. Neither removes the fake-dispatch floor, so 20x Dynamo on
+multi-op Functions is out of reach for this design; the one-op target (5 ms) is within
+about 1.5x.
 """
 
 
