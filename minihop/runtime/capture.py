@@ -118,7 +118,6 @@ class Capture:
     capture_seconds: float = 0.0
     _shape_check: Callable[[list[Any]], bool] | None = dataclasses.field(repr=False, default=None)
     _guard: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
-    _fetch: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
     # The hot path, prepared by make_capture: ``_hit(args)`` is every check a call must pass
     # (key, closure values, layout, shape guards) for positional arguments; ``_run(args)``
@@ -366,7 +365,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _fetch=_fetcher(pair.inputs), _function=function_cls,
+        _function=function_cls,
         _run=_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                      function if setup_style else None),
     )

@@ -1,8 +1,9 @@
 """Run a consistent pair as one differentiable op: an ``autograd.Function`` per capture.
 
 Place in the pipeline: runtime (never imports the tracer). ``make_function`` builds, once per
-capture, a ``torch.autograd.Function`` subclass whose forward calls the fwd GraphModule's
-generated code and whose backward calls the bwd's. What eager autograd would do with the user's
+capture, a ``torch.autograd.Function`` subclass whose forward runs code emitted from the fwd
+graph (``codegen.emit``, without the body's own grad-mode toggles where that is equivalent) and
+whose backward runs the bwd's. What eager autograd would do with the user's
 ctx calls is done here with the real ctx: saved values go through ``ctx.save_for_backward``
 (so version-counter checks and ``saved_tensors_hooks`` apply), ``mark_non_differentiable`` and
 ``mark_dirty`` use the capture's index lists.
