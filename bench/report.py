@@ -34,7 +34,7 @@ python -m bench.before_after # the hot path at dfa4c17 vs now (~2 min); its own 
 
 Options: `--no-inductor` (skip `torch.compile(backend="inductor")`), `--no-cold` (skip the
 fresh-process runs), `--output PATH`. The plot needs matplotlib, which minihop does not depend
-on (`python -m pip install matplotlib`); without it the run says so and skips the plot.
+on (`python -m pip install -e '.[bench]'`); without it the run says so and skips the plot.
 Everything is measured in one process (the cold rows in fresh child processes), with
 `torch.set_num_threads(1)`, `time.perf_counter_ns`, warm-up first, medians over many
 repetitions, and every number that is compared given as a ratio to a baseline timed in the

@@ -105,7 +105,7 @@ def plot_scaling(scaling: Scaling, path: Path) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed: no plot (pip install matplotlib, then rerun)."
+        return "matplotlib is not installed: no plot (pip install -e '.[bench]', then rerun)."
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for who, points in scaling.ms.items():
         if points:
