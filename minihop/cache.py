@@ -45,6 +45,7 @@ __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "c
 Fallback = Literal["raise", "eager"]
 _is_compiling = torch.compiler.is_compiling
 _NOTHING: dict[str, Any] = {}
+_RECENT = 8  # captures a call is checked against before a key is built
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
 
 
@@ -88,11 +89,13 @@ class CapturedFunction:
         self._entries: OrderedDict[Any, list[Capture | _Refused]] = OrderedDict()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
-        # The capture that ran last, and the Function's methods it was made for: a call like
-        # the previous one (the steady state of a training loop) is checked against it alone,
-        # with its compiled guard, before any key is built.
-        self._last: Capture | None = None
-        self._last_methods: tuple[Any, ...] = ()
+        # The captures that ran most recently (newest first, at most _RECENT), and the
+        # Function's methods they were made for: a call like a recent one (the steady state of
+        # a training loop, where one Function may serve several layers) is checked against
+        # their compiled guards before any key is built. Replaced whole, never mutated, so a
+        # reader in another thread sees one consistent tuple.
+        self._recent: tuple[Capture, ...] = ()
+        self._recent_methods: tuple[Any, ...] = ()
         _all.add(self)
 
     def __repr__(self) -> str:
@@ -107,7 +110,7 @@ class CapturedFunction:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._last = None
+            self._recent = ()
 
     def _find(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused | None:
         for entry in self._entries.get(key, ()):
@@ -130,13 +133,16 @@ class CapturedFunction:
     __call__ = apply
 
     def _apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        last = self._last
-        if last is not None and not kwargs and last._hit(args) \
-                and _method_key(self.fn_cls) == self._last_methods and not tracing():
-            with self._lock:
-                self.stats.hits += 1
-                _totals["cache_hits"] += 1
-            return last._run(args)
+        recent = self._recent
+        if recent and not kwargs and _method_key(self.fn_cls) == self._recent_methods:
+            for cap in recent:
+                if cap._hit(args):
+                    if tracing():
+                        break
+                    with self._lock:
+                        self.stats.hits += 1
+                        _totals["cache_hits"] += 1
+                    return cap._run(args)
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
@@ -158,7 +164,10 @@ class CapturedFunction:
                 _totals["fallbacks"] += 1
         if isinstance(entry, _Refused):
             return self._eager_apply(*args)
-        self._last, self._last_methods = entry, key[0]
+        if key[0] != self._recent_methods:
+            self._recent = ()
+        self._recent = (entry, *(c for c in self._recent if c is not entry))[:_RECENT]
+        self._recent_methods = key[0]
         return entry._run(args)
 
     def _count(self) -> int:
@@ -180,8 +189,8 @@ class CapturedFunction:
                     "Each distinct argument key needs its own capture.", "Raise cache_limit."))
             oldest_key = next(iter(self._entries))
             oldest = self._entries[oldest_key]
-            if oldest.pop(0) is self._last:
-                self._last = None
+            evicted = oldest.pop(0)
+            self._recent = tuple(c for c in self._recent if c is not evicted)
             if not oldest:
                 del self._entries[oldest_key]
             self.stats.evictions += 1

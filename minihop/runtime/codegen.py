@@ -81,7 +81,8 @@ class _Emitter:
             raise _Unsupported  # a container fx knows and this emitter does not
         return self.const(value)  # dtypes, devices, slices, inf, callables, ...
 
-    def lines(self, nodes: list[fx.Node], skip: Callable[[fx.Node], bool], name: str) -> list[str]:
+    def lines(self, nodes: list[fx.Node], skip: Callable[[fx.Node], bool], name: str,
+              params: list[fx.Node] | None, output: Any) -> list[str]:
         last_use: dict[fx.Node, fx.Node] = {}
         for node in nodes:
             for used in node.all_input_nodes:
@@ -89,13 +90,17 @@ class _Emitter:
         frees: dict[fx.Node, list[str]] = {}
         for used, user in last_use.items():
             frees.setdefault(user, []).append(used.name)
-        params = [n.name for n in nodes if n.op == "placeholder"]
-        lines = [f"def {name}({', '.join(params)}):"]
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        if params is None:
+            params = placeholders
+        elif sorted(params, key=placeholders.index) != placeholders:
+            raise ValueError("emit: params must be the graph's placeholders, in any order")
+        lines = [f"def {name}({', '.join(p.name for p in params)}):"]
         for node in nodes:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
-                lines.append(f"    return {self.fmt(node.args[0])}")
+                lines.append(f"    return {self.fmt(node.args[0] if output is None else output)}")
                 break
             if skip(node):
                 if node.users:
@@ -120,11 +125,17 @@ class _Emitter:
 
 
 def emit(graph: fx.Graph, *, skip: Callable[[fx.Node], bool] = lambda node: False,
-         name: str = "graph") -> Callable[..., Any] | None:
-    """Compile ``graph`` (minus the nodes ``skip`` selects, which must have no users)."""
+         name: str = "graph", params: list[fx.Node] | None = None,
+         output: Any = None) -> Callable[..., Any] | None:
+    """Compile ``graph`` (minus the nodes ``skip`` selects, which must have no users).
+
+    ``params`` takes the placeholders in another order; ``output`` returns another structure
+    of the graph's values than its output node's (both for calling conventions the runtime
+    chooses, e.g. saved values in the order the user saved them).
+    """
     emitter = _Emitter()
     try:
-        lines = emitter.lines(list(graph.nodes), skip, name)
+        lines = emitter.lines(list(graph.nodes), skip, name, params, output)
     except _Unsupported:
         return None
     source = "\n".join(lines) + "\n"

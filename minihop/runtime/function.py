@@ -143,7 +143,7 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
     return run
 
 
-def without_body_toggles(graph: fx.Graph, name: str) -> Callable[..., Any] | None:
+def without_body_toggles(graph: fx.Graph, name: str, **layout: Any) -> Callable[..., Any] | None:
     """Code for ``graph`` without the two ``_set_grad_enabled`` calls that open and close its
     body, or None when the graph also switches grad mode itself (the user's ``no_grad``
     blocks) or cannot be emitted.
@@ -156,7 +156,7 @@ def without_body_toggles(graph: fx.Graph, name: str) -> Callable[..., Any] | Non
     toggles = [n for n in graph.nodes if n.op == "call_function" and n.target is _set_grad]
     if len(toggles) != 2 or not all(n.meta.get("minihop_grad_toggle") for n in toggles):
         return None
-    return emit(graph, skip=lambda node: node in toggles, name=name)
+    return emit(graph, skip=lambda node: node in toggles, name=name, **layout)
 
 
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
@@ -196,6 +196,12 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     plain_ctx = ctx_refs == tuple(("saved", i) for i in via_ctx)
     # The common case: the user saved exactly bwd's saved values, in bwd's order.
     all_via_ctx = plain_ctx and via_ctx == tuple(range(pair.num_saved))
+    # Or in another order (bwd takes them in the order it first reads them): code emitted to
+    # return them, and to take them, in the user's order makes that case the common one.
+    perm = tuple(ref[1] for ref in ctx_refs) if all(ref is not None and ref[0] == "saved"
+                                                    for ref in ctx_refs) else ()
+    permuted = (not all_via_ctx and sorted(perm) == list(range(pair.num_saved))
+                and len(perm) == pair.num_saved > 0)
     num_saved = pair.num_saved
     materialize = pair.materialize_grads
     once = pair.once_differentiable
@@ -203,6 +209,17 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     backwards = _Backwards(pair, top_idx, retrace)
     backwards.plain = bwd_plain
     needs_key = backwards.needs_key
+    fwd_in_ctx_order = bwd_in_ctx_order = None
+    if permuted and fwd_plain is not None and bwd_plain is not None:
+        out_node = next(n for n in pair.fwd_graph.nodes if n.op == "output")
+        outs_nodes, saved_nodes = out_node.args[0]
+        fwd_in_ctx_order = without_body_toggles(
+            pair.fwd_graph, "fwd_body", output=(outs_nodes, tuple(saved_nodes[i] for i in perm)))
+        bwd_params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]
+        grads_params, saved_params = bwd_params[:num_outputs], bwd_params[num_outputs:]
+        bwd_in_ctx_order = without_body_toggles(
+            pair.bwd_graph, "bwd_body", params=[*grads_params, *(saved_params[i] for i in perm)])
+    in_ctx_order = fwd_in_ctx_order is not None and bwd_in_ctx_order is not None
 
     def run_fwd(ctx: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Runs fwd, saves for backward through ``ctx``; returns all fwd outputs."""
@@ -238,17 +255,18 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     # The common case, without the general path's steps: no grad-mode save/restore, the user
     # saved exactly bwd's saved values, nothing marked, every output top-level.
-    simple_fwd = (fwd_plain is not None and all_via_ctx and not stashed and materialize
-                  and not nondiff_pos and not dirty_pos and not uses_sink)
+    simple_fwd = (fwd_plain is not None and (all_via_ctx or in_ctx_order) and not stashed
+                  and materialize and not nondiff_pos and not dirty_pos and not uses_sink)
+    simple_code = fwd_in_ctx_order if in_ctx_order else fwd_code
     if simple_fwd and single:
         def forward(ctx: Any, *inputs: Any) -> Any:
-            outs, saved = fwd_code(*inputs)
+            outs, saved = simple_code(*inputs)
             if num_saved:
                 ctx.save_for_backward(*saved)
             return outs[0]
     elif simple_fwd:
         def forward(ctx: Any, *inputs: Any) -> Any:
-            outs, saved = fwd_code(*inputs)
+            outs, saved = simple_code(*inputs)
             if num_saved:
                 ctx.save_for_backward(*saved)
             return outs
@@ -309,9 +327,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         finally:
             _set_grad(grad_mode)
 
-    if bwd_plain is not None and all_top and all_via_ctx and not needs_key:
+    if bwd_plain is not None and all_top and (all_via_ctx or in_ctx_order) and not needs_key:
+        simple_bwd = bwd_in_ctx_order if in_ctx_order else bwd_code
+
         def backward(ctx: Any, *grads: Any) -> Any:
-            return bwd_code(*grads, *ctx.saved_tensors)
+            return simple_bwd(*grads, *ctx.saved_tensors)
     elif uses_sink:
         def backward(ctx: Any, *top_grads: Any) -> Any:
             return (None, *run_bwd(ctx, top_grads))  # no gradient for the sink
