@@ -265,13 +265,13 @@ def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, 
             user_function: type | None = None) -> Callable[[tuple[Any, ...]], Any]:
     """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
     allows (decided here, once; see ``make_function`` for the Function's calling forms)."""
-    run = _plain_runner(function, inputs, arity, spec, top_level)
+    fetch = _fetch_positional(inputs, arity)
+    run = _plain_runner(function, fetch, spec, top_level)
     transformable = getattr(function, "transformable", None)
     custom_vmap = user_function is not None and \
         getattr(user_function, "vmap", None) is not torch.autograd.Function.vmap
     if transformable is None and not custom_vmap:
         return run  # an old-style Function: torch.func refuses it, as it refuses eager's
-    fetch = _fetch_positional(inputs, arity)
 
     def run_transformed(args: tuple[Any, ...]) -> Any:
         if custom_vmap:
@@ -304,14 +304,18 @@ def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[
     return fetch
 
 
-def _plain_runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
+def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tuple[Any, ...]], Any] | None,
                   spec: OutputSpec, top_level: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], Any]:
     apply = function.apply
-    fetch = _fetch_positional(inputs, arity)
+    if fetch is None:
+        # The arguments are the fwd inputs: the common forms below skip the call entirely.
+        get: Callable[[tuple[Any, ...]], Any] = _same
+    else:
+        get = fetch
     if getattr(function, "uses_sink", False):
         def run_nested(args: tuple[Any, ...]) -> Any:
             sink: list[Any] = []
-            result = apply(sink, *(args if fetch is None else fetch(args)))
+            result = apply(sink, *get(args))
             flat: list[Any] = [None] * (len(result) + len(sink))
             top = iter(result)
             nested = iter(sink)
@@ -328,8 +332,12 @@ def _plain_runner(function: type[torch.autograd.Function], inputs: tuple[InputSo
             return lambda args: apply(*args)
         return lambda args: apply(*fetch(args))
     if spec.kind == "tensor":
-        return lambda args: apply(*(args if fetch is None else fetch(args)))[spec.index]
-    return lambda args: spec.rebuild(apply(*(args if fetch is None else fetch(args))))
+        return lambda args: apply(*get(args))[spec.index]
+    return lambda args: spec.rebuild(apply(*get(args)))
+
+
+def _same(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return args
 
 
 def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> Callable[[tuple[Any, ...]], bool]:

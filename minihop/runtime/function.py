@@ -209,17 +209,9 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     backwards = _Backwards(pair, top_idx, retrace)
     backwards.plain = bwd_plain
     needs_key = backwards.needs_key
-    fwd_in_ctx_order = bwd_in_ctx_order = None
-    if permuted and fwd_plain is not None and bwd_plain is not None:
-        out_node = next(n for n in pair.fwd_graph.nodes if n.op == "output")
-        outs_nodes, saved_nodes = out_node.args[0]
-        fwd_in_ctx_order = without_body_toggles(
-            pair.fwd_graph, "fwd_body", output=(outs_nodes, tuple(saved_nodes[i] for i in perm)))
-        bwd_params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]
-        grads_params, saved_params = bwd_params[:num_outputs], bwd_params[num_outputs:]
-        bwd_in_ctx_order = without_body_toggles(
-            pair.bwd_graph, "bwd_body", params=[*grads_params, *(saved_params[i] for i in perm)])
-    in_ctx_order = fwd_in_ctx_order is not None and bwd_in_ctx_order is not None
+    # Every forward path saves in the user's order (what eager's ctx holds); the simple paths
+    # below read and write that order directly, each with code emitted for it when needed.
+    ctx_ordered = all_via_ctx or permuted
 
     def run_fwd(ctx: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Runs fwd, saves for backward through ``ctx``; returns all fwd outputs."""
@@ -255,9 +247,13 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     # The common case, without the general path's steps: no grad-mode save/restore, the user
     # saved exactly bwd's saved values, nothing marked, every output top-level.
-    simple_fwd = (fwd_plain is not None and (all_via_ctx or in_ctx_order) and not stashed
+    simple_fwd = (fwd_plain is not None and ctx_ordered and not stashed
                   and materialize and not nondiff_pos and not dirty_pos and not uses_sink)
-    simple_code = fwd_in_ctx_order if in_ctx_order else fwd_code
+    simple_code = fwd_code
+    if simple_fwd and permuted:
+        outs_nodes, saved_nodes = next(n for n in pair.fwd_graph.nodes if n.op == "output").args[0]
+        simple_code = without_body_toggles(
+            pair.fwd_graph, "fwd_body", output=(outs_nodes, tuple(saved_nodes[i] for i in perm)))
     if simple_fwd and single:
         def forward(ctx: Any, *inputs: Any) -> Any:
             outs, saved = simple_code(*inputs)
@@ -291,8 +287,6 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     def run_bwd(ctx: Any, top_grads: tuple[Any, ...]) -> tuple[Any, ...]:
         if all_via_ctx:
             saved: tuple[Any, ...] | list[Any] = ctx.saved_tensors if num_saved else ()
-        elif plain_ctx and not stashed:
-            saved = ctx.saved_tensors if via_ctx else ()
         else:
             # Unpack everything the user saved, as eager does (version checks, unpack hooks).
             unpacked = ctx.saved_tensors if ctx_refs else ()
@@ -327,8 +321,13 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         finally:
             _set_grad(grad_mode)
 
-    if bwd_plain is not None and all_top and (all_via_ctx or in_ctx_order) and not needs_key:
-        simple_bwd = bwd_in_ctx_order if in_ctx_order else bwd_code
+    if bwd_plain is not None and all_top and ctx_ordered and not needs_key:
+        simple_bwd = bwd_code
+        if permuted:
+            bwd_params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]
+            grads_params, saved_params = bwd_params[:num_outputs], bwd_params[num_outputs:]
+            simple_bwd = without_body_toggles(
+                pair.bwd_graph, "bwd_body", params=[*grads_params, *(saved_params[i] for i in perm)])
 
         def backward(ctx: Any, *grads: Any) -> Any:
             return simple_bwd(*grads, *ctx.saved_tensors)
