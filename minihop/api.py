@@ -21,11 +21,11 @@ from .runtime.capture import Capture, make_capture
 from .runtime.function import GradLayout, Retrace
 from .runtime.guards import call_key, layout_key
 from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
-from .tracer.trace import python_value_routes
+from .tracer.pystate import arg_masks as _arg_masks
 from .structure import replace_tensors
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
-__all__ = ["capture", "capture_with_trace", "dynamic_dims"]
+__all__ = ["capture", "capture_with_trace", "dynamic_dims", "guard_key"]
 
 def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] = False,
             **kwargs: Any) -> Capture:
@@ -54,16 +54,29 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     function_parts(fn_cls)  # refuses a non-Function with minihop's error
     args = bind_arguments(fn_cls, args, kwargs)
     dims = dynamic_dims(fn_cls, args, dynamic)
+    masks = arg_masks(function_parts(fn_cls))
+    key = call_key(args, dims, masks)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     pair = make_pair(raw)
     outer = functools.partial(make_outer_graph, pair)
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads:
         retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)
-    cap = make_capture(pair, outer, fn_cls, call_key(args, dims), time.perf_counter() - start,
-                       retrace, dims, raw.shape_guards, python_value_routes(function_parts(fn_cls)),
-                       layout_key(args) if raw.reads_layout else None)
+    cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
+                       retrace, dims, raw.shape_guards, raw.python_state,
+                       layout_key(args) if raw.reads_layout else None, masks, args)
     return raw, cap
+
+
+@functools.lru_cache(maxsize=256)
+def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
+    """Per argument position, attributes the call key leaves out (see ``pystate.arg_masks``)."""
+    return _arg_masks(parts)
+
+
+def guard_key(fn_cls: type, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]] | None) -> tuple[Any, ...]:
+    """The key a capture of ``fn_cls`` for these (bound) arguments is filed under."""
+    return call_key(args, dims, arg_masks(function_parts(fn_cls)))
 
 
 def _plain_like(value: Any) -> Any:

@@ -30,10 +30,9 @@ from typing import Any, Literal
 
 import torch
 
-from .api import capture, dynamic_dims
+from .api import capture, dynamic_dims, guard_key
 from .errors import MinihopError
 from .runtime.capture import Capture
-from .runtime.guards import call_key
 from .runtime.streams import run_on_stream
 from .spec import bind_arguments
 from .tracer.recorder import tracing
@@ -116,7 +115,7 @@ class CapturedFunction:
         for entry in self._entries.get(key, ()):
             if isinstance(entry, _Refused):
                 return entry
-            if entry.live_key and entry.live_key != entry.current_live_key():
+            if entry.live_key and entry.live_key != entry.current_live_key(args):
                 continue
             if entry.sizes_fit(args) and entry.layout_fits(args):
                 return entry
@@ -149,7 +148,7 @@ class CapturedFunction:
             return self._eager_apply(*args, **kwargs)
         args = bind_arguments(self.fn_cls, args, kwargs)
         dims = dynamic_dims(self.fn_cls, args, self.dynamic) if self.dynamic else None
-        key = (_method_key(self.fn_cls), call_key(args, dims))
+        key = (_method_key(self.fn_cls), guard_key(self.fn_cls, args, dims))
         entry = self._find(key, args)
         with self._lock:
             if entry is None:

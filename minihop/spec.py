@@ -15,7 +15,8 @@ import torch
 
 from .structure import Path
 
-__all__ = ["InputSource", "bind_arguments", "uses_setup_context"]
+__all__ = ["InputSource", "MISSING", "NO_STATE", "Place", "PythonState", "StateRead", "StateWrite",
+           "bind_arguments", "uses_setup_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,3 +73,128 @@ def bind_arguments(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         missing = next(i for i, n in enumerate(names) if n not in bound.arguments)
         raise TypeError(f"forward() missing required argument: '{names[missing]}' (position {missing})")
     return tuple(bound.args[1:])
+
+
+# -- Python state ------------------------------------------------------------------------
+# What forward/backward read and write of Python state outside their arguments' tensors
+# (found by ``tracer.pystate``; guarded and replayed by the runtime; reported by ``explain``).
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where one Python value lives, found again on every call.
+
+    ``owner(args)`` returns the object holding it (a module's globals dict, a closure cell,
+    the Function class, an argument object, ...) from the call's bound arguments; ``step``
+    says which part of the owner: ``("attr", name)``, ``("item", key)`` or ``("cell", None)``.
+    """
+
+    description: str
+    owner: Callable[[tuple[Any, ...]], Any] = dataclasses.field(compare=False, repr=False)
+    step: tuple[str, Any]
+    # Whether ``owner`` needs the call's arguments (a place inside an argument object).
+    uses_args: bool = False
+
+    def get(self, args: tuple[Any, ...]) -> Any:
+        owner = self.owner(args)
+        kind, key = self.step
+        if kind == "attr":
+            return getattr(owner, key, MISSING)
+        if kind == "cell":
+            try:
+                return owner.cell_contents
+            except ValueError:
+                return MISSING
+        try:
+            return owner[key]
+        except (KeyError, IndexError, TypeError):
+            return MISSING
+
+    def set(self, args: tuple[Any, ...], value: Any) -> None:
+        owner = self.owner(args)
+        kind, key = self.step
+        if kind == "attr":
+            if value is MISSING:
+                delattr(owner, key)
+            else:
+                setattr(owner, key, value)
+        elif kind == "cell":
+            owner.cell_contents = value
+        elif value is MISSING:
+            del owner[key]
+        else:
+            owner[key] = value
+
+
+class _Missing:
+    """The value of a place that does not exist (an attribute not set yet)."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
+
+
+@dataclasses.dataclass(frozen=True)
+class StateRead:
+    """A Python value forward or backward read; the graphs are valid while it is unchanged.
+
+    ``phase`` is the method that read it; reads by backward are checked again when backward
+    runs (the value may change between forward and backward, as eager's backward would see).
+    """
+
+    place: Place
+    phase: str
+    line: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StateWrite:
+    """A write to Python state the Function did not create, replayed on every call.
+
+    ``kind``: ``"add"`` (``place += payload``, a counter), ``"extend"`` (the list at ``place``
+    gets ``payload``'s items appended) or ``"set"`` (``place = payload``, a constant).
+    """
+
+    place: Place
+    kind: str
+    payload: Any
+    phase: str
+    line: str | None = None
+
+    def replay(self, args: tuple[Any, ...]) -> None:
+        if self.kind == "add":
+            self.place.set(args, self.place.get(args) + self.payload)
+        elif self.kind == "extend":
+            self.place.get(args).extend(self.payload)
+        else:
+            self.place.set(args, self.payload)
+
+    def describe(self) -> str:
+        if self.kind == "add":
+            return f"{self.place.description} += {self.payload!r}"
+        if self.kind == "extend":
+            return f"{self.place.description}.extend({list(self.payload)!r})"
+        return f"{self.place.description} = {self.payload!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonState:
+    """Everything a capture took from, and did to, Python state outside its arguments'
+    tensors: the one record that guards, replay, ``explain`` and the errors read."""
+
+    reads: tuple[StateRead, ...] = ()
+    writes: tuple[StateWrite, ...] = ()
+
+    def reads_in(self, phase: str) -> tuple[StateRead, ...]:
+        return tuple(r for r in self.reads if r.phase == phase)
+
+    def writes_in(self, *phases: str) -> tuple[StateWrite, ...]:
+        return tuple(w for w in self.writes if w.phase in phases)
+
+
+NO_STATE = PythonState()

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from ..errors import GuardMismatchError, UnsupportedOperationError
 from ..rewire.pair import Pair
-from ..spec import InputSource, bind_arguments, uses_setup_context
+from ..spec import NO_STATE, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function
 from .streams import run_on_stream
@@ -61,11 +61,12 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
 
 
 def live_fetchers(inputs: tuple[InputSource, ...],
-                  python_values: tuple[tuple[str, Callable[[], Any]], ...]) -> tuple[Callable[[], Any], ...]:
-    """How to read, now, everything a capture took from outside its arguments: tensors
-    reached through closures, globals and modules, and the Python values forward/backward
-    read from their closures and globals (baked into the graphs as constants)."""
-    return (*(s.live for s in inputs if s.live is not None), *(fetch for _, fetch in python_values))
+                  state: PythonState) -> tuple[Callable[[tuple[Any, ...]], Any], ...]:
+    """How to read, for a call's arguments, everything a capture took from outside its
+    arguments' tensors: tensors reached through closures, globals and modules, and the
+    Python values forward/backward read (``PythonState.reads``: constants in the graphs)."""
+    return (*(lambda args, f=s.live: f() for s in inputs if s.live is not None),
+            *(read.place.get for read in state.reads))
 
 
 def _detached(value: torch.Tensor) -> torch.Tensor:
@@ -112,7 +113,10 @@ class Capture:
     argnames: tuple[str, ...]
     live_key: tuple[Any, ...] = ()
     layout: tuple[Any, ...] | None = None
-    _live: tuple[Callable[[], Any], ...] = dataclasses.field(repr=False, default=())
+    _live: tuple[Callable[[tuple[Any, ...]], Any], ...] = dataclasses.field(repr=False, default=())
+    python_state: PythonState = NO_STATE
+    # Attributes of argument objects left out of ``key`` (counters forward increments).
+    masks: dict[int, frozenset[str]] = dataclasses.field(default_factory=dict)
     dynamic_dims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     shape_guards: Any = None
     capture_seconds: float = 0.0
@@ -164,7 +168,7 @@ class Capture:
         args = self.bind(args, kwargs)
         if self._hit(args):
             return self._run(args)
-        key = call_key(args, self.dynamic_dims)
+        key = call_key(args, self.dynamic_dims, self.masks)
         if key != self.key:
             raise GuardMismatchError(
                 f"Capture of {self.name} called with arguments unlike the "
@@ -174,7 +178,7 @@ class Capture:
                 "and autocast state.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
-        if self.live_key != self.current_live_key():
+        if self.live_key != self.current_live_key(args):
             raise GuardMismatchError(
                 f"Capture of {self.name}: a value it reads from a closure, "
                 "global or module changed since it was captured (a Python value, or a "
@@ -220,9 +224,10 @@ class Capture:
                 "or compile a function that calls the original Function (or minihop.apply).")
         return self.function.apply(*args, **kwargs)
 
-    def current_live_key(self) -> tuple[Any, ...]:
-        """``live_key`` as it is now; a difference means the capture is stale."""
-        return tuple(value_key(fetch()) for fetch in self._live)
+    def current_live_key(self, args: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+        """``live_key`` as it is now, for a call with ``args``; a difference means the
+        capture is stale for that call."""
+        return tuple(value_key(fetch(args)) for fetch in self._live)
 
     def layout_fits(self, args: tuple[Any, ...]) -> bool:
         """Whether the arguments' strides are the captured ones (checked only when forward
@@ -347,35 +352,54 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
     live_key = capture.live_key
 
     def hit(args: tuple[Any, ...]) -> bool:
-        return guard(args) and (not capture._live or live_key == capture.current_live_key()) \
+        return guard(args) and (not capture._live or live_key == capture.current_live_key(args)) \
             and capture.layout_fits(args) and capture.sizes_fit(args)
 
     return hit
+
+
+def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> Callable[[tuple[Any, ...]], Any]:
+    """``run``, then forward's Python writes replayed for the call (as eager's forward makes
+    them on every call; tracing undid its own)."""
+    writes = state.writes_in("forward")
+    if not writes:
+        return run
+
+    def run_and_replay(args: tuple[Any, ...]) -> Any:
+        out = run(args)
+        for write in writes:
+            write.replay(args)
+        return out
+
+    return run_and_replay
 
 
 def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type, key: tuple[Any, ...],
                  seconds: float, retrace: Retrace | None = None,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None,
                  shape_guards: Any = None,
-                 python_values: tuple[tuple[str, Callable[[], Any]], ...] = (),
-                 layout: tuple[Any, ...] | None = None) -> Capture:
+                 python_state: PythonState = NO_STATE,
+                 layout: tuple[Any, ...] | None = None,
+                 masks: dict[int, frozenset[str]] | None = None,
+                 args: tuple[Any, ...] = ()) -> Capture:
     shape_check = None
     if shape_guards is not None:
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
-    live = live_fetchers(pair.inputs, python_values)
+    live = live_fetchers(pair.inputs, python_state)
     setup_style = function is not None and uses_setup_context(function)
     function_cls = make_function(pair, retrace, transformable=setup_style,
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule))
     capture = Capture(
-        pair=pair, layout=layout, _guard=compile_guard(key), live_key=tuple(value_key(fetch()) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+        pair=pair, layout=layout, _guard=compile_guard(key, masks), python_state=python_state, masks=dict(masks or {}),
+        live_key=tuple(value_key(fetch(args)) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
         function=function, _make_graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _function=function_cls,
-        _run=_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                     function if setup_style else None),
+        _run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
+                                  function if setup_style else None), python_state),
     )
     object.__setattr__(capture, "_hit", _hit_check(capture._guard, capture))
     return capture

@@ -20,23 +20,27 @@ import torch
 
 from ..structure import PLAIN_CALLABLES, attributes
 
-__all__ = ["autocast_key", "call_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+__all__ = ["autocast_key", "call_key", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
 
 
-def _key(value: Any) -> Any:
+def _key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, torch.Tensor):
         return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
                 value.requires_grad)
     if isinstance(value, _HASHABLE_ATOMS):
         return ("V", type(value), value)
+    if id(value) in _open:
+        return ("cycle", type(value), id(value))  # an object that contains itself
     if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_key(v) for v in value))
+        inner = _open | {id(value)}
+        return (type(value), tuple(_key(v, inner) for v in value))
     if isinstance(value, dict):
-        return (dict, tuple((k, _key(v)) for k, v in value.items()))
+        inner = _open | {id(value)}
+        return (dict, tuple((k, _key(v, inner)) for k, v in value.items()))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         return ("M", type(value), id(value), tuple(
@@ -45,7 +49,8 @@ def _key(value: Any) -> Any:
         return ("id", type(value), id(value))
     attrs = attributes(value)
     if attrs:
-        return ("O", type(value), tuple((k, _key(v)) for k, v in attrs.items()))
+        inner = _open | {id(value)}
+        return ("O", type(value), tuple((k, _key(v, inner)) for k, v in attrs.items()))
     try:
         hash(value)
     except TypeError:
@@ -87,18 +92,31 @@ def _autocast_enabled(device: str) -> bool:
         return False
 
 
-def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[Any, ...]:
+def masked_key(value: Any, masked: frozenset[str]) -> Any:
+    """``value``'s key without the attributes in ``masked`` (counters the Function itself
+    increments on an argument object: every call changes them, and the replayed write keeps
+    them as eager does; see ``tracer.pystate.arg_masks``)."""
+    attrs = attributes(value)
+    if not attrs or isinstance(value, (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
+        return _key(value)
+    return ("O", type(value), tuple((k, _key(v)) for k, v in attrs.items() if k not in masked))
+
+
+def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None,
+             masks: dict[int, frozenset[str]] | None = None) -> tuple[Any, ...]:
     """The properties of a call that a capture depends on (args already bound to positions):
     ``(grad mode, per-argument keys, autocast state)``.
 
     ``dynamic`` maps an argument position to its dynamic dimensions, whose sizes are left out
-    of the key (the capture's shape guards check them instead).
+    of the key (the capture's shape guards check them instead); ``masks`` an argument
+    position to attributes left out of its key (``masked_key``).
     """
-    if not dynamic:
+    if not dynamic and not masks:
         return (torch.is_grad_enabled(), tuple(_key(a) for a in args), autocast_key())
     keys = []
     for i, a in enumerate(args):
-        k = _key(a)
+        k = masked_key(a, masks[i]) if masks and i in masks else _key(a)
+        dynamic = dynamic or {}
         dims = dynamic.get(i)
         if dims and k[0] == "T":
             k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
@@ -141,7 +159,7 @@ def _show(key: Any) -> str:
     return repr(key)
 
 
-def compile_guard(key: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
+def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None = None) -> Callable[[tuple[Any, ...]], bool]:
     """A function ``args -> bool`` equal to ``call_key(args, dynamic) == key``, generated once.
 
     Tensors and plain values get direct attribute checks (no key tuples built per call);
@@ -157,10 +175,15 @@ def compile_guard(key: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
     else:
         lines += ["    if autocast_key() != autocast:", "        return False"]
     consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": _key, "autocast": autocast,
-                              "any_autocast": _any_autocast, "autocast_key": autocast_key}
+                              "any_autocast": _any_autocast, "autocast_key": autocast_key,
+                              "masked_key": masked_key}
     for i, k in enumerate(arg_keys):
         a = f"args[{i}]"
         consts[f"k{i}"] = k
+        if masks and i in masks:
+            consts[f"m{i}"] = masks[i]
+            lines += [f"    if masked_key({a}, m{i}) != k{i}:", "        return False"]
+            continue
         if isinstance(k, tuple) and k and k[0] == "T":
             _, cls, shape, dtype, device, layout, rg = k
             consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout})

@@ -12,10 +12,7 @@ forward node (``bwd_saved``), in the order backward first read it.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import dis
-import functools
 import inspect
 import threading
 import types
@@ -39,13 +36,14 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import InputSource, bind_arguments, uses_setup_context
+from ..spec import InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx
+from .pystate import StateTracker
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
-__all__ = ["TRACE_LOCK", "python_value_routes", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
+__all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +76,7 @@ class RawCapture:
     shape_guards: "ShapeGuards | None"
     ctx_features: tuple[str, ...]
     reads_layout: bool
+    python_state: PythonState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,71 +192,6 @@ def _function_parts(fn_cls: type) -> FunctionParts:
                          backward, argnames, gradnames, once)
 
 
-# Bytecode that changes Python state outside the call: it would run once, at capture, and
-# never when the captured graphs run.
-_STATE_WRITES = {"STORE_GLOBAL": "assigns to the global", "DELETE_GLOBAL": "deletes the global",
-                 "STORE_DEREF": "assigns to the enclosing variable"}
-
-
-# Methods that change a container held in a global or closure variable.
-_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "add",
-                       "discard", "setdefault", "popitem", "appendleft", "sort", "reverse"})
-
-
-_MUTABLE = (list, dict, set, bytearray, collections.deque)
-
-
-def _outside_values(fn: Any) -> dict[str, Any]:
-    """The globals and closure variables ``fn`` can see, by name."""
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    values = dict(getattr(fn, "__globals__", {}))
-    code = getattr(fn, "__code__", None)
-    for name, cell in zip(code.co_freevars if code else (), fn.__closure__ or (), strict=False):
-        try:
-            values[name] = cell.cell_contents
-        except ValueError:
-            pass
-    return values
-
-
-@functools.lru_cache(maxsize=1024)
-def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
-    return tuple(dis.get_instructions(code))
-
-
-def check_side_effects(parts: FunctionParts) -> None:
-    """Refuse user code whose Python side effects a captured graph could not replay."""
-    for method, fn in (("forward", parts.forward), ("setup_context", parts.setup_context),
-                       ("backward", parts.backward)):
-        code = code_of(fn) if fn is not None else None
-        if code is None:
-            continue
-        cellvars = set(code.co_cellvars)
-        outside = _outside_values(fn)
-        previous = None
-        for ins in _instructions(code):
-            what = _STATE_WRITES.get(ins.opname)
-            if ins.opname == "STORE_DEREF" and ins.argval in cellvars:
-                what = None  # a local captured by an inner function: still local state
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == "print":
-                what = "calls"
-            if (previous is not None and previous.opname in ("LOAD_GLOBAL", "LOAD_DEREF")
-                    and ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in _MUTATORS
-                    and isinstance(outside.get(previous.argval), _MUTABLE)):
-                what = f"calls .{ins.argval}() on"
-                ins = previous
-            previous = ins
-            if what is not None:
-                raise SideEffectError(
-                    f"{parts.name}.{method} {what} `{ins.argval}` "
-                    f"(line {ins.positions.lineno if ins.positions else '?'}).",
-                    "A capture replays only tensor operations; Python side effects in "
-                    f"{method} run once, while tracing, and never again when the graphs run.",
-                    "Keep such state out of the Function (or in tensors it returns), or run it "
-                    "eagerly with minihop.function(F, fallback='eager').",
-                    where=f'File "{code.co_filename}", line {ins.positions.lineno if ins.positions else "?"}')
-
-
 def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
     """id(tensor) -> (input name, how to fetch it now), for tensors forward/backward reach
     through closure cells, globals, or the parameters and buffers of a module held there.
@@ -281,38 +215,6 @@ def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
             _add_routes(routes, fn.__globals__[name], f"g_{name}",
                         lambda g=fn.__globals__, n=name: g[n])
     return routes
-
-
-def python_value_routes(parts: FunctionParts) -> tuple[tuple[str, Callable[[], Any]], ...]:
-    """Non-tensor values forward/setup_context/backward read from closures and globals.
-
-    The graphs hold them as constants, so a capture is only valid while they are unchanged
-    (eager would read the new value). Modules are left out (their contents are not read as
-    one value), and so are tensors and ``nn.Module``s (they are graph inputs, see
-    ``_closure_routes``).
-    """
-    routes: dict[str, Callable[[], Any]] = {}
-    for method in (parts.forward, parts.setup_context, parts.backward):
-        if method is None:
-            continue
-        fn = inspect.unwrap(getattr(method, "__func__", method))
-        code = getattr(fn, "__code__", None)
-        if code is None:
-            continue
-        for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            routes.setdefault(f"closure {name}", lambda c=cell: c.cell_contents)
-        for name in code.co_names:
-            if name in fn.__globals__:
-                routes.setdefault(f"global {name}", lambda g=fn.__globals__, n=name: g[n])
-    return tuple((name, fetch) for name, fetch in routes.items() if _is_python_value(fetch))
-
-
-def _is_python_value(fetch: Callable[[], Any]) -> bool:
-    try:
-        value = fetch()
-    except (KeyError, ValueError):
-        return False
-    return not isinstance(value, (types.ModuleType, torch.Tensor, torch.nn.Module))
 
 
 def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
@@ -549,7 +451,6 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                     grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
                     dynamic: dict[int, tuple[int, ...]] | None) -> RawCapture:
     parts = function_parts(fn_cls)
-    check_side_effects(parts)
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
@@ -572,14 +473,27 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
             t.fake_arg((("arg", i),), a)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
     ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
-    record = ctx._minihop_record
+    # Python state: what the user's code reads is guarded, what it writes is replayed or
+    # refused, and whatever tracing changed is put back (see pystate).
+    state = StateTracker(parts, fake_args, fn_cls)
+    state.start()
+    try:
+        return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
+    finally:
+        state.abort()
 
+
+def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tuple[Any, ...],
+                ctx: ProxyCtx, grad_on: bool, grad_specs: tuple[GradSpec | None, ...] | None,
+                state: StateTracker) -> RawCapture:
+    record = ctx._minihop_record
     fwd_frame = FrameSnapshot()
     if parts.setup_context is None:
         out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
     else:
         out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
         t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
+    state.forward_done()
 
     _check_mutations(t, record.dirty)
 
@@ -677,6 +591,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         flat_index += sum(1 for _ in _tensor_leaves(item))
         item_index += 1
 
+    python_state = state.finish(ctx)
     fwd_inputs = tuple((node, t.placeholder_sources[node])
                        for node in t.fwd.graph.nodes if node.op == "placeholder")
     return RawCapture(
@@ -694,6 +609,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
+        python_state=python_state,
     )
 
 

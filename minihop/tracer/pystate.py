@@ -1,0 +1,776 @@
+"""Python state a user's Function reads and writes: found, guarded, replayed or refused.
+
+Place in the pipeline: tracer. A capture replays tensor operations only, so everything the
+user's ``forward``/``setup_context``/``backward`` do with ordinary Python values outside their
+arguments' tensors must be handled here, or the capture would silently disagree with eager:
+
+- **Reads** (a class attribute ``MyFn.scale``, a module global, a closure cell, an attribute
+  of an object reached from them or from ``ctx``, an attribute of a user module) are found in
+  the bytecode of the three methods and of the user's helper functions they reach
+  (``LOAD_GLOBAL``/``LOAD_DEREF``/``LOAD_FAST`` followed by ``LOAD_ATTR``/constant subscripts),
+  and each becomes a ``StateRead``: the capture is valid only while its value is unchanged
+  (checked on every call, and again when backward runs for backward's reads). Reading more
+  than the code will read only costs a recapture; reading less would be a stale answer.
+  Values in arguments themselves are already in the call key (``runtime.guards``).
+- **Writes** are judged by what runs, not by what is written: the Python state reachable
+  from those same roots (and from the arguments) is snapshotted before tracing and compared
+  after forward and after backward. A counter incremented (``+=``), a list extended with
+  Python values, an attribute or item set to a constant becomes a ``StateWrite``, replayed on
+  every call (the trace's own writes are undone, so capture leaves Python state as it found
+  it). Any other write, and any ``print`` that runs, is a ``SideEffectError`` naming the place
+  and the source line (or, with ``fallback="eager"``, an eager run).
+
+Invariant: after ``StateTracker.finish`` the Python state is as it was before tracing, and
+every difference tracing made is either in ``PythonState.writes`` or was raised as an error.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import dis
+import functools
+import inspect
+import sys
+import sysconfig
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ..errors import SideEffectError
+from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
+from ..structure import attributes
+
+__all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
+
+# Instructions that start a chain of attribute reads, and what they read from.
+_ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_FAST": "fast",
+          "LOAD_NAME": "global", "LOAD_CLASSDEREF": "deref"}
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "add",
+                       "discard", "setdefault", "popitem", "appendleft", "extendleft", "sort",
+                       "reverse", "__setitem__", "__delitem__", "__iadd__"})
+_ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
+          torch.Size)
+_MAX_OBJECTS = 2000  # a snapshot walks at most this many objects ...
+_MAX_DEPTH = 6       # ... and this deep below its roots
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """``root.step.step...`` as the code reads it (``steps`` are ("attr", name) or
+    ("item", constant)); ``use`` is how the code uses the value at its end."""
+
+    root_kind: str  # "global", "deref" or "fast"
+    root: str
+    steps: tuple[tuple[str, Any], ...]
+    use: str  # "value", "receiver" (of a store or a mutating call), "increment" (of +=)
+    line: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeFacts:
+    """What one code object reads and writes, by name (no values: cached per code object)."""
+
+    chains: tuple[Chain, ...]
+    stores: tuple[tuple[str, int | None], ...]  # (attribute or name written, line)
+    escaping: frozenset[str]  # locals used other than as the root of a chain (passed on)
+    reassigned: frozenset[str]  # locals assigned in the code (not the caller's values)
+
+
+def _is_inplace(ins: dis.Instruction) -> bool:
+    return ins.opname == "BINARY_OP" and ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=")
+
+
+@functools.lru_cache(maxsize=2048)
+def code_facts(code: types.CodeType) -> CodeFacts:
+    """Read ``code``'s bytecode for chains of loads, stores and escaping locals."""
+    ins = list(dis.get_instructions(code))
+    chains: list[Chain] = []
+    stores: list[tuple[str, int | None]] = []
+    escaping: set[str] = set()
+    reassigned = {i.argval for i in ins if i.opname in ("STORE_FAST", "DELETE_FAST")}
+    line: int | None = code.co_firstlineno
+    i = 0
+    while i < len(ins):
+        op = ins[i]
+        if op.positions is not None and op.positions.lineno is not None:
+            line = op.positions.lineno
+        if op.opname in ("STORE_ATTR", "STORE_GLOBAL", "STORE_DEREF", "DELETE_ATTR", "DELETE_GLOBAL"):
+            stores.append((str(op.argval), line))
+        kind = _ROOTS.get(op.opname)
+        if kind is None:
+            i += 1
+            continue
+        root = str(op.argval)
+        steps: list[tuple[str, Any]] = []
+        j = i + 1
+        use = "value"
+        while j < len(ins):
+            nxt = ins[j]
+            if nxt.opname == "LOAD_ATTR":
+                steps.append(("attr", nxt.argval))
+                j += 1
+            elif nxt.opname == "LOAD_METHOD":
+                use = "receiver" if nxt.argval in _MUTATORS else "value"
+                j += 1
+                break
+            elif (nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname == "BINARY_SUBSCR"
+                  and isinstance(nxt.argval, (int, str, bool, type(None), tuple))):
+                steps.append(("item", nxt.argval))
+                j += 2
+            elif nxt.opname == "COPY" and nxt.arg == 1 and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_ATTR":
+                # ``root.a += expr``: COPY 1; LOAD_ATTR a; <expr>; BINARY_OP +=; SWAP 2; STORE_ATTR a
+                attr = ins[j + 1].argval
+                end = _augmented_end(ins, j + 2, attr)
+                if end is not None:
+                    chains.append(Chain(kind, root, tuple(steps), "receiver", line))
+                    chains.append(Chain(kind, root, (*steps, ("attr", attr)),
+                                        "increment" if ins[end - 2].argrepr in ("+=", "-=") else "value", line))
+                    steps = []
+                    use = "done"
+                break
+            elif nxt.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR"):
+                use = "receiver"
+                break
+            else:
+                break
+        if kind == "global" and not steps and use == "value" and j < len(ins):
+            # ``N += k`` on a global: LOAD_GLOBAL N; <expr>; BINARY_OP +=; STORE_GLOBAL N
+            end = _global_increment_end(ins, j, root)
+            if end is not None:
+                use = "increment"
+        if use != "done":
+            if kind == "fast" and not steps and use == "value":
+                escaping.add(root)
+            chains.append(Chain(kind, root, tuple(steps), use, line))
+        i = j if j > i + 1 else i + 1
+    return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned))
+
+
+def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
+    """The index after ``SWAP 2; STORE_ATTR attr`` closing an augmented assignment."""
+    depth = 0
+    for k in range(start, min(len(ins) - 2, start + 40)):
+        if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
+                and ins[k + 2].argval == attr and depth == 0:
+            return k + 3
+        if ins[k].opname in ("RETURN_VALUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE"):
+            return None
+    return None
+
+
+def _global_increment_end(ins: list[dis.Instruction], start: int, name: str) -> int | None:
+    for k in range(start, min(len(ins) - 1, start + 40)):
+        if _is_inplace(ins[k]) and ins[k].argrepr in ("+=", "-=") and ins[k + 1].opname == "STORE_GLOBAL" \
+                and ins[k + 1].argval == name:
+            return k + 2
+        if ins[k].opname in ("RETURN_VALUE", "STORE_FAST", "POP_TOP"):
+            return None
+    return None
+
+
+# -- which objects are the user's ---------------------------------------------------------
+
+_LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_extensions",
+                               "functorch", "builtins", "_pytest", "pytest", "pluggy",
+                               *sys.stdlib_module_names})
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+
+
+@functools.lru_cache(maxsize=4096)
+def _library_module(name: str) -> bool:
+    top = name.split(".")[0]
+    if top in _LIBRARY_PACKAGES:
+        return True
+    module = sys.modules.get(top)
+    file = getattr(module, "__file__", None) or ""
+    return bool(file) and file.startswith(_INSTALLED)
+
+
+def is_library(value: Any) -> bool:
+    """Whether ``value`` (a module, function or class) belongs to torch, the standard library,
+    minihop or the test runner: its module state is not the user's to change, so chains
+    through it are neither guarded nor watched. (Functions the user's code reaches through
+    its own globals are analysed wherever they are defined.)"""
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+    else:
+        name = getattr(value, "__module__", None) or ""
+    return _library_module(name) if isinstance(name, str) else False
+
+
+def _is_user_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and not is_library(value)
+
+
+# -- reads --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Root:
+    """A chain's start, resolved: how to find it on a call, and its name."""
+
+    description: str
+    fetch: Callable[[tuple[Any, ...]], Any]
+    uses_args: bool
+
+
+def _code(fn: Any) -> types.CodeType | None:
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _function(fn: Any) -> Any:
+    return inspect.unwrap(getattr(fn, "__func__", fn))
+
+
+def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root | None:
+    """Where ``chain``'s root lives, for ``fn``'s code: a global, a closure cell, or one of
+    the call's arguments (``params``: parameter name -> argument index, or "ctx")."""
+    fn = _function(fn)
+    code = fn.__code__
+    if chain.root_kind == "global":
+        g = fn.__globals__
+        name = chain.root
+        if name in g:
+            return _Root(name, lambda args, g=g, n=name: g.get(n, MISSING), False)
+        if hasattr(builtins, name):
+            return None  # a builtin (len, print, ...): not the user's state
+        return _Root(name, lambda args, g=g, n=name: g.get(n, MISSING), False)
+    if chain.root_kind == "deref":
+        if chain.root not in code.co_freevars:
+            return None  # a local captured by an inner function
+        cell = fn.__closure__[code.co_freevars.index(chain.root)]
+        return _Root(chain.root, lambda args, c=cell: _cell_value(c), False)
+    where = params.get(chain.root)
+    if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
+        return _Root(chain.root, lambda args, i=where: args[i] if i < len(args) else MISSING, True)
+    return None
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return MISSING
+
+
+def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
+    for kind, key in steps:
+        if value is MISSING:
+            return MISSING
+        if kind == "attr":
+            if isinstance(value, torch.Tensor):
+                return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
+            try:
+                value = getattr(value, key)
+            except Exception:
+                return MISSING
+        else:
+            try:
+                value = value[key]
+            except Exception:
+                return MISSING
+    return value
+
+
+def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
+    """The place at ``root.steps`` (its owner found anew on every call)."""
+    text = root.description + "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
+    if not steps:
+        return Place(text, lambda args, r=root: _RootBox(r.fetch(args)), ("attr", "value"), root.uses_args)
+    owner_steps = steps[:-1]
+    return Place(text, lambda args, r=root, s=owner_steps: _walk(r.fetch(args), s), steps[-1],
+                 root.uses_args)
+
+
+class _RootBox:
+    """A root value seen as a place (its ``value`` attribute), for reads of a whole global."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _guarded_value(value: Any) -> bool:
+    """Values worth a guard: not modules, tensors (graph inputs) or library functions."""
+    if value is MISSING:
+        return True
+    if isinstance(value, (types.ModuleType, torch.Tensor, torch.nn.Module)):
+        return False
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)) and is_library(value):
+        return False
+    return True
+
+
+def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
+    """Parameter name -> argument index (or "ctx") for one of the user's methods."""
+    code = _code(fn)
+    if code is None:
+        return {}
+    names = code.co_varnames[:code.co_argcount]
+    if method == "forward":
+        offset = 0 if uses_setup else 1
+        found: dict[str, int | str] = {n: i - offset for i, n in enumerate(names) if i >= offset}
+        if not uses_setup and names:
+            found[names[0]] = "ctx"
+        return found
+    if names:
+        return {names[0]: "ctx"}
+    return {}
+
+
+def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, int | str]]]:
+    """Each method, and each user helper function it reaches through globals or closures
+    (their parameters are not the Function's arguments), with its code's facts."""
+    seen: set[int] = set()
+    todo = [(phase, fn, params, 0) for phase, fn, params in methods]
+    while todo:
+        phase, fn, params, depth = todo.pop(0)
+        code = _code(fn)
+        if code is None or (id(code), phase) in seen:
+            continue
+        seen.add((id(code), phase))  # type: ignore[arg-type]
+        facts = code_facts(code)
+        yield phase, fn, facts, params
+        if depth >= 3:
+            continue
+        for chain in facts.chains:
+            root = _resolve_root(fn, chain, {})
+            if root is None or root.uses_args:
+                continue
+            value = _walk(root.fetch(()), chain.steps)
+            if _is_user_function(value):
+                todo.append((phase, value, {}, depth + 1))
+            elif isinstance(value, staticmethod) and _is_user_function(value.__func__):
+                todo.append((phase, value.__func__, {}, depth + 1))
+
+
+def _methods(parts: Any) -> tuple[tuple[str, Any, dict[str, int | str]], ...]:
+    uses_setup = parts.setup_context is not None
+    found = [("forward", parts.forward, _params(parts.forward, "forward", uses_setup))]
+    if parts.setup_context is not None:
+        found.append(("forward", parts.setup_context, _params(parts.setup_context, "setup_context", True)))
+    found.append(("backward", parts.backward, _params(parts.backward, "backward", True)))
+    return tuple(found)
+
+
+def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
+    """Attributes of argument objects that forward/backward only increment (``cfg.calls +=
+    1``) or mutate (``cfg.log.append``): left out of the call key, since every call changes
+    them; the replayed write keeps them as eager does. Only for arguments the code does not
+    pass on to other functions (which might read them)."""
+    masks: dict[int, set[str]] = collections.defaultdict(set)
+    values: dict[int, set[str]] = collections.defaultdict(set)
+    escaped: set[int] = set()
+    for _phase, fn, facts, params in _analysed(_methods(parts)):
+        for chain in facts.chains:
+            where = params.get(chain.root) if chain.root_kind == "fast" else None
+            if not isinstance(where, int):
+                continue
+            if chain.root in facts.escaping or chain.root in facts.reassigned:
+                escaped.add(where)
+            if not chain.steps:
+                continue
+            attr = str(chain.steps[0][1])
+            if chain.use == "increment" and len(chain.steps) == 1:
+                masks[where].add(attr)
+            elif chain.use == "receiver" and len(chain.steps) == 1:
+                pass  # the receiver of a store or mutating call: not read as a value
+            else:
+                values[where].add(attr)
+    return {i: frozenset(m - values[i]) for i, m in masks.items() if i not in escaped and m - values[i]}
+
+
+# -- the tracker ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Seen:
+    """One object of a snapshot: how to find it again, and a copy of its contents."""
+
+    obj: Any
+    root: _Root
+    steps: tuple[tuple[str, Any], ...]
+    kind: str  # "attrs", "list", "dict", "set", "globals", "cell"
+    contents: Any
+
+
+class _PrintWatch:
+    """``print`` while the user's code is traced (in the tracing thread): recorded, not run."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, int, str]] = []  # (function, line in it, where)
+        self.thread = threading.get_ident()
+        self.real = builtins.print
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if threading.get_ident() != self.thread:
+            return self.real(*args, **kwargs)
+        frame = sys._getframe(1)
+        self.lines.append((frame.f_code.co_name, frame.f_lineno,
+                           f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
+        return None
+
+
+class StateTracker:
+    """Watches Python state across one capture's tracing (see the module docstring)."""
+
+    def __init__(self, parts: Any, args: tuple[Any, ...], fn_cls: type) -> None:
+        self.parts = parts
+        self.name = parts.name
+        self.args = args
+        self.reads: list[StateRead] = []
+        self.roots: list[tuple[_Root, Any]] = []
+        self.stores: dict[str, int | None] = {}
+        self.watch: _PrintWatch | None = None
+        self.fn_cls = fn_cls
+        self._read_keys: set[tuple[str, str]] = set()
+        self._find_reads()
+        self.before = self._snapshot()
+        self.after_forward: dict[int, _Seen] | None = None
+        self.finished = False
+
+    # reads: every chain of the code whose value is the user's state
+    def _find_reads(self) -> None:
+        seen_roots: set[str] = set()
+        for phase, fn, facts, params in _analysed(_methods(self.parts)):
+            code = _code(fn)
+            for attr, line in facts.stores:
+                self.stores.setdefault(attr, line)
+            for chain in facts.chains:
+                root = _resolve_root(fn, chain, params)
+                if root is None:
+                    continue
+                if root.description not in seen_roots:
+                    seen_roots.add(root.description)
+                    self.roots.append((root, root.fetch(self.args)))
+                if root.uses_args:
+                    continue  # argument objects are in the call key, whole
+                value = root.fetch(self.args)
+                if isinstance(value, types.ModuleType) and is_library(value):
+                    continue
+                if not chain.steps and (isinstance(value, (types.FunctionType, type)) or value is MISSING):
+                    # A helper function or class by name: its identity is what is read
+                    # (its contents are analysed or read through chains of their own).
+                    pass
+                if chain.use in ("receiver", "increment"):
+                    continue
+                end = _walk(value, chain.steps)
+                if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)):
+                    continue
+                self._add_read(_place(root, chain.steps), phase, code, chain.line)
+        # The Function class's own attributes are state too (read as ``type(self)`` etc.).
+        cls_root = _Root(self.fn_cls.__qualname__, lambda args, c=self.fn_cls: c, False)
+        self.roots.append((cls_root, self.fn_cls))
+
+    def _add_read(self, place: Place, phase: str, code: types.CodeType | None, line: int | None) -> None:
+        key = (place.description, phase)
+        if key in self._read_keys:
+            return
+        self._read_keys.add(key)
+        where = f'File "{code.co_filename}", line {line}' if code is not None else None
+        self.reads.append(StateRead(place, phase, where))
+
+    def read_ctx_chains(self, ctx: Any) -> None:
+        """Backward's reads through ctx (``ctx.cfg.scale``): after forward ran, ``ctx.cfg`` is
+        an object; if it is one reachable from the arguments or globals, the read is of that
+        place (and checked again when backward runs). Objects forward created are its own."""
+        index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
+        for phase, fn, facts, params in _analysed(_methods(self.parts)):
+            code = _code(fn)
+            for chain in facts.chains:
+                if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or len(chain.steps) < 2 \
+                        or chain.use != "value":
+                    continue
+                first = getattr(ctx, str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
+                seen = index.get(id(first))
+                if seen is None or isinstance(first, _ATOMS):
+                    continue
+                steps = (*seen.steps, *chain.steps[1:])
+                end = _walk(first, chain.steps[1:])
+                if _guarded_value(end):
+                    self._add_read(_place(seen.root, steps), phase, code, chain.line)
+
+    # writes: snapshots of everything reachable from the roots
+    def _snapshot(self) -> dict[int, _Seen]:
+        found: dict[int, _Seen] = {}
+        queue: collections.deque[tuple[Any, _Root, tuple[tuple[str, Any], ...], int]] = collections.deque()
+        globals_seen: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for root, _ in self.roots:
+            value = root.fetch(self.args)
+            if not root.uses_args and root.description != self.fn_cls.__qualname__:
+                owner = self._root_owner(root)
+                if owner is not None:
+                    obj, key, kind = owner
+                    if kind == "globals":
+                        entry = globals_seen.setdefault(id(obj), (obj, {}))
+                        entry[1][key] = obj.get(key, MISSING)
+                    else:
+                        found.setdefault(id(obj), _Seen(obj, root, (), "cell", _cell_value(obj)))
+            queue.append((value, root, (), 0))
+        for i, a in enumerate(self.args):
+            queue.append((a, _Root(self.parts.argnames[i] if i < len(self.parts.argnames) else f"args[{i}]",
+                                   lambda args, i=i: args[i] if i < len(args) else MISSING, True), (), 0))
+        for gid, (g, names) in globals_seen.items():
+            found[gid] = _Seen(g, _Root("globals", lambda args, g=g: g, False), (), "globals", dict(names))
+        while queue and len(found) < _MAX_OBJECTS:
+            value, root, steps, depth = queue.popleft()
+            if id(value) in found or depth > _MAX_DEPTH:
+                continue
+            kind, contents = _contents(value)
+            if kind is None:
+                continue
+            found[id(value)] = _Seen(value, root, steps, kind, contents)
+            children = (contents.items() if kind in ("attrs", "dict") else
+                        enumerate(contents) if kind == "list" else ())
+            for key, child in children:
+                step = ("attr", key) if kind == "attrs" else ("item", key)
+                queue.append((child, root, (*steps, step), depth + 1))
+        return found
+
+    def _root_owner(self, root: _Root) -> tuple[Any, Any, str] | None:
+        for _phase, fn, facts, _params in _analysed(_methods(self.parts)):
+            f = _function(fn)
+            if root.description in f.__globals__ or root.description in f.__code__.co_names:
+                return f.__globals__, root.description, "globals"
+            code = f.__code__
+            if root.description in code.co_freevars:
+                return f.__closure__[code.co_freevars.index(root.description)], None, "cell"
+        return None
+
+    def start(self) -> None:
+        """Before the user's code runs: watch ``print``."""
+        self.watch = _PrintWatch()
+        builtins.print = self.watch
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            builtins.print = self.watch.real
+
+    def abort(self) -> None:
+        """After tracing, however it ended: ``print`` restored, Python state put back."""
+        self.stop()
+        if not self.finished:
+            self.finished = True
+            _restore(self.before)
+
+    def forward_done(self) -> None:
+        self.after_forward = self._snapshot()
+
+    def finish(self, ctx: Any) -> PythonState:
+        """Undo what tracing did to Python state; return what it read and the writes each
+        call must replay. Raises ``SideEffectError`` for a write that cannot be replayed."""
+        self.stop()
+        after_forward = self.after_forward if self.after_forward is not None else self._snapshot()
+        after = self._snapshot()
+        try:
+            writes = [*self._writes(self.before, after_forward, "forward"),
+                      *self._writes(after_forward, after, "backward")]
+            if self.watch is not None and self.watch.lines:
+                method, line, where = self.watch.lines[0]
+                raise SideEffectError(
+                    f"{self.name}.{method} calls `print` (line {line}).",
+                    "A capture replays only tensor operations and the simple Python writes "
+                    "minihop can repeat (counters, appends, constants); printing happens once, "
+                    "while tracing, and never again when the graphs run.",
+                    "Print outside the Function, or behind a flag that is off (if DEBUG: ...), "
+                    "or run it eagerly with minihop.function(F, fallback='eager').",
+                    where=where)
+            self.read_ctx_chains(ctx)
+        finally:
+            self.finished = True
+            _restore(self.before)
+        return PythonState(tuple(self.reads), tuple(writes))
+
+    def _writes(self, old: dict[int, _Seen], new: dict[int, _Seen], phase: str) -> list[StateWrite]:
+        read_places = {r.place.description for r in self.reads}
+        writes: list[StateWrite] = []
+        for key, was in old.items():
+            now_kind, now = _contents(was.obj) if was.kind not in ("globals", "cell") else (was.kind, None)
+            if was.kind == "globals":
+                now = {k: was.obj.get(k, MISSING) for k in was.contents}
+            elif was.kind == "cell":
+                now = _cell_value(was.obj)
+            if _same(was.kind, was.contents, now):
+                continue
+            for step, before, after in _differences(was.kind, was.contents, now):
+                writes.append(self._write(was, step, before, after, phase, read_places))
+        return writes
+
+    def _write(self, was: _Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
+               read_places: set[str]) -> StateWrite:
+        if was.kind == "globals":
+            root = _Root(str(step[1]), lambda args, g=was.obj, n=step[1]: g.get(n, MISSING), False)
+            place = Place(f"global {step[1]}", lambda args, g=was.obj: g, ("item", step[1]))
+        elif was.kind == "cell":
+            place = Place(f"closure variable {was.root.description}", lambda args, c=was.obj: c, ("cell", None))
+        else:
+            owner_steps = was.steps
+            place = _place(was.root, (*owner_steps, step)) if step != ("extend", None) else \
+                _place_of_object(was)
+        line = self.stores.get(str(step[1])) if step[0] in ("attr", "item") else None
+        where = None
+        if line is not None:
+            where = f"line {line}"
+        if step == ("extend", None):
+            if all(isinstance(v, _ATOMS) or _atom_tuple(v) for v in after):
+                return StateWrite(place, "extend", tuple(after), phase, where)
+            return self._refuse(place, phase, where, "appends objects minihop cannot repeat to")
+        if isinstance(after, _ATOMS) and not isinstance(after, torch.Tensor) or _atom_tuple(after):
+            guarded = place.description in read_places
+            # An unguarded counter is replayed as its increment (exact for ints only); a
+            # guarded value was the same before every call, so setting it again is exact.
+            if not guarded and type(before) is int and type(after) is int:
+                return StateWrite(place, "add", after - before, phase, where)
+            if not guarded and type(after) is float and before is not MISSING:
+                return self._refuse(place, phase, where, "updates the float")
+            return StateWrite(place, "set", after, phase, where)
+        if isinstance(after, torch.Tensor) or _holds_tensor(after):
+            return self._refuse(place, phase, where, "puts a tensor into", tensor=True)
+        return self._refuse(place, phase, where, "changes")
+
+    def _refuse(self, place: Place, phase: str, where: str | None, what: str, *, tensor: bool = False) -> StateWrite:
+        _restore(self.before)
+        self.stop()
+        todo = ("Return the tensor from forward instead, or run it eagerly with "
+                "minihop.function(F, fallback='eager')." if tensor else
+                "Keep such state out of the Function, make it a counter, an append of Python "
+                "values or a constant, or run it eagerly with minihop.function(F, fallback='eager').")
+        raise SideEffectError(
+            f"{self.name}.{phase} {what} {place.description}, Python state it did not create"
+            + (f" ({where})." if where else "."),
+            "A capture replays tensor operations and only simple Python writes (counter "
+            "increments, appends of Python values, constants set); this one would happen once, "
+            "while tracing, and never again when the graphs run.",
+            todo)
+
+
+def _place_of_object(was: _Seen) -> Place:
+    if not was.steps:
+        return Place(was.root.description, lambda args, r=was.root: _RootBox(r.fetch(args)),
+                     ("attr", "value"), was.root.uses_args)
+    return _place(was.root, was.steps)
+
+
+def _atom_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(v, _ATOMS) or _atom_tuple(v) for v in value)
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in value.values())
+    return False
+
+
+def _contents(value: Any) -> tuple[str | None, Any]:
+    """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
+    if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
+                                                       types.BuiltinFunctionType, types.MethodType,
+                                                       staticmethod, classmethod, property, tuple,
+                                                       frozenset, torch.nn.Module)) or value is MISSING:
+        return None, None
+    if isinstance(value, (list, collections.deque)):
+        return "list", list(value)
+    if isinstance(value, dict):
+        return "dict", dict(value)
+    if isinstance(value, set):
+        return "set", set(value)
+    if isinstance(value, type):
+        if is_library(value) or not issubclass(value, torch.autograd.Function) and value.__module__ == "builtins":
+            return None, None
+        return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("__") and not k.startswith("_minihop")
+                         and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
+    if is_library(type(value)) and not isinstance(value, (types.SimpleNamespace,)):
+        return None, None
+    try:
+        return "attrs", attributes(value)
+    except Exception:
+        return None, None
+
+
+def _same(kind: str, old: Any, new: Any) -> bool:
+    if kind == "cell":
+        return old is new or (isinstance(old, _ATOMS) and type(old) is type(new) and old == new)
+    if kind in ("attrs", "dict", "globals"):
+        if old.keys() != new.keys():
+            return False
+        return all(old[k] is new[k] for k in old)
+    if kind == "list":
+        return len(old) == len(new) and all(a is b for a, b in zip(old, new))
+    return old == new
+
+
+def _differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any], Any, Any]]:
+    if kind == "cell":
+        yield ("cell", None), old, new
+        return
+    if kind in ("attrs", "dict", "globals"):
+        step_kind = "attr" if kind == "attrs" else "item"
+        for k in (*old.keys(), *(k for k in new if k not in old)):
+            a, b = old.get(k, MISSING), new.get(k, MISSING)
+            if a is not b:
+                yield (step_kind, k), a, b
+        return
+    if kind == "list" and len(new) >= len(old) and all(a is b for a, b in zip(old, new)):
+        yield ("extend", None), None, new[len(old):]
+        return
+    yield ("whole", None), old, new
+
+
+def _restore(snapshot: dict[int, _Seen]) -> None:
+    """Put every watched object back as the snapshot saw it."""
+    for seen in snapshot.values():
+        obj, old = seen.obj, seen.contents
+        try:
+            if seen.kind == "globals":
+                for k, v in old.items():
+                    if v is MISSING:
+                        obj.pop(k, None)
+                    elif obj.get(k, MISSING) is not v:
+                        obj[k] = v
+            elif seen.kind == "cell":
+                if old is not MISSING and _cell_value(obj) is not old:
+                    obj.cell_contents = old
+            elif seen.kind == "list":
+                if len(obj) != len(old) or any(a is not b for a, b in zip(obj, old)):
+                    obj.clear()
+                    obj.extend(old)
+            elif seen.kind == "dict":
+                if obj.keys() != old.keys() or any(obj[k] is not old[k] for k in old):
+                    obj.clear()
+                    obj.update(old)
+            elif seen.kind == "set":
+                if obj != old:
+                    obj.clear()
+                    obj.update(old)
+            elif seen.kind == "attrs":
+                now = _contents(obj)[1] or {}
+                for k in now:
+                    if k not in old:
+                        _delattr(obj, k)
+                for k, v in old.items():
+                    if now.get(k, MISSING) is not v:
+                        _setattr(obj, k, v)
+        except Exception:
+            continue
+
+
+def _setattr(obj: Any, name: str, value: Any) -> None:
+    if isinstance(obj, type):
+        type.__setattr__(obj, name, value)
+    else:
+        object.__setattr__(obj, name, value)
+
+
+def _delattr(obj: Any, name: str) -> None:
+    if isinstance(obj, type):
+        type.__delattr__(obj, name)
+    else:
+        object.__delattr__(obj, name)
