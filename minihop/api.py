@@ -6,6 +6,7 @@ Place in the pipeline: the top. Each entry is a few lines: trace forward and bac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Mapping, Sequence
@@ -60,8 +61,8 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     pair = make_pair(raw)
     outer = functools.partial(make_outer_graph, pair)
     retrace = None
-    if raw.grad_assumptions or not raw.materialize_grads:
-        retrace = _backward_retracer(fn_cls, raw.inputs_for_retrace, pair)
+    if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward"):
+        retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
                        layout_key(args) if raw.reads_layout else None, masks, args)
@@ -95,14 +96,29 @@ def _plain_like(value: Any) -> Any:
     return replace_tensors(value, plain, ())
 
 
-def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace:
-    """Trace backward again for grads unlike the ones it was traced with (see runtime)."""
+def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
+    """Trace backward again for grads unlike the ones it was traced with, or for Python
+    values backward reads that changed since forward ran (see runtime)."""
+    inputs = raw.inputs_for_retrace
     saved_index = {name: i for i, name in enumerate(pair.saved_names)}
     input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 
-    def retrace(layout: GradLayout) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+    def retrace(layout: GradLayout, call_args: tuple[Any, ...] = ()) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
-        variant = make_pair(trace_function(fn_cls, (), {}, grad_specs=specs, retrace=inputs))
+        these = inputs if not call_args else dataclasses.replace(
+            inputs, fake_args=_refill(inputs.fake_args, call_args))
+        variant_raw = trace_function(fn_cls, (), {}, grad_specs=specs, retrace=these)
+        if variant_raw.ctx_values != raw.ctx_values:
+            # Forward is traced again too, now with the changed values; what it told ctx is
+            # what eager's backward would read from the forward that really ran.
+            raise UnsupportedOperationError(
+                f"{pair.function_name}.backward must be traced again (a Python value it reads "
+                "changed since forward ran), but forward, traced again with today's values, "
+                "leaves other Python values on ctx than the forward that ran.",
+                "Backward would then read values the real forward never set.",
+                "Do not change the values forward reads between forward and backward, or run "
+                "it eagerly with minihop.function(F, fallback='eager').")
+        variant = make_pair(variant_raw)
         missing = [n for n in variant.saved_names if n not in saved_index]
         missing += [s.name for s in variant.inputs if s.name not in input_index]
         if missing:
@@ -116,6 +132,21 @@ def _backward_retracer(fn_cls: type, inputs: TraceInputs, pair: Pair) -> Retrace
                 tuple(input_index[s.name] for s in variant.inputs))
 
     return retrace
+
+
+def _refill(fake_args: tuple[Any, ...], call_args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The call's own arguments (its objects, with what they hold now) with each tensor
+    replaced by the fake the capture traced it as (the call key made their paths the same)."""
+    fakes: dict[Any, Any] = {}
+
+    def collect(path: Any, fake: torch.Tensor) -> torch.Tensor:
+        fakes[path] = fake
+        return fake
+
+    for i, a in enumerate(fake_args):
+        replace_tensors(a, collect, (("arg", i),))
+    return tuple(replace_tensors(a, lambda path, t: fakes.get(path, t), (("arg", i),))
+                 for i, a in enumerate(call_args))
 
 
 def dynamic_dims(fn_cls: type, args: tuple[Any, ...],

@@ -22,7 +22,7 @@ from ..errors import GuardMismatchError, UnsupportedOperationError
 from ..rewire.pair import Pair
 from ..spec import NO_STATE, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, make_getter
-from .function import Retrace, make_function
+from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
 
@@ -362,6 +362,18 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
     them on every call; tracing undid its own)."""
     writes = state.writes_in("forward")
+    if any(r.place.uses_args for r in state.reads_in("backward")) or \
+            any(w.place.uses_args for w in state.writes_in("backward")):
+        inner = run
+
+        def run(args: tuple[Any, ...]) -> Any:
+            # Backward reads or writes state inside an argument object: forward keeps the
+            # call's arguments on ctx (see make_function).
+            set_call_arguments(args)
+            try:
+                return inner(args)
+            finally:
+                set_call_arguments(None)
     if not writes:
         return run
 
@@ -388,8 +400,11 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
     live = live_fetchers(pair.inputs, python_state)
     setup_style = function is not None and uses_setup_context(function)
+    # What backward's Python reads were at capture: backward compares them when it runs.
+    state_base = tuple(value_key(read.place.get(args)) for read in python_state.reads_in("backward"))
     function_cls = make_function(pair, retrace, transformable=setup_style,
-                                 generate_vmap_rule=bool(setup_style and function.generate_vmap_rule))
+                                 generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
+                                 state=python_state, state_base=state_base)
     capture = Capture(
         pair=pair, layout=layout, _guard=compile_guard(key, masks), python_state=python_state, masks=dict(masks or {}),
         live_key=tuple(value_key(fetch(args)) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,

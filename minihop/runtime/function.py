@@ -20,6 +20,7 @@ traced for the real grads. A backward that read nothing of its grads pays nothin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,9 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import UnsupportedOperationError
 from ..rewire.pair import Pair, strip_grad_toggles
+from ..spec import NO_STATE, PythonState
 from .codegen import emit
+from .guards import value_key
 
 __all__ = ["make_function", "GradLayout", "Retrace"]
 
@@ -38,10 +41,11 @@ _is_grad = torch.is_grad_enabled
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
-# Returns a bwd traced for that layout; per saved value it takes, the index of that value
-# among this capture's saved values; per gradient it returns, the index of its fwd input
-# among this capture's fwd inputs.
-Retrace = Callable[[GradLayout], tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]]
+# Returns a bwd traced for that layout (and the call's arguments, when backward reads Python
+# state in them); per saved value it takes, the index of that value among this capture's
+# saved values; per gradient it returns, the index of its fwd input among this capture's
+# fwd inputs.
+Retrace = Callable[[GradLayout, tuple[Any, ...]], tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]]
 
 
 class _Never:
@@ -63,13 +67,31 @@ def _symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-class _Backwards:
-    """The bwd code for each (grad case, create_graph) seen so far; built lazily."""
+# The bound arguments of the call whose forward is running (set by the capture's runner only
+# when backward needs them: it reads or writes Python state inside an argument object).
+_call = threading.local()
 
-    def __init__(self, pair: Pair, top_idx: tuple[int, ...], retrace: Retrace | None) -> None:
+
+def call_arguments() -> tuple[Any, ...]:
+    return getattr(_call, "args", ())
+
+
+def set_call_arguments(args: tuple[Any, ...] | None) -> None:
+    _call.args = args
+
+
+class _Backwards:
+    """The bwd code for each (grad case, Python state, create_graph) seen so far; built lazily."""
+
+    def __init__(self, pair: Pair, top_idx: tuple[int, ...], retrace: Retrace | None,
+                 state: PythonState = NO_STATE, state_base: tuple[Any, ...] = ()) -> None:
         self.pair = pair
         self.top_idx = top_idx
         self.retrace = retrace
+        # Python values backward reads: checked when backward runs (eager's backward reads
+        # them then), and a bwd traced again for values unlike the captured ones.
+        self.state_reads = tuple(r.place.get for r in state.reads_in("backward"))
+        self.state_base = state_base
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
                             for a in pair.grad_assumptions)
@@ -84,19 +106,21 @@ class _Backwards:
 
     @property
     def needs_key(self) -> bool:
-        return bool(self.checks) or not self.materialize
+        return bool(self.checks) or not self.materialize or bool(self.state_reads)
 
     def key_of_expected(self) -> Any:
         nones = (False,) * len(self.top_idx) if not self.materialize else ()
         return (nones, tuple(_NEVER if _symbolic(a.expected) else a.expected
-                             for a in self.pair.grad_assumptions))
+                             for a in self.pair.grad_assumptions), self.state_base)
 
-    def key_of(self, top_grads: tuple[Any, ...]) -> Any:
+    def key_of(self, top_grads: tuple[Any, ...], call_args: tuple[Any, ...] = ()) -> Any:
         nones = tuple(g is None for g in top_grads) if not self.materialize else ()
         return (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
-                             for p, q, args, kwargs in self.checks))
+                             for p, q, args, kwargs in self.checks),
+                tuple(value_key(read(call_args)) for read in self.state_reads))
 
-    def get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
+    def get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...],
+            call_args: tuple[Any, ...] = ()) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
         found = self.code.get((key, create_graph))
         if found is not None:
             return found
@@ -109,13 +133,14 @@ class _Backwards:
                     f"{self.pair.function_name}.backward received grads unlike the ones it was "
                     "traced with (their layout, or which are None), and this capture cannot "
                     "trace backward again (it was loaded from an artifact).",
-                    "Its backward reads properties of its grads, so another case needs another trace.",
+                    "Its backward reads properties of its grads (or Python values that changed "
+                    "since forward), so another case needs another trace.",
                     "Capture the Function again in this process (minihop.capture).")
             layout: list[Any] = [None] * len(self.pair.top_level)
             for p, i in enumerate(self.top_idx):
                 g = top_grads[p]
                 layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
-            variant = self.retrace(tuple(layout))
+            variant = self.retrace(tuple(layout), call_args)
             self.variants[key] = variant
         gm, saved_map, input_map = variant
         if gm is None:
@@ -160,7 +185,8 @@ def without_body_toggles(graph: fx.Graph, name: str, **layout: Any) -> Callable[
 
 
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
-                  generate_vmap_rule: bool = False) -> type[torch.autograd.Function]:
+                  generate_vmap_rule: bool = False, state: PythonState = NO_STATE,
+                  state_base: tuple[Any, ...] = ()) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
 
     Apply it as ``F.apply(*inputs)``, or ``F.apply(sink, *inputs)`` when ``F.uses_sink`` (some
@@ -206,9 +232,14 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     materialize = pair.materialize_grads
     once = pair.once_differentiable
     all_top = len(top_idx) == num_outputs
-    backwards = _Backwards(pair, top_idx, retrace)
+    backwards = _Backwards(pair, top_idx, retrace, state, state_base)
     backwards.plain = bwd_plain
     needs_key = backwards.needs_key
+    bwd_writes = state.writes_in("backward")
+    # Backward reads or writes Python state inside an argument object: forward keeps the
+    # call's arguments on ctx for it.
+    keeps_args = any(r.place.uses_args for r in state.reads_in("backward")) or \
+        any(w.place.uses_args for w in bwd_writes)
     # Every forward path saves in the user's order (what eager's ctx holds); the simple paths
     # below read and write that order directly, each with code emitted for it when needed.
     ctx_ordered = all_via_ctx or permuted
@@ -237,6 +268,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         if stashed:
             # Values eager keeps as plain ctx attributes: no version-counter check, as in eager.
             ctx.minihop_stash = [saved[i] for i in stashed]
+        if keeps_args:
+            ctx.minihop_args = call_arguments()
         return outs
 
     def mark(ctx: Any, result: tuple[Any, ...]) -> None:
@@ -247,7 +280,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     # The common case, without the general path's steps: no grad-mode save/restore, the user
     # saved exactly bwd's saved values, nothing marked, every output top-level.
-    simple_fwd = (fwd_plain is not None and ctx_ordered and not stashed
+    simple_fwd = (fwd_plain is not None and ctx_ordered and not stashed and not keeps_args
                   and materialize and not nondiff_pos and not dirty_pos and not uses_sink)
     simple_code = fwd_code
     if simple_fwd and permuted:
@@ -295,9 +328,14 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
                 saved[i] = unpacked[p]
             for i, value in zip(stashed, ctx.minihop_stash if stashed else (), strict=True):
                 saved[i] = value
-        return call_bwd(top_grads, saved)
+        call_args = ctx.minihop_args if keeps_args else ()
+        grads = call_bwd(top_grads, saved, call_args)
+        for write in bwd_writes:
+            write.replay(call_args)  # as eager's backward makes it, each time it runs
+        return grads
 
-    def call_bwd(top_grads: tuple[Any, ...], saved: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    def call_bwd(top_grads: tuple[Any, ...], saved: tuple[Any, ...] | list[Any],
+                 call_args: tuple[Any, ...] = ()) -> tuple[Any, ...]:
         """bwd on the grads of the top-level outputs and bwd's saved values, in its order."""
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
@@ -312,8 +350,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         create_graph = grad_mode and not once
         code = bwd_code
         if needs_key or (create_graph and bwd_plain is None):
-            key = backwards.key_of(top_grads) if needs_key else backwards.base_key
-            code, saved_map = backwards.get(key, create_graph, top_grads)
+            key = backwards.key_of(top_grads, call_args) if needs_key else backwards.base_key
+            code, saved_map = backwards.get(key, create_graph, top_grads, call_args)
             if saved_map is not None:
                 saved = [saved[i] for i in saved_map]
         try:
@@ -321,7 +359,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         finally:
             _set_grad(grad_mode)
 
-    if bwd_plain is not None and all_top and ctx_ordered and not needs_key:
+    if bwd_plain is not None and all_top and ctx_ordered and not needs_key and not bwd_writes:
         simple_bwd = bwd_code
         if permuted:
             bwd_params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]

@@ -77,6 +77,7 @@ class RawCapture:
     ctx_features: tuple[str, ...]
     reads_layout: bool
     python_state: PythonState
+    ctx_values: tuple[Any, ...]  # the Python values forward left on ctx (not tensors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -609,8 +610,28 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
-        python_state=python_state,
+        python_state=python_state, ctx_values=_ctx_values(ctx),
     )
+
+
+def _python_atom(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_python_atom(v) for v in value)
+    return isinstance(value, (int, float, str, bool, type(None), torch.dtype, torch.device))
+
+
+def _ctx_values(ctx: ProxyCtx) -> tuple[Any, ...]:
+    """The Python values (numbers, strings, ...) forward set on ctx, comparable across two
+    traces; other objects by type only (one taken from the arguments is the call's own)."""
+    found = []
+    for name, value in sorted(vars(ctx).items()):
+        if name.startswith("_minihop") or isinstance(value, torch.Tensor):
+            continue
+        if _python_atom(value):
+            found.append((name, type(value), value))
+        else:
+            found.append((name, type(value)))
+    return tuple(found)
 
 
 def _shape_guards(t: _Tracing) -> ShapeGuards | None:
