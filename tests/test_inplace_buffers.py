@@ -325,6 +325,53 @@ class TestMatchesEager:
         assert positions == sorted(positions), code
 
 
+class ReturnsBuffer(Function):
+    """Writes the buffer and returns it too (not marked dirty)."""
+
+    @staticmethod
+    def forward(ctx, x, buf):
+        buf.add_(1)
+        return x * 2, buf
+
+    @staticmethod
+    def backward(ctx, g, gbuf):
+        return g * 2, None
+
+
+class TestMoreForms:
+    def test_written_buffer_returned(self) -> None:
+        """A written buffer forward also returns comes back as eager's: a view of it that requires grad, one bump."""
+        results = []
+        for run in (ReturnsBuffer.apply, minihop.capture(ReturnsBuffer, torch.randn(3, requires_grad=True), torch.zeros(3))):
+            x, buf = torch.randn(3, requires_grad=True), torch.zeros(3)
+            version = buf._version
+            _, out = run(x, buf)
+            results.append((out is buf, out._base is buf, out.requires_grad, buf._version - version, buf.tolist()))
+        assert results[1] == results[0] == (False, True, True, 1, [1.0, 1.0, 1.0])
+
+    def test_dynamic_shapes(self) -> None:
+        """With dynamic=True one capture serves several batch sizes and still updates the buffer each call."""
+
+        class BatchMean(Function):
+            @staticmethod
+            def forward(ctx, x, running_mean):
+                running_mean.mul_(0.5).add_(x.mean(0), alpha=0.5)
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2, None
+
+        fn = minihop.function(BatchMean, dynamic=True)
+        e_buf, m_buf = torch.zeros(3), torch.zeros(3)
+        captures = minihop.counters()["captures"]
+        for n in (2, 4, 6, 8):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(fn(x, m_buf), BatchMean.apply(x, e_buf))
+            torch.testing.assert_close(m_buf, e_buf)
+        assert minihop.counters()["captures"] - captures == 1
+
+
 class TestBackwardSeesEagersBuffer:
     def test_ctx_attribute_reads_current_value(self) -> None:
         """Two forwards before one backward: the first backward reads the buffer's current value, as in eager."""
