@@ -194,6 +194,17 @@ class GraphRecorder:
             return self.node_for(value)
         if isinstance(value, torch.SymInt):
             return self.node_for_expr(value.node.expr)
+        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+            # Not written as graph arithmetic (yet): kept as a constant it would be a stale
+            # symbol at run time, a silently wrong value.
+            raise UnsupportedOperationError(
+                f"A {type(value).__name__} ({value.node.expr}) computed from dynamic sizes "
+                "reaches a graph op.",
+                "minihop writes size arithmetic into the graph for integer sizes only (+, *, //, "
+                "%, integer powers); a float or bool made from sizes (n / (n - 1)) is not.",
+                "Capture without dynamic shapes for this Function (minihop.function(F) "
+                "captures once per shape), or keep the arithmetic on integers.",
+                where=format_frame(user_frame()))
         return value
 
     def to_graph_arg(self, value: Any) -> Any:
