@@ -246,3 +246,24 @@ class TestGuards:
         cap = captured(MatMul, r(4, 3), r(3, 5), dynamic={"x": [0]})
         with pytest.raises(minihop.GuardMismatchError):
             cap(r(4, 3), r(3, 6))
+
+
+class TestSizeFloats:
+    def test_float_from_sizes_is_refused(self) -> None:
+        """A float made from dynamic sizes (n / (n - 1)) reaching an op is refused, not baked in as a stale symbol."""
+
+        class Unbiased(Function):
+            @staticmethod
+            def forward(ctx, x):
+                n = x.shape[0]
+                return x * (n / (n - 1))
+
+            @staticmethod
+            def backward(ctx, g):
+                return g
+
+        x = torch.randn(4, 3)
+        with pytest.raises(minihop.UnsupportedOperationError,
+                           match=r"A SymFloat \(.*\) computed from dynamic sizes reaches a graph op\."):
+            minihop.capture(Unbiased, x, dynamic=True)
+        torch.testing.assert_close(minihop.capture(Unbiased, x)(x), Unbiased.apply(x))  # static: fine

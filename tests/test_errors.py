@@ -220,7 +220,8 @@ class TestDataDependentError:
 
 
 # ---------------------------------------------------------------------------------------------
-# InplaceInputError: documented refusal (eager runs, silently)
+# InplaceInputError: documented refusal of writes into inputs that require grad (eager runs,
+# silently); writes into other inputs are captured (tests/test_inplace_buffers.py)
 # ---------------------------------------------------------------------------------------------
 
 class MulInplace(torch.autograd.Function):
@@ -270,26 +271,29 @@ class MulInplaceMarked(torch.autograd.Function):
 
 class TestInplaceInputError:
     def test_method_inplace(self) -> None:
-        """x.mul_ on an input without mark_dirty is refused, with the fix in the message."""
-        err = capture_error(minihop.InplaceInputError, MulInplace, torch.randn(3),
-                            match=r"MulInplace\.forward modifies its input x in place .* without ctx\.mark_dirty")
+        """x.mul_ on an input that requires grad, without mark_dirty, is refused, with the fix in the message."""
+        err = capture_error(minihop.InplaceInputError, MulInplace, r(3),
+                            match=r"MulInplace\.forward modifies its input x, which requires grad, in place "
+                                  r"\(x\.mul_\(\.\.\.\)\) without ctx\.mark_dirty")
+        assert "Eager runs it without complaint (forward runs under no_grad), but autograd is not told" in str(err)
         assert "What to do: Call ctx.mark_dirty(x) and return it, or work on a copy (x.clone())" in str(err)
         assert isinstance(err, RuntimeError) and isinstance(err, minihop.MinihopError)
-        x = torch.ones(3)
+        x = torch.ones(3, requires_grad=True)
         MulInplace.apply(x)  # eager accepts it and writes the input
         assert x.tolist() == [2.0, 2.0, 2.0]
 
     def test_second_argument(self) -> None:
         """The message names the argument that was modified."""
-        capture_error(minihop.InplaceInputError, AddToSecond, r(3), torch.randn(3),
-                      match=r"AddToSecond\.forward modifies its input y in place")
+        capture_error(minihop.InplaceInputError, AddToSecond, r(3), r(3),
+                      match=r"AddToSecond\.forward modifies its input y, which requires grad, in place")
 
     def test_setitem(self) -> None:
         """Item assignment into an input is an in-place write too."""
-        err = capture_error(minihop.InplaceInputError, SetItemInput, torch.randn(3),
-                            match=r"SetItemInput\.forward modifies its input x in place")
+        err = capture_error(minihop.InplaceInputError, SetItemInput, r(3),
+                            match=r"SetItemInput\.forward modifies its input x, which requires grad, in place "
+                                  r"\(x\[\.\.\.\] = \.\.\.\)")
         assert re.search(r'test_errors\.py", line \d+, in forward', str(err))
-        SetItemInput.apply(torch.randn(3))
+        SetItemInput.apply(r(3))
 
     def test_marked_dirty_is_fine(self) -> None:
         """The same write with ctx.mark_dirty is captured."""

@@ -157,24 +157,42 @@ class TestMarkDirty:
         with pytest.raises(minihop.InplaceInputError):
             minihop.apply(DirtyNotReturned, torch.randn(3), r(3))
 
-    def test_inplace_without_mark_dirty_refused(self) -> None:
-        """An in-place change to an input without mark_dirty (silently allowed by eager) is refused."""
+    def test_inplace_without_mark_dirty(self) -> None:
+        """An in-place write into an input without mark_dirty: captured like eager (value, version bump, grads) when the input does not require grad, refused when it does."""
 
         class Sneaky(Function):
             @staticmethod
-            def forward(ctx, x):
+            def forward(ctx, w, x):
                 x.add_(1)
-                return x * 2
+                return w * x
 
             @staticmethod
             def backward(ctx, g):
-                return g * 2
+                return g * 2, None
 
-        x = torch.zeros(3)
-        Sneaky.apply(x)  # eager: no error, the input changed behind autograd's back
+        cap = minihop.capture(Sneaky, r(3), torch.zeros(3))
+        w = r(3)
+        results = []
+        for run in (Sneaky.apply, cap, cap):
+            w_, x = w.detach().clone().requires_grad_(), torch.zeros(3)
+            out = run(w_, x)
+            out.sum().backward()
+            results.append((out.detach(), x.clone(), x._version, w_.grad))
+        (e_out, e_x, e_version, e_grad), *minihop_runs = results
+        assert e_x.eq(1).all() and e_version == 1  # eager bumps the version once per write
+        for out, x_after, version, grad in minihop_runs:
+            torch.testing.assert_close(out, e_out)
+            torch.testing.assert_close(x_after, e_x)
+            torch.testing.assert_close(grad, e_grad)
+            assert version == e_version
+
+        x = torch.zeros(3, requires_grad=True)
+        Sneaky.apply(r(3), x)  # eager: no error, the input changed behind autograd's back
         assert x.eq(1).all()
-        with pytest.raises(minihop.InplaceInputError, match=r"Sneaky\.forward modifies its input x in place .* without ctx\.mark_dirty"):
-            minihop.capture(Sneaky, torch.zeros(3))
+        with pytest.raises(minihop.InplaceInputError,
+                           match=r"Sneaky\.forward modifies its input x, which requires grad, in place "
+                                 r"\(x\.add_\(\.\.\.\)\) without ctx\.mark_dirty"):
+            minihop.capture(Sneaky, r(3), torch.zeros(3, requires_grad=True))
 
 
 # ---------------------------------------------------------------------------------------------

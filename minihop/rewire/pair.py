@@ -77,6 +77,8 @@ def _is_impure(node: fx.Node) -> bool:
         return True
     if node.target in (_SET_GRAD, operator.setitem, _enter_autocast, _exit_autocast):
         return True
+    if node.meta.get("minihop_mutates"):
+        return True  # an in-place write (into an input, say) whose result nobody reads
     return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).endswith("__")
 
 

@@ -127,8 +127,10 @@ class GraphRecorder:
         self.node_of: dict[int, fx.Node] = {}
         # Keeps every fake alive so ``id`` keys stay unique for the life of the recording.
         self.alive: list[Any] = []
-        # In-place calls on values the graph did not create: (node, first argument).
-        self.mutations: list[tuple[fx.Node, torch.Tensor]] = []
+        # Calls that wrote into a tensor argument (its version counter moved), in call order:
+        # (node, the tensors written). ``on_mutation`` is told of each, as it happens.
+        self.mutations: list[tuple[fx.Node, tuple[torch.Tensor, ...]]] = []
+        self.on_mutation: Callable[[fx.Node], None] | None = None
 
     def create_node(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     name: str | None = None) -> fx.Node:
@@ -179,11 +181,30 @@ class GraphRecorder:
             node = self.create_node("call_function", op, (node, arg), {})
         return node
 
+    def note_mutation(self, node: fx.Node, written: tuple[torch.Tensor, ...]) -> None:
+        """``node`` wrote into ``written`` in place: it is kept even when its result is unused
+        (the write is its effect), and in its place in the order of ops."""
+        node.meta["minihop_mutates"] = True
+        self.mutations.append((node, written))
+        if self.on_mutation is not None:
+            self.on_mutation(node)
+
     def _graph_value(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return self.node_for(value)
         if isinstance(value, torch.SymInt):
             return self.node_for_expr(value.node.expr)
+        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+            # Not written as graph arithmetic (yet): kept as a constant it would be a stale
+            # symbol at run time, a silently wrong value.
+            raise UnsupportedOperationError(
+                f"A {type(value).__name__} ({value.node.expr}) computed from dynamic sizes "
+                "reaches a graph op.",
+                "minihop writes size arithmetic into the graph for integer sizes only (+, *, //, "
+                "%, integer powers); a float or bool made from sizes (n / (n - 1)) is not.",
+                "Capture without dynamic shapes for this Function (minihop.function(F) "
+                "captures once per shape), or keep the arithmetic on integers.",
+                where=format_frame(user_frame()))
         return value
 
     def to_graph_arg(self, value: Any) -> Any:
@@ -195,8 +216,6 @@ class GraphRecorder:
         frame = user_frame()
         if frame is not None:
             node.meta["stack_trace"] = "".join(traceback.format_list([frame]))
-        if op == "call_method" and target.endswith("_") and not target.endswith("__"):
-            self.mutations.append((node, args[0]))
         if isinstance(result, torch.Tensor):
             self.bind(result, node)
             return node
@@ -222,6 +241,22 @@ def _is_tensor(value: Any) -> bool:
 
 def _is_real_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
+
+
+def _tensors_in(value: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors among an op's arguments (in plain containers too: ``_foreach_add_``)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        for v in value:
+            _tensors_in(v, found)
+    elif kind is dict:
+        for v in value.values():
+            _tensors_in(v, found)
+    elif isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, _PLAIN):
+        found.extend(v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor))
+    return found
 
 
 def _any_leaf(test: Callable[[Any], bool], value: Any) -> bool:
@@ -310,6 +345,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             return func(*args, **kwargs)
         if _any_leaf(_is_real_tensor, args) or _any_leaf(_is_real_tensor, kwargs):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
+        # Which arguments an op writes into is read off their version counters (each in-place
+        # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
+        # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
+        tensors = _tensors_in(kwargs, _tensors_in(args, []))
+        versions = [t._version for t in tensors]
         try:
             if getattr(func, "__name__", None) in _VALUE_READS:
                 raise DataDependentOutputException(func)
@@ -334,13 +374,16 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 "Register a fake (meta) kernel for the op, or run this Function eagerly.",
                 where=format_frame(user_frame()),
             ) from e
+        written = tuple(t for t, v in zip(tensors, versions, strict=True) if t._version != v)
         if func is torch.Tensor.__setitem__:
             # Returns None but writes into its first argument.
             node = recorder.record(operator.setitem, args, kwargs, None)
-            recorder.mutations.append((node, args[0]))
+            recorder.note_mutation(node, written or (args[0],))
             return result
-        if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result):
-            recorder.record(func, args, kwargs, result)
+        if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result) or written:
+            node = recorder.record(func, args, kwargs, result)
+            if written:
+                recorder.note_mutation(node, written)
         else:
             self.on_query(func, args, kwargs, result)
         return result

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import threading
 import types
 import weakref
@@ -259,10 +260,15 @@ class _Tracing:
         self.input_nodes: dict[int, fx.Node] = {}
         self.reads_layout = False
         self.sources: dict[int, InputSource] = {}  # id(fake) -> where the input comes from
+        # id(fake input) -> (the fake, its version counter when last looked at)
+        self.input_versions: dict[int, tuple[torch.Tensor, int]] = {}
+        # Forward's in-place writes into inputs, in op order: (node, fake input written).
+        self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
+        self.fwd.on_mutation = self._on_fwd_mutation
         self.bwd = GraphRecorder(self._resolve_bwd, self._resolve_bwd_symbol)
         self.dynamic = dynamic
         # size symbol -> (input tensor's source, dim, SymInt); and each dynamic input's symbols
@@ -319,7 +325,7 @@ class _Tracing:
             self.real_to_fake[id(real)] = fake
             source = InputSource(input_name(path, self.parts.argnames),
                                  format_path(path, self.parts.argnames), path, arg_index)
-            self.sources[id(fake)] = source
+            self._add_source(fake, source)
             for d, size in enumerate(fake.shape):
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                     self.symbol_sources.setdefault(size.node.expr, (source, d, size))
@@ -347,15 +353,27 @@ class _Tracing:
             path = self.module_paths.get(id(real))
             if path is not None:
                 # A parameter or buffer of a module argument: read from the argument each call.
-                self.sources[id(fake)] = InputSource(
+                self._add_source(fake, InputSource(
                     input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
-                    path, None)
+                    path, None))
                 return fake
             name, live = self.closure_routes.get(id(real), (f"lifted_{len(self.sources)}", None))
-            self.sources[id(fake)] = InputSource(
+            self._add_source(fake, InputSource(
                 name, f"tensor reached from {self._describe()} ({name})", None, None, real,
-                live=live)
+                live=live))
         return fake
+
+    def _add_source(self, fake: torch.Tensor, source: InputSource) -> None:
+        self.sources[id(fake)] = source
+        self.input_versions[id(fake)] = (fake, fake._version)
+
+    def _on_fwd_mutation(self, node: fx.Node) -> None:
+        """Which inputs ``node`` wrote into: those whose version counter moved (a write through
+        a view or ``detach()`` of an input moves the input's counter too, as in eager)."""
+        for key, (fake, version) in self.input_versions.items():
+            if fake._version != version:
+                self.input_versions[key] = (fake, fake._version)
+                self.input_writes.append((node, fake))
 
     def _resolve_fwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
         source = self.sources.get(id(value))
@@ -691,25 +709,37 @@ def _tensor_leaves(value: Any) -> list[torch.Tensor]:
 
 
 def _check_mutations(t: _Tracing, dirty: list[torch.Tensor]) -> None:
+    """Refuse forward's in-place writes into inputs that require grad, unless marked dirty.
+
+    A write into an input that does not require grad (a running-statistics buffer, a step
+    counter) is captured: the fwd graph runs on the caller's own tensors, so the same op
+    writes into them on every call, bumping their version counters as eager's does.
+    """
     dirty_ids = {id(d) for d in dirty}
-    for node, target in t.fwd.mutations:
-        source = t.sources.get(id(target))
-        if source is not None and id(target) not in dirty_ids:
-            raise InplaceInputError(
-                f"{t.parts.name}.forward modifies its input {source.description} in place "
-                f"({_describe_mutation(node, source.description)}) without ctx.mark_dirty.",
-                "Eager autograd needs to know about in-place changes to inputs to keep "
-                "gradients right; an unreported one gives silently wrong gradients.",
-                f"Call ctx.mark_dirty({source.description}) and return it, or work on a "
-                f"copy ({source.description}.clone()).",
-                where=node.meta.get("stack_trace", "").strip() or None,
-            )
+    for node, target in t.input_writes:
+        source = t.sources[id(target)]
+        if id(target) in dirty_ids or not target.requires_grad:
+            continue
+        raise InplaceInputError(
+            f"{t.parts.name}.forward modifies its input {source.description}, which requires "
+            f"grad, in place ({_describe_mutation(node, source.description)}) without "
+            "ctx.mark_dirty.",
+            "Eager runs it without complaint (forward runs under no_grad), but autograd is not "
+            "told: the gradients of ops that used the old value are computed against the new "
+            "one, or fail with a version-counter error in backward.",
+            f"Call ctx.mark_dirty({source.description}) and return it, or work on a "
+            f"copy ({source.description}.clone()).",
+            where=node.meta.get("stack_trace", "").strip() or None,
+        )
 
 
 def _describe_mutation(node: fx.Node, name: str) -> str:
+    if node.target is operator.setitem:
+        return f"{name}[...] = ..."
     if node.op == "call_method":
         return f"{name}.{node.target}(...)"
-    return f"{name}[...] = ..."
+    target = getattr(node.target, "__name__", str(node.target))
+    return f"{target}(..., out={name})" if "out" in node.kwargs else f"{target}({name}, ...)"
 
 
 def _arg_grads(t: _Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node | None, ...]:
