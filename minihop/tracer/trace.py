@@ -39,10 +39,11 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import InputSource, bind_arguments, uses_setup_context
+from ..spec import InputSource, OutsideWrite, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
+from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
 __all__ = ["TRACE_LOCK", "python_value_routes", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -78,6 +79,7 @@ class RawCapture:
     shape_guards: "ShapeGuards | None"
     ctx_features: tuple[str, ...]
     reads_layout: bool
+    outside_writes: tuple[OutsideWrite, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +227,15 @@ def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
     return tuple(dis.get_instructions(code))
 
 
-def check_side_effects(parts: FunctionParts) -> None:
-    """Refuse user code whose Python side effects a captured graph could not replay."""
+def check_side_effects(parts: FunctionParts) -> tuple[tuple[str, SideEffectError], ...]:
+    """Refuse user code whose Python side effects a captured graph could not replay.
+
+    A call in forward that changes a global or closure container (``_CACHE.append(y)``) may
+    be putting a tensor there, which a capture repeats (``outside.py``): it is returned as
+    ``(name, error)`` instead, and the caller raises the error unless the trace found a tensor
+    written to that container.
+    """
+    deferred: list[tuple[str, SideEffectError]] = []
     for method, fn in (("forward", parts.forward), ("setup_context", parts.setup_context),
                        ("backward", parts.backward)):
         code = code_of(fn) if fn is not None else None
@@ -248,7 +257,7 @@ def check_side_effects(parts: FunctionParts) -> None:
                 ins = previous
             previous = ins
             if what is not None:
-                raise SideEffectError(
+                error = SideEffectError(
                     f"{parts.name}.{method} {what} `{ins.argval}` "
                     f"(line {ins.positions.lineno if ins.positions else '?'}).",
                     "A capture replays only tensor operations; Python side effects in "
@@ -256,6 +265,11 @@ def check_side_effects(parts: FunctionParts) -> None:
                     "Keep such state out of the Function (or in tensors it returns), or run it "
                     "eagerly with minihop.function(F, fallback='eager').",
                     where=f'File "{code.co_filename}", line {ins.positions.lineno if ins.positions else "?"}')
+                if method == "forward" and what.startswith("calls ."):
+                    deferred.append((ins.argval, error))
+                    continue
+                raise error
+    return tuple(deferred)
 
 
 def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
@@ -388,6 +402,11 @@ class _Tracing:
         index = self.grad_of.get(id(args[0]))
         if index is not None:
             self.assumptions.append(GradAssumption(index, func, tuple(args[1:]), tuple(kwargs.items()), result))
+
+    def is_traced(self, value: Any) -> bool:
+        """Whether ``value`` is a fake tensor of this trace (an input's, or one forward made)."""
+        return isinstance(value, FakeTensor) and value.fake_mode is self.fake_mode and (
+            id(value) in self.sources or id(value) in self.fwd.node_of)
 
     def _describe(self) -> str:
         return f"{self.parts.name}.{self.phase}"
@@ -549,7 +568,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                     grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
                     dynamic: dict[int, tuple[int, ...]] | None) -> RawCapture:
     parts = function_parts(fn_cls)
-    check_side_effects(parts)
+    deferred = check_side_effects(parts)
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
@@ -575,11 +594,16 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     record = ctx._minihop_record
 
     fwd_frame = FrameSnapshot()
-    if parts.setup_context is None:
-        out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
-    else:
-        out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
-        t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
+    outside = snapshot_outside(outside_roots(parts.forward, fake_args))
+    try:
+        if parts.setup_context is None:
+            out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
+        else:
+            out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
+            t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
+    except BaseException:
+        outside.restore()  # no fake tensor stays in the caller's objects
+        raise
 
     _check_mutations(t, record.dirty)
 
@@ -592,8 +616,15 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         top.append(is_top)
         return len(flat) - 1
 
-    _refuse_hidden_tensors(parts, (out,), "output")
-    spec = describe_output(out, on_tensor)
+    try:
+        _refuse_hidden_tensors(parts, (out,), "output")
+        spec = describe_output(out, on_tensor)
+        found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name, code_of(parts.forward))
+    except BaseException:
+        outside.restore()
+        raise
+    num_user_outputs = len(flat)
+    outside_writes = _hidden_outputs(t, found, deferred, flat, top, fake_args)
     fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
                  for s in [t.sources[id(v)]]}
@@ -629,7 +660,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
             t.input_node(a)
     names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None)
     single = isinstance(out, torch.Tensor)
-    for v, node in zip(flat, fwd_outputs, strict=True):
+    for node in fwd_outputs[:num_user_outputs]:
         if node.op != "placeholder" and node not in names:
             names[node] = "outs" if single else "out"
 
@@ -694,7 +725,35 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
+        outside_writes=outside_writes,
     )
+
+
+def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
+                    deferred: tuple[tuple[str, SideEffectError], ...], flat: list[torch.Tensor],
+                    top: list[bool], fake_args: tuple[Any, ...]) -> tuple[OutsideWrite, ...]:
+    """Each tensor forward put outside its return value becomes a hidden fwd output (appended
+    to ``flat``, not top-level); returns the writes the runtime repeats on every call."""
+    written = {loc.root[1] for w in found for loc in [w.location]
+               if loc.root[0] in ("global", "closure") and isinstance(w.value, torch.Tensor)}
+    for name, error in deferred:
+        if name not in written:
+            raise error  # a change to outside Python state that is not a tensor written there
+    arg_ids = {id(a) for a in fake_args if isinstance(a, torch.Tensor)}
+    index = {id(v): i for i, v in enumerate(flat)
+             if not (top[i] and id(v) in arg_ids)}  # an input returned as is comes back as a view
+    writes: list[OutsideWrite] = []
+    for w in found:
+        if not t.is_traced(w.value):
+            writes.append(OutsideWrite(w.location, None, w.value))
+            continue
+        i = index.get(id(w.value))
+        if i is None:
+            flat.append(w.value)
+            top.append(False)
+            i = index[id(w.value)] = len(flat) - 1
+        writes.append(OutsideWrite(w.location, i))
+    return tuple(writes)
 
 
 def _shape_guards(t: _Tracing) -> ShapeGuards | None:
