@@ -73,7 +73,7 @@ class Location:
         if kind == "arg":
             base = format_path(((kind, key), *self.path), argnames)
         else:
-            base = (f"forward's output {key}" if kind == "output" else str(key)) + format_path(self.path)
+            base = (f"output[{key}]" if kind == "output" else str(key)) + format_path(self.path)
         step_kind, step_key = self.step
         if step_kind == "append":
             return f"{base}.append(...)"

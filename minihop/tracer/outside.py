@@ -203,7 +203,7 @@ def tensor_attributes(t: torch.Tensor) -> dict[str, Any]:
 
 def find_outside_tensors(snapshot: OutsideSnapshot, outputs: tuple[torch.Tensor, ...],
                          is_traced: Callable[[Any], bool], function: str,
-                         code: types.CodeType | None) -> tuple[OutsideTensor, ...]:
+                         code: types.CodeType | None, argnames: tuple[str, ...] = ()) -> tuple[OutsideTensor, ...]:
     """What forward wrote outside its return value, in write order per container.
 
     ``outputs`` are forward's flat output tensors (attributes set on them count too, with an
@@ -215,16 +215,17 @@ def find_outside_tensors(snapshot: OutsideSnapshot, outputs: tuple[torch.Tensor,
     Raises ``SideEffectError`` for a write that cannot be routed again per call.
     """
     found: list[OutsideTensor] = []
+    who = _Who(function, code, argnames)
     try:
         for c in snapshot.containers:
             if _changed(c):
-                found.extend(_diff(c, is_traced, function, code))
+                found.extend(_diff(c, is_traced, who))
         container_ids = {id(c.value) for c in snapshot.containers}
         for i, out in enumerate(outputs):
             if id(out) in container_ids:
                 continue  # an argument returned as is: its attributes are the argument's
             for name, value in tensor_attributes(out).items():
-                _check_value(value, ("output", i), (), ("attr", name), is_traced, function, code)
+                _check_value(value, ("output", i), (), ("attr", name), is_traced, who)
                 found.append(OutsideTensor(Location(("output", i), (), ("attr", name)), value))
     except BaseException:
         snapshot.restore()
@@ -232,8 +233,16 @@ def find_outside_tensors(snapshot: OutsideSnapshot, outputs: tuple[torch.Tensor,
     return tuple(found)
 
 
-def _diff(c: _Container, is_traced: Callable[[Any], bool], function: str,
-          code: types.CodeType | None) -> list[OutsideTensor]:
+@dataclasses.dataclass(frozen=True)
+class _Who:
+    """What a refusal names: the Function, its forward's code, its argument names."""
+
+    function: str
+    code: types.CodeType | None
+    argnames: tuple[str, ...]
+
+
+def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[OutsideTensor]:
     now = _contents(c)
     changes: list[tuple[Any, Any]] = []  # (step, value)
     removed: Any = None  # the step of a change that is not an addition, if any
@@ -255,12 +264,12 @@ def _diff(c: _Container, is_traced: Callable[[Any], bool], function: str,
     _restore(c)
     location_of = lambda s: Location(c.root, c.path, s, c.fetch_root)  # noqa: E731
     if removed is not None:
-        raise _refusal(function, location_of(removed), code, "changes that container in a way "
+        raise _refusal(who, location_of(removed), "changes that container in a way "
                        "other than by adding to it or setting entries (an item replaced in, "
                        "removed from or inserted into a list; an entry deleted) while putting "
                        "a tensor there")
     for s, v in changes:
-        _check_value(v, c.root, c.path, s, is_traced, function, code, c.fetch_root)
+        _check_value(v, c.root, c.path, s, is_traced, who, c.fetch_root)
     return [OutsideTensor(location_of(s), v) for s, v in changes]
 
 
@@ -273,28 +282,28 @@ def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
 
 
 def _check_value(value: Any, root: Root, path: Path, step: Any, is_traced: Callable[[Any], bool],
-                 function: str, code: types.CodeType | None,
-                 fetch: Callable[[], Any] | None = None) -> None:
+                 who: _Who, fetch: Callable[[], Any] | None = None) -> None:
     """Refuse a value that cannot be put back on each call: a tensor inside a value forward
     made (an object, a container), a fake tensor of another trace, or a symbolic size."""
     if is_traced(value):
         return
     loc = Location(root, path, step, fetch)
     if isinstance(value, FakeTensor):
-        raise _refusal(function, loc, code, "puts a fake tensor there that this trace did not make")
+        raise _refusal(who, loc, "puts a fake tensor there that this trace did not make")
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise _refusal(function, loc, code, "puts a symbolic size there (captured with dynamic "
+        raise _refusal(who, loc, "puts a symbolic size there (captured with dynamic "
                        "shapes, it has no one value)")
     if not isinstance(value, torch.Tensor) and _holds_traced(value, is_traced):
-        raise _refusal(function, loc, code, f"puts a {type(value).__name__} there that holds a "
+        raise _refusal(who, loc, f"puts a {type(value).__name__} there that holds a "
                        "tensor, and forward made that value itself")
 
 
-def _refusal(function: str, loc: Location, code: types.CodeType | None, what: str) -> SideEffectError:
+def _refusal(who: _Who, loc: Location, what: str) -> SideEffectError:
+    code = who.code
     line = _source_line(code, loc.step)
     where = f'File "{code.co_filename}", line {line}' if code is not None and line is not None else None
     return SideEffectError(
-        f"{function}.forward writes to {loc.describe()}"
+        f"{who.function}.forward writes to {loc.describe(who.argnames)}"
         f"{f' (line {line})' if line is not None else ''}: it {what}.",
         "A capture puts forward's tensors back where forward put them on every call, which "
         "works only for a tensor stored directly into a list, dict or object that existed "

@@ -619,12 +619,13 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     try:
         _refuse_hidden_tensors(parts, (out,), "output")
         spec = describe_output(out, on_tensor)
-        found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name, code_of(parts.forward))
+        found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name,
+                                     code_of(parts.forward), parts.argnames)
+        num_user_outputs = len(flat)
+        outside_writes = _hidden_outputs(t, found, deferred, flat, top, fake_args)
     except BaseException:
-        outside.restore()
+        outside.restore()  # refused: as if forward had not run (eager may run it next)
         raise
-    num_user_outputs = len(flat)
-    outside_writes = _hidden_outputs(t, found, deferred, flat, top, fake_args)
     fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
                  for s in [t.sources[id(v)]]}
