@@ -300,6 +300,76 @@ class TestCallerContainers:
         torch.testing.assert_close(mine, x * 2)
 
 
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.sub = torch.nn.Identity()
+
+
+class RecordsOnModule(torch.autograd.Function):
+    """Keeps its activation on the module argument (a plain attribute, as on any object)."""
+
+    @staticmethod
+    def forward(ctx, x, net):
+        y = net.lin(x)
+        net.last = y
+        net.sub.seen = x * 2
+        return y * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class ReturnsWhatItLogs(torch.autograd.Function):
+    """Appends an output it also returns: eager's list holds the returned tensor itself."""
+
+    @staticmethod
+    def forward(ctx, x, sink):
+        y = x * 2
+        sink.append(y)
+        z = x * 3
+        z.twin = y
+        return y, z
+
+    @staticmethod
+    def backward(ctx, gy, gz):
+        return gy * 2 + gz * 3, None
+
+
+class TestMoreRoots:
+    def test_module_argument(self):
+        """``net.last = y`` and ``net.sub.seen = ...`` on a module argument, hits included."""
+        net = Net()
+
+        def make():
+            x = torch.randn(2, 3, requires_grad=True)
+            for name in ("last",):
+                vars(net).pop(name, None)
+            vars(net.sub).pop("seen", None)
+            return x, net
+
+        def probe(args, out):
+            return {"out": out, "net.last": args[1].last, "net.sub.seen": args[1].sub.seen}
+
+        _compare_calls(RecordsOnModule, make, probe)
+        assert _hits() >= 1
+
+    def test_returned_tensor_is_the_logged_one(self):
+        """The list holds the very tensor returned (with its grad_fn), as in eager."""
+        x = torch.randn(3, requires_grad=True)
+        eager_sink: list = []
+        ey, ez = ReturnsWhatItLogs.apply(x, eager_sink)
+        assert eager_sink[0] is ey and ez.twin is ey
+        for _ in range(2):
+            sink: list = []
+            y, z = minihop.apply(ReturnsWhatItLogs, x, sink)
+            assert sink[0] is y and z.twin is y and y.grad_fn is not None
+            torch.testing.assert_close(y, ey)
+        assert _hits() >= 1
+
+
 # ---- entry points -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("fallback", ["raise", "eager"])

@@ -331,7 +331,16 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
             return spec.rebuild(flat)
         return run_nested
     if writer is not None:
-        raise AssertionError("minihop bug: outside writes without hidden (nested) fwd outputs")
+        # Forward wrote only tensors it also returns (``sink.append(y); return y``): every fwd
+        # output is top-level, so the Function's result is the flat outputs.
+        single = getattr(function, "single_output", False)
+
+        def run_written(args: tuple[Any, ...]) -> Any:
+            result = apply(*get(args))
+            flat = (result,) if single else result
+            writer(args, flat)
+            return spec.rebuild(flat)
+        return run_written
     # The Function's result is already the user's: one tensor, or the tuple of outputs in order.
     as_is = getattr(function, "single_output", False) or (
         spec.kind == "tuple" and all(c.kind == "tensor" for c in spec.children)

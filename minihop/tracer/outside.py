@@ -140,7 +140,8 @@ def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
     elif isinstance(value, dict):
         kind, items = "dict", list(value.items())
         step = "key"
-    elif _is_object_container(value):
+    elif _is_object_container(value) or isinstance(value, torch.nn.Module):
+        # A module argument too: ``mod.last = y`` is a plain attribute, as on any object.
         kind, items = "object", list(attributes(value).items())
         step = "attr"
     else:
