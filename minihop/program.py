@@ -30,7 +30,7 @@ import torch.fx as fx
 from torch._functorch.autograd_function import autograd_function_apply
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from .errors import UnsupportedArgumentError, UnsupportedOperationError
+from .errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.pair import make_pair
 from .spec import bind_arguments
 from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
@@ -119,6 +119,14 @@ class _Program:
             pair = make_pair(raw)
         finally:
             self.mode.recorder = recorder
+        if pair.outside_writes:
+            raise SideEffectError(
+                f"minihop.trace met {fn_cls.__qualname__}.apply, whose forward writes outside "
+                f"its return value ({pair.outside_writes[0].location.describe(pair.argnames)}).",
+                "A whole-function trace records one graph; it has no step that puts tensors "
+                "into the caller's containers or objects.",
+                "Capture this Function on its own (minihop.apply or minihop.capture), or return "
+                "such tensors from its forward.")
         n = self.applies
         self.applies += 1
         fwd_name, bwd_name = f"fwd_body_{n}", f"bwd_body_{n}"

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .structure import Path
+from .structure import Path, Step, format_path
 
-__all__ = ["InputSource", "MISSING", "NO_STATE", "Place", "PythonState", "StateRead", "StateWrite",
-           "bind_arguments", "uses_setup_context"]
+__all__ = ["InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Place", "PythonState",
+           "StateRead", "StateWrite", "bind_arguments", "uses_setup_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,54 @@ class InputSource:
     @property
     def lifted(self) -> bool:
         return self.arg_index is None
+
+
+# Where a location starts: ("arg", i) a call argument, ("global", name) / ("closure", name) a
+# value forward reads from its globals or closure cells, ("output", i) fwd output i.
+Root = tuple[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A place outside forward's return value where forward put a value, found again per call.
+
+    The place is ``root``, then ``path`` (attribute/item/key steps down to the container),
+    then ``step``: ``("attr", name)`` sets an attribute, ``("key", k)`` sets a dict item,
+    ``("append", None)`` appends to a list. ``fetch_root`` reads a global or closure root
+    now (as eager would, after a rebinding); an ``arg`` root is read from each call's
+    arguments, an ``output`` root is that call's fwd output.
+    """
+
+    root: Root
+    path: Path
+    step: Step
+    fetch_root: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def describe(self, argnames: tuple[str, ...] = ()) -> str:
+        """The user's spelling: ``sink.append(...)``, ``obj.cache``, ``_CACHE['k']``, ``out._soft``."""
+        kind, key = self.root
+        if kind == "arg":
+            base = format_path(((kind, key), *self.path), argnames)
+        else:
+            base = (f"output[{key}]" if kind == "output" else str(key)) + format_path(self.path)
+        step_kind, step_key = self.step
+        if step_kind == "append":
+            return f"{base}.append(...)"
+        return base + format_path(((step_kind, step_key),))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutsideWrite:
+    """Forward put a value at ``location``; a capture repeats that on every call.
+
+    ``output`` is the fwd output holding the tensor (a hidden output: not part of the
+    user's return value, never differentiable); for a Python value it is None and ``value``
+    is the value forward wrote (a constant of the capture, like every Python value it saw).
+    """
+
+    location: Location
+    output: int | None
+    value: Any = None
 
 
 def uses_setup_context(fn_cls: type) -> bool:

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from ..spec import InputSource
+from ..spec import InputSource, OutsideWrite
 from ..structure import OutputSpec
 from .contract import check_consistent
 
@@ -58,6 +58,9 @@ class Pair:
     grad_assumptions: tuple[Any, ...]
     saved_names: tuple[str, ...]
     ctx_saved: tuple[tuple[str, int] | None, ...]
+    # What forward put outside its return value (``spec.OutsideWrite``); a tensor written
+    # there is a hidden fwd output: after the user's outputs, never top-level.
+    outside_writes: tuple[OutsideWrite, ...] = ()
 
     # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
     # emitted from the graphs directly, and fx's code generation is a third of a capture.
@@ -243,6 +246,7 @@ def make_pair(raw: "RawCapture") -> Pair:
         materialize_grads=raw.materialize_grads, argnames=raw.argnames,
         once_differentiable=raw.once_differentiable, grad_assumptions=raw.grad_assumptions,
         saved_names=tuple(fenv[n].name for n in saved_fwd),
+        outside_writes=raw.outside_writes,
     )
     check_consistent(fwd, bwd)
     return pair

@@ -87,6 +87,13 @@ def _source_to_json(source: InputSource) -> dict[str, Any]:
 def save_capture(cap: Any, path: str) -> None:
     """Write ``cap`` (a ``Capture``) to ``path``."""
     pair: Pair = cap.pair
+    if pair.outside_writes:
+        raise UnsupportedOutputError(
+            f"Cannot save the capture of {pair.function_name}: its forward writes outside its "
+            f"return value ({pair.outside_writes[0].location.describe(pair.argnames)}).",
+            "An artifact holds graphs and plain data; the routes to those places (the caller's "
+            "containers, objects and globals) are not stored.",
+            "Return such tensors from forward instead, to save the capture.")
     constants = {s.name: (s.live() if s.live is not None else s.constant)
                  for s in pair.inputs if s.path is None}
     manifest = {

@@ -24,6 +24,7 @@ from ..spec import NO_STATE, InputSource, PythonState, bind_arguments, uses_setu
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
+from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
@@ -267,11 +268,12 @@ def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[int, ...] | None
 
 def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
             spec: OutputSpec, top_level: tuple[bool, ...],
-            user_function: type | None = None) -> Callable[[tuple[Any, ...]], Any]:
+            user_function: type | None = None, writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
     """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
-    allows (decided here, once; see ``make_function`` for the Function's calling forms)."""
+    allows (decided here, once; see ``make_function`` for the Function's calling forms).
+    ``writer`` puts what forward wrote outside its return value in place (``writes.py``)."""
     fetch = _fetch_positional(inputs, arity)
-    run = _plain_runner(function, fetch, spec, top_level)
+    run = _plain_runner(function, fetch, spec, top_level, writer)
     transformable = getattr(function, "transformable", None)
     custom_vmap = user_function is not None and \
         getattr(user_function, "vmap", None) is not torch.autograd.Function.vmap
@@ -287,6 +289,8 @@ def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, 
         flat: list[Any] = [None] * len(top_level)
         for k, i in enumerate(transformable.order):
             flat[i] = result[k]
+        if writer is not None:
+            writer(args, flat)
         return spec.rebuild(flat)
 
     def run_any(args: tuple[Any, ...]) -> Any:
@@ -310,7 +314,8 @@ def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[
 
 
 def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tuple[Any, ...]], Any] | None,
-                  spec: OutputSpec, top_level: tuple[bool, ...]) -> Callable[[tuple[Any, ...]], Any]:
+                  spec: OutputSpec, top_level: tuple[bool, ...],
+                  writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
     apply = function.apply
     if fetch is None:
         # The arguments are the fwd inputs: the common forms below skip the call entirely.
@@ -326,8 +331,21 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
             nested = iter(sink)
             for i, is_top in enumerate(top_level):
                 flat[i] = next(top) if is_top else next(nested)
+            if writer is not None:
+                writer(args, flat)
             return spec.rebuild(flat)
         return run_nested
+    if writer is not None:
+        # Forward wrote only tensors it also returns (``sink.append(y); return y``): every fwd
+        # output is top-level, so the Function's result is the flat outputs.
+        single = getattr(function, "single_output", False)
+
+        def run_written(args: tuple[Any, ...]) -> Any:
+            result = apply(*get(args))
+            flat = (result,) if single else result
+            writer(args, flat)
+            return spec.rebuild(flat)
+        return run_written
     # The Function's result is already the user's: one tensor, or the tuple of outputs in order.
     as_is = getattr(function, "single_output", False) or (
         spec.kind == "tuple" and all(c.kind == "tensor" for c in spec.children)
@@ -414,7 +432,8 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _function=function_cls,
         _run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                                  function if setup_style else None), python_state),
+                                  function if setup_style else None, make_writer(pair.outside_writes)),
+                          python_state),
     )
     object.__setattr__(capture, "_hit", _hit_check(capture._guard, capture))
     return capture

@@ -37,11 +37,12 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import InputSource, OutsideWrite, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx
 from .pystate import StateTracker
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
+from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -79,6 +80,7 @@ class RawCapture:
     reads_layout: bool
     python_state: PythonState
     ctx_values: tuple[Any, ...]  # the Python values forward left on ctx (not tensors)
+    outside_writes: tuple[OutsideWrite, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +300,11 @@ class _Tracing:
         if index is not None:
             self.assumptions.append(GradAssumption(index, func, tuple(args[1:]), tuple(kwargs.items()), result))
 
+    def is_traced(self, value: Any) -> bool:
+        """Whether ``value`` is a fake tensor of this trace (an input's, or one forward made)."""
+        return isinstance(value, FakeTensor) and value.fake_mode is self.fake_mode and (
+            id(value) in self.sources or id(value) in self.fwd.node_of)
+
     def _describe(self) -> str:
         return f"{self.parts.name}.{self.phase}"
 
@@ -507,12 +514,16 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
                 state: StateTracker) -> RawCapture:
     record = ctx._minihop_record
     fwd_frame = FrameSnapshot()
-    if parts.setup_context is None:
-        out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
-    else:
-        out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
-        t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
-    state.forward_done()
+    outside = snapshot_outside(outside_roots(parts.forward, fake_args))
+    try:
+        if parts.setup_context is None:
+            out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
+        else:
+            out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
+            t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
+    except BaseException:
+        outside.restore()  # no fake tensor stays in the caller's objects
+        raise
 
     _check_mutations(t, record.dirty)
 
@@ -525,8 +536,17 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         top.append(is_top)
         return len(flat) - 1
 
-    _refuse_hidden_tensors(parts, (out,), "output")
-    spec = describe_output(out, on_tensor)
+    try:
+        _refuse_hidden_tensors(parts, (out,), "output")
+        spec = describe_output(out, on_tensor)
+        found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name,
+                                     code_of(parts.forward), parts.argnames)
+        num_user_outputs = len(flat)
+        outside_writes = _hidden_outputs(t, found, flat, top, fake_args)
+    except BaseException:
+        outside.restore()  # refused: as if forward had not run (eager may run it next)
+        raise
+    state.forward_done()  # after the tensors written outside were taken back out
     fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
                  for s in [t.sources[id(v)]]}
@@ -562,7 +582,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
             t.input_node(a)
     names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None)
     single = isinstance(out, torch.Tensor)
-    for v, node in zip(flat, fwd_outputs, strict=True):
+    for node in fwd_outputs[:num_user_outputs]:
         if node.op != "placeholder" and node not in names:
             names[node] = "outs" if single else "out"
 
@@ -628,8 +648,31 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
-        python_state=python_state, ctx_values=_ctx_values(ctx),
+        python_state=python_state, ctx_values=_ctx_values(ctx), outside_writes=outside_writes,
     )
+
+
+def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
+                    flat: list[torch.Tensor],
+                    top: list[bool], fake_args: tuple[Any, ...]) -> tuple[OutsideWrite, ...]:
+    """Each tensor forward put outside its return value becomes a hidden fwd output (appended
+    to ``flat``, not top-level); returns the writes the runtime repeats on every call."""
+    arg_ids = {id(a) for a in fake_args if isinstance(a, torch.Tensor)}
+    index = {id(v): i for i, v in enumerate(flat)
+             if not (top[i] and id(v) in arg_ids)}  # an input returned as is comes back as a view
+    writes: list[OutsideWrite] = []
+    for w in found:
+        if not t.is_traced(w.value):
+            writes.append(OutsideWrite(w.location, None, w.value))
+            continue
+        i = index.get(id(w.value))
+        if i is None:
+            flat.append(w.value)
+            top.append(False)
+            i = index[id(w.value)] = len(flat) - 1
+        writes.append(OutsideWrite(w.location, i))
+    return tuple(writes)
+
 
 
 def _python_atom(value: Any) -> bool:

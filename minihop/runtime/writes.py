@@ -1,0 +1,60 @@
+"""Put forward's outside writes in place on every call: ``sink.append(y)``, ``obj.cache = y``,
+``store["k"] = y``, ``_CACHE.append(y)``, ``hard._soft = soft``.
+
+Place in the pipeline: runtime (never imports the tracer). The tracer found each write as a
+``spec.OutsideWrite``; a tensor written is a hidden fwd output (see ``tracer/outside.py`` for
+why). ``make_writer`` turns the writes, once per capture, into one function the runner calls
+after the Function ran, with the call's arguments and all fwd outputs: each location is
+resolved anew from that call's arguments (or the global/closure value as it is now), as eager
+would resolve it.
+
+Invariant: the writes happen in the order forward made them, once per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..spec import Location, OutsideWrite
+from ..structure import make_getter
+
+__all__ = ["make_writer"]
+
+Writer = Callable[[tuple[Any, ...], Any], None]
+
+
+def make_writer(writes: tuple[OutsideWrite, ...]) -> Writer | None:
+    """``(args, fwd outputs) -> None`` doing ``writes``; None when there are none."""
+    if not writes:
+        return None
+    steps = tuple((_container(w.location), w.location.step, w.output, w.value) for w in writes)
+
+    def write(args: tuple[Any, ...], outs: Any) -> None:
+        for container, (kind, key), output, value in steps:
+            target = container(args, outs)
+            if output is not None:
+                value = outs[output]
+            if kind == "append":
+                target.append(value)
+            elif kind == "key":
+                target[key] = value
+            else:
+                setattr(target, key, value)
+
+    return write
+
+
+def _container(loc: Location) -> Callable[[tuple[Any, ...], Any], Any]:
+    """``(args, outs) -> the object the write goes into``, generated once."""
+    kind, key = loc.root
+    if kind == "arg":
+        get = make_getter(((kind, key), *loc.path))
+        return lambda args, outs: get(args, {})
+    below = make_getter((("arg", 0), *loc.path))  # the path, applied to a root passed as args[0]
+    if kind == "output":
+        return lambda args, outs: below((outs[key],), {})
+    fetch = loc.fetch_root
+    if fetch is None:
+        raise AssertionError(f"minihop bug: a {kind} location without a way to read its root")
+    return lambda args, outs: below((fetch(),), {})

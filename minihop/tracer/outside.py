@@ -1,0 +1,331 @@
+"""Find the tensors forward put outside its return value, so a capture can put them there too.
+
+Place in the pipeline: the tracer, around the forward trace. User code stores values where
+the caller reads them afterwards: ``sink.append(y)`` on a list argument, ``obj.cache = y`` on an
+argument object, ``store["k"] = y``, ``_CACHE.append(y)`` on a global, ``hard._soft = soft``
+on a tensor it returns. Run on fake tensors, that leaves a fake tensor in the caller's
+object, and never the real one. ``snapshot_outside`` records, before forward runs, every
+list, dict and object reachable from the arguments and from the globals and closure cells
+forward names (and the ``__dict__`` of each argument tensor); ``find_outside_tensors``
+compares after forward and returns each write as an ``OutsideTensor``: a ``Location``
+(``spec.py``: root, path, step; resolved again from each call's arguments) and the value.
+The tracer turns each tensor value into a hidden fwd output, and the runtime
+(``runtime/writes.py``) puts the real one at the location on every call.
+
+Why hidden fwd outputs (appended after the user's, never top-level, so never returned to
+autograd): the graph contract stays as it is (bwd takes an ``unused_N`` grad for each), the
+tensor is exactly what eager's forward computed (under no-grad: no history; a view of an
+input stays a view of that input), and a Function without such writes gets byte-for-byte the
+graphs it had before.
+
+Invariant: when this module is done (returned or raised), no container it snapshotted holds
+a fake tensor of the trace; a write it cannot route again per call is a ``SideEffectError``.
+The location records are plain data so that other Python-state analyses can reuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from ..errors import SideEffectError
+from ..spec import Location, Root
+from ..structure import Path, _is_object_container, attributes, iter_leaves
+
+__all__ = ["OutsideTensor", "OutsideSnapshot", "outside_roots", "snapshot_outside",
+           "find_outside_tensors", "tensor_attributes"]
+
+# How deep below a root the snapshot looks for containers (cycles are cut by identity).
+_MAX_DEPTH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class OutsideTensor:
+    """One value forward put at ``location``: a fake tensor of the trace, or a Python value."""
+
+    location: Location
+    value: Any
+
+
+@dataclasses.dataclass
+class _Container:
+    """One mutable container as it was before forward ran."""
+
+    value: Any
+    root: Root
+    path: Path
+    kind: str  # "list", "dict", "object" or "tensor" (a tensor's own attributes)
+    before: Any
+    fetch_root: Callable[[], Any] | None
+
+
+@dataclasses.dataclass
+class OutsideSnapshot:
+    """The containers reachable before forward ran, with a shallow copy of each's contents."""
+
+    containers: list[_Container]
+
+    def restore(self) -> None:
+        """Put every container back as it was (used when forward itself failed)."""
+        for c in self.containers:
+            if _changed(c):
+                _restore(c)
+
+
+def outside_roots(forward: Any, fake_args: tuple[Any, ...]) -> tuple[tuple[Root, Any, Callable[[], Any] | None], ...]:
+    """The roots a write can hang from: each argument, and each mutable global or closure
+    value forward names (modules, functions, classes, tensors and ``nn.Module``s are left out:
+    their state is not a caller's container)."""
+    roots: list[tuple[Root, Any, Callable[[], Any] | None]] = [
+        (("arg", i), a, None) for i, a in enumerate(fake_args)]
+    fn = inspect.unwrap(getattr(forward, "__func__", forward))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return tuple(roots)
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if _is_state(value):
+            roots.append((("closure", name), value, lambda c=cell: c.cell_contents))
+    for name in code.co_names:
+        value = fn.__globals__.get(name, _MISSING)
+        if value is not _MISSING and _is_state(value):
+            roots.append((("global", name), value, lambda g=fn.__globals__, n=name: g[n]))
+    return tuple(roots)
+
+
+_MISSING = object()
+
+
+def _is_state(value: Any) -> bool:
+    if isinstance(value, (types.ModuleType, type, torch.Tensor, torch.nn.Module)):
+        return False
+    return isinstance(value, (list, dict)) or _is_object_container(value)
+
+
+def snapshot_outside(roots: tuple[tuple[Root, Any, Callable[[], Any] | None], ...]) -> OutsideSnapshot:
+    """Record every list, dict, object (and argument tensor's attributes) below ``roots``."""
+    found: list[_Container] = []
+    seen: set[int] = set()
+    for root, value, fetch in roots:
+        _walk(value, root, (), fetch, found, seen, 0)
+    return OutsideSnapshot(found)
+
+
+def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
+          found: list[_Container], seen: set[int], depth: int) -> None:
+    if depth > _MAX_DEPTH or id(value) in seen:
+        return
+    if isinstance(value, torch.Tensor):
+        seen.add(id(value))
+        found.append(_Container(value, root, path, "tensor", tensor_attributes(value), fetch))
+        return
+    if isinstance(value, tuple):
+        for i, item in enumerate(value):
+            _walk(item, root, path + (("item", i),), fetch, found, seen, depth + 1)
+        return
+    if isinstance(value, list):
+        kind, items = "list", list(enumerate(value))
+        step = "item"
+    elif isinstance(value, dict):
+        kind, items = "dict", list(value.items())
+        step = "key"
+    elif _is_object_container(value) or isinstance(value, torch.nn.Module):
+        # A module argument too: ``mod.last = y`` is a plain attribute, as on any object.
+        kind, items = "object", list(attributes(value).items())
+        step = "attr"
+    else:
+        return
+    seen.add(id(value))
+    c = _Container(value, root, path, kind, None, fetch)
+    c.before = _contents(c)
+    found.append(c)
+    for key, item in items:
+        if step == "key" and not isinstance(key, (str, int)):
+            continue  # no route to it by a generated getter
+        _walk(item, root, path + ((step, key),), fetch, found, seen, depth + 1)
+
+
+def _contents(c: _Container) -> Any:
+    if c.kind == "list":
+        return list(c.value)
+    if c.kind == "dict":
+        return dict(c.value)
+    if c.kind == "tensor":
+        return tensor_attributes(c.value)
+    return attributes(c.value)
+
+
+def _changed(c: _Container) -> bool:
+    now = _contents(c)
+    if c.kind == "list":
+        return len(now) != len(c.before) or any(a is not b for a, b in zip(now, c.before))
+    return now.keys() != c.before.keys() or any(now[k] is not c.before[k] for k in now)
+
+
+def _restore(c: _Container) -> None:
+    if c.kind == "list":
+        c.value[:] = c.before
+    elif c.kind == "dict":
+        c.value.clear()
+        c.value.update(c.before)
+    else:
+        now = tensor_attributes(c.value) if c.kind == "tensor" else attributes(c.value)
+        for name in now:
+            if name not in c.before:
+                object.__delattr__(c.value, name)
+        for name, v in c.before.items():
+            object.__setattr__(c.value, name, v)
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_tensor_attributes() -> frozenset[str]:
+    """The ``__dict__`` entries torch itself gives a (fake) tensor."""
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.empty(0))
+    return frozenset(vars(fake)) | frozenset(vars(torch.empty(0)))
+
+
+def tensor_attributes(t: torch.Tensor) -> dict[str, Any]:
+    """The attributes user code set on tensor ``t`` (torch's own entries left out)."""
+    internal = _torch_tensor_attributes()
+    return {k: v for k, v in vars(t).items() if k not in internal and not k.startswith("__")}
+
+
+def find_outside_tensors(snapshot: OutsideSnapshot, outputs: tuple[torch.Tensor, ...],
+                         is_traced: Callable[[Any], bool], function: str,
+                         code: types.CodeType | None, argnames: tuple[str, ...] = ()) -> tuple[OutsideTensor, ...]:
+    """What forward wrote outside its return value, in write order per container.
+
+    ``outputs`` are forward's flat output tensors (attributes set on them count too, with an
+    ``("output", i)`` root); ``is_traced(v)`` says whether ``v`` is a fake tensor of this
+    trace. Every container holding a traced tensor is put back as it was before forward
+    (the runtime repeats the writes on each call). For a container whose only changes are
+    Python values the changes are left alone and not reported (other state analyses own
+    those), except on tensors, whose user attributes are always reported.
+    Raises ``SideEffectError`` for a write that cannot be routed again per call.
+    """
+    found: list[OutsideTensor] = []
+    who = _Who(function, code, argnames)
+    try:
+        for c in snapshot.containers:
+            if _changed(c):
+                found.extend(_diff(c, is_traced, who))
+        container_ids = {id(c.value) for c in snapshot.containers}
+        for i, out in enumerate(outputs):
+            if id(out) in container_ids:
+                continue  # an argument returned as is: its attributes are the argument's
+            for name, value in tensor_attributes(out).items():
+                _check_value(value, ("output", i), (), ("attr", name), is_traced, who)
+                found.append(OutsideTensor(Location(("output", i), (), ("attr", name)), value))
+    except BaseException:
+        snapshot.restore()
+        raise
+    return tuple(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Who:
+    """What a refusal names: the Function, its forward's code, its argument names."""
+
+    function: str
+    code: types.CodeType | None
+    argnames: tuple[str, ...]
+
+
+def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[OutsideTensor]:
+    now = _contents(c)
+    changes: list[tuple[Any, Any]] = []  # (step, value)
+    removed: Any = None  # the step of a change that is not an addition, if any
+    if c.kind == "list":
+        n = len(c.before)
+        if len(now) >= n and all(a is b for a, b in zip(now, c.before)):
+            changes = [(("append", None), v) for v in now[n:]]
+        else:
+            removed = ("append", None)
+    else:
+        step = "key" if c.kind == "dict" else "attr"
+        gone = [k for k in c.before if k not in now]
+        removed = (step, gone[0]) if gone else None
+        changes = [((step, k), v) for k, v in now.items() if k not in c.before or v is not c.before[k]]
+    holds_fake = any(_holds_traced(v, is_traced) for _, v in changes) or (
+        removed and any(_holds_traced(v, is_traced) for v in (now if c.kind == "list" else now.values())))
+    if not holds_fake and c.kind != "tensor":
+        return []  # only Python values changed: not this module's job
+    _restore(c)
+    location_of = lambda s: Location(c.root, c.path, s, c.fetch_root)  # noqa: E731
+    if removed is not None:
+        raise _refusal(who, location_of(removed), "changes that container in a way "
+                       "other than by adding to it or setting entries (an item replaced in, "
+                       "removed from or inserted into a list; an entry deleted) while putting "
+                       "a tensor there")
+    for s, v in changes:
+        _check_value(v, c.root, c.path, s, is_traced, who, c.fetch_root)
+    return [OutsideTensor(location_of(s), v) for s, v in changes]
+
+
+def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
+    if is_traced(value):
+        return True
+    if isinstance(value, torch.Tensor):
+        return False
+    return any(is_traced(leaf) or isinstance(leaf, FakeTensor) for _, leaf in iter_leaves(value))
+
+
+def _check_value(value: Any, root: Root, path: Path, step: Any, is_traced: Callable[[Any], bool],
+                 who: _Who, fetch: Callable[[], Any] | None = None) -> None:
+    """Refuse a value that cannot be put back on each call: a tensor inside a value forward
+    made (an object, a container), a fake tensor of another trace, or a symbolic size."""
+    if is_traced(value):
+        return
+    loc = Location(root, path, step, fetch)
+    if isinstance(value, FakeTensor):
+        raise _refusal(who, loc, "puts a fake tensor there that this trace did not make")
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise _refusal(who, loc, "puts a symbolic size there (captured with dynamic "
+                       "shapes, it has no one value)")
+    if not isinstance(value, torch.Tensor) and _holds_traced(value, is_traced):
+        raise _refusal(who, loc, f"puts a {type(value).__name__} there that holds a "
+                       "tensor, and forward made that value itself")
+
+
+def _refusal(who: _Who, loc: Location, what: str) -> SideEffectError:
+    code = who.code
+    line = _source_line(code, loc.step)
+    where = f'File "{code.co_filename}", line {line}' if code is not None and line is not None else None
+    return SideEffectError(
+        f"{who.function}.forward writes to {loc.describe(who.argnames)}"
+        f"{f' (line {line})' if line is not None else ''}: it {what}.",
+        "A capture puts forward's tensors back where forward put them on every call, which "
+        "works only for a tensor stored directly into a list, dict or object that existed "
+        "before the call (an argument, a global, a closure value) or onto a returned tensor; "
+        "leaving this one would leave a fake tensor from tracing behind.",
+        "Store the tensor itself there (e.g. obj.cache = y, not obj.cache = Holder(y)), "
+        "return it from forward, or run this Function eagerly with "
+        "minihop.function(F, fallback='eager').",
+        where=where)
+
+
+def _source_line(code: types.CodeType | None, step: Any) -> int | None:
+    """The first line of forward that makes a write like ``step`` (best effort)."""
+    if code is None:
+        return None
+    kind, key = step
+    for ins in dis.get_instructions(code):
+        hit = ((kind == "attr" and ins.opname == "STORE_ATTR" and ins.argval == key)
+               or (kind == "key" and ins.opname == "STORE_SUBSCR")
+               or (kind == "append" and ins.opname in ("LOAD_ATTR", "LOAD_METHOD")
+                   and ins.argval == "append"))
+        if hit and ins.positions is not None:
+            return ins.positions.lineno
+    return None
