@@ -25,7 +25,11 @@ bool (``FLAG``) that forward branches on. Each is read in forward and maybe in b
 Write targets: a counter on the class, on the argument object, a global (``global CALLS``), a
 closure cell (``nonlocal calls``); ``LOG.append(...)`` of Python values; an attribute set on an
 outside object (``RECORDER.last``); ``if DEBUG: print(...)`` with ``DEBUG = False``; rarely a
-real ``print``. Each happens in forward or backward.
+real ``print``. Each happens in forward or backward. Sometimes forward also lets a tensor out
+another way than its return value: appended to a caller's list (``STASH``), set on the argument
+object (``cfg.t``), set as an attribute of its output (``out._soft``, listed in
+``OUTPUT_ATTRIBUTES``), or an unreturned input buffer (``BUF``) updated in place without
+``mark_dirty``; ``read_state()`` gives such tensors as rounded values and ``requires_grad``.
 
 Invariant: a case's source depends only on the choices made (a seed reproduces it).
 """
@@ -41,6 +45,8 @@ __all__ = ["READS", "WRITES", "generate_state_case"]
 READS = ("class", "cfg", "global", "closure", "flag")
 WRITES = ("class_counter", "cfg_counter", "global_counter", "closure_counter", "log", "attribute",
           "debug_print", "print")
+# Tensors leaving forward by other ways than its return value (forward only, rarer).
+TENSOR_WRITES = ("into_list", "onto_object", "output_attribute", "buffer_inplace")
 _VALUES = (2.0, 3.0, 0.5, -1.5)
 
 
@@ -83,13 +89,17 @@ class _StateBuilder:
         n_writes = ch.integer(0 if reads else 1, 2)
         writes = list(dict.fromkeys(ch.choice(WRITES[:-1]) if not ch.chance(10) else "print"
                                     for _ in range(n_writes)))
+        tensor_write = ch.choice(TENSOR_WRITES) if ch.chance(25) else None
+        if tensor_write:
+            writes.append(tensor_write)
         self.features += [f"read-{r}" for r in reads] + [f"write-{w}" for w in writes]
-        uses_cfg = "cfg" in reads or "cfg_counter" in writes
+        uses_cfg = "cfg" in reads or "cfg_counter" in writes or "onto_object" in writes
         closure = "closure" in reads or "closure_counter" in writes
         shape = ch.choice(["(2, 3)", "(3,)", "(4,)"])
         two = ch.chance(30)
         tensor_args = ["x0", "x1"] if two else ["x0"]
-        argnames = tensor_args + (["cfg"] if uses_cfg else [])
+        argnames = tensor_args + (["cfg"] if uses_cfg else []) + (["stash"] if "into_list" in writes else []) \
+            + (["buf"] if "buffer_inplace" in writes else [])
 
         fwd, bwd = _Method(), _Method()
         numeric = [r for r in reads if r != "flag"]
@@ -123,8 +133,19 @@ class _StateBuilder:
         if "flag" in reads and ch.chance(50):
             bwd.lines += ["if FLAG:", "    g0 = g0 * 3"]
             self.features.append("bwd-read-flag-live")
-        # the writes, each in forward or backward
+        # the tensor write, in forward
+        if tensor_write == "into_list":
+            fwd.lines.append("stash.append(v0 * 10)")
+        elif tensor_write == "onto_object":
+            fwd.lines.append("cfg.t = v0 * 10")
+        elif tensor_write == "output_attribute":
+            fwd.lines.append(f"{last}._soft = v0")
+        elif tensor_write == "buffer_inplace":
+            fwd.lines.append("buf.mul_(0.5).add_(x0.detach().mean())")
+        # the Python writes, each in forward or backward
         for w in writes:
+            if w in TENSOR_WRITES:
+                continue
             where = "backward" if ch.chance(30) else "forward"
             self.features.append(f"{w}-in-{where}")
             m = fwd if where == "forward" else bwd
@@ -153,7 +174,7 @@ class _StateBuilder:
         grads = ["g0 * " + factor] + (["g0 * 0.5"] if two else [])
         if two and ch.chance(30):
             grads[1] = "None"
-        grads += ["None"] if uses_cfg else []
+        grads += ["None"] * (len(argnames) - len(grads))
         bwd.lines.append(f"return {', '.join(grads)}")
 
         steps = self.steps(reads)
@@ -182,7 +203,11 @@ class _StateBuilder:
                "        self.calls = 0", "", "",
                "class Recorder:", "    last = None", "", "",
                "CFG = Config()", "RECORDER = Recorder()", "SCALE = 2.0", "FLAG = True", "CALLS = 0",
-               "LOG = []", "DEBUG = False", "", ""]
+               "LOG = []", "DEBUG = False", "STASH = []", f"BUF = torch.zeros({shape})",
+               "OUTPUT_ATTRIBUTES = " + repr(["_soft"] if "output_attribute" in writes else []), "", "",
+               "def plain(t):", "    # a comparable form of a tensor: rounded values and requires_grad",
+               "    if t is None:", "        return None",
+               "    return [round(v, 4) for v in t.detach().reshape(-1).tolist()], t.requires_grad", "", ""]
         cls = ["class Fuzz(torch.autograd.Function):", "    scale = 2.0", "    calls = 0", "",
                "    @staticmethod", f"    def forward(ctx, {', '.join(argnames)}):"]
         cls += ["        " + line for line in fwd.render()]
@@ -211,14 +236,17 @@ class _StateBuilder:
             state += {"class_counter": ['"Fuzz.calls": Fuzz.calls'], "cfg_counter": ['"CFG.calls": CFG.calls'],
                       "global_counter": ['"CALLS": CALLS'], "closure_counter": ['"calls": closure_calls()'],
                       "log": ['"LOG": list(LOG)'], "attribute": ['"RECORDER.last": RECORDER.last'],
-                      "debug_print": [], "print": []}[w]
+                      "debug_print": [], "print": [], "into_list": ['"STASH": [plain(t) for t in STASH]'],
+                      "onto_object": ['"CFG.t": plain(getattr(CFG, "t", None))'], "output_attribute": [],
+                      "buffer_inplace": ['"BUF": plain(BUF)']}[w]
         out += ["def read_state():", "    return {" + ", ".join(state) + "}", "", ""]
         out += [f"STEPS = {steps!r}", "", ""]
         make = ["def make_args():", "    gen = torch.Generator().manual_seed(0)",
                 f"    x0 = torch.randn({shape}, generator=gen).requires_grad_(True)"]
         if two:
             make.append(f"    x1 = torch.randn({shape}, generator=gen).requires_grad_(True)")
-        make.append(f"    return ({''.join(n + ', ' for n in argnames).replace('cfg', 'CFG').rstrip(' ')})")
+        passed = {"cfg": "CFG", "stash": "STASH", "buf": "BUF"}
+        make.append(f"    return ({''.join(passed.get(n, n) + ', ' for n in argnames).rstrip(' ')})")
         out += make + [""]
         return "\n".join(out)
 

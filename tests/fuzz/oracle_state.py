@@ -89,6 +89,8 @@ def _run(case: Case, path: pathlib.Path, make_call: Callable[[type], Callable[..
             out = call(*args)
         step.outputs = [t.detach().clone() for t in _tensors(out)]
         step.state_after_forward = namespace["read_state"]()
+        for name in namespace.get("OUTPUT_ATTRIBUTES", ()):
+            step.state_after_forward[f"output.{name}"] = namespace["plain"](getattr(out, name, None))
         step.printed_after_forward = printed.getvalue()
         namespace["set_value"](bwd_value)
         loss = sum(((t * (1.5 + i)).sum() for i, t in enumerate(_tensors(out)) if t.requires_grad),
