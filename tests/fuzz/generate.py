@@ -34,6 +34,10 @@ How a case is built:
 
 Invariant: a case's source depends only on the choices made, so a seed (or hypothesis's
 choice sequence) reproduces it exactly.
+
+Functions that read and write Python state (class attributes, argument objects, globals,
+closure cells, counters, logs, prints) come from ``generate_state.py``, which shares this
+module's ``Chooser`` and ``Case``; the cases made here are unaffected by it.
 """
 
 from __future__ import annotations
