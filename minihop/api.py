@@ -6,7 +6,6 @@ Place in the pipeline: the top. Each entry is a few lines: trace forward and bac
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Mapping, Sequence
@@ -99,26 +98,12 @@ def _plain_like(value: Any) -> Any:
 def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
     """Trace backward again for grads unlike the ones it was traced with, or for Python
     values backward reads that changed since forward ran (see runtime)."""
-    inputs = raw.inputs_for_retrace
     saved_index = {name: i for i, name in enumerate(pair.saved_names)}
     input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 
     def retrace(layout: GradLayout, call_args: tuple[Any, ...] = ()) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
-        these = inputs if not call_args else dataclasses.replace(
-            inputs, fake_args=_refill(inputs.fake_args, call_args))
-        variant_raw = trace_function(fn_cls, (), {}, grad_specs=specs, retrace=these)
-        if variant_raw.ctx_values != raw.ctx_values:
-            # Forward is traced again too, now with the changed values; what it told ctx is
-            # what eager's backward would read from the forward that really ran.
-            raise UnsupportedOperationError(
-                f"{pair.function_name}.backward must be traced again (a Python value it reads "
-                "changed since forward ran), but forward, traced again with today's values, "
-                "leaves other Python values on ctx than the forward that ran.",
-                "Backward would then read values the real forward never set.",
-                "Do not change the values forward reads between forward and backward, or run "
-                "it eagerly with minihop.function(F, fallback='eager').")
-        variant = make_pair(variant_raw)
+        variant = make_pair(raw.rerun_backward(specs, call_args))
         missing = [n for n in variant.saved_names if n not in saved_index]
         missing += [s.name for s in variant.inputs if s.name not in input_index]
         if missing:
@@ -132,21 +117,6 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
                 tuple(input_index[s.name] for s in variant.inputs))
 
     return retrace
-
-
-def _refill(fake_args: tuple[Any, ...], call_args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The call's own arguments (its objects, with what they hold now) with each tensor
-    replaced by the fake the capture traced it as (the call key made their paths the same)."""
-    fakes: dict[Any, Any] = {}
-
-    def collect(path: Any, fake: torch.Tensor) -> torch.Tensor:
-        fakes[path] = fake
-        return fake
-
-    for i, a in enumerate(fake_args):
-        replace_tensors(a, collect, (("arg", i),))
-    return tuple(replace_tensors(a, lambda path, t: fakes.get(path, t), (("arg", i),))
-                 for i, a in enumerate(call_args))
 
 
 def dynamic_dims(fn_cls: type, args: tuple[Any, ...],

@@ -129,7 +129,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 if end is not None:
                     chains.append(Chain(kind, root, tuple(steps), "receiver", line))
                     chains.append(Chain(kind, root, (*steps, ("attr", attr)),
-                                        "increment" if ins[end - 2].argrepr in ("+=", "-=") else "value", line))
+                                        "increment" if ins[end - 3].argrepr in ("+=", "-=") else "value", line))
                     steps = []
                     use = "done"
                 break
@@ -591,11 +591,10 @@ class StateTracker:
         read_places = {r.place.description for r in self.reads}
         writes: list[StateWrite] = []
         for key, was in old.items():
-            now_kind, now = _contents(was.obj) if was.kind not in ("globals", "cell") else (was.kind, None)
-            if was.kind == "globals":
-                now = {k: was.obj.get(k, MISSING) for k in was.contents}
-            elif was.kind == "cell":
-                now = _cell_value(was.obj)
+            later = new.get(key)
+            if later is None or later.obj is not was.obj:
+                continue  # not reachable any more: nothing of it is state the next call sees
+            now = later.contents
             if _same(was.kind, was.contents, now):
                 continue
             for step, before, after in _differences(was.kind, was.contents, now):

@@ -13,6 +13,7 @@ forward node (``bwd_saved``), in the order backward first read it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import operator
 import threading
@@ -79,7 +80,8 @@ class RawCapture:
     ctx_features: tuple[str, ...]
     reads_layout: bool
     python_state: PythonState
-    ctx_values: tuple[Any, ...]  # the Python values forward left on ctx (not tensors)
+    # Traces backward again (``(grad_specs, call_args) -> RawCapture``), forward as it ran.
+    rerun_backward: Callable[..., "RawCapture"]
     outside_writes: tuple[OutsideWrite, ...] = ()
 
 
@@ -586,6 +588,49 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         if node.op != "placeholder" and node not in names:
             names[node] = "outs" if single else "out"
 
+    bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
+    fwd_names = dict(names)
+    names.update(bwd.names)
+    python_state = state.finish(ctx)
+    fwd_inputs = tuple((node, t.placeholder_sources[node])
+                       for node in t.fwd.graph.nodes if node.op == "placeholder")
+    made: list[RawCapture] = []
+    raw = RawCapture(
+        function_name=parts.name, argnames=parts.argnames,
+        fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
+        top_level=tuple(top), aliased=aliased, output_spec=spec,
+        non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
+        arg_inputs=tuple(t.input_node(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
+        saved_for_backward=tuple(_saved_node(t, v) for v in (record.saved or ())),
+        bwd_graph=t.bwd.graph,
+        grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
+        grad_names=bwd.grad_names, bwd_saved=tuple(t.bwd_saved), arg_grads=bwd.arg_grads,
+        names=names, materialize_grads=record.materialize_grads,
+        return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
+        grad_assumptions=tuple(t.assumptions),
+        inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
+        shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
+        python_state=python_state, outside_writes=outside_writes,
+        rerun_backward=functools.partial(_rerun_backward, t, parts, fn_cls, ctx, out, len(flat), fake_args,
+                                         grad_on, fwd_names, made),
+    )
+    made.append(raw)
+    return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class _Backward:
+    """What one run of the user's backward gave: its gradients' nodes and node names."""
+
+    arg_grads: tuple[fx.Node | None, ...]
+    names: dict[fx.Node, str]
+    grad_names: tuple[str | None, ...]
+
+
+def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, num_outputs: int,
+                  fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
+                  grad_on: bool) -> _Backward:
+    """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``."""
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
     top_items = list(out) if isinstance(out, tuple) else [out]
     grads: list[Any] = []
@@ -618,9 +663,9 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         t.assumptions.clear()
         bwd_frame = FrameSnapshot()
         arg_grads = (None,) * len(fake_args)
-    names.update(name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
+    names = (name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
 
-    grad_names: list[str | None] = [None] * len(flat)
+    grad_names: list[str | None] = [None] * num_outputs
     item_index = 0
     flat_index = 0
     for item in top_items:
@@ -630,26 +675,43 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         flat_index += sum(1 for _ in _tensor_leaves(item))
         item_index += 1
 
-    python_state = state.finish(ctx)
-    fwd_inputs = tuple((node, t.placeholder_sources[node])
-                       for node in t.fwd.graph.nodes if node.op == "placeholder")
-    return RawCapture(
-        function_name=parts.name, argnames=parts.argnames,
-        fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
-        top_level=tuple(top), aliased=aliased, output_spec=spec,
-        non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
-        arg_inputs=tuple(t.input_node(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
-        saved_for_backward=tuple(_saved_node(t, v) for v in (record.saved or ())),
-        bwd_graph=t.bwd.graph,
-        grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
-        grad_names=tuple(grad_names), bwd_saved=tuple(t.bwd_saved), arg_grads=arg_grads,
-        names=names, materialize_grads=record.materialize_grads,
-        return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
-        grad_assumptions=tuple(t.assumptions),
-        inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
-        shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
-        python_state=python_state, ctx_values=_ctx_values(ctx), outside_writes=outside_writes,
-    )
+    return _Backward(arg_grads, names, tuple(grad_names))
+
+
+def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: ProxyCtx, out: Any,
+                    num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
+                    fwd_names: dict[fx.Node, str], made: list[RawCapture],
+                    grad_specs: tuple[GradSpec | None, ...] | None,
+                    call_args: tuple[Any, ...] = ()) -> RawCapture:
+    """Trace backward again, after the forward traced once: for grads laid out otherwise, or
+    for Python values backward reads that changed since forward ran. Forward is not run
+    again: what it left on ctx is what the forward that really ran left (its reads are
+    guarded), except that an argument object on ctx is the call's own (``call_args``)."""
+    with TRACE_LOCK:
+        t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
+        t.grad_nodes.clear()
+        t.bwd_saved.clear()
+        t.assumptions.clear()
+        swapped: dict[str, Any] = {}
+        if call_args:
+            for name, value in vars(ctx).items():
+                for fake, real in zip(fake_args, call_args):
+                    if value is fake and not isinstance(fake, torch.Tensor):
+                        swapped[name] = value
+                        object.__setattr__(ctx, name, real)
+        state = StateTracker(parts, call_args or fake_args, fn_cls)
+        state.start()
+        try:
+            bwd = _run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on)
+        finally:
+            state.abort()  # backward's writes are replayed by the runtime, not by tracing
+            for name, value in swapped.items():
+                object.__setattr__(ctx, name, value)
+        return dataclasses.replace(
+            made[0], bwd_graph=t.bwd.graph,
+            grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
+            grad_names=bwd.grad_names, bwd_saved=tuple(t.bwd_saved), arg_grads=bwd.arg_grads,
+            names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions))
 
 
 def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
@@ -673,26 +735,6 @@ def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
         writes.append(OutsideWrite(w.location, i))
     return tuple(writes)
 
-
-
-def _python_atom(value: Any) -> bool:
-    if isinstance(value, (tuple, list)):
-        return all(_python_atom(v) for v in value)
-    return isinstance(value, (int, float, str, bool, type(None), torch.dtype, torch.device))
-
-
-def _ctx_values(ctx: ProxyCtx) -> tuple[Any, ...]:
-    """The Python values (numbers, strings, ...) forward set on ctx, comparable across two
-    traces; other objects by type only (one taken from the arguments is the call's own)."""
-    found = []
-    for name, value in sorted(vars(ctx).items()):
-        if name.startswith("_minihop") or isinstance(value, torch.Tensor):
-            continue
-        if _python_atom(value):
-            found.append((name, type(value), value))
-        else:
-            found.append((name, type(value)))
-    return tuple(found)
 
 
 def _shape_guards(t: _Tracing) -> ShapeGuards | None:
