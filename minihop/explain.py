@@ -42,6 +42,7 @@ class Explanation:
     error: str | None
     features: tuple[tuple[str, str], ...] = ()
     guards: tuple[str, ...] = ()
+    python_writes: tuple[str, ...] = ()  # Python state forward/backward change (replayed)
     fwd_inputs: tuple[str, ...] = ()
     saved: int = 0
     saved_values: tuple[str, ...] = ()
@@ -70,6 +71,9 @@ class Explanation:
             lines.append("    (none)")
         lines.append("  guards (a call must match these to reuse the capture):")
         lines.extend(f"    {g}" for g in self.guards)
+        if self.python_writes:
+            lines.append("  Python state written (replayed on every call, as eager does it):")
+            lines.extend(f"    {w}" for w in self.python_writes)
         lines.append("  graphs:")
         lines.extend(f"    {line}" for line in self.graphs.splitlines())
         return "\n".join(lines)
@@ -106,14 +110,26 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
                               "requires_grad as at capture (read anew each call)")
         if cap.shape_guards is not None:
             guards.append(f"dynamic sizes: {cap.shape_guards.expression}")
+        state = cap.python_state
+        for read, key in zip(state.reads, cap.live_key[len(cap.live_key) - len(state.reads):], strict=True):
+            again = " (checked again when backward runs)" if read.phase == "backward" else ""
+            guards.append(f"Python value {read.place.description} read by {read.phase}: "
+                          f"{_show_key(key)}{again}" + (f"  [{read.line}]" if read.line else ""))
+        for i, masked in sorted(cap.masks.items()):
+            argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
+            guards.append(f"{argname}: attributes {', '.join(sorted(masked))} left out (counters "
+                          "the Function itself changes)")
         for assumption in raw.grad_assumptions:
             guards.append(f"backward read {getattr(assumption.query, '__name__', assumption.query)} of "
                           f"output {assumption.index}'s grad == {assumption.expected!r} (else retraced)")
+        writes = tuple(f"{w.describe()}  ({w.kind}, replayed each time {w.phase} runs"
+                       + (f"; {w.line}" if w.line else "") + ")" for w in state.writes)
         saved_nodes = [n for n in cap.fwd.graph.nodes if n.op == "output"][0].args[0][1]
         report = Explanation(
             name, True, None,
             features=tuple((f, _handling(f)) for f in raw.ctx_features),
             guards=tuple(guards),
+            python_writes=writes,
             fwd_inputs=tuple(f"{s.name} <- {s.description}" for s in cap.inputs),
             saved=len(saved_nodes),
             saved_values=tuple(f"{n.name}: {_describe_value(n.meta.get('val'))}" for n in saved_nodes),

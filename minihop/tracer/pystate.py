@@ -426,7 +426,7 @@ class StateTracker:
         self.args = args
         self.reads: list[StateRead] = []
         self.roots: list[tuple[_Root, Any]] = []
-        self.stores: dict[str, int | None] = {}
+        self.stores: dict[tuple[str, str], str] = {}  # (phase, name stored) -> where
         self.watch: _PrintWatch | None = None
         self.fn_cls = fn_cls
         self._read_keys: set[tuple[str, str]] = set()
@@ -441,7 +441,7 @@ class StateTracker:
         for phase, fn, facts, params in _analysed(_methods(self.parts)):
             code = _code(fn)
             for attr, line in facts.stores:
-                self.stores.setdefault(attr, line)
+                self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
                 root = _resolve_root(fn, chain, params)
                 if root is None:
@@ -612,10 +612,8 @@ class StateTracker:
             owner_steps = was.steps
             place = _place(was.root, (*owner_steps, step)) if step != ("extend", None) else \
                 _place_of_object(was)
-        line = self.stores.get(str(step[1])) if step[0] in ("attr", "item") else None
-        where = None
-        if line is not None:
-            where = f"line {line}"
+        name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
+        where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))
         if step == ("extend", None):
             if all(isinstance(v, _ATOMS) or _atom_tuple(v) for v in after):
                 return StateWrite(place, "extend", tuple(after), phase, where)
