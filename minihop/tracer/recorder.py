@@ -36,9 +36,13 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import DataDependentError, UnsupportedOperationError
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing"]
+from ..errors import DataDependentError, MinihopError, UnsupportedOperationError
+
+__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
+           "refusal_for", "user_frame_of"]
 
 _state = threading.local()
 
@@ -69,7 +73,91 @@ _SYMPY_OPS: dict[type, Callable[..., Any]] = {
 # Calls that take values out of a tensor into Python; a fake tensor has none to give.
 _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
                           "__index__", "__complex__", "__array__"})
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
+                   GuardOnDataDependentSymNode)
+# Where torch's tracing machinery defines its exceptions. None of them is eager's or the user's
+# to catch (``torch._C`` holds eager's own, such as ``torch.linalg.LinAlgError``).
+_INTERNAL_MODULES = ("torch._subclasses", "torch._dynamo", "torch._guards", "torch._functorch",
+                     "torch._higher_order_ops", "torch._ops", "torch._prims", "torch._refs",
+                     "torch._decomp", "torch._meta_registrations", "torch._library",
+                     "torch._inductor", "torch._export", "torch.fx", "torch.utils._sympy", "sympy")
+# Plain RuntimeErrors that only fake tensors raise (eager runs the same call).
+_FAKE_ONLY_DATA = ("its data is not allocated yet",)
+_FAKE_ONLY = ("fake impl", "fake kernel", "with symbolic sizes/strides",
+              "size_bytes_is_heap_allocated_")
+
+
+def _is_internal(error: BaseException) -> bool:
+    module = type(error).__module__ or ""
+    return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES) or (
+        module.startswith("torch._") and not module.startswith("torch._C"))
+
+
+def user_frame_of(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``error``'s traceback that belongs to the user's code."""
+    found = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not frame.filename.startswith(_SKIP_DIRS) and not frame.filename.startswith("<"):
+            found = frame
+    return found
+
+
+def refusal_for(error: BaseException, describe: str, op: Any | None,
+                where: str | None) -> MinihopError | None:
+    """minihop's coded refusal for an exception that fake tensors or torch's tracing machinery
+    raised while ``describe`` (``"F.backward"``) ran ``op``; None for any other exception
+    (the user's own, eager's own, minihop's), which must reach the caller unchanged.
+
+    The one place where torch-internal exception types are turned into minihop's.
+    """
+    if isinstance(error, MinihopError):
+        return None
+    message = str(error)
+    internal = _is_internal(error)
+    fake_only = type(error) is RuntimeError and any(s in message for s in _FAKE_ONLY)
+    fake_data = type(error) is RuntimeError and any(s in message for s in _FAKE_ONLY_DATA)
+    if not (internal or fake_only or fake_data):
+        return None
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        name: str | None = str(op)  # namespace.op.overload: the name the user registered
+    else:
+        name = getattr(op, "__name__", None) or (str(op) if op is not None else None)
+    calls = f"calls {name}" if name else "runs code"
+    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    if isinstance(error, _DATA_DEPENDENT) or fake_data:
+        return DataDependentError(
+            f"{describe} {calls}, whose result depends on tensor values.",
+            "minihop traces on fake tensors that have shapes and dtypes but no values, so "
+            "Python control flow or numbers taken from tensor data (.item(), .tolist(), "
+            "bool(t), torch.tensor of a tensor's elements, data-dependent output shapes) cannot "
+            "be captured.",
+            "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
+            "Python argument; or run this Function eagerly.",
+            where=where)
+    if isinstance(error, UnsupportedOperatorException) or any(s in message for s in _FAKE_ONLY[:2]):
+        return UnsupportedOperationError(
+            f"{describe} {calls}, which has no fake-tensor implementation.",
+            "minihop must run every op on fake tensors to learn output shapes.",
+            "Register a fake (meta) kernel for the op, or run this Function eagerly.",
+            where=where)
+    if isinstance(error, FakeTensorDeviceMismatchError):
+        return UnsupportedOperationError(
+            f"{describe} {calls} on tensors on different devices.\n  found: {first}",
+            "Eager fails on this call too (a RuntimeError: tensors on two devices, or a device "
+            "torch was not built for); minihop finds it while tracing, on fake tensors.",
+            "Create the tensors on the device of the inputs (torch.tensor(v, device=x.device)), "
+            "or move them with .to(x.device).",
+            where=where)
+    subject = f"{describe} calls {name}, which fails" if name else f"{describe} fails"
+    kind = (f"torch's internal {type(error).__name__}" if internal
+            else f"a {type(error).__name__} that only fake tensors raise")
+    return UnsupportedOperationError(
+        f"{subject} on minihop's fake tensors with {kind}.\n  found: {first}",
+        "minihop runs forward and backward on fake tensors; this error comes from that "
+        "machinery, not from the call eager would make.",
+        "Run this Function eagerly (minihop.function(F, fallback='eager')), or rewrite the "
+        "call with ops that work on fake tensors.",
+        where=where)
 
 
 def user_frame() -> traceback.FrameSummary | None:
@@ -314,26 +402,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if getattr(func, "__name__", None) in _VALUE_READS:
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
-        except _DATA_DEPENDENT as e:
-            raise DataDependentError(
-                f"{self.describe()} calls {getattr(func, '__name__', func)!s}, whose result "
-                "depends on tensor values.",
-                "minihop traces on fake tensors that have shapes and dtypes but no values, so "
-                "Python control flow or numbers taken from tensor data (.item(), .tolist(), "
-                "bool(t), data-dependent output shapes) cannot be captured.",
-                "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
-                "Python argument; or run this Function eagerly.",
-                where=format_frame(user_frame()),
-            ) from e
-        except (UnsupportedOperatorException, RuntimeError) as e:
-            if isinstance(e, RuntimeError) and "fake impl" not in str(e) and "fake kernel" not in str(e):
-                raise
-            raise UnsupportedOperationError(
-                f"{self.describe()} calls {func!s}, which has no fake-tensor implementation.",
-                "minihop must run every op on fake tensors to learn output shapes.",
-                "Register a fake (meta) kernel for the op, or run this Function eagerly.",
-                where=format_frame(user_frame()),
-            ) from e
+        except Exception as e:
+            refusal = refusal_for(e, self.describe(), func, format_frame(user_frame()))
+            if refusal is None:
+                raise  # the user's own, or eager's: unchanged
+            raise refusal from e
         if func is torch.Tensor.__setitem__:
             # Returns None but writes into its first argument.
             node = recorder.record(operator.setitem, args, kwargs, None)

@@ -13,6 +13,7 @@ forward node (``bwd_saved``), in the order backward first read it.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
 import dis
 import functools
@@ -41,9 +42,9 @@ from ..errors import (
 )
 from ..spec import InputSource, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
-from .ctx import ProxyCtx
+from .ctx import ProxyCtx, check_ctx_arguments
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
-from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
+from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "python_value_routes", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
@@ -522,6 +523,13 @@ class _Tracing:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot):
                 return fn(*args)
+        except Exception as e:
+            # Ops are translated where they run (RecordingMode); this catches torch-internal
+            # errors from the user's Python between ops (a guard on a size, say).
+            refusal = refusal_for(e, self._describe(), None, format_frame(user_frame_of(e)))
+            if refusal is None:
+                raise
+            raise refusal from e
         finally:
             self.mode.recorder = None
 
@@ -536,7 +544,16 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
     """
     with TRACE_LOCK:
-        return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+        try:
+            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+        except Exception as e:
+            # Anything torch-internal left (minihop's own checks on what tracing made, such as
+            # a size comparison): still minihop's refusal, never torch's exception type.
+            name = getattr(fn_cls, "__qualname__", repr(fn_cls))
+            refusal = refusal_for(e, f"Tracing {name}", None, format_frame(user_frame_of(e)))
+            if refusal is None:
+                raise
+            raise refusal from e
 
 
 # One trace at a time in a process: torch's fake-tensor machinery keeps process-wide state
@@ -558,7 +575,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
-        mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
+        mode = FakeTensorMode(shape_env=_shape_env()) if dynamic else FakeTensorMode()
         t = _Tracing(fn_cls, parts, mode, dynamic)
     _refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
@@ -571,7 +588,8 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         if isinstance(a, torch.Tensor):
             t.fake_arg((("arg", i),), a)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
-    ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
+    ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args),
+                   t._describe)
     record = ctx._minihop_record
 
     fwd_frame = FrameSnapshot()
@@ -580,6 +598,8 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     else:
         out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
         t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
+    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+    check_ctx_arguments(ctx, grad_can_flow)
 
     _check_mutations(t, record.dirty)
 
@@ -650,14 +670,13 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                 grads.append(None)
             flat_index += sum(1 for _ in _tensor_leaves(item))
     bwd_frame = FrameSnapshot()
-    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
         result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
     except Exception:
-        if grad_can_flow:
+        if grad_can_flow and flat:
             raise
-        # No gradient can flow (grad mode off, or no argument requires grad): eager never
+        # No gradient can flow (grad mode off, no argument requires grad, no tensor output): eager never
         # calls this backward, so its failure is not the caller's; bwd returns None for all.
         t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
         t.grad_nodes.clear()
@@ -695,6 +714,12 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
     )
+
+
+def _shape_env() -> ShapeEnv:
+    # Data-dependent sizes and scalars are refused (MH103) as without dynamic shapes; unbacked
+    # symbols would otherwise fail later, on a guard, with torch's own exception.
+    return ShapeEnv(allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
 
 
 def _shape_guards(t: _Tracing) -> ShapeGuards | None:
@@ -735,6 +760,12 @@ def _saved_node(t: _Tracing, value: Any) -> fx.Node | None:
 def _refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: str) -> None:
     """Tensors inside sets (or other unordered containers) cannot be passed through a graph."""
     for path, leaf in iter_leaves(values):
+        if what == "output" and isinstance(leaf, collections.abc.Iterator):
+            raise UnsupportedOutputError(
+                f"{parts.name}.forward returns a {type(leaf).__name__} (an iterator).",
+                "An iterator made while tracing runs on minihop's fake tensors; replaying the "
+                "graphs cannot make it again, so it would hand out fake values.",
+                "Return a tuple or list (tuple(gen)) instead.")
         if isinstance(leaf, (set, frozenset)) and any(isinstance(v, torch.Tensor) for v in leaf):
             where = (format_path((("arg", path[0][1]), *path[1:]), parts.argnames) if what == "argument"
                      else "the returned value")
