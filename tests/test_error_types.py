@@ -9,7 +9,10 @@ torch's tracing machinery (``torch._subclasses``, ``torch.fx``, ``torch._dynamo`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import io
+import pickle
 import sys
 import traceback
 import warnings
@@ -130,6 +133,25 @@ def _outside_fake(ctx: Any, a: torch.Tensor) -> torch.Tensor:
     return a * real
 
 
+def _torch_save(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(a, buffer)
+    return a * 2
+
+
+def _backward_inside_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    with torch.enable_grad():
+        t = torch.ones(3, requires_grad=True)
+        (t * 2).sum().backward()
+    return g * t.grad
+
+
+def _double(t: torch.Tensor) -> torch.Tensor:
+    return t * 2
+
+
+_compiled_double = torch.compile(_double, backend="eager")
+
 G = lambda ctx, g: g * 2  # noqa: E731  (the common backward)
 ID = lambda ctx, g: g  # noqa: E731
 
@@ -168,6 +190,13 @@ HOSTILE: dict[str, type] = {
     "shape mismatch": fn(lambda ctx, a: a @ torch.ones(2, 2), G),
     "torch.tensor(dim) saved, used by another Function": fn(_save_dim, _inner_with_dim),
     "torch.tensor(dim) on the meta device": fn(lambda ctx, a: _save_dim(ctx, a, "meta"), _inner_with_dim),
+    "torch.save": fn(_torch_save, G),
+    "pickle": fn(lambda ctx, a: pickle.loads(pickle.dumps(a.detach())) * 2, G),
+    "copy.deepcopy": fn(lambda ctx, a: copy.deepcopy(a) * 2, G),
+    "torch.func.grad in forward": fn(lambda ctx, a: torch.func.grad(lambda t: (t * t).sum())(a), G),
+    "backward() inside backward": fn(lambda ctx, a: a * 2, _backward_inside_backward),
+    "hook on a no-grad tensor": fn(lambda ctx, a: (a * 2).register_hook(lambda g: g), G),
+    "torch.compile inside forward": fn(lambda ctx, a: _compiled_double(a), G),
     "python values in backward": fn(lambda ctx, a: a * 2, lambda ctx, g: g * torch.tensor(2.0)
                                     + torch.arange(3) * torch.ones(3) // torch.tensor(2)),
 }
@@ -469,3 +498,49 @@ def test_saved_python_value_tensor_double_backward() -> None:
                  lambda a: minihop.function(DimSquare, dynamic=True).apply(a)):
         x.grad = None
         torch.testing.assert_close(second(call, x), expected)
+
+
+def test_backward_call_inside_traced_code_is_mh106() -> None:
+    """Tensor.backward() inside forward or backward is MH106: it accumulates into .grad, which replaying the graphs never does."""
+    F = HOSTILE["backward() inside backward"]
+    with pytest.raises(minihop.SideEffectError,
+                       match=r"\[MH106\] F\.backward calls backward\(\), which accumulates gradients into \.grad\.\n"
+                             r"  at File .*test_error_types\.py"):
+        minihop.apply(F, torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("case", ["torch.save", "pickle", "copy.deepcopy"])
+def test_serialising_a_tensor_is_mh103(case: str) -> None:
+    """torch.save, pickle and deepcopy of a tensor in forward need its values: MH103, not pickle's AttributeError on a fake."""
+    F = HOSTILE[case]
+    x = torch.randn(3, requires_grad=True)
+    F.apply(x)
+    with pytest.raises(minihop.DataDependentError,
+                       match=r"\[MH103\] F\.forward calls __(reduce_ex|deepcopy)__, whose result depends on tensor values\."):
+        minihop.apply(F, x)
+
+
+def test_torch_internal_assertion_is_mh104() -> None:
+    """An AssertionError from torch's own tracing code (torch.func.grad over a fake tensor) is MH104 with the original as its cause."""
+    F = HOSTILE["torch.func.grad in forward"]
+    x = torch.randn(3, requires_grad=True)
+    F.apply(x)
+    with pytest.raises(minihop.UnsupportedOperationError,
+                       match=r"\[MH104\] F\.forward fails on minihop's fake tensors with torch's internal "
+                             r"AssertionError\.") as info:
+        minihop.apply(F, x)
+    assert type(info.value.__cause__) is AssertionError
+
+
+def test_torch_compile_inside_forward_matches_eager() -> None:
+    """A torch.compile'd helper that eager has already run (and cached) is traced as written, and the capture matches eager."""
+    F = HOSTILE["torch.compile inside forward"]
+    x = torch.randn(3, requires_grad=True)
+    expected = _run(lambda: F.apply(x), x)  # compiles and caches _double for real tensors
+    for entry in ENTRIES.values():
+        minihop.reset()
+        x.grad = None
+        found = _run(lambda: entry(F, x), x)
+        assert found.error is None, found.error
+        torch.testing.assert_close(found.grad, expected.grad)
+    assert not isinstance(minihop.apply(F, x), FakeTensor)

@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from ..errors import DataDependentError, MinihopError, UnsupportedOperationError
+from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
 
 __all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
            "refusal_for", "user_frame_of"]
@@ -72,7 +72,9 @@ _SYMPY_OPS: dict[type, Callable[..., Any]] = {
 }
 # Calls that take values out of a tensor into Python; a fake tensor has none to give.
 _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
-                          "__index__", "__complex__", "__array__"})
+                          "__index__", "__complex__", "__array__",
+                          # torch.save, pickle and copy.deepcopy copy the values too.
+                          "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
                    GuardOnDataDependentSymNode)
 # Where torch's tracing machinery defines its exceptions. None of them is eager's or the user's
@@ -89,6 +91,10 @@ _FAKE_ONLY = ("fake impl", "fake kernel", "with symbolic sizes/strides",
 
 def _is_internal(error: BaseException) -> bool:
     module = type(error).__module__ or ""
+    if type(error) is AssertionError:
+        # torch's own internal assertion (its tracing machinery's invariants), not eager's API.
+        frames = traceback.extract_tb(error.__traceback__)
+        return bool(frames) and frames[-1].filename.startswith(_TORCH_DIR)
     return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES) or (
         module.startswith("torch._") and not module.startswith("torch._C"))
 
@@ -396,6 +402,14 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             # part of the program (Dynamo records it the same way).
             recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            raise SideEffectError(
+                f"{self.describe()} calls backward(), which accumulates gradients into .grad.",
+                "A capture replays only the graph's tensor operations; gradients accumulated "
+                "while tracing land in fake tensors, and replaying the graphs never does it.",
+                "Use torch.autograd.grad(outputs, inputs) and use its result, or run this "
+                "Function eagerly.",
+                where=format_frame(user_frame()))
         if _any_leaf(_is_real_tensor, args) or _any_leaf(_is_real_tensor, kwargs):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
         try:

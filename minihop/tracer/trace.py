@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import contextlib
 import dataclasses
 import dis
 import functools
 import inspect
+import sys
 import threading
 import types
 import weakref
@@ -521,7 +523,8 @@ class _Tracing:
         self.mode.recorder = recorder
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
-            with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot):
+            with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
+                    _compiled_code_runs_eagerly():
                 return fn(*args)
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal
@@ -532,6 +535,15 @@ class _Tracing:
             raise refusal from e
         finally:
             self.mode.recorder = None
+
+
+def _compiled_code_runs_eagerly() -> Any:
+    """Code the user compiled (``torch.compile``) runs as written while it is traced, so its
+    ops are recorded: a compiled graph cached from an eager call would run on fake tensors
+    (and leave them in autograd's graph). Nothing was compiled if Dynamo was never loaded."""
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
