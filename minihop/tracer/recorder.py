@@ -83,10 +83,19 @@ _INTERNAL_MODULES = ("torch._subclasses", "torch._dynamo", "torch._guards", "tor
                      "torch._higher_order_ops", "torch._ops", "torch._prims", "torch._refs",
                      "torch._decomp", "torch._meta_registrations", "torch._library",
                      "torch._inductor", "torch._export", "torch.fx", "torch.utils._sympy", "sympy")
-# Plain RuntimeErrors that only fake tensors raise (eager runs the same call).
-_FAKE_ONLY_DATA = ("its data is not allocated yet",)
-_FAKE_ONLY = ("fake impl", "fake kernel", "with symbolic sizes/strides",
-              "size_bytes_is_heap_allocated_")
+# Built-in exceptions that only fake tensors or symbolic sizes raise (eager runs the same
+# call): (type, part of the message).
+_FAKE_ONLY_DATA = ((RuntimeError, "its data is not allocated yet"),)
+_NO_FAKE_KERNEL = ((RuntimeError, "fake impl"), (RuntimeError, "fake kernel"))
+_FAKE_ONLY = (*_NO_FAKE_KERNEL,
+              (RuntimeError, "with symbolic sizes/strides"),
+              (RuntimeError, "size_bytes_is_heap_allocated_"),
+              (TypeError, "unhashable type: non-nested SymInt"),
+              (AssertionError, "Please convert all Tensors to FakeTensors first"))
+
+
+def _matches(error: BaseException, table: tuple[tuple[type, str], ...]) -> bool:
+    return any(type(error) is kind and text in str(error) for kind, text in table)
 
 
 def _is_internal(error: BaseException) -> bool:
@@ -120,8 +129,8 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
         return None
     message = str(error)
     internal = _is_internal(error)
-    fake_only = type(error) is RuntimeError and any(s in message for s in _FAKE_ONLY)
-    fake_data = type(error) is RuntimeError and any(s in message for s in _FAKE_ONLY_DATA)
+    fake_only = _matches(error, _FAKE_ONLY)
+    fake_data = _matches(error, _FAKE_ONLY_DATA)
     if not (internal or fake_only or fake_data):
         return None
     if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
@@ -140,7 +149,7 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
             "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
             "Python argument; or run this Function eagerly.",
             where=where)
-    if isinstance(error, UnsupportedOperatorException) or any(s in message for s in _FAKE_ONLY[:2]):
+    if isinstance(error, UnsupportedOperatorException) or _matches(error, _NO_FAKE_KERNEL):
         return UnsupportedOperationError(
             f"{describe} {calls}, which has no fake-tensor implementation.",
             "minihop must run every op on fake tensors to learn output shapes.",
@@ -337,6 +346,10 @@ def _map_plain(fn: Callable[[Any], Any], value: Any) -> Any:
         return [_map_plain(fn, v) for v in value]
     if kind is dict:
         return {k: _map_plain(fn, v) for k, v in value.items()}
+    if kind is slice:
+        # x[:n] with a symbolic n: the bound must be the size's node, not the SymInt itself
+        # (which would be replayed as the size it had while tracing).
+        return slice(_map_plain(fn, value.start), _map_plain(fn, value.stop), _map_plain(fn, value.step))
     if isinstance(value, _PLAIN):
         return tree_map(fn, value)
     return fn(value)

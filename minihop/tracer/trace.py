@@ -742,6 +742,13 @@ def _shape_guards(t: _Tracing) -> ShapeGuards | None:
     fakes = [fake for _, fake in t.dynamic_fakes]
     sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
     guards = env.produce_guards(fakes, sources)
+    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)):
+    # produce_guards leaves size == constant to Dynamo's own tensor checks, which minihop has
+    # not, so it is guarded here.
+    for i, fake in enumerate(fakes):
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Integer:
+                guards.append(f"T[{i}].size()[{d}] == {int(size.node.expr)}")
     return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True")
 
 
