@@ -197,6 +197,7 @@ HOSTILE: dict[str, type] = {
     "backward() inside backward": fn(lambda ctx, a: a * 2, _backward_inside_backward),
     "hook on a no-grad tensor": fn(lambda ctx, a: (a * 2).register_hook(lambda g: g), G),
     "torch.compile inside forward": fn(lambda ctx, a: _compiled_double(a), G),
+    "torch._assert fails": fn(lambda ctx, a: torch._assert(a.shape[0] == 4, "needs four") or a * 2, G),
     "python values in backward": fn(lambda ctx, a: a * 2, lambda ctx, g: g * torch.tensor(2.0)
                                     + torch.arange(3) * torch.ones(3) // torch.tensor(2)),
 }
@@ -544,3 +545,14 @@ def test_torch_compile_inside_forward_matches_eager() -> None:
         assert found.error is None, found.error
         torch.testing.assert_close(found.grad, expected.grad)
     assert not isinstance(minihop.apply(F, x), FakeTensor)
+
+
+def test_users_torch_assert_stays_an_assertion_error() -> None:
+    """A failing torch._assert in forward is the user's own assertion: the same AssertionError as eager, not MH104."""
+    F = HOSTILE["torch._assert fails"]
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(AssertionError, match="^needs four$"):
+        F.apply(x)
+    with pytest.raises(AssertionError, match="^needs four$") as info:
+        minihop.apply(F, x)
+    assert type(info.value) is AssertionError

@@ -101,9 +101,14 @@ def _matches(error: BaseException, table: tuple[tuple[type, str], ...]) -> bool:
 def _is_internal(error: BaseException) -> bool:
     module = type(error).__module__ or ""
     if type(error) is AssertionError:
-        # torch's own internal assertion (its tracing machinery's invariants), not eager's API.
+        # An assertion inside torch's private packages (its tracing machinery's invariants);
+        # not torch._assert, which is the user's own assertion (torch/__init__.py).
         frames = traceback.extract_tb(error.__traceback__)
-        return bool(frames) and frames[-1].filename.startswith(_TORCH_DIR)
+        if not frames:
+            return False
+        parts = os.path.relpath(frames[-1].filename, _TORCH_DIR).split(os.sep)
+        return len(parts) > 1 and (parts[0].startswith("_") or parts[0] == "fx"
+                                   or (parts[0] == "utils" and parts[1].startswith("_")))
     return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES) or (
         module.startswith("torch._") and not module.startswith("torch._C"))
 
