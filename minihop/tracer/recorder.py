@@ -77,12 +77,10 @@ _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__f
                           "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
                    GuardOnDataDependentSymNode)
-# Where torch's tracing machinery defines its exceptions. None of them is eager's or the user's
-# to catch (``torch._C`` holds eager's own, such as ``torch.linalg.LinAlgError``).
-_INTERNAL_MODULES = ("torch._subclasses", "torch._dynamo", "torch._guards", "torch._functorch",
-                     "torch._higher_order_ops", "torch._ops", "torch._prims", "torch._refs",
-                     "torch._decomp", "torch._meta_registrations", "torch._library",
-                     "torch._inductor", "torch._export", "torch.fx", "torch.utils._sympy", "sympy")
+# Where torch's tracing machinery defines its exceptions: these and every ``torch._*`` module
+# but ``torch._C`` (which holds eager's own, such as ``torch.linalg.LinAlgError``). None of
+# them is eager's or the user's to catch.
+_INTERNAL_MODULES = ("torch.fx", "torch.utils._sympy", "sympy")
 # Built-in exceptions that only fake tensors or symbolic sizes raise (eager runs the same
 # call): (type, part of the message).
 _FAKE_ONLY_DATA = ((RuntimeError, "its data is not allocated yet"),)
@@ -109,8 +107,9 @@ def _is_internal(error: BaseException) -> bool:
         parts = os.path.relpath(frames[-1].filename, _TORCH_DIR).split(os.sep)
         return len(parts) > 1 and (parts[0].startswith("_") or parts[0] == "fx"
                                    or (parts[0] == "utils" and parts[1].startswith("_")))
-    return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES) or (
-        module.startswith("torch._") and not module.startswith("torch._C"))
+    if module.startswith("torch._"):
+        return not (module == "torch._C" or module.startswith("torch._C."))
+    return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES)
 
 
 def user_frame_of(error: BaseException) -> traceback.FrameSummary | None:
