@@ -22,6 +22,7 @@ from .api import capture
 from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, counters, function, reset
 from .errors import (
     BackwardOutputError,
+    CtxArgumentError,
     DataDependentError,
     GuardMismatchError,
     InconsistentGraphsError,
@@ -43,6 +44,7 @@ __all__ = [
     "CacheStats",
     "Capture",
     "CapturedFunction",
+    "CtxArgumentError",
     "DataDependentError",
     "Explanation",
     "GuardMismatchError",

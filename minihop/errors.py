@@ -20,6 +20,7 @@ __all__ = [
     "GuardMismatchError",
     "InconsistentGraphsError",
     "UnsupportedOperationError",
+    "CtxArgumentError",
 ]
 
 
@@ -63,6 +64,13 @@ class InplaceInputError(MinihopError, RuntimeError):
 
 class SideEffectError(MinihopError, NotImplementedError):
     code = "MH106"
+
+
+class CtxArgumentError(MinihopError, TypeError, RuntimeError, AssertionError):
+    # Eager raises TypeError (save_for_backward), RuntimeError (mark_dirty,
+    # mark_non_differentiable) or AssertionError (save_for_forward) for these: one class that
+    # is all three keeps every handler written against eager working.
+    code = "MH107"
 
 
 class BackwardOutputError(MinihopError, ValueError, RuntimeError):

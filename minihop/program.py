@@ -35,7 +35,7 @@ from .rewire.pair import make_pair
 from .spec import bind_arguments
 from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
 from .tracer.names import input_name
-from .tracer.recorder import GraphRecorder, RecordingMode, user_frame
+from .tracer.recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 from .tracer.trace import TRACE_LOCK, TraceInputs, trace_function
 
 __all__ = ["trace"]
@@ -206,6 +206,11 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
         try:
             with program.fake_mode, program.mode:
                 out = fn(*fake_args)
+        except Exception as e:
+            refusal = refusal_for(e, "the traced function", None, format_frame(user_frame_of(e)))
+            if refusal is None:
+                raise  # the user's own, eager's own, or minihop's refusal: unchanged
+            raise refusal from e
         finally:
             program.mode.recorder = None
             torch.autograd.Function.apply = original  # type: ignore[method-assign]

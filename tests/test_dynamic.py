@@ -267,3 +267,80 @@ class TestSizeFloats:
                            match=r"A SymFloat \(.*\) computed from dynamic sizes reaches a graph op\."):
             minihop.capture(Unbiased, x, dynamic=True)
         torch.testing.assert_close(minihop.capture(Unbiased, x)(x), Unbiased.apply(x))  # static: fine
+
+
+class SizeAsTensorInBackward(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g / torch.tensor(g.shape[0])
+
+
+class HalfSize(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * int(x.shape[0] * 0.5)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * int(g.shape[0] * 0.5)
+
+
+class SliceBySize(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.arange(x.shape[0] ** 2)[: x.shape[0]]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * torch.arange(g.shape[0] ** 2)[: g.shape[0]]
+
+
+class SizeAsKey(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * {x.shape[0]: 2}.get(x.shape[0], 3)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+class TestSizesFixedWhileTracing:
+    def test_size_made_a_tensor_is_guarded(self) -> None:
+        """torch.tensor(g.shape[0]) fixes the size to its traced value: another size recaptures instead of dividing by the old one."""
+        f = minihop.function(SizeAsTensorInBackward, dynamic=True)
+        for n in (4, 6):
+            x, y = r(n), r(n)
+            f.apply(x).sum().backward()
+            SizeAsTensorInBackward.apply(y).sum().backward()
+            torch.testing.assert_close(x.grad, y.grad)
+        assert f.stats.captures == 2
+        cap = captured(SizeAsTensorInBackward, r(4), dynamic=True)
+        assert "T[0].size()[0] == 4" in cap.shape_guards.expression
+        with pytest.raises(minihop.GuardMismatchError):
+            cap(r(6))
+
+    def test_float_size_arithmetic_guard_runs(self) -> None:
+        """A guard written with torch.sym_float (int(n * 0.5)) is evaluated, not a NameError."""
+        cap = captured(HalfSize, r(4), dynamic=True)
+        assert_capture_matches_eager(cap, HalfSize, r(5))
+        with pytest.raises(minihop.GuardMismatchError):
+            cap(r(6))
+
+    def test_symbolic_slice_bound_follows_the_size(self) -> None:
+        """x[:n] with n a dynamic size slices at the call's size, not the traced one."""
+        cap = captured(SliceBySize, r(4), dynamic=True)
+        for n in (4, 6, 7):
+            assert_capture_matches_eager(cap, SliceBySize, r(n))
+
+    def test_size_as_dict_key_is_mh104(self) -> None:
+        """Hashing a dynamic size (a dict key) is MH104, not the SymInt's TypeError."""
+        SizeAsKey.apply(r(4))
+        with pytest.raises(minihop.UnsupportedOperationError,
+                           match=r"\[MH104\] SizeAsKey\.forward fails on minihop's fake tensors with a "
+                                 r"TypeError that only fake tensors raise\.\n  found: unhashable type"):
+            minihop.capture(SizeAsKey, r(4), dynamic=True)

@@ -414,8 +414,9 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  args: tuple[Any, ...] = ()) -> Capture:
     shape_check = None
     if shape_guards is not None:
-        # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments.
-        shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math})
+        # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments
+        # (with math.* and, for float size arithmetic, torch.sym_float).
+        shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math, "torch": torch})
     live = live_fetchers(pair.inputs, python_state)
     setup_style = function is not None and uses_setup_context(function)
     # What backward's Python reads were at capture: backward compares them when it runs.

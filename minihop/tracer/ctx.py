@@ -5,16 +5,24 @@ act on: ``save_for_backward``, ``mark_non_differentiable``, ``mark_dirty``,
 ``set_materialize_grads``; it answers ``needs_input_grad`` with real booleans from the inputs;
 any other attribute is stored as is (fake tensors stay fake, so backward can reach them).
 The rewire turns what was recorded into graph structure and index lists.
+
+A non-tensor given where eager takes tensors only is refused (``CtxArgumentError``) where and
+when eager refuses it: ``save_for_forward`` at the call, the others once forward has returned
+(``check_ctx_arguments``), ``save_for_backward`` only if a gradient can flow.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["CtxRecord", "ProxyCtx"]
+from ..errors import CtxArgumentError
+from .recorder import format_frame, user_frame
+
+__all__ = ["CtxRecord", "ProxyCtx", "check_ctx_arguments"]
 
 
 @dataclasses.dataclass
@@ -28,10 +36,18 @@ class CtxRecord:
     materialize_grads: bool = True
     # What the user's code used, in first-use order (for ``minihop.explain``).
     used: list[str] = dataclasses.field(default_factory=list)
+    # ctx method -> the user's source line of its latest call (for messages).
+    where: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    caller: dict[str, str] = dataclasses.field(default_factory=dict)  # method -> "F.forward"
 
     def use(self, feature: str) -> None:
         if feature not in self.used:
             self.used.append(feature)
+
+    def called(self, method: str, caller: str) -> None:
+        self.use(method)
+        self.where[method] = format_frame(user_frame())
+        self.caller[method] = caller
 
 
 class ProxyCtx:
@@ -39,8 +55,11 @@ class ProxyCtx:
 
     _minihop_record: CtxRecord
 
-    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+    def __init__(self, needs_input_grad: tuple[bool, ...],
+                 describe: Callable[[], str] = lambda: "Function.forward") -> None:
         object.__setattr__(self, "_minihop_record", CtxRecord(needs_input_grad))
+        # Names the method running now ("F.forward", "F.setup_context"), for messages.
+        object.__setattr__(self, "_minihop_describe", describe)
 
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
@@ -48,12 +67,14 @@ class ProxyCtx:
         return self._minihop_record.needs_input_grad
 
     def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
-        self._minihop_record.use("save_for_backward")
+        self._minihop_record.called("save_for_backward", self._minihop_describe())
         self._minihop_record.saved = tuple(tensors)
 
     def save_for_forward(self, *tensors: torch.Tensor | None) -> None:
-        # Forward-mode AD only; reverse mode (all minihop captures) never reads these.
-        self._minihop_record.use("save_for_forward")
+        # Forward-mode AD only; reverse mode (all minihop captures) never reads these. Eager
+        # checks the arguments at once (an AssertionError), gradients or not.
+        self._minihop_record.called("save_for_forward", self._minihop_describe())
+        _refuse_non_tensors("save_for_forward", tensors, True, self._minihop_record)
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
@@ -63,11 +84,11 @@ class ProxyCtx:
     saved_variables = saved_tensors
 
     def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:
-        self._minihop_record.use("mark_non_differentiable")
+        self._minihop_record.called("mark_non_differentiable", self._minihop_describe())
         self._minihop_record.non_differentiable.extend(tensors)
 
     def mark_dirty(self, *tensors: torch.Tensor) -> None:
-        self._minihop_record.use("mark_dirty")
+        self._minihop_record.called("mark_dirty", self._minihop_describe())
         self._minihop_record.dirty.extend(tensors)
 
     def set_materialize_grads(self, value: bool) -> None:
@@ -81,3 +102,40 @@ class ProxyCtx:
 
     def __repr__(self) -> str:
         return "<minihop proxy ctx>"
+
+
+# Eager's words for each refusal (``torch/csrc/autograd/python_function.cpp``'s checks).
+_EAGER_SAYS = {
+    "save_for_backward": "TypeError 'save_for_backward can only save variables, but argument "
+                         "{i} is of type {kind}'",
+    "save_for_forward": "AssertionError 'save_for_forward expects all arguments to be tensors'",
+    "mark_dirty": "RuntimeError 'mark_dirty can only accept variables, but argument {i} is of "
+                  "type {kind}'",
+    "mark_non_differentiable": "RuntimeError 'mark_non_differentiable only accepts variable "
+                               "arguments, but got {kind}'",
+}
+
+
+def _refuse_non_tensors(method: str, values: Any, none_ok: bool, record: CtxRecord) -> None:
+    for i, value in enumerate(values):
+        if isinstance(value, torch.Tensor) or (none_ok and value is None):
+            continue
+        kind = type(value).__name__
+        raise CtxArgumentError(
+            f"{record.caller.get(method, 'forward')} passes a value of type {kind} to "
+            f"ctx.{method} (argument {i}).",
+            f"ctx.{method} takes tensors{' or None' if none_ok else ''} only; eager raises "
+            + _EAGER_SAYS[method].format(i=i, kind=kind) + " for this call.",
+            "Keep non-tensor values as ctx attributes (ctx.k = k); pass only tensors to "
+            f"ctx.{method}.",
+            where=record.where.get(method))
+
+
+def check_ctx_arguments(ctx: ProxyCtx, grad_can_flow: bool) -> None:
+    """Refuse non-tensors given to ctx, in eager's order once forward has returned: dirty
+    first, then non-differentiable, then saved (checked only when autograd records the call)."""
+    record = ctx._minihop_record
+    _refuse_non_tensors("mark_dirty", record.dirty, False, record)
+    _refuse_non_tensors("mark_non_differentiable", record.non_differentiable, False, record)
+    if grad_can_flow:
+        _refuse_non_tensors("save_for_backward", record.saved or (), True, record)

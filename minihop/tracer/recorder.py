@@ -36,9 +36,13 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import DataDependentError, UnsupportedOperationError
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing"]
+from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
+
+__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
+           "refusal_for", "user_frame_of"]
 
 _state = threading.local()
 
@@ -68,8 +72,111 @@ _SYMPY_OPS: dict[type, Callable[..., Any]] = {
 }
 # Calls that take values out of a tensor into Python; a fake tensor has none to give.
 _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
-                          "__index__", "__complex__", "__array__"})
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+                          "__index__", "__complex__", "__array__",
+                          # torch.save, pickle and copy.deepcopy copy the values too.
+                          "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
+                   GuardOnDataDependentSymNode)
+# Where torch's tracing machinery defines its exceptions: these and every ``torch._*`` module
+# but ``torch._C`` (which holds eager's own, such as ``torch.linalg.LinAlgError``). None of
+# them is eager's or the user's to catch.
+_INTERNAL_MODULES = ("torch.fx", "torch.utils._sympy", "sympy")
+# Built-in exceptions that only fake tensors or symbolic sizes raise (eager runs the same
+# call): (type, part of the message).
+_FAKE_ONLY_DATA = ((RuntimeError, "its data is not allocated yet"),)
+_NO_FAKE_KERNEL = ((RuntimeError, "fake impl"), (RuntimeError, "fake kernel"))
+_FAKE_ONLY = (*_NO_FAKE_KERNEL,
+              (RuntimeError, "with symbolic sizes/strides"),
+              (RuntimeError, "size_bytes_is_heap_allocated_"),
+              (TypeError, "unhashable type: non-nested SymInt"),
+              (AssertionError, "Please convert all Tensors to FakeTensors first"))
+
+
+def _matches(error: BaseException, table: tuple[tuple[type, str], ...]) -> bool:
+    return any(type(error) is kind and text in str(error) for kind, text in table)
+
+
+def _is_internal(error: BaseException) -> bool:
+    module = type(error).__module__ or ""
+    if type(error) is AssertionError:
+        # An assertion inside torch's private packages (its tracing machinery's invariants);
+        # not torch._assert, which is the user's own assertion (torch/__init__.py).
+        frames = traceback.extract_tb(error.__traceback__)
+        if not frames:
+            return False
+        parts = os.path.relpath(frames[-1].filename, _TORCH_DIR).split(os.sep)
+        return len(parts) > 1 and (parts[0].startswith("_") or parts[0] == "fx"
+                                   or (parts[0] == "utils" and parts[1].startswith("_")))
+    if module.startswith("torch._"):
+        return not (module == "torch._C" or module.startswith("torch._C."))
+    return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES)
+
+
+def user_frame_of(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``error``'s traceback that belongs to the user's code."""
+    found = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not frame.filename.startswith(_SKIP_DIRS) and not frame.filename.startswith("<"):
+            found = frame
+    return found
+
+
+def refusal_for(error: BaseException, describe: str, op: Any | None,
+                where: str | None) -> MinihopError | None:
+    """minihop's coded refusal for an exception that fake tensors or torch's tracing machinery
+    raised while ``describe`` (``"F.backward"``) ran ``op``; None for any other exception
+    (the user's own, eager's own, minihop's), which must reach the caller unchanged.
+
+    The one place where torch-internal exception types are turned into minihop's.
+    """
+    if isinstance(error, MinihopError):
+        return None
+    message = str(error)
+    internal = _is_internal(error)
+    fake_only = _matches(error, _FAKE_ONLY)
+    fake_data = _matches(error, _FAKE_ONLY_DATA)
+    if not (internal or fake_only or fake_data):
+        return None
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        name: str | None = str(op)  # namespace.op.overload: the name the user registered
+    else:
+        name = getattr(op, "__name__", None) or (str(op) if op is not None else None)
+    calls = f"calls {name}" if name else "runs code"
+    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    if isinstance(error, _DATA_DEPENDENT) or fake_data:
+        return DataDependentError(
+            f"{describe} {calls}, whose result depends on tensor values.",
+            "minihop traces on fake tensors that have shapes and dtypes but no values, so "
+            "Python control flow or numbers taken from tensor data (.item(), .tolist(), "
+            "bool(t), torch.tensor of a tensor's elements, data-dependent output shapes) cannot "
+            "be captured.",
+            "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
+            "Python argument; or run this Function eagerly.",
+            where=where)
+    if isinstance(error, UnsupportedOperatorException) or _matches(error, _NO_FAKE_KERNEL):
+        return UnsupportedOperationError(
+            f"{describe} {calls}, which has no fake-tensor implementation.",
+            "minihop must run every op on fake tensors to learn output shapes.",
+            "Register a fake (meta) kernel for the op, or run this Function eagerly.",
+            where=where)
+    if isinstance(error, FakeTensorDeviceMismatchError):
+        return UnsupportedOperationError(
+            f"{describe} {calls} on tensors on different devices.\n  found: {first}",
+            "Eager fails on this call too (a RuntimeError: tensors on two devices, or a device "
+            "torch was not built for); minihop finds it while tracing, on fake tensors.",
+            "Create the tensors on the device of the inputs (torch.tensor(v, device=x.device)), "
+            "or move them with .to(x.device).",
+            where=where)
+    subject = f"{describe} calls {name}, which fails" if name else f"{describe} fails"
+    kind = (f"torch's internal {type(error).__name__}" if internal
+            else f"a {type(error).__name__} that only fake tensors raise")
+    return UnsupportedOperationError(
+        f"{subject} on minihop's fake tensors with {kind}.\n  found: {first}",
+        "minihop runs forward and backward on fake tensors; this error comes from that "
+        "machinery, not from the call eager would make.",
+        "Run this Function eagerly (minihop.function(F, fallback='eager')), or rewrite the "
+        "call with ops that work on fake tensors.",
+        where=where)
 
 
 def user_frame() -> traceback.FrameSummary | None:
@@ -278,6 +385,10 @@ def _map_plain(fn: Callable[[Any], Any], value: Any) -> Any:
         return [_map_plain(fn, v) for v in value]
     if kind is dict:
         return {k: _map_plain(fn, v) for k, v in value.items()}
+    if kind is slice:
+        # x[:n] with a symbolic n: the bound must be the size's node, not the SymInt itself
+        # (which would be replayed as the size it had while tracing).
+        return slice(_map_plain(fn, value.start), _map_plain(fn, value.stop), _map_plain(fn, value.step))
     if isinstance(value, _PLAIN):
         return tree_map(fn, value)
     return fn(value)
@@ -343,6 +454,14 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             # part of the program (Dynamo records it the same way).
             recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            raise SideEffectError(
+                f"{self.describe()} calls backward(), which accumulates gradients into .grad.",
+                "A capture replays only the graph's tensor operations; gradients accumulated "
+                "while tracing land in fake tensors, and replaying the graphs never does it.",
+                "Use torch.autograd.grad(outputs, inputs) and use its result, or run this "
+                "Function eagerly.",
+                where=format_frame(user_frame()))
         if _any_leaf(_is_real_tensor, args) or _any_leaf(_is_real_tensor, kwargs):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
         # Which arguments an op writes into is read off their version counters (each in-place
@@ -354,26 +473,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if getattr(func, "__name__", None) in _VALUE_READS:
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
-        except _DATA_DEPENDENT as e:
-            raise DataDependentError(
-                f"{self.describe()} calls {getattr(func, '__name__', func)!s}, whose result "
-                "depends on tensor values.",
-                "minihop traces on fake tensors that have shapes and dtypes but no values, so "
-                "Python control flow or numbers taken from tensor data (.item(), .tolist(), "
-                "bool(t), data-dependent output shapes) cannot be captured.",
-                "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
-                "Python argument; or run this Function eagerly.",
-                where=format_frame(user_frame()),
-            ) from e
-        except (UnsupportedOperatorException, RuntimeError) as e:
-            if isinstance(e, RuntimeError) and "fake impl" not in str(e) and "fake kernel" not in str(e):
-                raise
-            raise UnsupportedOperationError(
-                f"{self.describe()} calls {func!s}, which has no fake-tensor implementation.",
-                "minihop must run every op on fake tensors to learn output shapes.",
-                "Register a fake (meta) kernel for the op, or run this Function eagerly.",
-                where=format_frame(user_frame()),
-            ) from e
+        except Exception as e:
+            refusal = refusal_for(e, self.describe(), func, format_frame(user_frame()))
+            if refusal is None:
+                raise  # the user's own, or eager's: unchanged
+            raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if t._version != v)
         if func is torch.Tensor.__setitem__:
             # Returns None but writes into its first argument.

@@ -12,10 +12,14 @@ forward node (``bwd_saved``), in the order backward first read it.
 
 from __future__ import annotations
 
+import collections
+import collections.abc
+import contextlib
 import dataclasses
 import functools
 import inspect
 import operator
+import sys
 import threading
 import types
 import weakref
@@ -40,11 +44,11 @@ from ..errors import (
 )
 from ..spec import InputSource, OutsideWrite, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
-from .ctx import ProxyCtx
+from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
-from .recorder import GraphRecorder, RecordingMode, format_frame, user_frame
+from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
@@ -450,10 +454,27 @@ class _Tracing:
         self.mode.recorder = recorder
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
-            with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot):
+            with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
+                    _compiled_code_runs_eagerly():
                 return fn(*args)
+        except Exception as e:
+            # Ops are translated where they run (RecordingMode); this catches torch-internal
+            # errors from the user's Python between ops (a guard on a size, say).
+            refusal = refusal_for(e, self._describe(), None, format_frame(user_frame_of(e)))
+            if refusal is None:
+                raise
+            raise refusal from e
         finally:
             self.mode.recorder = None
+
+
+def _compiled_code_runs_eagerly() -> Any:
+    """Code the user compiled (``torch.compile``) runs as written while it is traced, so its
+    ops are recorded: a compiled graph cached from an eager call would run on fake tensors
+    (and leave them in autograd's graph). Nothing was compiled if Dynamo was never loaded."""
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
@@ -466,7 +487,16 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
     """
     with TRACE_LOCK:
-        return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+        try:
+            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+        except Exception as e:
+            # Anything torch-internal left (minihop's own checks on what tracing made, such as
+            # a size comparison): still minihop's refusal, never torch's exception type.
+            name = getattr(fn_cls, "__qualname__", repr(fn_cls))
+            refusal = refusal_for(e, f"Tracing {name}", None, format_frame(user_frame_of(e)))
+            if refusal is None:
+                raise
+            raise refusal from e
 
 
 # One trace at a time in a process: torch's fake-tensor machinery keeps process-wide state
@@ -487,7 +517,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
-        mode = FakeTensorMode(shape_env=ShapeEnv()) if dynamic else FakeTensorMode()
+        mode = FakeTensorMode(shape_env=_shape_env()) if dynamic else FakeTensorMode()
         t = _Tracing(fn_cls, parts, mode, dynamic)
     _refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
@@ -500,7 +530,8 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         if isinstance(a, torch.Tensor):
             t.fake_arg((("arg", i),), a)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
-    ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args))
+    ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args),
+                   t._describe)
     # Python state: what the user's code reads is guarded, what it writes is replayed or
     # refused, and whatever tracing changed is put back (see pystate).
     state = StateTracker(parts, fake_args, fn_cls)
@@ -526,6 +557,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     except BaseException:
         outside.restore()  # no fake tensor stays in the caller's objects
         raise
+    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+    check_ctx_arguments(ctx, grad_can_flow)
 
     _check_mutations(t, record.dirty)
 
@@ -653,9 +686,9 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
         result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
     except Exception:
-        if grad_can_flow:
+        if grad_can_flow and num_outputs:
             raise
-        # No gradient can flow (grad mode off, or no argument requires grad): eager never
+        # No gradient can flow (grad mode off, no argument requires grad, no tensor output): eager never
         # calls this backward, so its failure is not the caller's; bwd returns None for all.
         t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
         t.grad_nodes.clear()
@@ -737,6 +770,12 @@ def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
 
 
 
+def _shape_env() -> ShapeEnv:
+    # Data-dependent sizes and scalars are refused (MH103) as without dynamic shapes; unbacked
+    # symbols would otherwise fail later, on a guard, with torch's own exception.
+    return ShapeEnv(allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
+
+
 def _shape_guards(t: _Tracing) -> ShapeGuards | None:
     """What the trace assumed of the dynamic sizes, as code over the dynamic arguments."""
     env = t.fake_mode.shape_env
@@ -745,6 +784,13 @@ def _shape_guards(t: _Tracing) -> ShapeGuards | None:
     fakes = [fake for _, fake in t.dynamic_fakes]
     sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
     guards = env.produce_guards(fakes, sources)
+    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)):
+    # produce_guards leaves size == constant to Dynamo's own tensor checks, which minihop has
+    # not, so it is guarded here.
+    for i, fake in enumerate(fakes):
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Integer:
+                guards.append(f"T[{i}].size()[{d}] == {int(size.node.expr)}")
     return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True")
 
 
@@ -775,6 +821,12 @@ def _saved_node(t: _Tracing, value: Any) -> fx.Node | None:
 def _refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: str) -> None:
     """Tensors inside sets (or other unordered containers) cannot be passed through a graph."""
     for path, leaf in iter_leaves(values):
+        if what == "output" and isinstance(leaf, collections.abc.Iterator):
+            raise UnsupportedOutputError(
+                f"{parts.name}.forward returns a {type(leaf).__name__} (an iterator).",
+                "An iterator made while tracing runs on minihop's fake tensors; replaying the "
+                "graphs cannot make it again, so it would hand out fake values.",
+                "Return a tuple or list (tuple(gen)) instead.")
         if isinstance(leaf, (set, frozenset)) and any(isinstance(v, torch.Tensor) for v in leaf):
             where = (format_path((("arg", path[0][1]), *path[1:]), parts.argnames) if what == "argument"
                      else "the returned value")
