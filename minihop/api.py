@@ -103,7 +103,8 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
 
     def retrace(layout: GradLayout, call_args: tuple[Any, ...] = ()) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
-        variant = make_pair(raw.rerun_backward(specs, call_args))
+        variant_raw = raw.rerun_backward(specs, call_args)
+        variant = make_pair(variant_raw)
         missing = [n for n in variant.saved_names if n not in saved_index]
         missing += [s.name for s in variant.inputs if s.name not in input_index]
         if missing:
@@ -114,7 +115,8 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
                 "Forward has already run; it saved only what the captured backward needed.",
                 "Make backward read the same forward values whatever its grads look like.")
         return (variant.bwd, tuple(saved_index[n] for n in variant.saved_names),
-                tuple(input_index[s.name] for s in variant.inputs))
+                tuple(input_index[s.name] for s in variant.inputs),
+                variant_raw.python_state.writes_in("backward"))
 
     return retrace
 

@@ -45,7 +45,9 @@ GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
 # state in them); per saved value it takes, the index of that value among this capture's
 # saved values; per gradient it returns, the index of its fwd input among this capture's
 # fwd inputs.
-Retrace = Callable[[GradLayout, tuple[Any, ...]], tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...]]]
+# And backward's Python writes in that case (``StateWrite``s, replayed when it runs).
+Retrace = Callable[[GradLayout, tuple[Any, ...]],
+                   tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...], tuple[Any, ...]]]
 
 
 class _Never:
@@ -102,6 +104,9 @@ class _Backwards:
         self.variants: dict[Any, tuple[fx.GraphModule | None, tuple[int, ...], tuple[int, ...]]] = {
             self.base_key: (None, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
         self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
+        # Backward's Python writes per case (a variant traced for other Python values may
+        # write other values); the traced case's are the capture's.
+        self.writes: dict[Any, tuple[Any, ...]] = {self.base_key: state.writes_in("backward")}
         self.plain: Callable[..., Any] | None = None  # the traced bwd without its body toggles
 
     @property
@@ -140,8 +145,10 @@ class _Backwards:
             for p, i in enumerate(self.top_idx):
                 g = top_grads[p]
                 layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
-            variant = self.retrace(tuple(layout), call_args)
+            *variant, writes = self.retrace(tuple(layout), call_args)
+            variant = tuple(variant)
             self.variants[key] = variant
+            self.writes[key] = writes
         gm, saved_map, input_map = variant
         if gm is None:
             gm = self.pair.bwd
@@ -329,13 +336,16 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
             for i, value in zip(stashed, ctx.minihop_stash if stashed else (), strict=True):
                 saved[i] = value
         call_args = ctx.minihop_args if keeps_args else ()
-        grads = call_bwd(top_grads, saved, call_args)
-        for write in bwd_writes:
-            write.replay(call_args)  # as eager's backward makes it, each time it runs
+        key = backwards.key_of(top_grads, call_args) if needs_key else None
+        grads = call_bwd(top_grads, saved, call_args, key)
+        if bwd_writes or key is not None:
+            # As eager's backward makes them, each time it runs (for the case that ran).
+            for write in (bwd_writes if key is None else backwards.writes.get(key, bwd_writes)):
+                write.replay(call_args)
         return grads
 
     def call_bwd(top_grads: tuple[Any, ...], saved: tuple[Any, ...] | list[Any],
-                 call_args: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+                 call_args: tuple[Any, ...] = (), key: Any = None) -> tuple[Any, ...]:
         """bwd on the grads of the top-level outputs and bwd's saved values, in its order."""
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
@@ -350,7 +360,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         create_graph = grad_mode and not once
         code = bwd_code
         if needs_key or (create_graph and bwd_plain is None):
-            key = backwards.key_of(top_grads, call_args) if needs_key else backwards.base_key
+            if key is None:
+                key = backwards.key_of(top_grads, call_args) if needs_key else backwards.base_key
             code, saved_map = backwards.get(key, create_graph, top_grads, call_args)
             if saved_map is not None:
                 saved = [saved[i] for i in saved_map]

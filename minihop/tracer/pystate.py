@@ -116,6 +116,8 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 j += 1
             elif nxt.opname == "LOAD_METHOD":
                 use = "receiver" if nxt.argval in _MUTATORS else "value"
+                if use == "receiver":  # ``LOG.append(...)``: a write to the container
+                    stores.append((str(steps[-1][1]) if steps else root, line))
                 j += 1
                 break
             elif (nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname == "BINARY_SUBSCR"
@@ -138,9 +140,9 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 break
             else:
                 break
-        if kind == "global" and not steps and use == "value" and j < len(ins):
-            # ``N += k`` on a global: LOAD_GLOBAL N; <expr>; BINARY_OP +=; STORE_GLOBAL N
-            end = _global_increment_end(ins, j, root)
+        if kind in ("global", "deref") and not steps and use == "value" and j < len(ins):
+            # ``N += k`` on a global (or nonlocal): LOAD_GLOBAL N; <expr>; BINARY_OP +=; STORE_GLOBAL N
+            end = _global_increment_end(ins, j, root, "STORE_GLOBAL" if kind == "global" else "STORE_DEREF")
             if end is not None:
                 use = "increment"
         if use != "done":
@@ -163,9 +165,9 @@ def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | N
     return None
 
 
-def _global_increment_end(ins: list[dis.Instruction], start: int, name: str) -> int | None:
+def _global_increment_end(ins: list[dis.Instruction], start: int, name: str, store: str) -> int | None:
     for k in range(start, min(len(ins) - 1, start + 40)):
-        if _is_inplace(ins[k]) and ins[k].argrepr in ("+=", "-=") and ins[k + 1].opname == "STORE_GLOBAL" \
+        if _is_inplace(ins[k]) and ins[k].argrepr in ("+=", "-=") and ins[k + 1].opname == store \
                 and ins[k + 1].argval == name:
             return k + 2
         if ins[k].opname in ("RETURN_VALUE", "STORE_FAST", "POP_TOP"):
@@ -216,6 +218,8 @@ class _Root:
     description: str
     fetch: Callable[[tuple[Any, ...]], Any]
     uses_args: bool
+    # Where the root itself is stored: ("globals", the globals dict, name) or ("cell", cell).
+    home: tuple[Any, ...] | None = None
 
 
 def _code(fn: Any) -> types.CodeType | None:
@@ -236,16 +240,14 @@ def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root 
     if chain.root_kind == "global":
         g = fn.__globals__
         name = chain.root
-        if name in g:
-            return _Root(name, lambda args, g=g, n=name: g.get(n, MISSING), False)
-        if hasattr(builtins, name):
+        if name not in g and hasattr(builtins, name):
             return None  # a builtin (len, print, ...): not the user's state
-        return _Root(name, lambda args, g=g, n=name: g.get(n, MISSING), False)
+        return _Root(name, lambda args, g=g, n=name: g.get(n, MISSING), False, ("globals", g, name))
     if chain.root_kind == "deref":
         if chain.root not in code.co_freevars:
             return None  # a local captured by an inner function
         cell = fn.__closure__[code.co_freevars.index(chain.root)]
-        return _Root(chain.root, lambda args, c=cell: _cell_value(c), False)
+        return _Root(chain.root, lambda args, c=cell: _cell_value(c), False, ("cell", cell))
     where = params.get(chain.root)
     if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
         return _Root(chain.root, lambda args, i=where: args[i] if i < len(args) else MISSING, True)
@@ -427,6 +429,7 @@ class StateTracker:
         self.reads: list[StateRead] = []
         self.roots: list[tuple[_Root, Any]] = []
         self.stores: dict[tuple[str, str], str] = {}  # (phase, name stored) -> where
+        self.increments: set[tuple[str, str]] = set()  # (phase, name) written by ``+=``/``-=``
         self.watch: _PrintWatch | None = None
         self.fn_cls = fn_cls
         self._read_keys: set[tuple[str, str]] = set()
@@ -442,6 +445,9 @@ class StateTracker:
             code = _code(fn)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
+            for chain in facts.chains:
+                if chain.use == "increment":
+                    self.increments.add((phase, str(chain.steps[-1][1]) if chain.steps else chain.root))
             for chain in facts.chains:
                 root = _resolve_root(fn, chain, params)
                 if root is None:
@@ -503,15 +509,13 @@ class StateTracker:
         globals_seen: dict[int, tuple[Any, dict[str, Any]]] = {}
         for root, _ in self.roots:
             value = root.fetch(self.args)
-            if not root.uses_args and root.description != self.fn_cls.__qualname__:
-                owner = self._root_owner(root)
-                if owner is not None:
-                    obj, key, kind = owner
-                    if kind == "globals":
-                        entry = globals_seen.setdefault(id(obj), (obj, {}))
-                        entry[1][key] = obj.get(key, MISSING)
-                    else:
-                        found.setdefault(id(obj), _Seen(obj, root, (), "cell", _cell_value(obj)))
+            if root.home is not None and root.home[0] == "globals":
+                _, g, name = root.home
+                entry = globals_seen.setdefault(id(g), (g, {}))
+                entry[1][name] = g.get(name, MISSING)
+            elif root.home is not None:
+                cell = root.home[1]
+                found.setdefault(id(cell), _Seen(cell, root, (), "cell", _cell_value(cell)))
             queue.append((value, root, (), 0))
         for i, a in enumerate(self.args):
             queue.append((a, _Root(self.parts.argnames[i] if i < len(self.parts.argnames) else f"args[{i}]",
@@ -532,16 +536,6 @@ class StateTracker:
                 step = ("attr", key) if kind == "attrs" else ("item", key)
                 queue.append((child, root, (*steps, step), depth + 1))
         return found
-
-    def _root_owner(self, root: _Root) -> tuple[Any, Any, str] | None:
-        for _phase, fn, facts, _params in _analysed(_methods(self.parts)):
-            f = _function(fn)
-            if root.description in f.__globals__ or root.description in f.__code__.co_names:
-                return f.__globals__, root.description, "globals"
-            code = f.__code__
-            if root.description in code.co_freevars:
-                return f.__closure__[code.co_freevars.index(root.description)], None, "cell"
-        return None
 
     def start(self) -> None:
         """Before the user's code runs: watch ``print``."""
@@ -620,12 +614,13 @@ class StateTracker:
             return self._refuse(place, phase, where, "appends objects minihop cannot repeat to")
         if isinstance(after, _ATOMS) and not isinstance(after, torch.Tensor) or _atom_tuple(after):
             guarded = place.description in read_places
-            # An unguarded counter is replayed as its increment (exact for ints only); a
-            # guarded value was the same before every call, so setting it again is exact.
-            if not guarded and type(before) is int and type(after) is int:
-                return StateWrite(place, "add", after - before, phase, where)
-            if not guarded and type(after) is float and before is not MISSING:
-                return self._refuse(place, phase, where, "updates the float")
+            # An unguarded counter (``+=``) is replayed as its increment, exact for ints
+            # only; a value set outright, or a guarded one (the same before every call), is
+            # replayed by setting it again.
+            if not guarded and (phase, name) in self.increments:
+                if type(before) is int and type(after) is int:
+                    return StateWrite(place, "add", after - before, phase, where)
+                return self._refuse(place, phase, where, "increments (not by whole numbers)")
             return StateWrite(place, "set", after, phase, where)
         if isinstance(after, torch.Tensor) or _holds_tensor(after):
             return self._refuse(place, phase, where, "puts a tensor into", tensor=True)
@@ -639,12 +634,11 @@ class StateTracker:
                 "Keep such state out of the Function, make it a counter, an append of Python "
                 "values or a constant, or run it eagerly with minihop.function(F, fallback='eager').")
         raise SideEffectError(
-            f"{self.name}.{phase} {what} {place.description}, Python state it did not create"
-            + (f" ({where})." if where else "."),
+            f"{self.name}.{phase} {what} {place.description}, Python state it did not create.",
             "A capture replays tensor operations and only simple Python writes (counter "
             "increments, appends of Python values, constants set); this one would happen once, "
             "while tracing, and never again when the graphs run.",
-            todo)
+            todo, where=where)
 
 
 def _place_of_object(was: _Seen) -> Place:

@@ -734,17 +734,20 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
                         object.__setattr__(ctx, name, real)
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.start()
+        state.forward_done()  # what changes now, backward changes
         try:
             bwd = _run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on)
+            python_state = state.finish(ctx)  # undone: the runtime replays them
         finally:
-            state.abort()  # backward's writes are replayed by the runtime, not by tracing
+            state.abort()
             for name, value in swapped.items():
                 object.__setattr__(ctx, name, value)
         return dataclasses.replace(
             made[0], bwd_graph=t.bwd.graph,
             grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
             grad_names=bwd.grad_names, bwd_saved=tuple(t.bwd_saved), arg_grads=bwd.arg_grads,
-            names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions))
+            names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),
+            python_state=python_state)
 
 
 def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
