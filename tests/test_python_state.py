@@ -647,3 +647,114 @@ class TestUnreturnedBuffer:
             return out
 
         run_three_ways(sequence)
+
+
+# ---- written the way real packages write them ------------------------------------------------
+
+SLOPE = 25.0
+STATS: dict[str, int] = {"forward": 0, "backward": 0}
+
+
+def custom_fast_sigmoid(input_, grad_input, spikes):
+    # snntorch's documented custom surrogate, with its hyperparameter in a global
+    return grad_input / (SLOPE * torch.abs(input_) + 1.0) ** 2
+
+
+class CustomSurrogate(torch.autograd.Function):
+    """As snntorch's ``surrogate.CustomSurrogate``: a user function on ctx, called by backward."""
+
+    @staticmethod
+    def forward(ctx, input_, custom_surrogate_function):
+        out = (input_ > 0).float()
+        ctx.save_for_backward(input_, out)
+        ctx.custom_surrogate_function = custom_surrogate_function
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input_, out = ctx.saved_tensors
+        custom_surrogate_function = ctx.custom_surrogate_function
+        grad_input = grad_output.clone()
+        grad = custom_surrogate_function(input_, grad_input, out)
+        return grad, None
+
+
+class ATan(torch.autograd.Function):
+    """As snntorch's ``ATan``/spikingjelly's surrogates: the hyperparameter comes as an argument
+    from a closure factory (``atan(alpha)``) and is kept on ctx."""
+
+    @staticmethod
+    def forward(ctx, input_, alpha=2.0):
+        ctx.save_for_backward(input_)
+        ctx.alpha = alpha
+        return (input_ > 0).float()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (input_,) = ctx.saved_tensors
+        grad = ctx.alpha / 2 / (1 + (torch.pi / 2 * ctx.alpha * input_).pow_(2)) * grad_output
+        return grad, None
+
+
+def atan(alpha: float = 2.0) -> Callable[[torch.Tensor], torch.Tensor]:
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        return minihop.apply(ATan, x, alpha)
+    return inner
+
+
+class Profiled(torch.autograd.Function):
+    """Profiling code that counts calls in a module-level dict."""
+
+    @staticmethod
+    def forward(ctx, x):
+        STATS["forward"] += 1
+        return x.tanh()
+
+    @staticmethod
+    def backward(ctx, g):
+        STATS["backward"] += 1
+        return g
+
+
+class TestRealPackageStyles:
+    def test_custom_surrogate_reads_a_global(self) -> None:
+        """The user's surrogate function passed in (snntorch style) reads a global that changes
+        between calls and before backward: its reads are guarded like backward's own."""
+        global SLOPE
+
+        def sequence(apply: Apply) -> list[Any]:
+            global SLOPE
+            out = []
+            for fwd, bwd in ((25.0, 25.0), (25.0, 5.0), (1.0, 1.0)):
+                SLOPE = fwd
+                a = torch.linspace(-1, 1, 5, requires_grad=True)
+                y = apply(CustomSurrogate, a, custom_fast_sigmoid)
+                SLOPE = bwd
+                y.sum().backward()
+                out.append(record(y, a.grad))
+            return out
+
+        run_three_ways(sequence)
+        SLOPE = 25.0
+
+    def test_atan_factory(self) -> None:
+        """``atan(alpha)`` closures with different alphas: one capture each, reused."""
+        reset()
+        for alpha in (2.0, 4.0, 2.0):
+            a = torch.linspace(-1, 1, 5, requires_grad=True)
+            atan(alpha)(a).sum().backward()
+            e = torch.linspace(-1, 1, 5, requires_grad=True)
+            ATan.apply(e, alpha).sum().backward()
+            torch.testing.assert_close(a.grad, e.grad)
+        assert minihop.counters()["captures"] == 2
+
+    def test_dict_counters(self) -> None:
+        """``STATS["forward"] += 1`` in forward and backward: replayed, the capture hits."""
+        def sequence(apply: Apply) -> list[Any]:
+            STATS.update(forward=0, backward=0)
+            return n_calls(Profiled, 3, lambda: (x(),), lambda: dict(STATS))(apply)
+
+        run_three_ways(sequence)
+        reset()
+        sequence(_strict)
+        assert minihop.counters()["captures"] == 1 and STATS == {"forward": 3, "backward": 3}

@@ -79,6 +79,7 @@ class CodeFacts:
     stores: tuple[tuple[str, int | None], ...]  # (attribute or name written, line)
     escaping: frozenset[str]  # locals used other than as the root of a chain (passed on)
     reassigned: frozenset[str]  # locals assigned in the code (not the caller's values)
+    targets: tuple[Chain, ...] = ()  # ``root.a.b = ...``: the attributes stored, as chains
 
 
 def _is_inplace(ins: dis.Instruction) -> bool:
@@ -90,6 +91,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     """Read ``code``'s bytecode for chains of loads, stores and escaping locals."""
     ins = list(dis.get_instructions(code))
     chains: list[Chain] = []
+    targets: list[Chain] = []
     stores: list[tuple[str, int | None]] = []
     escaping: set[str] = set()
     reassigned = {i.argval for i in ins if i.opname in ("STORE_FAST", "DELETE_FAST")}
@@ -120,6 +122,19 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                     stores.append((str(steps[-1][1]) if steps else root, line))
                 j += 1
                 break
+            elif (nxt.opname == "LOAD_CONST" and j + 3 < len(ins) and ins[j + 1].opname == "COPY"
+                  and ins[j + 2].opname == "COPY" and ins[j + 3].opname == "BINARY_SUBSCR"
+                  and isinstance(nxt.argval, (int, str))):
+                # ``root[k] += expr``: LOAD_CONST k; COPY 2; COPY 2; BINARY_SUBSCR; <expr>;
+                # BINARY_OP +=; SWAP 3; SWAP 2; STORE_SUBSCR
+                end = _subscript_augmented_end(ins, j + 4)
+                if end is not None:
+                    chains.append(Chain(kind, root, tuple(steps), "receiver", line))
+                    chains.append(Chain(kind, root, (*steps, ("item", nxt.argval)),
+                                        "increment" if ins[end - 4].argrepr in ("+=", "-=") else "value", line))
+                    stores.append((str(nxt.argval), line))
+                    use = "done"
+                break
             elif (nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname == "BINARY_SUBSCR"
                   and isinstance(nxt.argval, (int, str, bool, type(None), tuple))):
                 steps.append(("item", nxt.argval))
@@ -137,6 +152,8 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 break
             elif nxt.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR"):
                 use = "receiver"
+                if nxt.opname == "STORE_ATTR":
+                    targets.append(Chain(kind, root, (*steps, ("attr", nxt.argval)), "store", line))
                 break
             else:
                 break
@@ -150,7 +167,8 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 escaping.add(root)
             chains.append(Chain(kind, root, tuple(steps), use, line))
         i = j if j > i + 1 else i + 1
-    return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned))
+    return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned),
+                     tuple(targets))
 
 
 def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
@@ -160,6 +178,17 @@ def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | N
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
                 and ins[k + 2].argval == attr and depth == 0:
             return k + 3
+        if ins[k].opname in ("RETURN_VALUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE"):
+            return None
+    return None
+
+
+def _subscript_augmented_end(ins: list[dis.Instruction], start: int) -> int | None:
+    """The index after ``SWAP 3; SWAP 2; STORE_SUBSCR`` closing ``root[k] op= expr``."""
+    for k in range(start, min(len(ins) - 3, start + 40)):
+        if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 1].arg == 3 \
+                and ins[k + 2].opname == "SWAP" and ins[k + 3].opname == "STORE_SUBSCR":
+            return k + 4
         if ins[k].opname in ("RETURN_VALUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE"):
             return None
     return None
@@ -402,6 +431,13 @@ class _Seen:
     contents: Any
 
 
+class _Marker:
+    """What an attribute that is only stored to holds while tracing (see ``_mark_store_targets``)."""
+
+    def __repr__(self) -> str:
+        return "<minihop: not stored yet>"
+
+
 class _PrintWatch:
     """``print`` while the user's code is traced (in the tracing thread): recorded, not run."""
 
@@ -429,25 +465,35 @@ class StateTracker:
         self.reads: list[StateRead] = []
         self.roots: list[tuple[_Root, Any]] = []
         self.stores: dict[tuple[str, str], str] = {}  # (phase, name stored) -> where
-        self.increments: set[tuple[str, str]] = set()  # (phase, name) written by ``+=``/``-=``
+        # (phase, root, name) written by ``+=``/``-=``: ``F.calls += 1`` is (.., "F", "calls")
+        self.increments: set[tuple[str, str, str]] = set()
         self.watch: _PrintWatch | None = None
         self.fn_cls = fn_cls
         self._read_keys: set[tuple[str, str]] = set()
         self._find_reads()
+        self.marked = self._mark_store_targets()
         self.before = self._snapshot()
         self.after_forward: dict[int, _Seen] | None = None
         self.finished = False
 
     # reads: every chain of the code whose value is the user's state
+    def _methods(self) -> tuple[tuple[str, Any, dict[str, int | str]], ...]:
+        """The Function's methods, and the user functions passed to it as arguments (a
+        surrogate-gradient function ``backward`` calls, as snntorch's ``CustomSurrogate``
+        takes): what they read is read by forward or backward, whichever calls them."""
+        passed = tuple((phase, a, {}) for a in self.args if _is_user_function(a)
+                       for phase in ("forward", "backward"))
+        return (*_methods(self.parts), *passed)
+
     def _find_reads(self) -> None:
         seen_roots: set[str] = set()
-        for phase, fn, facts, params in _analysed(_methods(self.parts)):
+        for phase, fn, facts, params in _analysed(self._methods()):
             code = _code(fn)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
                 if chain.use == "increment":
-                    self.increments.add((phase, str(chain.steps[-1][1]) if chain.steps else chain.root))
+                    self.increments.add((phase, chain.root, str(chain.steps[-1][1]) if chain.steps else chain.root))
             for chain in facts.chains:
                 root = _resolve_root(fn, chain, params)
                 if root is None:
@@ -474,6 +520,45 @@ class StateTracker:
         cls_root = _Root(self.fn_cls.__qualname__, lambda args, c=self.fn_cls: c, False)
         self.roots.append((cls_root, self.fn_cls))
 
+    def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
+        """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
+        while tracing: a store of the value already there is a write all the same (eager makes
+        it on every call, and the value may have changed by the next one)."""
+        read_places = {r.place.description for r in self.reads}
+        marked: list[tuple[Any, str, Any]] = []
+        for phase, fn, facts, params in _analysed(self._methods()):
+            for target in facts.targets:
+                root = _resolve_root(fn, target, {})
+                if root is None or root.uses_args:
+                    continue  # attributes of argument objects are in the call key
+                place = _place(root, target.steps)
+                if place.description in read_places:
+                    continue  # guarded: the same before every call, so storing it again changes nothing
+                owner = place.owner(self.args)
+                name = str(target.steps[-1][1])
+                old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
+                if owner is MISSING or isinstance(owner, types.ModuleType) or not (
+                        old is MISSING or isinstance(old, _ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
+                    continue
+                try:
+                    _setattr(owner, name, _Marker())
+                except Exception:
+                    continue
+                marked.append((owner, name, old))
+        return marked
+
+    def _unmark(self) -> None:
+        for owner, name, old in self.marked:
+            try:
+                if old is MISSING:
+                    if isinstance(getattr(owner, name, None), _Marker):
+                        _delattr(owner, name)
+                elif isinstance(getattr(owner, name, None), _Marker):
+                    _setattr(owner, name, old)
+            except Exception:
+                continue
+        self.marked = []
+
     def _add_read(self, place: Place, phase: str, code: types.CodeType | None, line: int | None) -> None:
         key = (place.description, phase)
         if key in self._read_keys:
@@ -487,7 +572,7 @@ class StateTracker:
         an object; if it is one reachable from the arguments or globals, the read is of that
         place (and checked again when backward runs). Objects forward created are its own."""
         index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
-        for phase, fn, facts, params in _analysed(_methods(self.parts)):
+        for phase, fn, facts, params in _analysed(self._methods()):
             code = _code(fn)
             for chain in facts.chains:
                 if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or len(chain.steps) < 2 \
@@ -552,6 +637,7 @@ class StateTracker:
         if not self.finished:
             self.finished = True
             _restore(self.before)
+            self._unmark()
 
     def forward_done(self) -> None:
         self.after_forward = self._snapshot()
@@ -579,6 +665,7 @@ class StateTracker:
         finally:
             self.finished = True
             _restore(self.before)
+            self._unmark()
         return PythonState(tuple(self.reads), tuple(writes))
 
     def _writes(self, old: dict[int, _Seen], new: dict[int, _Seen], phase: str) -> list[StateWrite]:
@@ -617,7 +704,9 @@ class StateTracker:
             # An unguarded counter (``+=``) is replayed as its increment, exact for ints
             # only; a value set outright, or a guarded one (the same before every call), is
             # replayed by setting it again.
-            if not guarded and (phase, name) in self.increments:
+            root = place.description.removeprefix("global ").removeprefix("closure variable ")
+            root = root.split(".")[0].split("[")[0]
+            if not guarded and (phase, root, name) in self.increments:
                 if type(before) is int and type(after) is int:
                     return StateWrite(place, "add", after - before, phase, where)
                 return self._refuse(place, phase, where, "increments (not by whole numbers)")
@@ -628,6 +717,7 @@ class StateTracker:
 
     def _refuse(self, place: Place, phase: str, where: str | None, what: str, *, tensor: bool = False) -> StateWrite:
         _restore(self.before)
+        self._unmark()
         self.stop()
         todo = ("Return the tensor from forward instead, or run it eagerly with "
                 "minihop.function(F, fallback='eager')." if tensor else
