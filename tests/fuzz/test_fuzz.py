@@ -11,7 +11,6 @@ carrying the generated source as a note. The budget is fixed (derandomized, 300 
 from __future__ import annotations
 
 import atexit
-import collections
 import pathlib
 import shutil
 import sys
@@ -20,11 +19,12 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from tally import Tally  # noqa: E402
 from generate import Case, generate_case  # noqa: E402
 from oracle import run_case  # noqa: E402
 
@@ -32,11 +32,7 @@ T = TypeVar("T")
 
 EXAMPLES = 300
 
-# Outcomes of the budget's examples, up to the first failure; after it hypothesis runs extra
-# calls (more search, then shrinking) that are no examples of the budget: counted apart.
-COUNTS: collections.Counter[str] = collections.Counter()
-REFUSED: collections.Counter[str] = collections.Counter()
-AFTER_FIRST_FAILURE: collections.Counter[str] = collections.Counter()
+TALLY = Tally("minihop fuzz", EXAMPLES)
 _DIRECTORY = pathlib.Path(tempfile.mkdtemp(prefix="minihop_fuzz_"))  # the cases' source files
 atexit.register(shutil.rmtree, _DIRECTORY, ignore_errors=True)
 
@@ -70,35 +66,13 @@ def cases(draw: Any) -> Case:
 def test_fuzz_matches_eager_or_refuses(case: Case) -> None:
     """A random Function matches eager (outputs, grads, contract, a second call) or is refused with a documented code."""
     outcome = run_case(case, _DIRECTORY)
-    failed_before = COUNTS["mismatched"] + COUNTS["crashed"] > 0
-    counts = AFTER_FIRST_FAILURE if failed_before else COUNTS
-    counts[outcome.kind] += 1
-    if outcome.kind == "refused" and not failed_before:
-        REFUSED[outcome.code] += 1
-    if outcome.kind == "invalid":
-        reject()  # eager rejects the case: the generator's fault, not an example
-    if outcome.kind in ("mismatched", "crashed"):
-        assert outcome.error is not None
-        outcome.error.add_note(f"minihop fuzz: {outcome.kind} ({outcome.signature}); the generated "
-                               f"Function:\n{case.source}")
-        raise outcome.error
+    TALLY.record(outcome, case.source)
 
 
 def test_fuzz_summary(capsys: pytest.CaptureFixture[str]) -> None:
     """Print the fuzz counts (runs after the fuzz test, in file order)."""
-    examples = sum(v for k, v in COUNTS.items() if k != "invalid")
-    lines = ["", "minihop fuzz (tests/fuzz, derandomized, budget "
-             f"{EXAMPLES}): examples {examples}, matched {COUNTS['matched']}, refused "
-             f"{COUNTS['refused']} {dict(sorted(REFUSED.items()))}, mismatched {COUNTS['mismatched']}, "
-             f"crashed {COUNTS['crashed']} (invalid cases rejected: {COUNTS['invalid']})"]
-    if AFTER_FIRST_FAILURE:
-        lines.append("  counted up to the first failure; after it hypothesis made "
-                     f"{sum(AFTER_FIRST_FAILURE.values())} more calls (search and shrinking): "
-                     f"{dict(sorted(AFTER_FIRST_FAILURE.items()))}")
-    if not examples:
-        lines.append("  (the fuzz test did not run in this session)")
     with capsys.disabled():
-        print("\n".join(lines))
+        print(TALLY.summary())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ python-state`` runs the same generator for longer.
 from __future__ import annotations
 
 import atexit
-import collections
 import pathlib
 import shutil
 import sys
@@ -21,11 +20,12 @@ import tempfile
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from tally import Tally  # noqa: E402
 from generate import Case  # noqa: E402
 from generate_state import generate_state_case  # noqa: E402
 from oracle_state import run_state_case  # noqa: E402
@@ -33,9 +33,7 @@ from test_fuzz import _DrawChooser  # noqa: E402
 
 EXAMPLES = 300
 
-COUNTS: collections.Counter[str] = collections.Counter()
-REFUSED: collections.Counter[str] = collections.Counter()
-AFTER_FIRST_FAILURE: collections.Counter[str] = collections.Counter()
+TALLY = Tally("minihop fuzz, Python state", EXAMPLES)
 _DIRECTORY = pathlib.Path(tempfile.mkdtemp(prefix="minihop_fuzz_state_"))
 atexit.register(shutil.rmtree, _DIRECTORY, ignore_errors=True)
 
@@ -52,32 +50,10 @@ def state_cases(draw: Any) -> Case:
 def test_fuzz_python_state_matches_eager_or_refuses(case: Case) -> None:
     """A random Function using Python state matches eager (strict and fallback="eager") or is refused with a documented code."""
     outcome = run_state_case(case, _DIRECTORY)
-    failed_before = COUNTS["mismatched"] + COUNTS["crashed"] > 0
-    counts = AFTER_FIRST_FAILURE if failed_before else COUNTS
-    counts[outcome.kind] += 1
-    if outcome.kind == "refused" and not failed_before:
-        REFUSED[outcome.code] += 1
-    if outcome.kind == "invalid":
-        reject()
-    if outcome.kind in ("mismatched", "crashed"):
-        assert outcome.error is not None
-        outcome.error.add_note(f"minihop fuzz (Python state): {outcome.kind} ({outcome.signature}); "
-                               f"the generated Function:\n{case.source}")
-        raise outcome.error
+    TALLY.record(outcome, case.source)
 
 
 def test_fuzz_python_state_summary(capsys: pytest.CaptureFixture[str]) -> None:
     """Print the Python-state fuzz counts (runs after the fuzz test, in file order)."""
-    examples = sum(v for k, v in COUNTS.items() if k != "invalid")
-    lines = ["", "minihop fuzz, Python state (tests/fuzz, derandomized, budget "
-             f"{EXAMPLES}): examples {examples}, matched {COUNTS['matched']}, refused "
-             f"{COUNTS['refused']} {dict(sorted(REFUSED.items()))}, mismatched {COUNTS['mismatched']}, "
-             f"crashed {COUNTS['crashed']} (invalid cases rejected: {COUNTS['invalid']})"]
-    if AFTER_FIRST_FAILURE:
-        lines.append("  counted up to the first failure; after it hypothesis made "
-                     f"{sum(AFTER_FIRST_FAILURE.values())} more calls (search and shrinking): "
-                     f"{dict(sorted(AFTER_FIRST_FAILURE.items()))}")
-    if not examples:
-        lines.append("  (the fuzz test did not run in this session)")
     with capsys.disabled():
-        print("\n".join(lines))
+        print(TALLY.summary())
