@@ -11,6 +11,8 @@ Each Function has a hand-written backward, as a user would write it:
   MLP        x @ W1 -> relu -> @ W2; saves x, W1, the relu output and W2.
   LayerNorm  normalise the last dimension, scale and shift; saves xhat, rstd and weight.
   chain(n)   generated: forward chains n elementwise ops, backward the matching n (scaling).
+  ScaledSin  MySin times a class attribute read in forward and backward (per call only:
+             the guard on a Python value).
   SavesUnused  SiLU, x * sigmoid(x); saves x and the sigmoid, but its backward recomputes the
              sigmoid from x and never reads the saved one (saved bytes only: SAVED_EXTRA_CASES).
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "SavesUnused",
+__all__ = ["CASES", "GUARDED_CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "SavesUnused", "ScaledSin",
            "Warmup", "case_named", "make_chain"]
 
 
@@ -39,6 +41,23 @@ class MySin(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         return grad * x.cos()
+
+
+class ScaledSin(torch.autograd.Function):
+    """sin(x) * ScaledSin.scale: forward and backward read a class attribute (a Python value
+    minihop guards on every call, and again when backward runs)."""
+
+    scale = 2.0
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.sin() * ScaledSin.scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * x.cos() * ScaledSin.scale
 
 
 class Add(torch.autograd.Function):
@@ -192,6 +211,12 @@ CASES: tuple[Case, ...] = _cases()
 SAVED_EXTRA_CASES: tuple[Case, ...] = tuple(
     Case(f"SavesUnused {n}x{d}", SavesUnused, small, _args(lambda g, n=n, d=d: (_leaf(g, n, d),)))
     for small, (n, d) in ((True, (8, 8)), (False, (256, 1024))))
+
+
+# Measured per call only: the cost of guarding a Python value the Function reads.
+GUARDED_CASES: tuple[Case, ...] = (
+    Case("ScaledSin 8x8 (reads a class attribute)", ScaledSin, True,
+         _args(lambda g: (_leaf(g, 8, 8),))),)
 
 
 def case_named(name: str) -> Case:

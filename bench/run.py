@@ -25,7 +25,7 @@ if __package__ in (None, ""):
 import torch
 
 from .capture_latency import measure_cold, measure_warm
-from .functions import CASES, SAVED_EXTRA_CASES, Case, case_named, make_chain
+from .functions import CASES, GUARDED_CASES, SAVED_EXTRA_CASES, Case, case_named, make_chain
 from .per_call import measure_per_call
 from .profiling import Profile, profile_capture, profile_per_call
 from .report import keep_marked_sections, per_call_breakdown, render
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         tables.append(cold.table)
         _show(cold.table, t)
     t = time.perf_counter()
-    per_call = measure_per_call(CASES, budget_s=settings.per_call_budget_s,
+    per_call = measure_per_call((*CASES, *GUARDED_CASES), budget_s=settings.per_call_budget_s,
                                 min_rounds=settings.per_call_min_rounds, inductor=settings.inductor)
     tables.append(per_call.table)
     _show(per_call.table, t)
