@@ -14,7 +14,7 @@ import torch
 
 from .api import capture_with_trace
 from .errors import MinihopError
-from .runtime.guards import describe_autocast
+from .runtime.guards import describe_autocast, value_key
 
 __all__ = ["Explanation", "explain"]
 
@@ -111,7 +111,9 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
         if cap.shape_guards is not None:
             guards.append(f"dynamic sizes: {cap.shape_guards.expression}")
         state = cap.python_state
-        for read, key in zip(state.reads, cap.live_key[len(cap.live_key) - len(state.reads):], strict=True):
+        bound = cap.bind(args, kwargs)
+        for read in state.reads:
+            key = value_key(read.place.get(bound))
             again = " (checked again when backward runs)" if read.phase == "backward" else ""
             guards.append(f"Python value {read.place.description} read by {read.phase}: "
                           f"{_show_key(key)}{again}" + (f"  [{read.line}]" if read.line else ""))

@@ -142,8 +142,12 @@ class Place:
     step: tuple[str, Any]
     # Whether ``owner`` needs the call's arguments (a place inside an argument object).
     uses_args: bool = False
+    # ``args -> value`` in one step, where the finder made one (the guards' hot path).
+    read: Callable[[tuple[Any, ...]], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def get(self, args: tuple[Any, ...]) -> Any:
+        if self.read is not None:
+            return self.read(args)
         owner = self.owner(args)
         kind, key = self.step
         if kind == "attr":

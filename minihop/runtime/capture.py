@@ -25,7 +25,7 @@ from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import call_key, compile_guard, describe_key_difference, layout_key, value_key
+from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
@@ -66,8 +66,8 @@ def live_fetchers(inputs: tuple[InputSource, ...],
     """How to read, for a call's arguments, everything a capture took from outside its
     arguments' tensors: tensors reached through closures, globals and modules, and the
     Python values forward/backward read (``PythonState.reads``: constants in the graphs)."""
-    return (*(lambda args, f=s.live: f() for s in inputs if s.live is not None),
-            *(read.place.get for read in state.reads))
+    places = {read.place.description: read.place.get for read in state.reads}  # one read a place
+    return (*(lambda args, f=s.live: f() for s in inputs if s.live is not None), *places.values())
 
 
 def _detached(value: torch.Tensor) -> torch.Tensor:
@@ -367,11 +367,12 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
     """``guard`` plus only the checks this capture needs (closure values, layout, shapes)."""
     if not capture._live and capture.layout is None and capture._shape_check is None:
         return guard
-    live_key = capture.live_key
+    live_ok = compile_live_check(capture._live, capture.live_key)
+    if capture.layout is None and capture._shape_check is None:
+        return lambda args: guard(args) and live_ok(args)
 
     def hit(args: tuple[Any, ...]) -> bool:
-        return guard(args) and (not capture._live or live_key == capture.current_live_key(args)) \
-            and capture.layout_fits(args) and capture.sizes_fit(args)
+        return guard(args) and live_ok(args) and capture.layout_fits(args) and capture.sizes_fit(args)
 
     return hit
 

@@ -32,7 +32,7 @@ from ..errors import UnsupportedOperationError
 from ..rewire.pair import Pair, strip_grad_toggles
 from ..spec import NO_STATE, PythonState
 from .codegen import emit
-from .guards import value_key
+from .guards import compile_live_check, value_key
 
 __all__ = ["make_function", "GradLayout", "Retrace"]
 
@@ -122,7 +122,7 @@ class _Backwards:
         nones = tuple(g is None for g in top_grads) if not self.materialize else ()
         return (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
                              for p, q, args, kwargs in self.checks),
-                tuple(value_key(read(call_args)) for read in self.state_reads))
+                tuple(value_key(read(call_args)) for read in self.state_reads))  # usually one or two
 
     def get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...],
             call_args: tuple[Any, ...] = ()) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
@@ -370,7 +370,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         finally:
             _set_grad(grad_mode)
 
-    if bwd_plain is not None and all_top and ctx_ordered and not needs_key and not bwd_writes:
+    # Backward's only reason for a key is the Python values it reads: while they are the
+    # captured ones (one compiled check), the simple path below runs.
+    state_only = bool(backwards.state_reads) and not backwards.checks and materialize and not keeps_args
+    if bwd_plain is not None and all_top and ctx_ordered and (not needs_key or state_only) and not bwd_writes:
         simple_bwd = bwd_code
         if permuted:
             bwd_params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]
@@ -378,8 +381,16 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
             simple_bwd = without_body_toggles(
                 pair.bwd_graph, "bwd_body", params=[*grads_params, *(saved_params[i] for i in perm)])
 
-        def backward(ctx: Any, *grads: Any) -> Any:
-            return simple_bwd(*grads, *ctx.saved_tensors)
+        if not needs_key:
+            def backward(ctx: Any, *grads: Any) -> Any:
+                return simple_bwd(*grads, *ctx.saved_tensors)
+        else:
+            state_ok = compile_live_check(backwards.state_reads, state_base)
+
+            def backward(ctx: Any, *grads: Any) -> Any:
+                if state_ok(()):
+                    return simple_bwd(*grads, *ctx.saved_tensors)
+                return run_bwd(ctx, grads)  # a value changed since forward: another bwd
     elif uses_sink:
         def backward(ctx: Any, *top_grads: Any) -> Any:
             return (None, *run_bwd(ctx, top_grads))  # no gradient for the sink

@@ -20,7 +20,7 @@ import torch
 
 from ..structure import PLAIN_CALLABLES, attributes
 
-__all__ = ["autocast_key", "call_key", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+__all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -209,3 +209,28 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
     exec("\n".join(lines), namespace)
     guard: Callable[[tuple[Any, ...]], bool] = namespace["guard"]
     return guard
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
+                       captured: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
+    """``args -> bool``: whether each value ``fetchers`` read now has the key it had at capture
+    (``captured``, from ``value_key``), generated once. A plain number, string, bool or None
+    is compared directly (no key built per call); anything else by its key."""
+    lines = ["def live_ok(args):"]
+    consts: dict[str, Any] = {"key_of": _key}
+    for i, (fetch, key) in enumerate(zip(fetchers, captured, strict=True)):
+        consts[f"f{i}"] = fetch
+        consts[f"k{i}"] = key
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == "V" and key[1] in _PLAIN:
+            consts[f"t{i}"], consts[f"v{i}"] = key[1], key[2]
+            lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
+        else:
+            lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
+    lines.append("    return True")
+    namespace = dict(consts)
+    exec("\n".join(lines), namespace)
+    check: Callable[[tuple[Any, ...]], bool] = namespace["live_ok"]
+    return check

@@ -313,10 +313,11 @@ def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
     """The place at ``root.steps`` (its owner found anew on every call)."""
     text = root.description + "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
     if not steps:
-        return Place(text, lambda args, r=root: _RootBox(r.fetch(args)), ("attr", "value"), root.uses_args)
+        return Place(text, lambda args, r=root: _RootBox(r.fetch(args)), ("attr", "value"), root.uses_args,
+                     root.fetch)
     owner_steps = steps[:-1]
     return Place(text, lambda args, r=root, s=owner_steps: _walk(r.fetch(args), s), steps[-1],
-                 root.uses_args)
+                 root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s))
 
 
 class _RootBox:
