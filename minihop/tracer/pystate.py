@@ -167,6 +167,9 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 escaping.add(root)
             chains.append(Chain(kind, root, tuple(steps), use, line))
         i = j if j > i + 1 else i + 1
+    # A chain from a local that is not a parameter reads what the code itself made.
+    params = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    chains = [c for c in chains if c.root_kind != "fast" or c.root in params]
     return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned),
                      tuple(targets))
 
@@ -258,7 +261,8 @@ def _code(fn: Any) -> types.CodeType | None:
 
 
 def _function(fn: Any) -> Any:
-    return inspect.unwrap(getattr(fn, "__func__", fn))
+    fn = getattr(fn, "__func__", fn)
+    return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
 
 
 def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root | None:
@@ -369,6 +373,7 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Ite
             continue
         seen.add((id(code), phase))  # type: ignore[arg-type]
         facts = code_facts(code)
+        fn = _function(fn)
         yield phase, fn, facts, params
         if depth >= 3:
             continue
@@ -471,6 +476,7 @@ class StateTracker:
         self.watch: _PrintWatch | None = None
         self.fn_cls = fn_cls
         self._read_keys: set[tuple[str, str]] = set()
+        self.analysed = tuple(_analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
         self.marked = self._mark_store_targets()
         self.before = self._snapshot()
@@ -488,7 +494,7 @@ class StateTracker:
 
     def _find_reads(self) -> None:
         seen_roots: set[str] = set()
-        for phase, fn, facts, params in _analysed(self._methods()):
+        for phase, fn, facts, params in self.analysed:
             code = _code(fn)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
@@ -499,27 +505,22 @@ class StateTracker:
                 root = _resolve_root(fn, chain, params)
                 if root is None:
                     continue
-                if root.description not in seen_roots:
-                    seen_roots.add(root.description)
-                    self.roots.append((root, root.fetch(self.args)))
-                if root.uses_args:
-                    continue  # argument objects are in the call key, whole
                 value = root.fetch(self.args)
                 if isinstance(value, types.ModuleType) and is_library(value):
-                    continue
-                if not chain.steps and (isinstance(value, (types.FunctionType, type)) or value is MISSING):
-                    # A helper function or class by name: its identity is what is read
-                    # (its contents are analysed or read through chains of their own).
-                    pass
+                    continue  # torch.sin, math.pi: not the user's state
+                if root.description not in seen_roots:
+                    seen_roots.add(root.description)
+                    self.roots.append((root, value))
+                if root.uses_args:
+                    continue  # argument objects are in the call key, whole
                 if chain.use in ("receiver", "increment"):
                     continue
                 end = _walk(value, chain.steps)
                 if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)):
                     continue
                 self._add_read(_place(root, chain.steps), phase, code, chain.line)
-        # The Function class's own attributes are state too (read as ``type(self)`` etc.).
-        cls_root = _Root(self.fn_cls.__qualname__, lambda args, c=self.fn_cls: c, False)
-        self.roots.append((cls_root, self.fn_cls))
+        # The Function class itself is watched when its code names it (``MyFn.calls += 1``):
+        # then it is one of the roots above.
 
     def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
         """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
@@ -527,7 +528,7 @@ class StateTracker:
         it on every call, and the value may have changed by the next one)."""
         read_places = {r.place.description for r in self.reads}
         marked: list[tuple[Any, str, Any]] = []
-        for phase, fn, facts, params in _analysed(self._methods()):
+        for phase, fn, facts, params in self.analysed:
             for target in facts.targets:
                 root = _resolve_root(fn, target, {})
                 if root is None or root.uses_args:
@@ -573,7 +574,7 @@ class StateTracker:
         an object; if it is one reachable from the arguments or globals, the read is of that
         place (and checked again when backward runs). Objects forward created are its own."""
         index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
-        for phase, fn, facts, params in _analysed(self._methods()):
+        for phase, fn, facts, params in self.analysed:
             code = _code(fn)
             for chain in facts.chains:
                 if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or len(chain.steps) < 2 \
@@ -751,8 +752,14 @@ def _holds_tensor(value: Any) -> bool:
     return False
 
 
+_UNWATCHED = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Tensor,
+                        torch.nn.Parameter, types.ModuleType, types.FunctionType, tuple, frozenset})
+
+
 def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
+    if type(value) in _UNWATCHED:
+        return None, None
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,
