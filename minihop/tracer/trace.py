@@ -563,6 +563,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     except BaseException:
         outside.restore()  # no fake tensor stays in the caller's objects
         raise
+    # Forward has run: backward reads only constants, and a capture holds no caller's tensor.
+    t.values.real_args = None
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     check_ctx_arguments(ctx, grad_can_flow)
 
