@@ -64,7 +64,8 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
-                       layout_key(args) if raw.reads_layout else None, masks, args)
+                       layout_key(args) if raw.reads_layout else None, masks, args,
+                       raw.data_reads)
     return raw, cap
 
 

@@ -117,7 +117,9 @@ class CapturedFunction:
                 return entry
             if entry.live_key and entry.live_key != entry.current_live_key(args):
                 continue
-            if entry.sizes_fit(args) and entry.layout_fits(args):
+            if entry.sizes_fit(args) and entry.layout_fits(args) and entry.values_fit(args):
+                # A value forward read from tensor data that changed is a miss: captured again
+                # for the new value (kept beside the old one, within cache_limit).
                 return entry
         return None
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .api import capture_with_trace
-from .errors import MinihopError
+from .errors import DataDependentError, MinihopError
 from .runtime.guards import describe_autocast, value_key
 
 __all__ = ["Explanation", "explain"]
@@ -43,6 +43,8 @@ class Explanation:
     features: tuple[tuple[str, str], ...] = ()
     guards: tuple[str, ...] = ()
     python_writes: tuple[str, ...] = ()  # Python state forward/backward change (replayed)
+    # Each Python value taken out of tensor data: how it was handled, and its source line.
+    data_values: tuple[str, ...] = ()
     fwd_inputs: tuple[str, ...] = ()
     saved: int = 0
     saved_values: tuple[str, ...] = ()
@@ -57,6 +59,9 @@ class Explanation:
         if self.error:
             lines.append("  refused:")
             lines.extend(f"    {line}" for line in self.error.splitlines())
+            if self.data_values:
+                lines.append("  data-dependent values:")
+                lines.extend(f"    {v}" for v in self.data_values)
             return "\n".join(lines)
         lines.append(f"  capture time: {self.capture_ms:.1f} ms; fwd ops {self.fwd_ops}, bwd ops "
                      f"{self.bwd_ops}, saved values {self.saved}")
@@ -71,6 +76,9 @@ class Explanation:
             lines.append("    (none)")
         lines.append("  guards (a call must match these to reuse the capture):")
         lines.extend(f"    {g}" for g in self.guards)
+        if self.data_values:
+            lines.append("  data-dependent values (Python values taken from tensor data):")
+            lines.extend(f"    {v}" for v in self.data_values)
         if self.python_writes:
             lines.append("  Python state written (replayed on every call, as eager does it):")
             lines.extend(f"    {w}" for w in self.python_writes)
@@ -96,7 +104,10 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
     try:
         raw, cap = capture_with_trace(fn_cls, args, kwargs, dynamic)
     except MinihopError as e:
-        report = Explanation(name, False, str(e))
+        refused = ()
+        if isinstance(e, DataDependentError):
+            refused = (f"refused: {e.found}" + (f"  [{e.where}]" if e.where else ""),)
+        report = Explanation(name, False, str(e), data_values=refused)
     else:
         grad_mode, arg_keys = cap.key[:2]
         guards = [f"grad mode enabled == {grad_mode}",
@@ -132,6 +143,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
             features=tuple((f, _handling(f)) for f in raw.ctx_features),
             guards=tuple(guards),
             python_writes=writes,
+            data_values=tuple(_describe_read(r) for r in raw.data_reads),
             fwd_inputs=tuple(f"{s.name} <- {s.description}" for s in cap.inputs),
             saved=len(saved_nodes),
             saved_values=tuple(f"{n.name}: {_describe_value(n.meta.get('val'))}" for n in saved_nodes),
@@ -143,6 +155,12 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
     if print_report:
         print(report)
     return report
+
+
+def _describe_read(read: Any) -> str:
+    how = ("constant: computed from Python values only (guarded already)" if read.kind == "constant"
+           else "value-guarded: recomputed from the inputs on every call; another value recaptures")
+    return f"{read.op} in {read.phase} == {read.value!r}  ({how})" + (f"  [{read.line}]" if read.line else "")
 
 
 def _describe_value(val: Any) -> str:

@@ -250,3 +250,43 @@ class PythonState:
 
 
 NO_STATE = PythonState()
+
+
+@dataclasses.dataclass(frozen=True)
+class DataRead:
+    """A Python value the user's code took out of a tensor's data (``.item()``, ``bool(t)``,
+    ``torch.equal``) and the trace continued with.
+
+    ``kind`` is ``"constant"`` (computed from Python values only: its value is fixed by what
+    the call key and the Python-state guards already fix) or ``"guarded"`` (computed from the
+    inputs' values: ``graph`` recomputes it from ``sources``, fetched from each call's
+    arguments as fwd inputs are, and a call whose recomputed value differs from ``value`` does
+    not fit the capture). ``clone_inputs``: ``graph`` writes in place, so it runs on copies.
+    """
+
+    kind: str
+    phase: str
+    op: str
+    value: Any
+    line: str | None
+    graph: Any = dataclasses.field(default=None, compare=False, repr=False)
+    sources: tuple[InputSource, ...] = ()
+    clone_inputs: bool = False
+
+    def describe(self) -> str:
+        return f"{self.op} in {self.phase} == {self.value!r}"
+
+    def matches(self, value: Any) -> bool:
+        """Whether ``value`` (recomputed for a call) is exactly the captured one."""
+        return _same_value(self.value, value)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    # Exact equality, as the trace specialised on these bits (NaN is its own value here).
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (float, complex)):
+        return bool(a == b or (a != a and b != b))
+    return bool(a == b)

@@ -247,7 +247,7 @@ class RunModule(Function):
 class Item(Function):
     @staticmethod
     def forward(ctx, x):
-        return x * x.sum().item()
+        return x * torch.rand((), generator=torch.Generator().manual_seed(0)).item()  # random: not known at capture
 
     @staticmethod
     def backward(ctx, g):
@@ -258,7 +258,7 @@ def make_item() -> type:
     class Item(Function):
         @staticmethod
         def forward(ctx, x):
-            return x * x.sum().item()
+            return x * torch.rand((), generator=torch.Generator().manual_seed(0)).item()  # random: not known at capture
 
         @staticmethod
         def backward(ctx, g):

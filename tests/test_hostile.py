@@ -562,7 +562,7 @@ class FwdStop(Function):
 class DataDependent(Function):
     @staticmethod
     def forward(ctx, x):
-        return x * 2 if x.sum() > 0 else x
+        return x * 2 if torch.rand((), generator=torch.Generator().manual_seed(0)) > 0.5 else x
 
     @staticmethod
     def backward(ctx, g):

@@ -94,6 +94,13 @@ def save_capture(cap: Any, path: str) -> None:
             "An artifact holds graphs and plain data; the routes to those places (the caller's "
             "containers, objects and globals) are not stored.",
             "Return such tensors from forward instead, to save the capture.")
+    if any(r.kind == "guarded" for r in getattr(cap, "data_reads", ())):
+        raise UnsupportedOutputError(
+            f"Cannot save the capture of {pair.function_name}: its forward branches on (or "
+            "reads numbers from) its inputs' values, which it guards with small graphs.",
+            "An artifact holds the pair and plain guards; value guards are not stored, and "
+            "a loaded capture without them could give another value's result.",
+            "Save a capture whose forward reads no values from its inputs' data.")
     constants = {s.name: (s.live() if s.live is not None else s.constant)
                  for s in pair.inputs if s.path is None}
     manifest = {

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from ..errors import GuardMismatchError, UnsupportedOperationError
 from ..rewire.pair import Pair
-from ..spec import NO_STATE, InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import NO_STATE, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
@@ -128,6 +128,10 @@ class Capture:
     # (key, closure values, layout, shape guards) for positional arguments; ``_run(args)``
     # fetches the fwd inputs, applies the Function and rebuilds the user's output.
     _hit: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
+    # Python values forward took out of tensor data (``tracer.values``); the ``guarded`` ones
+    # are recomputed from each call's inputs by ``_value_checks`` (one per guarded read).
+    data_reads: tuple[DataRead, ...] = ()
+    _value_checks: tuple[Callable[[tuple[Any, ...]], bool], ...] = dataclasses.field(repr=False, default=())
     _run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
@@ -201,6 +205,15 @@ class Capture:
                 f"is False for T = {[tuple(args[i].shape) for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
                 "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
                 "Capture again for these sizes.")
+        changed = self.changed_value(args)
+        if changed is not None:
+            raise GuardMismatchError(
+                f"Capture of {self.name}: a value its forward read from tensor data changed: "
+                f"{changed.op} gave {changed.value!r} at capture"
+                + (f" ({changed.line})" if changed.line else "") + ".",
+                "The trace took the Python value and went on with it (a branch, a number in "
+                "the graph); other values may take other code.",
+                "Capture again for these values (minihop.apply does this by itself).")
         return self.run(args)
 
     def on_stream(self, stream: Any) -> Callable[..., Any]:
@@ -234,6 +247,18 @@ class Capture:
         """Whether the arguments' strides are the captured ones (checked only when forward
         read a tensor's layout: ``stride()``, ``is_contiguous()``, ...)."""
         return self.layout is None or layout_key(args) == self.layout
+
+    def changed_value(self, args: tuple[Any, ...]) -> DataRead | None:
+        """The first value forward read from tensor data that these arguments change, if any
+        (the arguments must fit the capture's key)."""
+        guarded = [r for r in self.data_reads if r.kind == "guarded"]
+        for read, check in zip(guarded, self._value_checks, strict=True):
+            if not check(args):
+                return read
+        return None
+
+    def values_fit(self, args: tuple[Any, ...]) -> bool:
+        return all(check(args) for check in self._value_checks)
 
     def sizes_fit(self, args: tuple[Any, ...]) -> bool:
         """Whether the dynamic arguments' sizes satisfy the capture's shape guards."""
@@ -365,14 +390,17 @@ def _same(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> Callable[[tuple[Any, ...]], bool]:
     """``guard`` plus only the checks this capture needs (closure values, layout, shapes)."""
-    if not capture._live and capture.layout is None and capture._shape_check is None:
+    if not capture._live and capture.layout is None and capture._shape_check is None \
+            and not capture._value_checks:
         return guard
     live_ok = compile_live_check(capture._live, capture.live_key)
-    if capture.layout is None and capture._shape_check is None:
+    if capture.layout is None and capture._shape_check is None and not capture._value_checks:
         return lambda args: guard(args) and live_ok(args)
 
     def hit(args: tuple[Any, ...]) -> bool:
-        return guard(args) and live_ok(args) and capture.layout_fits(args) and capture.sizes_fit(args)
+        # Value guards last: they run ops, on arguments whose properties fit.
+        return guard(args) and live_ok(args) and capture.layout_fits(args) and capture.sizes_fit(args) \
+            and capture.values_fit(args)
 
     return hit
 
@@ -405,6 +433,23 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
     return run_and_replay
 
 
+def _value_check(read: DataRead) -> Callable[[tuple[Any, ...]], bool]:
+    """``args -> bool``: whether ``read``'s graph gives its captured value for these arguments
+    (its inputs fetched as fwd inputs are; run under no_grad, as forward ran)."""
+    fetch = _fetcher(read.sources)
+    graph = read.graph
+
+    def check(args: tuple[Any, ...]) -> bool:
+        inputs = fetch(args, {})
+        if read.clone_inputs:  # the graph writes in place: never into the caller's tensors
+            inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+        inputs = [v.detach() if isinstance(v, torch.Tensor) else v for v in inputs]
+        with torch.no_grad():
+            return read.matches(graph(*inputs))
+
+    return check
+
+
 def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type, key: tuple[Any, ...],
                  seconds: float, retrace: Retrace | None = None,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None,
@@ -412,7 +457,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  python_state: PythonState = NO_STATE,
                  layout: tuple[Any, ...] | None = None,
                  masks: dict[int, frozenset[str]] | None = None,
-                 args: tuple[Any, ...] = ()) -> Capture:
+                 args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = ()) -> Capture:
     shape_check = None
     if shape_guards is not None:
         # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments
@@ -432,7 +477,8 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _function=function_cls,
+        _function=function_cls, data_reads=data_reads,
+        _value_checks=tuple(_value_check(r) for r in data_reads if r.kind == "guarded"),
         _run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                                   function if setup_style else None, make_writer(pair.outside_writes)),
                           python_state),

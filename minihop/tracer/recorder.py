@@ -75,6 +75,9 @@ _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__f
                           "__index__", "__complex__", "__array__",
                           # torch.save, pickle and copy.deepcopy copy the values too.
                           "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
+# Value reads whose result leaves torch (an array, a pickle): refused, never answered.
+_COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
+                         "__getstate__"})
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
                    GuardOnDataDependentSymNode)
 # Where torch's tracing machinery defines its exceptions: these and every ``torch._*`` module
@@ -418,6 +421,9 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # Called for calls that make no tensor (metadata reads such as ``g.stride()``).
         self.on_query = on_query
         self.recorder: GraphRecorder | None = None
+        # Answers a call whose Python result depends on tensor values (``.item()``,
+        # ``bool(t)``, ``torch.equal``): ``(func, args, kwargs, where) -> value`` (see values).
+        self.on_value: Callable[[Any, tuple[Any, ...], dict[str, Any], str | None], Any] | None = None
 
     def _fakeify(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
@@ -469,11 +475,15 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
         tensors = _tensors_in(kwargs, _tensors_in(args, []))
         versions = [t._version for t in tensors]
+        name = getattr(func, "__name__", None)
         try:
-            if getattr(func, "__name__", None) in _VALUE_READS:
+            if name in _VALUE_READS:
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except Exception as e:
+            if type(e) is DataDependentOutputException and self.on_value is not None \
+                    and name not in _COPY_READS:
+                return self.on_value(func, args, kwargs, format_frame(user_frame()))
             refusal = refusal_for(e, self.describe(), func, format_frame(user_frame()))
             if refusal is None:
                 raise  # the user's own, or eager's: unchanged

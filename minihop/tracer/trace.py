@@ -42,12 +42,13 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import InputSource, OutsideWrite, PythonState, bind_arguments, uses_setup_context
+from ..spec import DataRead, InputSource, OutsideWrite, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
+from .values import ValueReader
 from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -87,6 +88,8 @@ class RawCapture:
     # Traces backward again (``(grad_specs, call_args) -> RawCapture``), forward as it ran.
     rerun_backward: Callable[..., "RawCapture"]
     outside_writes: tuple[OutsideWrite, ...] = ()
+    # Python values forward and backward took out of tensor data, in the order read.
+    data_reads: tuple[DataRead, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +292,8 @@ class _Tracing:
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
         self.phase = "forward"
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
+        self.values = ValueReader(self, None)
+        self.mode.on_value = self.values.read
 
     def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """Backward read something of a grad that autograd does not fix: remember it.
@@ -519,6 +524,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=_shape_env()) if dynamic else FakeTensorMode()
         t = _Tracing(fn_cls, parts, mode, dynamic)
+        t.values.real_args = args  # values read from the inputs' data are computed from these
     _refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
         if isinstance(a, torch.nn.Module):
@@ -557,6 +563,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     except BaseException:
         outside.restore()  # no fake tensor stays in the caller's objects
         raise
+    # Forward has run: backward reads only constants, and a capture holds no caller's tensor.
+    t.values.real_args = None
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     check_ctx_arguments(ctx, grad_can_flow)
 
@@ -644,6 +652,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
         python_state=python_state, outside_writes=outside_writes,
+        data_reads=tuple(t.values.reads),
         rerun_backward=functools.partial(_rerun_backward, t, parts, fn_cls, ctx, out, len(flat), fake_args,
                                          grad_on, fwd_names, made),
     )
@@ -694,6 +703,7 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
         t.grad_nodes.clear()
         t.bwd_saved.clear()
         t.assumptions.clear()
+        t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
         bwd_frame = FrameSnapshot()
         arg_grads = (None,) * len(fake_args)
     names = (name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
@@ -732,6 +742,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
                     if value is fake and not isinstance(fake, torch.Tensor):
                         swapped[name] = value
                         object.__setattr__(ctx, name, real)
+        t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.start()
         state.forward_done()  # what changes now, backward changes
@@ -747,7 +758,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
             grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
             grad_names=bwd.grad_names, bwd_saved=tuple(t.bwd_saved), arg_grads=bwd.arg_grads,
             names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),
-            python_state=python_state)
+            python_state=python_state, data_reads=tuple(t.values.reads))
 
 
 def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
