@@ -15,7 +15,9 @@ on a GraphModule.
 
 from __future__ import annotations
 
+import functools
 import linecache
+import types
 import math
 import operator
 from collections.abc import Callable
@@ -124,6 +126,17 @@ class _Emitter:
         return lines
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str, name: str) -> types.CodeType:
+    """``source`` compiled, once per distinct source: captures of one Function for other
+    shapes (or again) emit the same code, and compiling is a tenth of a small capture. The
+    constants it names come from each emit's own namespace."""
+    filename = f"<minihop {name} {next(_files)}>"
+    # Registered so that tracebacks through the generated code show its lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return compile(source, filename, "exec")
+
+
 def emit(graph: fx.Graph, *, skip: Callable[[fx.Node], bool] = lambda node: False,
          name: str = "graph", params: list[fx.Node] | None = None,
          output: Any = None) -> Callable[..., Any] | None:
@@ -139,10 +152,7 @@ def emit(graph: fx.Graph, *, skip: Callable[[fx.Node], bool] = lambda node: Fals
     except _Unsupported:
         return None
     source = "\n".join(lines) + "\n"
-    filename = f"<minihop {name} {next(_files)}>"
-    # Registered so that tracebacks through the generated code show its lines.
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace: dict[str, Any] = dict(emitter.consts)
-    exec(compile(source, filename, "exec"), namespace)
+    exec(_compiled(source, name), namespace)
     function: Callable[..., Any] = namespace[name]
     return function

@@ -13,6 +13,8 @@ Rule for values that are not hashable and not containers: they are keyed by iden
 from __future__ import annotations
 
 import enum
+import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -159,6 +161,13 @@ def _show(key: Any) -> str:
     return repr(key)
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str) -> types.CodeType:
+    """A guard's source compiled once: the captures of one Function (other shapes, the same
+    values) write the same guard code; the values it compares come from its namespace."""
+    return compile(source, "<minihop guard>", "exec")
+
+
 def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None = None) -> Callable[[tuple[Any, ...]], bool]:
     """A function ``args -> bool`` equal to ``call_key(args, dynamic) == key``, generated once.
 
@@ -206,7 +215,7 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
         lines.append("        return False")
     lines.append("    return True")
     namespace = dict(consts)
-    exec("\n".join(lines), namespace)
+    exec(_compiled("\n".join(lines)), namespace)
     guard: Callable[[tuple[Any, ...]], bool] = namespace["guard"]
     return guard
 
@@ -231,6 +240,6 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
     lines.append("    return True")
     namespace = dict(consts)
-    exec("\n".join(lines), namespace)
+    exec(_compiled("\n".join(lines)), namespace)
     check: Callable[[tuple[Any, ...]], bool] = namespace["live_ok"]
     return check

@@ -468,12 +468,13 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 "Use torch.autograd.grad(outputs, inputs) and use its result, or run this "
                 "Function eagerly.",
                 where=format_frame(user_frame()))
-        if _any_leaf(_is_real_tensor, args) or _any_leaf(_is_real_tensor, kwargs):
-            args, kwargs = tree_map(self._fakeify, (args, kwargs))
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
-        tensors = _tensors_in(kwargs, _tensors_in(args, []))
+        tensors = _tensors_in(kwargs, _tensors_in(args, [])) if kwargs else _tensors_in(args, [])
+        if any(type(t) is not FakeTensor and not isinstance(t, FakeTensor) for t in tensors):
+            args, kwargs = tree_map(self._fakeify, (args, kwargs))
+            tensors = _tensors_in(kwargs, _tensors_in(args, []))
         versions = [t._version for t in tensors]
         name = getattr(func, "__name__", None)
         try:
