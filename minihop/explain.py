@@ -158,6 +158,9 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
 
 
 def _describe_read(read: Any) -> str:
+    if read.kind == "unbacked":
+        return (f"{read.op} in {read.phase} -> {read.value}  (unbacked: a symbol the graphs compute "
+                "on every call; one capture serves every value)") + (f"  [{read.line}]" if read.line else "")
     how = ("constant: computed from Python values only (guarded already)" if read.kind == "constant"
            else "value-guarded: recomputed from the inputs on every call; another value recaptures")
     return f"{read.op} in {read.phase} == {read.value!r}  ({how})" + (f"  [{read.line}]" if read.line else "")

@@ -261,7 +261,9 @@ class DataRead:
     the call key and the Python-state guards already fix) or ``"guarded"`` (computed from the
     inputs' values: ``graph`` recomputes it from ``sources``, fetched from each call's
     arguments as fwd inputs are, and a call whose recomputed value differs from ``value`` does
-    not fit the capture). ``clone_inputs``: ``graph`` writes in place, so it runs on copies.
+    not fit the capture) or ``"unbacked"`` (``.item()``, ``nonzero``, a mask's count: the
+    graphs compute it on every call, ``value`` names its symbol; nothing to guard).
+    ``clone_inputs``: ``graph`` writes in place, so it runs on copies.
     """
 
     kind: str

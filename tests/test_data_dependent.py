@@ -54,6 +54,22 @@ class ScaleByMax(torch.autograd.Function):
         return g / ctx.scale
 
 
+class ClampedScale(torch.autograd.Function):
+    """The max read with .item() decides a Python branch: a value read, not a symbol."""
+
+    @staticmethod
+    def forward(ctx, x):
+        scale = x.abs().max().item()
+        if scale < 1:
+            scale = 1.0
+        ctx.scale = scale
+        return x / scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / ctx.scale
+
+
 class SavedDim(torch.autograd.Function):
     """torch.tensor(dim) saved for backward, and dim.item() read in backward."""
 
@@ -141,14 +157,19 @@ class TestValueGuards:
         check_apply(SameOrNot, a, torch.tensor([1.0, 3.0], requires_grad=True))
         assert minihop.counters()["captures"] == 2
 
-    def test_item_as_divisor(self) -> None:
-        """x.abs().max().item() as a divisor (and on ctx for backward) is guarded exactly."""
+    def test_item_branched_on_is_guarded(self) -> None:
+        """x.abs().max().item() that a Python branch then reads is guarded exactly (the
+        unbacked symbol falls back to a value read)."""
         minihop.reset()
-        check_apply(ScaleByMax, torch.tensor([1.0, -4.0], requires_grad=True))
-        check_apply(ScaleByMax, torch.tensor([2.0, 4.0], requires_grad=True))
+        check_apply(ClampedScale, torch.tensor([1.0, -4.0], requires_grad=True))
+        check_apply(ClampedScale, torch.tensor([2.0, 4.0], requires_grad=True))
         assert minihop.counters()["captures"] == 1  # same max, same capture
-        check_apply(ScaleByMax, torch.tensor([1.0, 2.5], requires_grad=True))
+        check_apply(ClampedScale, torch.tensor([1.0, 2.5], requires_grad=True))
         assert minihop.counters()["captures"] == 2
+        check_apply(ClampedScale, torch.tensor([0.5, 0.25], requires_grad=True))  # other branch
+        assert minihop.counters()["captures"] == 3
+        cap = minihop.capture(ClampedScale, torch.tensor([1.0, 2.5]))
+        assert [(r.kind, r.op, r.value) for r in cap.data_reads] == [("guarded", "item", 2.5)]
 
     def test_capture_raises_on_changed_value(self) -> None:
         """A capture called with data that changes a guarded value raises MH301 naming it."""
@@ -161,11 +182,11 @@ class TestValueGuards:
 
     def test_eager_past_limit(self) -> None:
         """With fallback='eager', values past cache_limit run eagerly, still equal to eager."""
-        f = minihop.function(ScaleByMax, fallback="eager", cache_limit=2)
+        f = minihop.function(ClampedScale, fallback="eager", cache_limit=2)
         with pytest.warns(UserWarning, match="cache_limit=2"):
             for k in range(1, 5):
                 x = torch.tensor([1.0, float(k)], requires_grad=True)
-                torch.testing.assert_close(f(x), ScaleByMax.apply(x.detach()), rtol=0, atol=0)
+                torch.testing.assert_close(f(x), ClampedScale.apply(x.detach()), rtol=0, atol=0)
         assert f.stats.captures == 2 and f.stats.eager_calls == 2
 
 

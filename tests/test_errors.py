@@ -140,6 +140,19 @@ class NonZero(torch.autograd.Function):
         return None
 
 
+class BranchOnCount(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x[x > 0]
+        if y.shape[0] > 2:
+            return y * 2
+        return y * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
 class Numpy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -210,11 +223,15 @@ class TestDataDependentError:
         eager_backward(IfInBackward, r(3))
 
     def test_data_dependent_shape(self) -> None:
-        """Boolean-mask indexing (an output shape that depends on values) is refused."""
-        capture_error(minihop.DataDependentError, NonZero, r(4),
-                      match=r"NonZero\.forward calls \w+, whose result depends on tensor values")
-        out = NonZero.apply(r(4))
-        assert out.dim() == 1
+        """Boolean-mask indexing (an output shape that depends on values) is captured with an
+        unbacked size; a Python branch on that size is refused, naming the op and the line."""
+        same_as_eager(NonZero, r(4))
+        err = capture_error(minihop.DataDependentError, BranchOnCount, r(4),
+                            match=r"(?s)BranchOnCount\.forward calls __getitem__, whose result "
+                                  r"depends on tensor values.*at .*if y\.shape\[0\] > 2:")
+        assert "output size u0 comes from tensor values" in str(err)
+        assert "torch._check" in str(err) and 'fallback="eager"' in str(err)
+        assert BranchOnCount.apply(r(4)).dim() == 1
 
     def test_float_of_tensor(self) -> None:
         """float(t) in forward is captured (value-guarded)."""

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Pair", "make_pair", "strip_grad_toggles"]
 
 _SET_GRAD = torch._C._set_grad_enabled
+_ASSERT = torch.ops.aten._assert_scalar.default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +79,8 @@ class Pair:
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
-    if node.target in (_SET_GRAD, operator.setitem, _enter_autocast, _exit_autocast):
-        return True
+    if node.target in (_SET_GRAD, operator.setitem, _enter_autocast, _exit_autocast, _ASSERT):
+        return True  # _ASSERT: a fact the trace relied on about a data-dependent value
     if node.meta.get("minihop_mutates"):
         return True  # an in-place write (into an input, say) whose result nobody reads
     return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).endswith("__")

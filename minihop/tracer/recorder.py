@@ -23,7 +23,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
-from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+from torch.utils._sympy.functions import FloatTrueDiv, FloorDiv, IntTrueDiv, Mod, PythonMod
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
 
@@ -68,13 +68,18 @@ _REFLECTED_OPERATORS: dict[str, Callable[..., Any]] = {
 }
 _SYMPY_OPS: dict[type, Callable[..., Any]] = {
     sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
-    Mod: operator.mod, PythonMod: operator.mod,
+    Mod: operator.mod, PythonMod: operator.mod, FloatTrueDiv: operator.truediv,
+    IntTrueDiv: operator.truediv, sympy.Eq: operator.eq, sympy.Ne: operator.ne,
+    sympy.Lt: operator.lt, sympy.Le: operator.le, sympy.Gt: operator.gt, sympy.Ge: operator.ge,
+    sympy.And: operator.and_, sympy.Or: operator.or_,
 }
 # Calls that take values out of a tensor into Python; a fake tensor has none to give.
 _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
                           "__index__", "__complex__", "__array__",
                           # torch.save, pickle and copy.deepcopy copy the values too.
                           "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
+# Value reads that give unbacked symbols when the tensor depends on the call (see unbacked).
+_SCALAR_READS = frozenset({"item", "tolist"})
 # Value reads whose result leaves torch (an array, a pickle): refused, never answered.
 _COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
                          "__getstate__"})
@@ -234,6 +239,11 @@ class GraphRecorder:
         # Dynamic shapes: a size symbol the graph has not seen -> its placeholder.
         self.resolve_symbol = resolve_symbol
         self.expr_nodes: dict[sympy.Expr, Any] = {}
+        # Unbacked symbols this graph makes (see unbacked): symbol -> (node, how to read it:
+        # () the node itself, (i, ...) items of its list, ("size", d) its size d).
+        self.defs: dict[sympy.Symbol, tuple[fx.Node, tuple[Any, ...]]] = {}
+        # ``(expr, where, how) -> error`` for an unbacked expression the graph cannot compute.
+        self.escape: Callable[[Any, str | None, str], Exception] | None = None
         self.node_of: dict[int, fx.Node] = {}
         # Keeps every fake alive so ``id`` keys stay unique for the life of the recording.
         self.alive: list[Any] = []
@@ -267,19 +277,35 @@ class GraphRecorder:
         """The graph value of a size expression: an int, a symbol's placeholder, or ops on them."""
         if expr.is_Integer:
             return int(expr)
+        if expr.is_Number:
+            return float(expr)
+        if expr is sympy.true or expr is sympy.false:
+            return bool(expr)
         node = self.expr_nodes.get(expr)
         if node is None:
-            if expr.is_Symbol:
+            if expr in self.defs:
+                node = self._read_def(*self.defs[expr])
+            elif expr.is_Symbol:
                 node = self.resolve_symbol(self, expr)
             else:
                 node = self._build_expr(expr)
             self.expr_nodes[expr] = node
         return node
 
+    def _read_def(self, node: fx.Node, path: tuple[Any, ...]) -> fx.Node:
+        if path and path[0] == "size":
+            return self.create_node("call_function", torch.ops.aten.sym_size.int, (node, path[1]), {})
+        for i in path:
+            node = self.create_node("call_function", operator.getitem, (node, i), {})
+        return node
+
     def _build_expr(self, expr: sympy.Expr) -> fx.Node:
         op = _SYMPY_OPS.get(type(expr))
         if op is None and isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
             op = operator.pow
+        if op is None and self.escape is not None and free_unbacked_symbols(expr):
+            raise self.escape(expr, format_frame(user_frame()), f"it is used as {expr}, which minihop "
+                              "does not write as graph arithmetic")
         if op is None:
             raise UnsupportedOperationError(
                 f"A size expression {expr} ({type(expr).__name__}) reaches a graph op.",
@@ -304,6 +330,8 @@ class GraphRecorder:
             return self.node_for(value)
         if isinstance(value, torch.SymInt):
             return self.node_for_expr(value.node.expr)
+        if isinstance(value, (torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(value):
+            return self.node_for_expr(value.node.expr)  # a number read from data (.item())
         if isinstance(value, (torch.SymFloat, torch.SymBool)):
             # Not written as graph arithmetic (yet): kept as a constant it would be a stale
             # symbol at run time, a silently wrong value.
@@ -424,6 +452,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # Answers a call whose Python result depends on tensor values (``.item()``,
         # ``bool(t)``, ``torch.equal``): ``(func, args, kwargs, where) -> value`` (see values).
         self.on_value: Callable[[Any, tuple[Any, ...], dict[str, Any], str | None], Any] | None = None
+        # Data-dependent sizes and scalars (``unbacked.UnbackedValues``), or None.
+        self.unbacked: Any | None = None
 
     def _fakeify(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
@@ -477,14 +507,22 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             tensors = _tensors_in(kwargs, _tensors_in(args, []))
         versions = [t._version for t in tensors]
         name = getattr(func, "__name__", None)
+        unbacked = self.unbacked
         try:
             if name in _VALUE_READS:
+                if unbacked is not None and name in _SCALAR_READS:
+                    return unbacked.scalar(func, args, kwargs, format_frame(user_frame()))
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except Exception as e:
             if type(e) is DataDependentOutputException and self.on_value is not None \
                     and name not in _COPY_READS:
                 return self.on_value(func, args, kwargs, format_frame(user_frame()))
+            if unbacked is not None and isinstance(e, GuardOnDataDependentSymNode):
+                raise unbacked.on_guard(e, format_frame(user_frame())) from e
+            if unbacked is not None and isinstance(e, DynamicOutputShapeException) \
+                    and self.fake_mode.shape_env is None:
+                raise unbacked.missing_shape_env(func, format_frame(user_frame())) from e
             refusal = refusal_for(e, self.describe(), func, format_frame(user_frame()))
             if refusal is None:
                 raise  # the user's own, or eager's: unchanged
@@ -499,6 +537,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             node = recorder.record(func, args, kwargs, result)
             if written:
                 recorder.note_mutation(node, written)
+            if unbacked is not None and self.fake_mode.shape_env is not None:
+                unbacked.after_op(recorder, func, result)
         else:
             self.on_query(func, args, kwargs, result)
         return result

@@ -31,7 +31,13 @@ import torch.fx as fx
 import sympy
 from torch._guards import GuardSource, Source
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    free_unbacked_symbols,
+)
 from torch.autograd.function import once_differentiable
 
 from ..errors import (
@@ -49,6 +55,7 @@ from .pystate import StateTracker
 from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
+from .unbacked import Plan, Retrace, UnbackedValues
 from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -263,7 +270,7 @@ class _Tracing:
     """State of one capture while forward and backward are traced."""
 
     def __init__(self, fn_cls: type, parts: FunctionParts, fake_mode: FakeTensorMode,
-                 dynamic: dict[int, tuple[int, ...]]) -> None:
+                 dynamic: dict[int, tuple[int, ...]], plan: Plan = Plan()) -> None:
         self.fn_cls = fn_cls
         self.parts = parts
         self.fake_mode = fake_mode
@@ -294,6 +301,8 @@ class _Tracing:
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
         self.values = ValueReader(self, None)
         self.mode.on_value = self.values.read
+        self.unbacked = UnbackedValues(self, plan)
+        self.mode.unbacked = self.unbacked
 
     def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """Backward read something of a grad that autograd does not fix: remember it.
@@ -457,6 +466,7 @@ class _Tracing:
             *args: Any) -> Any:
         self.phase = phase
         self.mode.recorder = recorder
+        recorder.escape = self.unbacked.escape
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
@@ -465,6 +475,8 @@ class _Tracing:
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal
             # errors from the user's Python between ops (a guard on a size, say).
+            if isinstance(e, GuardOnDataDependentSymNode):
+                raise self.unbacked.on_guard(e, format_frame(user_frame_of(e))) from e
             refusal = refusal_for(e, self._describe(), None, format_frame(user_frame_of(e)))
             if refusal is None:
                 raise
@@ -493,7 +505,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     """
     with TRACE_LOCK:
         try:
-            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+            return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
         except Exception as e:
             # Anything torch-internal left (minihop's own checks on what tracing made, such as
             # a size comparison): still minihop's refusal, never torch's exception type.
@@ -510,20 +522,36 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
 TRACE_LOCK = threading.RLock()
 
 
+def _trace_planned(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
+                   dynamic: dict[int, tuple[int, ...]] | None) -> RawCapture:
+    """Trace, and trace again as the trace asks (``unbacked.Retrace``): with a ShapeEnv once a
+    data-dependent op is met, with a scalar read as a value read once Python branches on it.
+    Each retrace asks for more than the last, so this ends."""
+    plan = Plan(unbacked=bool(dynamic))
+    while True:
+        try:
+            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic, plan)
+        except Retrace as again:
+            if retrace is not None or again.plan == plan:
+                raise again.refusal from None  # fake arguments of another trace: its mode stays
+            plan = again.plan
+
+
 def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                     grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
-                    dynamic: dict[int, tuple[int, ...]] | None) -> RawCapture:
+                    dynamic: dict[int, tuple[int, ...]] | None, plan: Plan) -> RawCapture:
     parts = function_parts(fn_cls)
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
-        t = _Tracing(fn_cls, parts, retrace.fake_mode, {})
+        t = _Tracing(fn_cls, parts, retrace.fake_mode, {}, plan)
     else:
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
-        mode = FakeTensorMode(shape_env=_shape_env()) if dynamic else FakeTensorMode()
-        t = _Tracing(fn_cls, parts, mode, dynamic)
+        mode = FakeTensorMode(shape_env=_shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
+        t = _Tracing(fn_cls, parts, mode, dynamic, plan)
         t.values.real_args = args  # values read from the inputs' data are computed from these
     _refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
@@ -563,6 +591,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     except BaseException:
         outside.restore()  # no fake tensor stays in the caller's objects
         raise
+    t.unbacked.flush(t.fwd)
     # Forward has run: backward reads only constants, and a capture holds no caller's tensor.
     t.values.real_args = None
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
@@ -581,6 +610,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
 
     try:
         _refuse_hidden_tensors(parts, (out,), "output")
+        _refuse_unbacked_numbers(t, out)
         spec = describe_output(out, on_tensor)
         found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name,
                                      code_of(parts.forward), parts.argnames)
@@ -694,6 +724,7 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
     try:
         result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
+        t.unbacked.flush(t.bwd)
     except Exception:
         if grad_can_flow and num_outputs:
             raise
@@ -743,12 +774,15 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
                         swapped[name] = value
                         object.__setattr__(ctx, name, real)
         t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
+        t.unbacked.counts["backward"] = 0
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.start()
         state.forward_done()  # what changes now, backward changes
         try:
             bwd = _run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on)
             python_state = state.finish(ctx)  # undone: the runtime replays them
+        except Retrace as again:
+            raise again.refusal from None  # forward is not traced again here
         finally:
             state.abort()
             for name, value in swapped.items():
@@ -785,9 +819,17 @@ def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
 
 
 def _shape_env() -> ShapeEnv:
-    # Data-dependent sizes and scalars are refused (MH103) as without dynamic shapes; unbacked
-    # symbols would otherwise fail later, on a guard, with torch's own exception.
-    return ShapeEnv(allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
+    # Data-dependent sizes and scalars become unbacked symbols (see unbacked); a guard on one
+    # falls back to a value read or is refused there, never torch's own exception.
+    return ShapeEnv(allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
+
+
+def _refuse_unbacked_numbers(t: _Tracing, out: Any) -> None:
+    """A number read from data returned as a Python value would be replayed as its symbol:
+    its read becomes a value read (``Retrace``), or the trace is refused."""
+    for _path, leaf in iter_leaves((out,)):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(leaf):
+            raise t.unbacked.escape(leaf.node.expr, None, "forward returns it as a Python number")
 
 
 def _shape_guards(t: _Tracing) -> ShapeGuards | None:
