@@ -210,3 +210,232 @@ class TestExplain:
         assert "(constant" in const.data_values[0] and "data-dependent values" in str(const)
         refused = minihop.explain(GradBranch, torch.randn(3, requires_grad=True), print_report=False)
         assert refused.data_values[0].startswith("refused: GradBranch.backward calls __bool__")
+
+
+# ---------------------------------------------------------------------------------------------
+# Unbacked values: data-dependent sizes and scalars that only flow into torch ops
+# ---------------------------------------------------------------------------------------------
+
+class MaskBwd(torch.autograd.Function):
+    """Surrogate-gradient idiom (snntorch / spikingjelly): a mask read-modify-write in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        grad = grad.clone()
+        grad[x >= 0] = -grad[x >= 0]
+        return grad
+
+
+class MaskFwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x[x > 0] * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        out = torch.zeros_like(x)
+        out[x > 0] = g * 2
+        return out
+
+
+class MaskedSelect(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        m = x > 0
+        ctx.save_for_backward(m)
+        return torch.masked_select(x, m)
+
+    @staticmethod
+    def backward(ctx, g):
+        (m,) = ctx.saved_tensors
+        return torch.zeros(m.shape, dtype=g.dtype).masked_scatter(m, g)
+
+
+class Nonzero(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        idx = torch.nonzero(x > 0).squeeze(1)
+        ctx.save_for_backward(idx)
+        ctx.n = x.shape[0]
+        return x[idx]
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        return torch.zeros(ctx.n, dtype=g.dtype).index_add(0, idx, g)
+
+
+class DivMaxBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 2 / x.abs().max().item()
+
+
+class SplitBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, sizes):
+        ctx.save_for_backward(sizes)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (sizes,) = ctx.saved_tensors
+        parts = g.split(sizes.tolist())
+        return torch.cat([p * (i + 1) for i, p in enumerate(parts)]), None
+
+
+class CheckedCount(torch.autograd.Function):
+    """torch._check states what the code relies on; the capture checks it on every call."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x[x > 0]
+        torch._check(y.shape[0] >= 2)
+        if y.shape[0] >= 2:  # decided by the check: no guard
+            return y[:2] * 2
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+# Inputs with 0, 1, some and all entries positive (every count a mask can have), and
+# different maxima: a stale capture would give a wrong shape or value on some of them.
+_DATA = (
+    torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0, 0.0]),
+    torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]),
+    torch.tensor([0.5, 2.0, 3.5, 4.0, 5.5, 7.0]),
+    torch.tensor([-1.0, 9.0, -3.0, -4.0, -5.0, -6.0]),
+    torch.tensor([0.0, -0.25, 0.0, 8.0, 0.0, 0.0]),
+)
+
+_UNBACKED = [MaskBwd, MaskFwd, MaskedSelect, Nonzero, ScaleByMax, DivMaxBwd]
+
+
+def _data(k: int) -> torch.Tensor:
+    return _DATA[k].clone().requires_grad_()
+
+
+def check_capture(cap: Any, fn_cls: type, *args: Any) -> None:
+    """``cap(*args)`` gives eager's outputs and every .grad, exactly."""
+    mine, ref = clones(*args), clones(*args)
+    out, expected = cap(*mine), fn_cls.apply(*ref)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    (expected * torch.arange(expected.numel()).reshape(expected.shape)).sum().backward()
+    for a, b in zip(mine, ref, strict=True):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+class TestUnbacked:
+    @pytest.mark.parametrize("fn_cls", _UNBACKED, ids=lambda f: f.__name__)
+    def test_apply_one_capture_for_all_data(self, fn_cls: type) -> None:
+        """Through minihop.apply: every count and maximum equals eager, from one capture."""
+        minihop.reset()
+        for k in (0, 1, 2, 3, 4, 0, 2):
+            check_apply(fn_cls, _data(k))
+        assert minihop.counters()["captures"] == 1
+
+    @pytest.mark.parametrize("fn_cls", _UNBACKED, ids=lambda f: f.__name__)
+    def test_capture_serves_other_data(self, fn_cls: type) -> None:
+        """minihop.capture on one input, called with others (other counts, other maxima)."""
+        cap = minihop.capture(fn_cls, _data(0))
+        assert any(r.kind == "unbacked" for r in cap.data_reads)
+        assert cap._value_checks == ()
+        for k in (1, 2, 3, 4, 0):
+            check_capture(cap, fn_cls, _data(k))
+        minihop.check_consistent(cap.fwd, cap.bwd)
+
+    def test_split_sizes_in_backward(self) -> None:
+        """split(sizes.tolist()) in backward: each call's sizes, through one capture."""
+        minihop.reset()
+        for sizes in ([1, 5], [2, 4], [3, 3], [6, 0], [2, 4]):
+            check_apply(SplitBwd, torch.randn(6, requires_grad=True), torch.tensor(sizes))
+        assert minihop.counters()["captures"] == 1
+        cap = minihop.capture(SplitBwd, torch.randn(6, requires_grad=True), torch.tensor([1, 5]))
+        check_capture(cap, SplitBwd, torch.randn(6, requires_grad=True), torch.tensor([4, 2]))
+
+    def test_deferred_assert_checked_on_every_call(self) -> None:
+        """The split's sizes must sum to the length: a runtime assert in the bwd graph; sizes
+        that do not fail on a call after the capture as they fail in eager."""
+        cap = minihop.capture(SplitBwd, torch.randn(6, requires_grad=True), torch.tensor([1, 5]))
+        asserts = [n for n in cap.bwd.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
+        assert any("Eq(u0 + u1, 6)" in n.args[1] for n in asserts)
+        x = torch.randn(6, requires_grad=True)
+        with pytest.raises(RuntimeError):
+            SplitBwd.apply(x, torch.tensor([2, 2])).sum().backward()
+        with pytest.raises(RuntimeError, match="split_with_sizes expects split_sizes to sum"):
+            cap(x, torch.tensor([2, 2])).sum().backward()  # the split itself, as in eager
+
+    def test_torch_check(self) -> None:
+        """torch._check on a mask's count: captured once, the check runs on every call."""
+        minihop.reset()
+        for k in (0, 2):
+            check_capture(minihop.function(CheckedCount), CheckedCount, _data(k))
+        cap = minihop.capture(CheckedCount, _data(0))
+        check_capture(cap, CheckedCount, _data(2))
+        for bad in (_data(1), _data(3)):  # 0 and 1 positive entries
+            with pytest.raises(RuntimeError):
+                CheckedCount.apply(bad)
+            with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+                cap(bad)
+
+    def test_graphs_show_the_ops(self) -> None:
+        """The graphs carry the user's ops and the symbols, saved for backward as SymInts are."""
+        cap = minihop.capture(Nonzero, _data(0))
+        fwd = cap.fwd.code
+        assert "torch.nonzero(" in fwd and "torch.ops.aten.sym_size.int(nonzero, 0)" in fwd
+        bwd_inputs = [n for n in cap.bwd.graph.nodes if n.op == "placeholder"]
+        assert [str(n.meta["val"]) for n in bwd_inputs[1:]] == ["u0", "FakeTensor(..., size=(u0,), dtype=torch.int64)"]
+        masked = minihop.capture(MaskFwd, _data(0))
+        assert "l_x_[gt]" in masked.fwd.code
+        item = minihop.capture(ScaleByMax, _data(0))
+        assert ".item()" in item.fwd.code and "Sym(zuf0)" in str(item)
+
+    def test_explain_lists_unbacked(self) -> None:
+        """explain names each unbacked value with its op and source line."""
+        report = minihop.explain(Nonzero, _data(0), print_report=False)
+        (line,) = report.data_values
+        assert line.startswith("nonzero in forward -> u0  (unbacked")
+        assert "idx = torch.nonzero(x > 0).squeeze(1)" in line
+        scalar = minihop.explain(DivMaxBwd, _data(0), print_report=False)
+        assert scalar.data_values[0].startswith("item in backward -> zuf0  (unbacked")
+
+    def test_static_capture_pays_no_shape_env(self) -> None:
+        """A Function without data-dependent ops is traced without a ShapeEnv."""
+        cap = minihop.capture(Branch, torch.tensor([1.0, 2.0]))
+        assert cap._value_checks  # value-guarded as before
+        raw = minihop.api.capture_with_trace(LoopCount, (torch.randn(2),), {})[0]
+        assert raw.inputs_for_retrace.fake_mode.shape_env is None
+
+    def test_dynamic_capture_with_mask(self) -> None:
+        """A mask in a capture with symbolic sizes: both kinds of symbols, one capture."""
+        cap = minihop.capture(MaskFwd, _data(0), dynamic=True)
+        for n in (3, 6, 9):
+            for seed in range(2):
+                torch.manual_seed(seed)
+                check_capture(cap, MaskFwd, torch.randn(n, requires_grad=True))
+
+    def test_agrees_with_dynamo(self) -> None:
+        """torch.compile(backend="eager") (which graph-breaks on these) gives the same outputs."""
+        for fn_cls in (MaskFwd, ScaleByMax, Nonzero):
+            compiled = torch.compile(fn_cls.apply, backend="eager")
+            for k in (0, 2):
+                torch.testing.assert_close(minihop.apply(fn_cls, _data(k)), compiled(_data(k)),
+                                           rtol=0, atol=0)

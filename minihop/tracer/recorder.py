@@ -294,9 +294,13 @@ class GraphRecorder:
 
     def _read_def(self, node: fx.Node, path: tuple[Any, ...]) -> fx.Node:
         if path and path[0] == "size":
-            return self.create_node("call_function", torch.ops.aten.sym_size.int, (node, path[1]), {})
+            size = self.create_node("call_function", torch.ops.aten.sym_size.int, (node, path[1]), {})
+            size.meta["val"] = node.meta["val"].shape[path[1]]
+            return size
         for i in path:
-            node = self.create_node("call_function", operator.getitem, (node, i), {})
+            item = self.create_node("call_function", operator.getitem, (node, i), {})
+            item.meta["val"] = node.meta["val"][i]
+            node = item
         return node
 
     def _build_expr(self, expr: sympy.Expr) -> fx.Node:
