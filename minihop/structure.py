@@ -41,7 +41,8 @@ Path = tuple[Step, ...]
 
 # Values that are leaves even though they may have a __dict__.
 _ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
-           torch.device, torch.layout, torch.memory_format, type, torch.nn.Module)
+           torch.device, torch.layout, torch.memory_format, type, torch.nn.Module,
+           torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 # Callables that are code, not objects holding state: keyed by identity, never looked into.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -439,3 +440,82 @@ class TestUnbacked:
             for k in (0, 2):
                 torch.testing.assert_close(minihop.apply(fn_cls, _data(k)), compiled(_data(k)),
                                            rtol=0, atol=0)
+
+
+class _Holder:
+    last: Any = None
+
+
+HOLDER = _Holder()
+
+
+class MaxToState(torch.autograd.Function):
+    """The max leaves the graphs (written to Python state): a value read, replayed exactly."""
+
+    @staticmethod
+    def forward(ctx, x):
+        m = x.abs().max().item()
+        HOLDER.last = m
+        return x / m
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class MaxReturned(torch.autograd.Function):
+    """The max returned as a Python number: a value read too."""
+
+    @staticmethod
+    def forward(ctx, x):
+        m = x.abs().max().item()
+        return x / m, m
+
+    @staticmethod
+    def backward(ctx, g, gm):
+        return g
+
+
+class TestUnbackedFallback:
+    def test_written_to_python_state(self) -> None:
+        """A number the trace would otherwise replay as its symbol is value-guarded."""
+        minihop.reset()
+        for k in (0, 2, 0):
+            check_apply(MaxToState, _data(k))
+            assert HOLDER.last == _DATA[k].abs().max().item() and type(HOLDER.last) is float
+        assert minihop.counters()["captures"] == 2
+
+    def test_returned_as_number(self) -> None:
+        """forward returning the .item() value gives each call's value, as eager does."""
+        for k in (0, 2, 3):
+            out, m = minihop.apply(MaxReturned, _data(k))
+            ref, m_ref = MaxReturned.apply(_data(k))
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+            assert m == m_ref and type(m) is float
+
+    def test_branch_in_backward_on_item(self) -> None:
+        """A backward branch on an .item() of forward's inputs falls back to a value read:
+        equal to eager on both branches where backward value reads are captured, else the
+        coded MH103 with the ways out (never torch's own exception)."""
+        try:
+            for k in (0, 4, 2):  # max 5 (> 1), 8, 7; then a max <= 1 below
+                check_apply(BranchOnMaxBwd, _data(k))
+            check_apply(BranchOnMaxBwd, torch.tensor([0.5, -0.25], requires_grad=True))
+        except minihop.DataDependentError as e:
+            assert re.match(r"(?s)^\[MH103\] BranchOnMaxBwd\.backward calls item.*"
+                            r"if x\.abs\(\)\.max\(\)\.item\(\) > 1:.*torch\._check.*fallback=\"eager\"",
+                            str(e)), str(e)
+
+
+class BranchOnMaxBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.abs().max().item() > 1:
+            return g * 2
+        return g

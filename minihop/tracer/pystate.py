@@ -475,6 +475,8 @@ class StateTracker:
         self.increments: set[tuple[str, str, str]] = set()
         self.watch: _PrintWatch | None = None
         self.fn_cls = fn_cls
+        # ``(expr, where, how) -> error`` for a symbolic number written out (see unbacked).
+        self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
         self._read_keys: set[tuple[str, str]] = set()
         self.analysed = tuple(_analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
@@ -697,6 +699,11 @@ class StateTracker:
                 _place_of_object(was)
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
         where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))
+        symbolic = [v.node.expr for v in (after if isinstance(after, (tuple, list)) else (after,))
+                    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))]
+        if symbolic and self.on_symbolic is not None:
+            # A number read from data (an unbacked symbol): written out, it must be a value.
+            raise self.on_symbolic(symbolic[0], where, f"it is written to {place.description}")
         if step == ("extend", None):
             if all(isinstance(v, _ATOMS) or _atom_tuple(v) for v in after):
                 return StateWrite(place, "extend", tuple(after), phase, where)

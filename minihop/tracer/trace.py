@@ -569,6 +569,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     # Python state: what the user's code reads is guarded, what it writes is replayed or
     # refused, and whatever tracing changed is put back (see pystate).
     state = StateTracker(parts, fake_args, fn_cls)
+    state.on_symbolic = t.unbacked.escape
     state.start()
     try:
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
@@ -774,8 +775,9 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
                         swapped[name] = value
                         object.__setattr__(ctx, name, real)
         t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
-        t.unbacked.counts["backward"] = 0
+        t.unbacked.backward_again()
         state = StateTracker(parts, call_args or fake_args, fn_cls)
+        state.on_symbolic = t.unbacked.escape
         state.start()
         state.forward_done()  # what changes now, backward changes
         try:

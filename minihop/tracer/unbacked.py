@@ -79,7 +79,13 @@ class UnbackedValues:
         self.plan = plan
         self.counts = {"forward": 0, "backward": 0}
         self.origin: dict[sympy.Symbol, _Origin] = {}
-        self.asserted: set[sympy.Basic] = set()
+        self.asserted: dict[sympy.Basic, Any] = {}  # assert -> the recorder that checks it
+        self.seen_asserts = 0
+
+    def backward_again(self) -> None:
+        """Backward is traced again (a new bwd recorder): its reads and asserts start over."""
+        self.counts["backward"] = 0
+        self.asserted = {e: rec for e, rec in self.asserted.items() if rec is self.t.fwd}
         self.seen_asserts = 0
 
     # -- the ops ---------------------------------------------------------------------------
@@ -166,11 +172,11 @@ class UnbackedValues:
         self.seen_asserts = env.num_deferred_runtime_asserts
         for asserts in list(env.deferred_runtime_asserts.values()):
             for ra in asserts:
-                if ra.expr in self.asserted:
-                    continue
+                if self.asserted.get(ra.expr) in (rec, self.t.fwd):
+                    continue  # checked already (forward's hold in backward too)
                 if not all(self._can_compute(rec, s) for s in ra.expr.free_symbols):
                     continue  # inside an op (nonzero in index_put): the op checks it again
-                self.asserted.add(ra.expr)
+                self.asserted[ra.expr] = rec
                 cond = rec.node_for_expr(ra.expr)
                 rec.create_node("call_function", torch.ops.aten._assert_scalar.default,
                                 (cond, f"Runtime assertion failed for expression {ra.expr}"), {})
