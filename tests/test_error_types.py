@@ -407,11 +407,20 @@ def test_no_fake_kernel_is_mh104() -> None:
 
 
 def test_dynamic_data_dependent_shape_is_mh103() -> None:
-    """Under dynamic shapes a data-dependent output size is MH103, as without them (not torch's GuardOnDataDependentSymNode)."""
+    """Under dynamic shapes a data-dependent output size is captured (an unbacked symbol, grads
+    equal to eager's); a Python branch on it is MH103, as without them (not torch's
+    GuardOnDataDependentSymNode)."""
     F = HOSTILE["boolean mask"]
+    for n in (3, 5):
+        x = torch.randn(n, requires_grad=True)
+        expected = _run(lambda: F.apply(x), x).grad
+        x.grad = None
+        torch.testing.assert_close(_run(lambda: minihop.function(F, dynamic=True).apply(x), x).grad,
+                                   expected, rtol=0, atol=0)
+    branch = fn(lambda ctx, a: a * 2 if a[a > 0].shape[0] > 1 else a, G)
     with pytest.raises(minihop.DataDependentError,
                        match=r"\[MH103\] F\.forward calls __getitem__, whose result depends on tensor values\."):
-        minihop.function(F, dynamic=True).apply(torch.randn(3, requires_grad=True))
+        minihop.function(branch, dynamic=True).apply(torch.randn(3, requires_grad=True))
 
 
 def test_dynamic_op_without_fake_kernel_is_mh104() -> None:
