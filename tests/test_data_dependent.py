@@ -519,3 +519,29 @@ class BranchOnMaxBwd(torch.autograd.Function):
         if x.abs().max().item() > 1:
             return g * 2
         return g
+
+
+class ReassociatedMax(torch.autograd.Function):
+    """Python float arithmetic on an .item(): (m + 1e8) - 1e8 is not m in floats, though
+    sympy's form of the symbol's expression says it is."""
+
+    @staticmethod
+    def forward(ctx, x):
+        m = x.abs().max().item()
+        return x * ((m + 1e8) - 1e8)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class TestUnbackedFloatArithmetic:
+    def test_float_arithmetic_is_value_read(self) -> None:
+        """Float arithmetic on the symbol falls back to a value read: exact, as eager."""
+        minihop.reset()
+        for k in (0, 5, 7):  # maxima 0.3, 0.5, 0.7
+            check_apply(ReassociatedMax, torch.tensor([0.3, -0.1, k / 10], dtype=torch.float64,
+                                                      requires_grad=True))
+        assert minihop.counters()["captures"] == 3
+        cap = minihop.capture(ReassociatedMax, torch.tensor([0.3, -0.1]))
+        assert [r.kind for r in cap.data_reads] == ["guarded"]

@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
 
@@ -244,6 +245,8 @@ class GraphRecorder:
         self.defs: dict[sympy.Symbol, tuple[fx.Node, tuple[Any, ...]]] = {}
         # ``(expr, where, how) -> error`` for an unbacked expression the graph cannot compute.
         self.escape: Callable[[Any, str | None, str], Exception] | None = None
+        # id -> the numbers .item()/.tolist() gave (kept alive): those reach ops as they are.
+        self.numbers: dict[int, Any] = {}
         self.node_of: dict[int, fx.Node] = {}
         # Keeps every fake alive so ``id`` keys stay unique for the life of the recording.
         self.alive: list[Any] = []
@@ -332,6 +335,14 @@ class GraphRecorder:
     def _graph_value(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return self.node_for(value)
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and self.escape is not None \
+                and id(value) not in self.numbers and free_unbacked_symbols(value) and \
+                (not isinstance(value, torch.SymInt)
+                 or any(symbol_is_type(s, SymT.UNBACKED_FLOAT) for s in value.node.expr.free_symbols)):
+            # Not a number as read (.item()) but arithmetic on one: sympy keeps float arithmetic
+            # reassociated and simplified ((m + 1e8) - 1e8 is m), not as Python evaluates it.
+            raise self.escape(value.node.expr, format_frame(user_frame()),
+                              "float arithmetic on it reaches a graph op")
         if isinstance(value, torch.SymInt):
             return self.node_for_expr(value.node.expr)
         if isinstance(value, (torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(value):

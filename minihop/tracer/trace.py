@@ -467,6 +467,7 @@ class _Tracing:
         self.phase = phase
         self.mode.recorder = recorder
         recorder.escape = self.unbacked.escape
+        recorder.numbers = self.unbacked.numbers
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \

@@ -13,8 +13,9 @@ call checks it.
 
 A trace starts without a ShapeEnv (static captures pay none) and is run again with one when
 it meets the first such op (``Retrace``). Where a number later decides Python control flow
-(a guard on the symbol: ``if m > 0:``, ``float(m)``, returned as a Python number), the trace
-is run again with that read answered by ``values.ValueReader`` (a value-guarded read) instead;
+(a guard on the symbol: ``if m > 0:``, ``float(m)``, returned as a Python number), or reaches
+an op through float arithmetic (``m + 1``: its sympy form is reassociated and simplified, not
+what Python computes), the trace is run again with that read answered by ``values.ValueReader`` (a value-guarded read) instead;
 a data-dependent size has no such fallback and is refused (MH103) with the line and the ways
 out.
 
@@ -79,6 +80,7 @@ class UnbackedValues:
         self.plan = plan
         self.counts = {"forward": 0, "backward": 0}
         self.origin: dict[sympy.Symbol, _Origin] = {}
+        self.numbers: dict[int, Any] = {}  # id -> each number a scalar read gave
         self.asserted: dict[sympy.Basic, Any] = {}  # assert -> the recorder that checks it
         self.seen_asserts = 0
 
@@ -106,6 +108,7 @@ class UnbackedValues:
         for path, leaf in _leaves(result, ()):
             if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and leaf.node.expr.is_Symbol:
                 rec.defs[leaf.node.expr] = (node, path)
+                self.numbers[id(leaf)] = leaf
                 self.origin[leaf.node.expr] = _Origin(key, op, where)
         t.values.reads.append(DataRead("unbacked", phase, op, _symbols_of(result), where))
         self.flush(rec)
@@ -161,7 +164,11 @@ class UnbackedValues:
 
     def _retrace(self, plan: Plan, op: str, where: str | None) -> Retrace:
         return Retrace(plan, refuse_data_read(self.t._describe(), op, where,
-                                              "this trace cannot be run again to capture it."))
+                                              "capturing it needs the trace run again (with a "
+                                              "ShapeEnv, or with the value read), which this one "
+                                              "cannot: it runs on an enclosing trace's fake "
+                                              "arguments (minihop.trace), or is backward traced "
+                                              "again alone."))
 
     # -- runtime asserts -------------------------------------------------------------------
     def flush(self, rec: Any) -> None:
