@@ -545,3 +545,26 @@ class TestUnbackedFloatArithmetic:
         assert minihop.counters()["captures"] == 3
         cap = minihop.capture(ReassociatedMax, torch.tensor([0.3, -0.1]))
         assert [r.kind for r in cap.data_reads] == ["guarded"]
+
+    def test_check_on_a_float_is_value_read(self) -> None:
+        """torch._check on an .item() float: read as a value, so the check runs as Python's."""
+        minihop.reset()
+        for v in ([1.0, 2.0], [3.0, 1.0], [1.0, 2.0]):
+            check_apply(CheckedMax, torch.tensor(v, requires_grad=True))
+        assert minihop.counters()["captures"] == 2
+        with pytest.raises(RuntimeError, match="Expected cond to be True"):
+            CheckedMax.apply(torch.tensor([0.1, 0.2]))
+        with pytest.raises(RuntimeError, match="Expected cond to be True"):
+            minihop.apply(CheckedMax, torch.tensor([0.1, 0.2]))
+
+
+class CheckedMax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        m = x.abs().max().item()
+        torch._check(m > 0.5)
+        return x / m
+
+    @staticmethod
+    def backward(ctx, g):
+        return g

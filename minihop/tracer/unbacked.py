@@ -33,6 +33,7 @@ import sympy
 import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..errors import DataDependentError
 from ..spec import DataRead
@@ -183,6 +184,10 @@ class UnbackedValues:
                     continue  # checked already (forward's hold in backward too)
                 if not all(self._can_compute(rec, s) for s in ra.expr.free_symbols):
                     continue  # inside an op (nonzero in index_put): the op checks it again
+                if any(symbol_is_type(s, SymT.UNBACKED_FLOAT) for s in ra.expr.free_symbols):
+                    # A check on a float (torch._check(m * 2 > 1)): its sympy form is not what
+                    # Python computes, so the number is read as a value and checked at capture.
+                    raise self.escape(ra.expr, format_frame(user_frame()), "a check is made on it")
                 self.asserted[ra.expr] = rec
                 cond = rec.node_for_expr(ra.expr)
                 rec.create_node("call_function", torch.ops.aten._assert_scalar.default,
