@@ -262,6 +262,12 @@ class DataRead:
     inputs' values: ``graph`` recomputes it from ``sources``, fetched from each call's
     arguments as fwd inputs are, and a call whose recomputed value differs from ``value`` does
     not fit the capture). ``clone_inputs``: ``graph`` writes in place, so it runs on copies.
+
+    A ``guarded`` read in backward is computed from what backward receives: ``bwd_inputs``
+    names each input of ``graph``: ``("grad", i)`` fwd output i's grad, ``("saved", s)`` a
+    saved value (the tracer's fwd node; the runtime's index among the capture's saved
+    values), ``("const", v)`` a value fixed at capture. The runtime runs it before each
+    backward to pick the bwd traced for that value (or to trace one).
     """
 
     kind: str
@@ -272,6 +278,17 @@ class DataRead:
     graph: Any = dataclasses.field(default=None, compare=False, repr=False)
     sources: tuple[InputSource, ...] = ()
     clone_inputs: bool = False
+    bwd_inputs: tuple[tuple[str, Any], ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    @property
+    def guards_forward(self) -> bool:
+        """Whether each call's inputs are checked against it before the captured forward."""
+        return self.kind == "guarded" and self.phase == "forward"
+
+    @property
+    def guards_backward(self) -> bool:
+        """Whether each backward's grads and saved values are checked against it."""
+        return self.kind == "guarded" and self.phase == "backward"
 
     def describe(self) -> str:
         return f"{self.op} in {self.phase} == {self.value!r}"

@@ -1,4 +1,5 @@
-"""Python values a Function's forward takes out of tensor data: constants, value guards, refusals."""
+"""Python values a Function's forward or backward takes out of tensor data: constants, value
+guards (before forward, and before backward), refusals."""
 
 from __future__ import annotations
 
@@ -169,13 +170,35 @@ class TestValueGuards:
         assert f.stats.captures == 2 and f.stats.eager_calls == 2
 
 
+class RandomBranchBwd(torch.autograd.Function):
+    """A backward branch on a random value: not a function of anything a guard can recompute."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if torch.rand(()) > 2.0:
+            return g * 3
+        return g * 2
+
+
 class TestRefusals:
-    def test_branch_on_grad(self) -> None:
-        """A branch on a grad's values in backward stays refused, teaching the ways out."""
+    def test_random_branch_in_backward(self) -> None:
+        """A backward branch on a random value stays refused: the line, the op, the ways out."""
         with pytest.raises(minihop.DataDependentError,
-                           match=r"(?s)^\[MH103\] GradBranch\.backward calls __bool__.*"
-                                 r"if g\.sum\(\) > 0:.*torch\._check.*fallback=\"eager\""):
-            minihop.capture(GradBranch, torch.randn(3, requires_grad=True))
+                           match=r"(?s)^\[MH103\] RandomBranchBwd\.backward calls __bool__.*"
+                                 r"if torch\.rand\(\(\)\) > 2\.0:.*computed from rand.*"
+                                 r"torch\._check.*fallback=\"eager\""):
+            minihop.capture(RandomBranchBwd, torch.randn(3, requires_grad=True))
+
+    def test_whole_function_trace(self) -> None:
+        """minihop.trace has no per-call guard to run before backward: a backward branch on a
+        grad is refused there, naming the reason."""
+        with pytest.raises(minihop.DataDependentError,
+                           match=r"(?s)^\[MH103\] BranchGrad\.backward calls __bool__.*no real arguments"):
+            minihop.trace(lambda x: BranchGrad.apply(x) * 1, torch.randn(3, requires_grad=True))
 
 
 class TestExplain:
@@ -187,5 +210,227 @@ class TestExplain:
         assert "if x.sum() > 0:" in report.data_values[0]
         const = minihop.explain(LoopCount, torch.randn(2), print_report=False)
         assert "(constant" in const.data_values[0] and "data-dependent values" in str(const)
-        refused = minihop.explain(GradBranch, torch.randn(3, requires_grad=True), print_report=False)
-        assert refused.data_values[0].startswith("refused: GradBranch.backward calls __bool__")
+        refused = minihop.explain(RandomBranchBwd, torch.randn(3, requires_grad=True), print_report=False)
+        assert refused.data_values[0].startswith("refused: RandomBranchBwd.backward calls __bool__")
+
+    def test_lists_backward_values(self) -> None:
+        """A value backward reads is listed as guarded before each backward, with its line."""
+        report = minihop.explain(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True),
+                                 print_report=False)
+        assert report.captured and len(report.data_values) == 1
+        line = report.data_values[0]
+        assert line.startswith("__bool__ in backward == True  (value-guarded before each backward")
+        assert "if x.sum() > 0:" in line
+
+
+# -- backward value guards ---------------------------------------------------------------------
+
+
+class BranchSumBwd(torch.autograd.Function):
+    """A backward branch on a saved input's value."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.sum() > 0:
+            return g * 2
+        return g * -2
+
+
+class BranchGrad(torch.autograd.Function):
+    """A backward branch on the grad itself (surrogate-gradient style)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if (g > 0).all():
+            return g * 2
+        return g * 3
+
+
+class LoopBwd(torch.autograd.Function):
+    """A loop count read from a saved tensor."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        ctx.save_for_backward(n)
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (n,) = ctx.saved_tensors
+        for _ in range(int(n)):
+            g = g * 2
+        return g, None
+
+
+class BranchReadsOther(torch.autograd.Function):
+    """One branch reads a saved value the other never touches: forward must save it anyway."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x.sign(), y)
+        ctx.scale = x.abs().max()  # a tensor on ctx, read by backward's second branch only
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        s, y = ctx.saved_tensors
+        if s.sum() > 0:
+            return g * 2, None
+        return g * y * ctx.scale, g * float(ctx.scale)
+
+
+class BranchSecondOrder(torch.autograd.Function):
+    """Backward depends on a saved input in each branch (its double backward differs)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.sum() > 0:
+            return g * x * 2
+        return g * x * x
+
+
+def run_both(call: Any, fn_cls: type, args: tuple[Any, ...], grad: torch.Tensor | None = None) -> None:
+    """``call(*args)`` gives ``fn_cls.apply``'s output, and backward with ``grad`` (default:
+    ones) eager's .grad for every input, exactly."""
+    mine, ref = clones(*args), clones(*args)
+    out = call(*mine)
+    expected = fn_cls.apply(*ref)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.backward(torch.ones_like(out) if grad is None else grad)
+    expected.backward(torch.ones_like(expected) if grad is None else grad)
+    for a, b in zip(mine, ref, strict=True):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def entries(fn_cls: type, args: tuple[Any, ...]) -> dict[str, Any]:
+    """The three ways in, each a callable for ``args`` like ``fn_cls.apply``."""
+    return {"apply": lambda *a: minihop.apply(fn_cls, *a),
+            "function": minihop.function(fn_cls),
+            "capture": minihop.capture(fn_cls, *clones(*args))}
+
+
+def variants(cap: Any) -> int:
+    """How many bwd variants a capture holds now."""
+    return len(cap._function.backwards.variants)
+
+
+# Inputs taking each branch, alternating (the guard must fire on every change).
+SIGNS = [torch.tensor([1.0, 2.0, -0.5]), torch.tensor([-1.0, -2.0, 0.5]),
+         torch.tensor([3.0, 0.0, 1.0]), torch.tensor([-3.0, 1.0, -1.0])]
+
+
+class TestBackwardValueGuards:
+    @pytest.mark.parametrize("way", ["apply", "function", "capture"])
+    def test_branch_on_saved_input(self, way: str) -> None:
+        """`if x.sum() > 0` on a saved input in backward: every branch equals eager, however
+        the data changes between calls."""
+        minihop.reset()
+        call = entries(BranchSumBwd, (SIGNS[0].requires_grad_(),))[way]
+        for x in SIGNS * 2:
+            run_both(call, BranchSumBwd, (x.clone().requires_grad_(),))
+
+    @pytest.mark.parametrize("way", ["apply", "function", "capture"])
+    def test_branch_on_grad(self, way: str) -> None:
+        """`if (g > 0).all()` in backward: grads taking each branch, alternating."""
+        minihop.reset()
+        x = torch.randn(4, requires_grad=True)
+        call = entries(BranchGrad, (x,))[way]
+        grads = [torch.ones(4), -torch.ones(4), torch.tensor([1.0, 2.0, 3.0, 4.0]),
+                 torch.tensor([1.0, -2.0, 3.0, 4.0])]
+        for g in grads * 2:
+            run_both(call, BranchGrad, (x,), g)
+
+    @pytest.mark.parametrize("way", ["apply", "function", "capture"])
+    def test_loop_count_from_saved(self, way: str) -> None:
+        """`range(int(n))` on a saved tensor: each count equals eager."""
+        minihop.reset()
+        x = torch.randn(4, requires_grad=True)
+        call = entries(LoopBwd, (x, torch.tensor(1)))[way]
+        for n in (1, 3, 0, 2, 3, 1):
+            run_both(call, LoopBwd, (x, torch.tensor(n)))
+
+    def test_one_capture_many_backwards(self) -> None:
+        """The data changes backward's branch, not forward's graph: one capture, and one bwd
+        variant per branch (the guard picks it again when the branch comes back)."""
+        minihop.reset()
+        for x in SIGNS * 2:
+            run_both(lambda *a: minihop.apply(BranchSumBwd, *a), BranchSumBwd, (x.clone().requires_grad_(),))
+        assert minihop.counters()["captures"] == 1
+        (cap,) = BranchSumBwd._minihop_default.captures
+        assert variants(cap) == 2
+
+    def test_capture_guess_not_taken(self) -> None:
+        """A capture made for one branch, whose first backward takes the other: traced then."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        assert variants(cap) == 1
+        run_both(cap, BranchSumBwd, (torch.tensor([-1.0, -2.0], requires_grad=True),))
+        assert variants(cap) == 2
+        run_both(cap, BranchSumBwd, (torch.tensor([4.0, 2.0], requires_grad=True),))
+        assert variants(cap) == 2
+
+    def test_branch_reads_other_saved_values(self) -> None:
+        """A branch reading saved values (and a tensor on ctx) the captured one never read."""
+        minihop.reset()
+        y = torch.tensor([0.5, -1.5, 2.0], requires_grad=True)
+        cap = minihop.capture(BranchReadsOther, SIGNS[0].clone().requires_grad_(), y)
+        for x in SIGNS * 2:
+            args = (x.clone().requires_grad_(), y)
+            run_both(cap, BranchReadsOther, args)
+            run_both(lambda *a: minihop.apply(BranchReadsOther, *a), BranchReadsOther, args)
+
+    @pytest.mark.parametrize("sign", [1.0, -1.0])
+    def test_double_backward(self, sign: float) -> None:
+        """create_graph=True through a backward branch: second-order grads equal eager's."""
+        cap = minihop.capture(BranchSecondOrder, torch.tensor([1.0, 2.0, 3.0], requires_grad=True))
+        results = []
+        for call in (cap, BranchSecondOrder.apply):
+            x = (torch.tensor([0.5, -2.0, 1.0]) * sign).requires_grad_()
+            (gx,) = torch.autograd.grad(call(x).sum(), x, create_graph=True)
+            (ggx,) = torch.autograd.grad((gx * gx).sum(), x)
+            results.append((gx.detach(), ggx))
+        for mine, ref in zip(results[0], results[1], strict=True):
+            torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+
+    def test_variants_bounded(self) -> None:
+        """Past MAX_VALUE_VARIANTS values, the oldest variant is dropped (warned once); every
+        result stays eager's."""
+        from minihop.runtime.function import MAX_VALUE_VARIANTS
+
+        x = torch.randn(3, requires_grad=True)
+        cap = minihop.capture(LoopBwd, x, torch.tensor(0))
+        with pytest.warns(UserWarning, match=rf"traced for {MAX_VALUE_VARIANTS} different values"):
+            for n in range(MAX_VALUE_VARIANTS + 3):
+                run_both(cap, LoopBwd, (x, torch.tensor(n)))
+        assert variants(cap) == MAX_VALUE_VARIANTS
+        run_both(cap, LoopBwd, (x, torch.tensor(0)))  # dropped, traced again
+
+    def test_artifact_refused(self, tmp_path: Any) -> None:
+        """A capture whose backward needs tracing per value cannot be saved."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        with pytest.raises(minihop.MinihopError,
+                           match=r"Cannot save the capture of BranchSumBwd: its forward or backward "
+                                 r"branches on"):
+            cap.save(str(tmp_path / "cap.pt"))
+
+    def test_forward_guards_unchanged(self) -> None:
+        """A backward value guard adds no forward guard: other data hits the same capture."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        assert cap._value_checks == () and cap.changed_value((torch.tensor([-1.0, -2.0]),)) is None
+        assert [(r.kind, r.phase) for r in cap.data_reads] == [("guarded", "backward")]
