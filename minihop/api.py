@@ -116,9 +116,10 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
     def retrace(layout: GradLayout, call_args: tuple[Any, ...],
                 grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, ...]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
-        call_data = ({i: g for i, g in enumerate(grads) if g is not None},
-                     dict(zip(pair.saved_fwd_nodes, saved, strict=True)))
-        variant_raw = raw.rerun_backward(specs, call_args, call_data)
+        call_data = ({i: _unwrapped(g) for i, g in enumerate(grads) if g is not None},
+                     {node: _unwrapped(v) for node, v in zip(pair.saved_fwd_nodes, saved, strict=True)})
+        with temporarily_clear_interpreter_stack():  # traced outside torch.func, as at capture
+            variant_raw = raw.rerun_backward(specs, call_args, call_data)
         variant = make_pair(variant_raw)
         missing = [n for n in variant.saved_names if n not in saved_index]
         missing += [s.name for s in variant.inputs if s.name not in input_index]
@@ -135,6 +136,22 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
                 tuple(r for r in _runtime_reads(variant_raw.data_reads, pair) if r.guards_backward))
 
     return retrace
+
+
+def _unwrapped(value: Any) -> Any:
+    """A backward's grad or saved value as a plain tensor with its values (under
+    torch.func.grad it is wrapped; a vmap-batched one has no single value)."""
+    functorch = torch._C._functorch
+    while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
+        if functorch.is_batchedtensor(value):
+            raise UnsupportedOperationError(
+                "A Function's backward takes Python values out of its grads or saved values "
+                "under torch.func.vmap.",
+                "A batched tensor holds one value per batch element; Python control flow "
+                "cannot take all of them (eager refuses data-dependent control flow under vmap).",
+                "Compute with tensor ops instead (torch.where), or call it outside vmap.")
+        value = functorch.get_unwrapped(value)
+    return value
 
 
 def dynamic_dims(fn_cls: type, args: tuple[Any, ...],

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.autograd.function import once_differentiable
 
 import minihop
 
@@ -319,6 +320,10 @@ def run_both(call: Any, fn_cls: type, args: tuple[Any, ...], grad: torch.Tensor 
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
 
+def leaf(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().clone().requires_grad_()
+
+
 def entries(fn_cls: type, args: tuple[Any, ...]) -> dict[str, Any]:
     """The three ways in, each a callable for ``args`` like ``fn_cls.apply``."""
     return {"apply": lambda *a: minihop.apply(fn_cls, *a),
@@ -329,6 +334,71 @@ def entries(fn_cls: type, args: tuple[Any, ...]) -> dict[str, Any]:
 def variants(cap: Any) -> int:
     """How many bwd variants a capture holds now."""
     return len(cap._function.backwards.variants)
+
+
+class SetupBranch(torch.autograd.Function):
+    """setup_context style (torch.func can transform it), branching on a saved input."""
+
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.sum() > 0:
+            return g * 2
+        return g * -2
+
+
+class OnceBranch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (2 if x.sum() > 0 else -2)
+
+
+class NoneOrValue(torch.autograd.Function):
+    """set_materialize_grads(False): a branch on which grad is None, then on values."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        (x,) = ctx.saved_tensors
+        if g2 is None:
+            return g1 * 2 if x.sum() > 0 else g1
+        return g1 * 2 + g2 * (3 if bool(g2.sum() > 0) else 1)
+
+
+class EqualBwd(torch.autograd.Function):
+    """`torch.equal` on two saved inputs in backward (kernel code special-casing x1 is x2)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x + y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if torch.equal(x, y):
+            return g * 2, g * 0
+        return g, g
 
 
 # Inputs taking each branch, alternating (the guard must fire on every change).
@@ -342,9 +412,9 @@ class TestBackwardValueGuards:
         """`if x.sum() > 0` on a saved input in backward: every branch equals eager, however
         the data changes between calls."""
         minihop.reset()
-        call = entries(BranchSumBwd, (SIGNS[0].requires_grad_(),))[way]
+        call = entries(BranchSumBwd, (leaf(SIGNS[0]),))[way]
         for x in SIGNS * 2:
-            run_both(call, BranchSumBwd, (x.clone().requires_grad_(),))
+            run_both(call, BranchSumBwd, (leaf(x),))
 
     @pytest.mark.parametrize("way", ["apply", "function", "capture"])
     def test_branch_on_grad(self, way: str) -> None:
@@ -371,7 +441,7 @@ class TestBackwardValueGuards:
         variant per branch (the guard picks it again when the branch comes back)."""
         minihop.reset()
         for x in SIGNS * 2:
-            run_both(lambda *a: minihop.apply(BranchSumBwd, *a), BranchSumBwd, (x.clone().requires_grad_(),))
+            run_both(lambda *a: minihop.apply(BranchSumBwd, *a), BranchSumBwd, (leaf(x),))
         assert minihop.counters()["captures"] == 1
         (cap,) = BranchSumBwd._minihop_default.captures
         assert variants(cap) == 2
@@ -389,9 +459,9 @@ class TestBackwardValueGuards:
         """A branch reading saved values (and a tensor on ctx) the captured one never read."""
         minihop.reset()
         y = torch.tensor([0.5, -1.5, 2.0], requires_grad=True)
-        cap = minihop.capture(BranchReadsOther, SIGNS[0].clone().requires_grad_(), y)
+        cap = minihop.capture(BranchReadsOther, leaf(SIGNS[0]), y)
         for x in SIGNS * 2:
-            args = (x.clone().requires_grad_(), y)
+            args = (leaf(x), y)
             run_both(cap, BranchReadsOther, args)
             run_both(lambda *a: minihop.apply(BranchReadsOther, *a), BranchReadsOther, args)
 
@@ -434,3 +504,38 @@ class TestBackwardValueGuards:
         cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
         assert cap._value_checks == () and cap.changed_value((torch.tensor([-1.0, -2.0]),)) is None
         assert [(r.kind, r.phase) for r in cap.data_reads] == [("guarded", "backward")]
+
+    def test_dynamic_sizes(self) -> None:
+        """With dynamic=True, one capture serves other sizes and either branch."""
+        cap = minihop.capture(BranchSumBwd, torch.randn(3, requires_grad=True), dynamic=True)
+        for n, sign in [(3, 1.0), (5, -1.0), (7, 1.0), (2, -1.0)]:
+            run_both(cap, BranchSumBwd, (((torch.rand(n) + 1) * sign).requires_grad_(),))
+
+    def test_torch_func_grad(self) -> None:
+        """Under torch.func.grad each branch equals eager's (backward traced outside it)."""
+        for x in SIGNS * 2:
+            mine = torch.func.grad(lambda t: minihop.apply(SetupBranch, t).sum())(x)
+            ref = torch.func.grad(lambda t: SetupBranch.apply(t).sum())(x)
+            torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+
+    def test_once_differentiable(self) -> None:
+        """A once_differentiable backward branching on a saved input."""
+        for x in SIGNS * 2:
+            run_both(lambda *a: minihop.apply(OnceBranch, *a), OnceBranch, (leaf(x),))
+
+    def test_none_grads_then_values(self) -> None:
+        """Which grad is None picks the case, then the values pick the variant within it."""
+        for x in SIGNS * 2:
+            for scale in (None, 1.0, -1.0):
+                a, b = leaf(x), leaf(x)
+                for arg, call in ((a, lambda t: minihop.apply(NoneOrValue, t)), (b, NoneOrValue.apply)):
+                    o1, o2 = call(arg)
+                    (o1.sum() if scale is None else o1.sum() + (o2 * scale).sum()).backward()
+                torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+    def test_torch_equal_on_saved(self) -> None:
+        """torch.equal(x, y) on saved inputs: equal and unequal calls, alternating."""
+        x = torch.randn(3)
+        for y in (x.clone(), torch.randn(3), x.clone(), x + 1):
+            run_both(lambda *a: minihop.apply(EqualBwd, *a), EqualBwd,
+                     (leaf(x), y.clone().requires_grad_()))
