@@ -59,15 +59,15 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     key = call_key(args, dims, masks)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     pair = make_pair(raw)
-    outer = functools.partial(make_outer_graph, pair)
+    reads = _runtime_reads(raw.data_reads, pair)
+    outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
-            or any(r.guards_backward for r in raw.data_reads):
+            or any(r.guards_backward for r in reads):
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
-                       layout_key(args) if raw.reads_layout else None, masks, args,
-                       _runtime_reads(raw.data_reads, pair))
+                       layout_key(args) if raw.reads_layout else None, masks, args, reads)
     return raw, cap
 
 

@@ -15,8 +15,8 @@ import torch
 
 from .structure import Path, Step, format_path
 
-__all__ = ["InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Place", "PythonState",
-           "StateRead", "StateWrite", "bind_arguments", "uses_setup_context"]
+__all__ = ["DataRead", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Place",
+           "PythonState", "StateRead", "StateWrite", "bind_arguments", "same_value", "uses_setup_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,15 +295,15 @@ class DataRead:
 
     def matches(self, value: Any) -> bool:
         """Whether ``value`` (recomputed for a call) is exactly the captured one."""
-        return _same_value(self.value, value)
+        return same_value(self.value, value)
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    # Exact equality, as the trace specialised on these bits (NaN is its own value here).
+def same_value(a: Any, b: Any) -> bool:
+    """Exact equality, as the trace specialised on these bits (NaN is its own value here)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, (float, complex)):
         return bool(a == b or (a != a and b != b))
     return bool(a == b)

@@ -539,3 +539,16 @@ class TestBackwardValueGuards:
         for y in (x.clone(), torch.randn(3), x.clone(), x + 1):
             run_both(lambda *a: minihop.apply(EqualBwd, *a), EqualBwd,
                      (leaf(x), y.clone().requires_grad_()))
+
+    def test_outer_graph_guards_its_bwd(self) -> None:
+        """cap.graph (torch's own autograd_function_apply on the pair) gives eager's grads for
+        the value its bwd was traced for, and MH301 for another: never a stale gradient."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        x, ref = torch.tensor([3.0, 1.0], requires_grad=True), torch.tensor([3.0, 1.0], requires_grad=True)
+        cap.graph(x)[0].sum().backward()
+        BranchSumBwd.apply(ref).sum().backward()
+        torch.testing.assert_close(x.grad, ref.grad, rtol=0, atol=0)
+        with pytest.raises(minihop.GuardMismatchError,
+                           match=r"^\[MH301\] This bwd_body_0 was traced for __bool__ in backward "
+                                 r"\(.*if x\.sum\(\) > 0:\) == True; this backward gives False\."):
+            cap.graph(torch.tensor([-3.0, 1.0], requires_grad=True))[0].sum().backward()

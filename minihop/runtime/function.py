@@ -133,6 +133,8 @@ class _Backwards:
         self.writes: dict[Any, tuple[Any, ...]] = {self.base_case: state.writes_in("backward")}
         self.plain: Callable[..., Any] | None = None  # the traced bwd without its body toggles
         self.warned = False
+        # Backwards in several threads: one picks or adds a variant at a time.
+        self.lock = threading.RLock()
 
     @property
     def needs_key(self) -> bool:
@@ -154,6 +156,11 @@ class _Backwards:
             saved: Sequence[Any] = ()) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
         """The code for this backward: ``(code, saved_map, writes)``; ``grads`` (one per fwd
         output) and ``saved`` (this capture's) are the backward's own, for value guards."""
+        with self.lock:
+            return self._get(key, create_graph, top_grads, call_args, grads, saved)
+
+    def _get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
+             grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
         case = self.case_of(key, top_grads, call_args, grads, saved)
         writes = self.writes[case]
         found = self.code.get((case, create_graph))
