@@ -232,15 +232,16 @@ def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]],
     traced for, on a backward's grads (one per fwd output) and this capture's saved values
     (run under no_grad on detached values: the check is no part of what backward records)."""
     picks = read.bwd_inputs
-    graph = read.graph
+    value_of = emit(read.graph.graph, name="bwd_value") or read.graph.forward
+    clone = read.clone_inputs
 
     def check(grads: Sequence[Any], saved: Sequence[Any]) -> bool:
         with torch.no_grad():
             inputs = [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
                       for kind, ref in picks]
-            inputs = [(v.detach().clone() if read.clone_inputs else v.detach())
-                      if isinstance(v, torch.Tensor) else v for v in inputs]
-            return read.matches(graph(*inputs))
+            inputs = [(v.detach().clone() if clone else v.detach()) if isinstance(v, torch.Tensor) else v
+                      for v in inputs]
+            return read.matches(value_of(*inputs))
 
     return check
 
