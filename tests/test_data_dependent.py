@@ -350,11 +350,8 @@ class SetupBranch(torch.autograd.Function):
     backward = staticmethod(BranchSumBwd.backward)
 
 
-class OnceBranch(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 2
+class OnceBranch(BranchSumBwd):
+    """BranchSumBwd with a once_differentiable backward."""
 
     @staticmethod
     @once_differentiable
