@@ -393,6 +393,51 @@ class EqualBwd(torch.autograd.Function):
         return g, g
 
 
+class SavedOutput(torch.autograd.Function):
+    """A branch on a saved output's value."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp() - 2
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (y + 2) if y.mean() > 0 else g * 0.5
+
+
+class TensorsOnCtx(torch.autograd.Function):
+    """A branch comparing tensors kept in a list on ctx (no save_for_backward)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.ts = [x * 1, y * 1]
+        return x + y
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.ts
+        if a.sum() > b.sum():
+            return g * 2, g
+        return g, g * 2
+
+
+class SecondGrad(torch.autograd.Function):
+    """A branch on the grad of the second of two outputs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        if g2.sum() > 0:
+            return g1 + g2
+        return g1 - g2
+
+
 # Inputs taking each branch, alternating (the guard must fire on every change).
 SIGNS = [torch.tensor([1.0, 2.0, -0.5]), torch.tensor([-1.0, -2.0, 0.5]),
          torch.tensor([3.0, 0.0, 1.0]), torch.tensor([-3.0, 1.0, -1.0])]
@@ -544,3 +589,20 @@ class TestBackwardValueGuards:
                            match=r"^\[MH301\] This bwd_body_0 was traced for __bool__ in backward "
                                  r"\(.*if x\.sum\(\) > 0:\) == True; this backward gives False\."):
             cap.graph(torch.tensor([-3.0, 1.0], requires_grad=True))[0].sum().backward()
+
+    def test_saved_output_and_ctx_tensors(self) -> None:
+        """Branches on a saved output and on tensors in a list on ctx, data alternating."""
+        y = torch.tensor([0.5, -1.0, 0.25])
+        for x in SIGNS * 2:
+            run_both(lambda *a: minihop.apply(SavedOutput, *a), SavedOutput, (leaf(x),))
+            run_both(lambda *a: minihop.apply(TensorsOnCtx, *a), TensorsOnCtx, (leaf(x), leaf(y)))
+
+    def test_branch_on_second_output_grad(self) -> None:
+        """The grad of the second output picks the branch (first output's grad fixed)."""
+        x = torch.randn(3)
+        for sign in (1.0, -1.0, 1.0, -1.0):
+            mine, ref = leaf(x), leaf(x)
+            grads = (torch.ones(3), torch.full((3,), sign))
+            torch.autograd.backward(minihop.apply(SecondGrad, mine), grads)
+            torch.autograd.backward(SecondGrad.apply(ref), grads)
+            torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=0)
