@@ -31,6 +31,7 @@ the capture, or tracing stopped with ``DataDependentError``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -142,10 +143,10 @@ class ValueReader:
             if not isinstance(value, FakeTensor):
                 return value
             if backward and id(value) not in rec.node_of and id(value) not in t.grad_of:
-                fwd_node = t.fwd.node_for(value)
-                if self._is_constant(fwd_node, describe, op, where):
+                constant, value_of = self._forward_of(t.fwd.node_for(value), describe, op, where)
+                if constant:
                     # A forward constant backward has not used: read it without saving it.
-                    return _Forward(fwd_node)
+                    return _Forward(value_of)
             return rec.node_for(value)  # in backward, a grad or saved value is a placeholder
 
         mapped = tree_map(node_of, (args, kwargs))
@@ -160,7 +161,7 @@ class ValueReader:
             if isinstance(value, fx.Node):
                 return env[value]
             if isinstance(value, _Forward):
-                sources.append(_Known(self._forward_value(value.node, describe, op, where)))
+                sources.append(_Known(value.value_of()))
                 return graph.placeholder(f"forward_{len(sources)}")
             return value
 
@@ -223,37 +224,35 @@ class ValueReader:
         if fwd_node is None:
             raise AssertionError(f"minihop bug: bwd placeholder {placeholder.name} is neither a "
                                  "grad nor a saved value")
-        if self._is_constant(fwd_node, describe, op, where):
-            return _Known(self._forward_value(fwd_node, describe, op, where))
+        constant, value_of = self._forward_of(fwd_node, describe, op, where)
+        if constant:
+            return _Known(value_of())
         if self.call_data is not None:
             return _Received(("saved", fwd_node), self.call_data[1].get(fwd_node))
         if self.real_args is None:
             return _Received(("saved", fwd_node), None)
-        return _Received(("saved", fwd_node), self._forward_value(fwd_node, describe, op, where))
+        return _Received(("saved", fwd_node), value_of())
 
-    def _forward_graph(self, fwd_node: fx.Node, describe: str, op: str,
-                       where: str | None) -> tuple[fx.GraphModule, list[Any], bool]:
-        """A graph computing forward's ``fwd_node`` from its inputs' sources."""
+    def _forward_of(self, fwd_node: fx.Node, describe: str, op: str,
+                    where: str | None) -> tuple[bool, Callable[[], Any]]:
+        """Whether forward computed ``fwd_node`` from Python values only, and how to compute
+        its real value (a constant, or from the capture's real arguments: backward traced at
+        capture reads a forward value)."""
         graph = fx.Graph()
         env: dict[fx.Node, Any] = {}
         sources: list[Any] = []
         clone = self._copy_nodes(self.t.fwd, [fwd_node], graph, env, describe, op, where, sources, False)
         graph.output(env[fwd_node])
-        return fx.GraphModule(torch.nn.Module(), graph), sources, clone
 
-    def _is_constant(self, fwd_node: fx.Node, describe: str, op: str, where: str | None) -> bool:
-        """Whether forward computed ``fwd_node`` from Python values only."""
-        return not self._forward_graph(fwd_node, describe, op, where)[1]
+        def value_of() -> Any:
+            with unset_fake_temporarily(), torch.no_grad():
+                inputs = [self._real_input(s) for s in sources]
+                if clone:
+                    inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+                # Run once: interpreted, without generating a GraphModule's code.
+                return fx.Interpreter(torch.nn.Module(), graph=graph).run(*inputs)
 
-    def _forward_value(self, fwd_node: fx.Node, describe: str, op: str, where: str | None) -> Any:
-        """The real value of forward's ``fwd_node``: a constant, or computed from the capture's
-        real arguments (backward traced at capture reads a forward value)."""
-        graph, sources, clone = self._forward_graph(fwd_node, describe, op, where)
-        with unset_fake_temporarily(), torch.no_grad():
-            inputs = [self._real_input(s) for s in sources]
-            if clone:
-                inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
-            return graph(*inputs)
+        return not sources, value_of
 
 
 def _hinted(shape: Any) -> tuple[int, ...]:
@@ -281,5 +280,5 @@ class _Received:
 class _Forward:
     """A forward constant backward reads for its data only (not saved: its value is known)."""
 
-    def __init__(self, node: fx.Node) -> None:
-        self.node = node
+    def __init__(self, value_of: Callable[[], Any]) -> None:
+        self.value_of = value_of
