@@ -230,7 +230,8 @@ class _Backwards:
 def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]], bool]:
     """``(grads, saved) -> bool``: whether ``read``'s graph gives the value its bwd variant was
     traced for, on a backward's grads (one per fwd output) and this capture's saved values
-    (run under no_grad on detached values: the check is no part of what backward records)."""
+    (the check is no part of what backward records: with create_graph=True it runs under
+    no_grad on detached values)."""
     picks = read.bwd_inputs
     value_of = emit(read.graph.graph, name="bwd_value") or read.graph.forward
     clone = read.clone_inputs
