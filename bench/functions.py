@@ -64,14 +64,9 @@ class ScaledSin(torch.autograd.Function):
         return grad * x.cos() * SIN_SCALE
 
 
-class SignedSin(torch.autograd.Function):
+class SignedSin(MySin):
     """MySin whose backward branches on its saved input's value (``if x.sum() > 0``): minihop
     recomputes that value before each backward to pick the bwd traced for it."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x.sin()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
