@@ -13,6 +13,8 @@ Each Function has a hand-written backward, as a user would write it:
   chain(n)   generated: forward chains n elementwise ops, backward the matching n (scaling).
   ScaledSin  MySin times a global read in forward and backward (per call only:
              the guard on a Python value).
+  SignedSin  MySin whose backward branches on its saved input's sum (per call only: the
+             value guard run before each backward).
   SavesUnused  SiLU, x * sigmoid(x); saves x and the sigmoid, but its backward recomputes the
              sigmoid from x and never reads the saved one (saved bytes only: SAVED_EXTRA_CASES).
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CASES", "GUARDED_CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "SavesUnused", "ScaledSin",
+__all__ = ["CASES", "GUARDED_CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "SavesUnused", "ScaledSin", "SignedSin",
            "Warmup", "case_named", "make_chain"]
 
 
@@ -60,6 +62,18 @@ class ScaledSin(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         return grad * x.cos() * SIN_SCALE
+
+
+class SignedSin(MySin):
+    """MySin whose backward branches on its saved input's value (``if x.sum() > 0``): minihop
+    recomputes that value before each backward to pick the bwd traced for it."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        if x.sum() > 0:
+            return grad * x.cos()
+        return -grad * x.cos()
 
 
 class Add(torch.autograd.Function):
@@ -215,9 +229,12 @@ SAVED_EXTRA_CASES: tuple[Case, ...] = tuple(
     for small, (n, d) in ((True, (8, 8)), (False, (256, 1024))))
 
 
-# Measured per call only: the cost of guarding a Python value the Function reads.
+# Measured per call only: the cost of guarding a Python value the Function reads, and of a
+# value guard before backward.
 GUARDED_CASES: tuple[Case, ...] = (
     Case("ScaledSin 8x8 (reads a global)", ScaledSin, True,
+         _args(lambda g: (_leaf(g, 8, 8),))),
+    Case("SignedSin 8x8 (backward branches on a saved value)", SignedSin, True,
          _args(lambda g: (_leaf(g, 8, 8),))),)
 
 

@@ -6,6 +6,7 @@ Place in the pipeline: the top. Each entry is a few lines: trace forward and bac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .spec import bind_arguments
+from .spec import DataRead, bind_arguments
 from .errors import UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
@@ -58,15 +59,25 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     key = call_key(args, dims, masks)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     pair = make_pair(raw)
-    outer = functools.partial(make_outer_graph, pair)
+    reads = _runtime_reads(raw.data_reads, pair)
+    outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
     retrace = None
-    if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward"):
+    if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
+            or any(r.guards_backward for r in reads):
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
-                       layout_key(args) if raw.reads_layout else None, masks, args,
-                       raw.data_reads)
+                       layout_key(args) if raw.reads_layout else None, masks, args, reads)
     return raw, cap
+
+
+def _runtime_reads(reads: tuple[DataRead, ...], pair: Pair) -> tuple[DataRead, ...]:
+    """``reads`` with each backward read's saved inputs named by their index among ``pair``'s
+    saved values (the tracer names them by fwd node), as the runtime receives them."""
+    index = {node: i for i, node in enumerate(pair.saved_fwd_nodes)}
+    return tuple(dataclasses.replace(r, bwd_inputs=tuple(
+        (kind, index[ref]) if kind == "saved" else (kind, ref) for kind, ref in r.bwd_inputs))
+        if r.guards_backward else r for r in reads)
 
 
 @functools.lru_cache(maxsize=256)
@@ -102,9 +113,13 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
     saved_index = {name: i for i, name in enumerate(pair.saved_names)}
     input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 
-    def retrace(layout: GradLayout, call_args: tuple[Any, ...] = ()) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+    def retrace(layout: GradLayout, call_args: tuple[Any, ...],
+                grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, ...]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
-        variant_raw = raw.rerun_backward(specs, call_args)
+        call_data = ({i: _unwrapped(g) for i, g in enumerate(grads) if g is not None},
+                     {node: _unwrapped(v) for node, v in zip(pair.saved_fwd_nodes, saved, strict=True)})
+        with temporarily_clear_interpreter_stack():  # traced outside torch.func, as at capture
+            variant_raw = raw.rerun_backward(specs, call_args, call_data)
         variant = make_pair(variant_raw)
         missing = [n for n in variant.saved_names if n not in saved_index]
         missing += [s.name for s in variant.inputs if s.name not in input_index]
@@ -117,9 +132,26 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
                 "Make backward read the same forward values whatever its grads look like.")
         return (variant.bwd, tuple(saved_index[n] for n in variant.saved_names),
                 tuple(input_index[s.name] for s in variant.inputs),
-                variant_raw.python_state.writes_in("backward"))
+                variant_raw.python_state.writes_in("backward"),
+                tuple(r for r in _runtime_reads(variant_raw.data_reads, pair) if r.guards_backward))
 
     return retrace
+
+
+def _unwrapped(value: Any) -> Any:
+    """A backward's grad or saved value as a plain tensor with its values (under
+    torch.func.grad it is wrapped; a vmap-batched one has no single value)."""
+    functorch = torch._C._functorch
+    while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
+        if functorch.is_batchedtensor(value):
+            raise UnsupportedOperationError(
+                "A Function's backward takes Python values out of its grads or saved values "
+                "under torch.func.vmap.",
+                "A batched tensor holds one value per batch element; Python control flow "
+                "cannot take all of them (eager refuses data-dependent control flow under vmap).",
+                "Compute with tensor ops instead (torch.where), or call it outside vmap.")
+        value = functorch.get_unwrapped(value)
+    return value
 
 
 def dynamic_dims(fn_cls: type, args: tuple[Any, ...],

@@ -14,6 +14,7 @@ import torch
 
 from .api import capture_with_trace
 from .errors import DataDependentError, MinihopError
+from .runtime.function import MAX_VALUE_VARIANTS
 from .runtime.guards import describe_autocast, value_key
 
 __all__ = ["Explanation", "explain"]
@@ -161,8 +162,14 @@ def _describe_read(read: Any) -> str:
     if read.kind == "unbacked":
         return (f"{read.op} in {read.phase} -> {read.value}  (unbacked: a symbol the graphs compute "
                 "on every call; one capture serves every value)") + (f"  [{read.line}]" if read.line else "")
-    how = ("constant: computed from Python values only (guarded already)" if read.kind == "constant"
-           else "value-guarded: recomputed from the inputs on every call; another value recaptures")
+    if read.kind == "constant":
+        how = "constant: computed from Python values only (guarded already)"
+    elif read.phase == "backward":
+        how = (f"value-guarded before each backward: recomputed from its grads and saved values; "
+               f"another value traces backward again (at most {MAX_VALUE_VARIANTS} traces kept; "
+               "traced at capture for grads of ones)")
+    else:
+        how = "value-guarded: recomputed from the inputs on every call; another value recaptures"
     return f"{read.op} in {read.phase} == {read.value!r}  ({how})" + (f"  [{read.line}]" if read.line else "")
 
 

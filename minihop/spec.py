@@ -15,8 +15,8 @@ import torch
 
 from .structure import Path, Step, format_path
 
-__all__ = ["InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Place", "PythonState",
-           "StateRead", "StateWrite", "bind_arguments", "uses_setup_context"]
+__all__ = ["DataRead", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Place",
+           "PythonState", "StateRead", "StateWrite", "bind_arguments", "same_value", "uses_setup_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +264,12 @@ class DataRead:
     not fit the capture) or ``"unbacked"`` (``.item()``, ``nonzero``, a mask's count: the
     graphs compute it on every call, ``value`` names its symbol; nothing to guard).
     ``clone_inputs``: ``graph`` writes in place, so it runs on copies.
+
+    A ``guarded`` read in backward is computed from what backward receives: ``bwd_inputs``
+    names each input of ``graph``: ``("grad", i)`` fwd output i's grad, ``("saved", s)`` a
+    saved value (the tracer's fwd node; the runtime's index among the capture's saved
+    values), ``("const", v)`` a value fixed at capture. The runtime runs it before each
+    backward to pick the bwd traced for that value (or to trace one).
     """
 
     kind: str
@@ -274,21 +280,32 @@ class DataRead:
     graph: Any = dataclasses.field(default=None, compare=False, repr=False)
     sources: tuple[InputSource, ...] = ()
     clone_inputs: bool = False
+    bwd_inputs: tuple[tuple[str, Any], ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    @property
+    def guards_forward(self) -> bool:
+        """Whether each call's inputs are checked against it before the captured forward."""
+        return self.kind == "guarded" and self.phase == "forward"
+
+    @property
+    def guards_backward(self) -> bool:
+        """Whether each backward's grads and saved values are checked against it."""
+        return self.kind == "guarded" and self.phase == "backward"
 
     def describe(self) -> str:
         return f"{self.op} in {self.phase} == {self.value!r}"
 
     def matches(self, value: Any) -> bool:
         """Whether ``value`` (recomputed for a call) is exactly the captured one."""
-        return _same_value(self.value, value)
+        return same_value(self.value, value)
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    # Exact equality, as the trace specialised on these bits (NaN is its own value here).
+def same_value(a: Any, b: Any) -> bool:
+    """Exact equality, as the trace specialised on these bits (NaN is its own value here)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, (float, complex)):
         return bool(a == b or (a != a and b != b))
     return bool(a == b)

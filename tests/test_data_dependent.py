@@ -1,4 +1,5 @@
-"""Python values a Function's forward takes out of tensor data: constants, value guards, refusals."""
+"""Python values a Function's forward or backward takes out of tensor data: constants, value
+guards (before forward, and before backward), refusals."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.autograd.function import once_differentiable
 
 import minihop
 
@@ -191,13 +193,35 @@ class TestValueGuards:
         assert f.stats.captures == 2 and f.stats.eager_calls == 2
 
 
+class RandomBranchBwd(torch.autograd.Function):
+    """A backward branch on a random value: not a function of anything a guard can recompute."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if torch.rand(()) > 2.0:
+            return g * 3
+        return g * 2
+
+
 class TestRefusals:
-    def test_branch_on_grad(self) -> None:
-        """A branch on a grad's values in backward stays refused, teaching the ways out."""
+    def test_random_branch_in_backward(self) -> None:
+        """A backward branch on a random value stays refused: the line, the op, the ways out."""
         with pytest.raises(minihop.DataDependentError,
-                           match=r"(?s)^\[MH103\] GradBranch\.backward calls __bool__.*"
-                                 r"if g\.sum\(\) > 0:.*torch\._check.*fallback=\"eager\""):
-            minihop.capture(GradBranch, torch.randn(3, requires_grad=True))
+                           match=r"(?s)^\[MH103\] RandomBranchBwd\.backward calls __bool__.*"
+                                 r"if torch\.rand\(\(\)\) > 2\.0:.*computed from rand.*"
+                                 r"torch\._check.*fallback=\"eager\""):
+            minihop.capture(RandomBranchBwd, torch.randn(3, requires_grad=True))
+
+    def test_whole_function_trace(self) -> None:
+        """minihop.trace has no per-call guard to run before backward: a backward branch on a
+        grad is refused there, naming the reason."""
+        with pytest.raises(minihop.DataDependentError,
+                           match=r"(?s)^\[MH103\] BranchGrad\.backward calls __bool__.*no real arguments"):
+            minihop.trace(lambda x: BranchGrad.apply(x) * 1, torch.randn(3, requires_grad=True))
 
 
 class TestExplain:
@@ -209,8 +233,19 @@ class TestExplain:
         assert "if x.sum() > 0:" in report.data_values[0]
         const = minihop.explain(LoopCount, torch.randn(2), print_report=False)
         assert "(constant" in const.data_values[0] and "data-dependent values" in str(const)
-        refused = minihop.explain(GradBranch, torch.randn(3, requires_grad=True), print_report=False)
-        assert refused.data_values[0].startswith("refused: GradBranch.backward calls __bool__")
+        refused = minihop.explain(RandomBranchBwd, torch.randn(3, requires_grad=True), print_report=False)
+        assert refused.data_values[0].startswith("refused: RandomBranchBwd.backward calls __bool__")
+
+    def test_lists_backward_values(self) -> None:
+        """A value backward reads is listed as guarded before each backward, with its line."""
+        report = minihop.explain(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True),
+                                 print_report=False)
+        assert report.captured and len(report.data_values) == 1
+        line = report.data_values[0]
+        assert line.startswith("__bool__ in backward == True  (value-guarded before each backward")
+        assert "if x.sum() > 0:" in line
+
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,17 +529,12 @@ class TestUnbackedFallback:
             assert m == m_ref and type(m) is float
 
     def test_branch_in_backward_on_item(self) -> None:
-        """A backward branch on an .item() of forward's inputs falls back to a value read:
-        equal to eager on both branches where backward value reads are captured, else the
-        coded MH103 with the ways out (never torch's own exception)."""
-        try:
-            for k in (0, 4, 2):  # max 5 (> 1), 8, 7; then a max <= 1 below
-                check_apply(BranchOnMaxBwd, _data(k))
-            check_apply(BranchOnMaxBwd, torch.tensor([0.5, -0.25], requires_grad=True))
-        except minihop.DataDependentError as e:
-            assert re.match(r"(?s)^\[MH103\] BranchOnMaxBwd\.backward calls item.*"
-                            r"if x\.abs\(\)\.max\(\)\.item\(\) > 1:.*torch\._check.*fallback=\"eager\"",
-                            str(e)), str(e)
+        """A backward branch on an .item() of a saved input falls back to a value read that
+        guards backward: equal to eager on both branches as the data changes."""
+        for k in (0, 4, 2):  # max 5 (> 1), 8, 7; then a max <= 1 below
+            check_apply(BranchOnMaxBwd, _data(k))
+        check_apply(BranchOnMaxBwd, torch.tensor([0.5, -0.25], requires_grad=True))
+        check_apply(BranchOnMaxBwd, _data(0))
 
 
 class BranchOnMaxBwd(torch.autograd.Function):
@@ -568,3 +598,385 @@ class CheckedMax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g
+# -- backward value guards ---------------------------------------------------------------------
+
+
+class BranchSumBwd(torch.autograd.Function):
+    """A backward branch on a saved input's value."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.sum() > 0:
+            return g * 2
+        return g * -2
+
+
+class BranchGrad(torch.autograd.Function):
+    """A backward branch on the grad itself (surrogate-gradient style)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if (g > 0).all():
+            return g * 2
+        return g * 3
+
+
+class LoopBwd(torch.autograd.Function):
+    """A loop count read from a saved tensor."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        ctx.save_for_backward(n)
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (n,) = ctx.saved_tensors
+        for _ in range(int(n)):
+            g = g * 2
+        return g, None
+
+
+class BranchReadsOther(torch.autograd.Function):
+    """One branch reads a saved value the other never touches: forward must save it anyway."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x.sign(), y)
+        ctx.scale = x.abs().max()  # a tensor on ctx, read by backward's second branch only
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        s, y = ctx.saved_tensors
+        if s.sum() > 0:
+            return g * 2, None
+        return g * y * ctx.scale, g * float(ctx.scale)
+
+
+class BranchSecondOrder(torch.autograd.Function):
+    """Backward depends on a saved input in each branch (its double backward differs)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.sum() > 0:
+            return g * x * 2
+        return g * x * x
+
+
+def run_both(call: Any, fn_cls: type, args: tuple[Any, ...], grad: torch.Tensor | None = None) -> None:
+    """``call(*args)`` gives ``fn_cls.apply``'s output, and backward with ``grad`` (default:
+    ones) eager's .grad for every input, exactly."""
+    mine, ref = clones(*args), clones(*args)
+    out = call(*mine)
+    expected = fn_cls.apply(*ref)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.backward(torch.ones_like(out) if grad is None else grad)
+    expected.backward(torch.ones_like(expected) if grad is None else grad)
+    for a, b in zip(mine, ref, strict=True):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def leaf(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().clone().requires_grad_()
+
+
+def entries(fn_cls: type, args: tuple[Any, ...]) -> dict[str, Any]:
+    """The three ways in, each a callable for ``args`` like ``fn_cls.apply``."""
+    return {"apply": lambda *a: minihop.apply(fn_cls, *a),
+            "function": minihop.function(fn_cls),
+            "capture": minihop.capture(fn_cls, *clones(*args))}
+
+
+def variants(cap: Any) -> int:
+    """How many bwd variants a capture holds now."""
+    return len(cap._function.backwards.variants)
+
+
+class SetupBranch(torch.autograd.Function):
+    """setup_context style (torch.func can transform it), branching on a saved input."""
+
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    backward = staticmethod(BranchSumBwd.backward)
+
+
+class OnceBranch(BranchSumBwd):
+    """BranchSumBwd with a once_differentiable backward."""
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (2 if x.sum() > 0 else -2)
+
+
+class NoneOrValue(torch.autograd.Function):
+    """set_materialize_grads(False): a branch on which grad is None, then on values."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        (x,) = ctx.saved_tensors
+        if g2 is None:
+            return g1 * 2 if x.sum() > 0 else g1
+        return g1 * 2 + g2 * (3 if bool(g2.sum() > 0) else 1)
+
+
+class EqualBwd(torch.autograd.Function):
+    """`torch.equal` on two saved inputs in backward (kernel code special-casing x1 is x2)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x + y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if torch.equal(x, y):
+            return g * 2, g * 0
+        return g, g
+
+
+class SavedOutput(torch.autograd.Function):
+    """A branch on a saved output's value."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp() - 2
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (y + 2) if y.mean() > 0 else g * 0.5
+
+
+class TensorsOnCtx(torch.autograd.Function):
+    """A branch comparing tensors kept in a list on ctx (no save_for_backward)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.ts = [x * 1, y * 1]
+        return x + y
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.ts
+        if a.sum() > b.sum():
+            return g * 2, g
+        return g, g * 2
+
+
+class SecondGrad(torch.autograd.Function):
+    """A branch on the grad of the second of two outputs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        if g2.sum() > 0:
+            return g1 + g2
+        return g1 - g2
+
+
+# Inputs taking each branch, alternating (the guard must fire on every change).
+SIGNS = [torch.tensor([1.0, 2.0, -0.5]), torch.tensor([-1.0, -2.0, 0.5]),
+         torch.tensor([3.0, 0.0, 1.0]), torch.tensor([-3.0, 1.0, -1.0])]
+
+
+class TestBackwardValueGuards:
+    @pytest.mark.parametrize("way", ["apply", "function", "capture"])
+    def test_branch_on_saved_input(self, way: str) -> None:
+        """`if x.sum() > 0` on a saved input in backward: every branch equals eager, however
+        the data changes between calls."""
+        minihop.reset()
+        call = entries(BranchSumBwd, (leaf(SIGNS[0]),))[way]
+        for x in SIGNS * 2:
+            run_both(call, BranchSumBwd, (leaf(x),))
+
+    @pytest.mark.parametrize("way", ["apply", "function", "capture"])
+    def test_branch_on_grad(self, way: str) -> None:
+        """`if (g > 0).all()` in backward: grads taking each branch, alternating."""
+        minihop.reset()
+        x = torch.randn(4, requires_grad=True)
+        call = entries(BranchGrad, (x,))[way]
+        grads = [torch.ones(4), -torch.ones(4), torch.tensor([1.0, 2.0, 3.0, 4.0]),
+                 torch.tensor([1.0, -2.0, 3.0, 4.0])]
+        for g in grads * 2:
+            run_both(call, BranchGrad, (x,), g)
+
+    @pytest.mark.parametrize("way", ["apply", "function", "capture"])
+    def test_loop_count_from_saved(self, way: str) -> None:
+        """`range(int(n))` on a saved tensor: each count equals eager."""
+        minihop.reset()
+        x = torch.randn(4, requires_grad=True)
+        call = entries(LoopBwd, (x, torch.tensor(1)))[way]
+        for n in (1, 3, 0, 2, 3, 1):
+            run_both(call, LoopBwd, (x, torch.tensor(n)))
+
+    def test_one_capture_many_backwards(self) -> None:
+        """The data changes backward's branch, not forward's graph: one capture, and one bwd
+        variant per branch (the guard picks it again when the branch comes back)."""
+        minihop.reset()
+        for x in SIGNS * 2:
+            run_both(lambda *a: minihop.apply(BranchSumBwd, *a), BranchSumBwd, (leaf(x),))
+        assert minihop.counters()["captures"] == 1
+        (cap,) = BranchSumBwd._minihop_default.captures
+        assert variants(cap) == 2
+
+    def test_capture_guess_not_taken(self) -> None:
+        """A capture made for one branch, whose first backward takes the other: traced then."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        assert variants(cap) == 1
+        run_both(cap, BranchSumBwd, (torch.tensor([-1.0, -2.0], requires_grad=True),))
+        assert variants(cap) == 2
+        run_both(cap, BranchSumBwd, (torch.tensor([4.0, 2.0], requires_grad=True),))
+        assert variants(cap) == 2
+
+    def test_branch_reads_other_saved_values(self) -> None:
+        """A branch reading saved values (and a tensor on ctx) the captured one never read."""
+        minihop.reset()
+        y = torch.tensor([0.5, -1.5, 2.0], requires_grad=True)
+        cap = minihop.capture(BranchReadsOther, leaf(SIGNS[0]), y)
+        for x in SIGNS * 2:
+            args = (leaf(x), y)
+            run_both(cap, BranchReadsOther, args)
+            run_both(lambda *a: minihop.apply(BranchReadsOther, *a), BranchReadsOther, args)
+
+    @pytest.mark.parametrize("sign", [1.0, -1.0])
+    def test_double_backward(self, sign: float) -> None:
+        """create_graph=True through a backward branch: second-order grads equal eager's."""
+        cap = minihop.capture(BranchSecondOrder, torch.tensor([1.0, 2.0, 3.0], requires_grad=True))
+        results = []
+        for call in (cap, BranchSecondOrder.apply):
+            x = (torch.tensor([0.5, -2.0, 1.0]) * sign).requires_grad_()
+            (gx,) = torch.autograd.grad(call(x).sum(), x, create_graph=True)
+            (ggx,) = torch.autograd.grad((gx * gx).sum(), x)
+            results.append((gx.detach(), ggx))
+        for mine, ref in zip(results[0], results[1], strict=True):
+            torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+
+    def test_variants_bounded(self) -> None:
+        """Past MAX_VALUE_VARIANTS values, the oldest variant is dropped (warned once); every
+        result stays eager's."""
+        from minihop.runtime.function import MAX_VALUE_VARIANTS
+
+        x = torch.randn(3, requires_grad=True)
+        cap = minihop.capture(LoopBwd, x, torch.tensor(0))
+        with pytest.warns(UserWarning, match=rf"traced for {MAX_VALUE_VARIANTS} different values"):
+            for n in range(MAX_VALUE_VARIANTS + 3):
+                run_both(cap, LoopBwd, (x, torch.tensor(n)))
+        assert variants(cap) == MAX_VALUE_VARIANTS
+        run_both(cap, LoopBwd, (x, torch.tensor(0)))  # dropped, traced again
+
+    def test_artifact_refused(self, tmp_path: Any) -> None:
+        """A capture whose backward needs tracing per value cannot be saved."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        with pytest.raises(minihop.MinihopError,
+                           match=r"Cannot save the capture of BranchSumBwd: its forward or backward "
+                                 r"branches on"):
+            cap.save(str(tmp_path / "cap.pt"))
+
+    def test_forward_guards_unchanged(self) -> None:
+        """A backward value guard adds no forward guard: other data hits the same capture."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        assert cap._value_checks == () and cap.changed_value((torch.tensor([-1.0, -2.0]),)) is None
+        assert [(r.kind, r.phase) for r in cap.data_reads] == [("guarded", "backward")]
+
+    def test_dynamic_sizes(self) -> None:
+        """With dynamic=True, one capture serves other sizes and either branch."""
+        cap = minihop.capture(BranchSumBwd, torch.randn(3, requires_grad=True), dynamic=True)
+        for n, sign in [(3, 1.0), (5, -1.0), (7, 1.0), (2, -1.0)]:
+            run_both(cap, BranchSumBwd, (((torch.rand(n) + 1) * sign).requires_grad_(),))
+
+    def test_torch_func_grad(self) -> None:
+        """Under torch.func.grad each branch equals eager's (backward traced outside it)."""
+        for x in SIGNS * 2:
+            mine = torch.func.grad(lambda t: minihop.apply(SetupBranch, t).sum())(x)
+            ref = torch.func.grad(lambda t: SetupBranch.apply(t).sum())(x)
+            torch.testing.assert_close(mine, ref, rtol=0, atol=0)
+
+    def test_once_differentiable(self) -> None:
+        """A once_differentiable backward branching on a saved input."""
+        for x in SIGNS * 2:
+            run_both(lambda *a: minihop.apply(OnceBranch, *a), OnceBranch, (leaf(x),))
+
+    def test_none_grads_then_values(self) -> None:
+        """Which grad is None picks the case, then the values pick the variant within it."""
+        for x in SIGNS * 2:
+            for scale in (None, 1.0, -1.0):
+                a, b = leaf(x), leaf(x)
+                for arg, call in ((a, lambda t: minihop.apply(NoneOrValue, t)), (b, NoneOrValue.apply)):
+                    o1, o2 = call(arg)
+                    (o1.sum() if scale is None else o1.sum() + (o2 * scale).sum()).backward()
+                torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+    def test_torch_equal_on_saved(self) -> None:
+        """torch.equal(x, y) on saved inputs: equal and unequal calls, alternating."""
+        x = torch.randn(3)
+        for y in (x.clone(), torch.randn(3), x.clone(), x + 1):
+            run_both(lambda *a: minihop.apply(EqualBwd, *a), EqualBwd,
+                     (leaf(x), y.clone().requires_grad_()))
+
+    def test_outer_graph_guards_its_bwd(self) -> None:
+        """cap.graph (torch's own autograd_function_apply on the pair) gives eager's grads for
+        the value its bwd was traced for, and MH301 for another: never a stale gradient."""
+        cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
+        x, ref = torch.tensor([3.0, 1.0], requires_grad=True), torch.tensor([3.0, 1.0], requires_grad=True)
+        cap.graph(x)[0].sum().backward()
+        BranchSumBwd.apply(ref).sum().backward()
+        torch.testing.assert_close(x.grad, ref.grad, rtol=0, atol=0)
+        with pytest.raises(minihop.GuardMismatchError,
+                           match=r"^\[MH301\] This bwd_body_0 was traced for __bool__ in backward "
+                                 r"\(.*if x\.sum\(\) > 0:\) == True; this backward gives False\."):
+            cap.graph(torch.tensor([-3.0, 1.0], requires_grad=True))[0].sum().backward()
+
+    def test_saved_output_and_ctx_tensors(self) -> None:
+        """Branches on a saved output and on tensors in a list on ctx, data alternating."""
+        y = torch.tensor([0.5, -1.0, 0.25])
+        for x in SIGNS * 2:
+            run_both(lambda *a: minihop.apply(SavedOutput, *a), SavedOutput, (leaf(x),))
+            run_both(lambda *a: minihop.apply(TensorsOnCtx, *a), TensorsOnCtx, (leaf(x), leaf(y)))
+
+    def test_branch_on_second_output_grad(self) -> None:
+        """The grad of the second output picks the branch (first output's grad fixed)."""
+        x = torch.randn(3)
+        for sign in (1.0, -1.0, 1.0, -1.0):
+            mine, ref = leaf(x), leaf(x)
+            grads = (torch.ones(3), torch.full((3,), sign))
+            torch.autograd.backward(minihop.apply(SecondGrad, mine), grads)
+            torch.autograd.backward(SecondGrad.apply(ref), grads)
+            torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=0)

@@ -215,12 +215,16 @@ class TestDataDependentError:
         same_as_eager(ToList, r(3))
 
     def test_if_in_backward(self) -> None:
-        """Data-dependent control flow on a grad in backward is refused, naming backward."""
-        err = capture_error(minihop.DataDependentError, IfInBackward, r(3),
-                            match=r"IfInBackward\.backward calls __bool__")
-        assert isinstance(err, NotImplementedError)
-        assert "backward branches on the values of a grad" in str(err)
-        eager_backward(IfInBackward, r(3))
+        """Data-dependent control flow on a grad in backward is captured: each backward's
+        grads are checked against the values its bwd was traced for (tests/test_data_dependent.py)."""
+        cap = minihop.capture(IfInBackward, r(3))
+        for sign in (1.0, -1.0, 1.0):
+            a, b = r(3), r(3)
+            b.data.copy_(a.data)
+            grad = torch.full((3,), sign)
+            cap(a).backward(grad)
+            IfInBackward.apply(b).backward(grad)
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
     def test_data_dependent_shape(self) -> None:
         """Boolean-mask indexing (an output shape that depends on values) is captured with an

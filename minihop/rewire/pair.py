@@ -62,6 +62,9 @@ class Pair:
     # What forward put outside its return value (``spec.OutsideWrite``); a tensor written
     # there is a hidden fwd output: after the user's outputs, never top-level.
     outside_writes: tuple[OutsideWrite, ...] = ()
+    # The raw trace's fwd node of each saved value, in order: how a backward traced again
+    # (which shares the raw fwd graph) names this pair's saved values.
+    saved_fwd_nodes: tuple[fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
     # emitted from the graphs directly, and fx's code generation is a third of a capture.
@@ -247,7 +250,7 @@ def make_pair(raw: "RawCapture") -> Pair:
         materialize_grads=raw.materialize_grads, argnames=raw.argnames,
         once_differentiable=raw.once_differentiable, grad_assumptions=raw.grad_assumptions,
         saved_names=tuple(fenv[n].name for n in saved_fwd),
-        outside_writes=raw.outside_writes,
+        outside_writes=raw.outside_writes, saved_fwd_nodes=tuple(saved_fwd),
     )
     check_consistent(fwd, bwd)
     return pair

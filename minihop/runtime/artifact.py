@@ -96,11 +96,13 @@ def save_capture(cap: Any, path: str) -> None:
             "Return such tensors from forward instead, to save the capture.")
     if any(r.kind == "guarded" for r in getattr(cap, "data_reads", ())):
         raise UnsupportedOutputError(
-            f"Cannot save the capture of {pair.function_name}: its forward branches on (or "
-            "reads numbers from) its inputs' values, which it guards with small graphs.",
+            f"Cannot save the capture of {pair.function_name}: its forward or backward "
+            "branches on (or reads numbers from) the values of its inputs, grads or saved "
+            "values, which it guards with small graphs (backward: by tracing it again for "
+            "other values).",
             "An artifact holds the pair and plain guards; value guards are not stored, and "
             "a loaded capture without them could give another value's result.",
-            "Save a capture whose forward reads no values from its inputs' data.")
+            "Save a capture whose forward and backward read no values from tensor data.")
     constants = {s.name: (s.live() if s.live is not None else s.constant)
                  for s in pair.inputs if s.path is None}
     manifest = {

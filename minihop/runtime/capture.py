@@ -128,8 +128,9 @@ class Capture:
     # (key, closure values, layout, shape guards) for positional arguments; ``_run(args)``
     # fetches the fwd inputs, applies the Function and rebuilds the user's output.
     _hit: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
-    # Python values forward took out of tensor data (``tracer.values``); the ``guarded`` ones
-    # are recomputed from each call's inputs by ``_value_checks`` (one per guarded read).
+    # Python values forward and backward took out of tensor data (``tracer.values``); the
+    # ones guarding forward are recomputed from each call's inputs by ``_value_checks`` (one
+    # per read), those guarding backward before each backward (``runtime.function``).
     data_reads: tuple[DataRead, ...] = ()
     _value_checks: tuple[Callable[[tuple[Any, ...]], bool], ...] = dataclasses.field(repr=False, default=())
     _run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
@@ -251,7 +252,7 @@ class Capture:
     def changed_value(self, args: tuple[Any, ...]) -> DataRead | None:
         """The first value forward read from tensor data that these arguments change, if any
         (the arguments must fit the capture's key)."""
-        guarded = [r for r in self.data_reads if r.kind == "guarded"]
+        guarded = [r for r in self.data_reads if r.guards_forward]
         for read, check in zip(guarded, self._value_checks, strict=True):
             if not check(args):
                 return read
@@ -469,7 +470,8 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
     state_base = tuple(value_key(read.place.get(args)) for read in python_state.reads_in("backward"))
     function_cls = make_function(pair, retrace, transformable=setup_style,
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
-                                 state=python_state, state_base=state_base)
+                                 state=python_state, state_base=state_base,
+                                 bwd_reads=tuple(r for r in data_reads if r.guards_backward))
     capture = Capture(
         pair=pair, layout=layout, _guard=compile_guard(key, masks), python_state=python_state, masks=dict(masks or {}),
         live_key=tuple(value_key(fetch(args)) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
@@ -478,7 +480,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _function=function_cls, data_reads=data_reads,
-        _value_checks=tuple(_value_check(r) for r in data_reads if r.kind == "guarded"),
+        _value_checks=tuple(_value_check(r) for r in data_reads if r.guards_forward),
         _run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                                   function if setup_style else None, make_writer(pair.outside_writes)),
                           python_state),

@@ -16,12 +16,20 @@ its grads that can differ at run time (strides, contiguity, ``requires_grad``, o
 ``set_materialize_grads(False)``, whether a grad is None), the real grads are checked against
 what the trace assumed; on a difference ``retrace`` produces (once per distinct case) a bwd
 traced for the real grads. A backward that read nothing of its grads pays nothing.
+
+Backward value guards: a backward that took Python values out of its grads or saved values
+(``if x.sum() > 0``, ``range(int(n))``; ``DataRead``s guarding backward) has, per case above,
+a list of bwd variants, each with the values it was traced for. Before each backward, each
+variant's value graphs run on the real grads and saved values; the first whose values all
+match runs. None: backward is traced again with the real values (a new variant; past
+``MAX_VALUE_VARIANTS`` the oldest is dropped, with a warning). Only such backwards pay this.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,11 +38,11 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import UnsupportedOperationError
 from ..rewire.pair import Pair, strip_grad_toggles
-from ..spec import NO_STATE, PythonState
+from ..spec import NO_STATE, DataRead, PythonState
 from .codegen import emit
 from .guards import compile_live_check, value_key
 
-__all__ = ["make_function", "GradLayout", "Retrace"]
+__all__ = ["make_function", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace"]
 
 _set_grad = torch._C._set_grad_enabled
 _is_grad = torch.is_grad_enabled
@@ -42,12 +50,19 @@ _is_grad = torch.is_grad_enabled
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
 # Returns a bwd traced for that layout (and the call's arguments, when backward reads Python
-# state in them); per saved value it takes, the index of that value among this capture's
-# saved values; per gradient it returns, the index of its fwd input among this capture's
-# fwd inputs.
-# And backward's Python writes in that case (``StateWrite``s, replayed when it runs).
-Retrace = Callable[[GradLayout, tuple[Any, ...]],
-                   tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...], tuple[Any, ...]]]
+# state in them; and the call's grads, one per fwd output, and saved values, when backward
+# reads their values); per saved value it takes, the index of that value among this
+# capture's saved values; per gradient it returns, the index of its fwd input among this
+# capture's fwd inputs.
+# And backward's Python writes in that case (``StateWrite``s, replayed when it runs), and the
+# values it read from the grads and saved values (``DataRead``s guarding backward).
+Retrace = Callable[[GradLayout, tuple[Any, ...], Sequence[Any], Sequence[Any]],
+                   tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...], tuple[Any, ...],
+                         tuple[DataRead, ...]]]
+
+# Bwd variants kept per grad case for the values backward reads (as ``cache_limit`` bounds
+# captures): past it, the oldest is dropped (always right; it costs a trace if it comes back).
+MAX_VALUE_VARIANTS = 8
 
 
 class _Never:
@@ -83,10 +98,13 @@ def set_call_arguments(args: tuple[Any, ...] | None) -> None:
 
 
 class _Backwards:
-    """The bwd code for each (grad case, Python state, create_graph) seen so far; built lazily."""
+    """The bwd code for each (grad case, Python state, values read, create_graph) seen so
+    far; built lazily. A case is ``(key, n)``: the grad/state key, and the ``n``-th variant
+    traced for it (the values it read are its guards)."""
 
     def __init__(self, pair: Pair, top_idx: tuple[int, ...], retrace: Retrace | None,
-                 state: PythonState = NO_STATE, state_base: tuple[Any, ...] = ()) -> None:
+                 state: PythonState = NO_STATE, state_base: tuple[Any, ...] = (),
+                 reads: tuple[DataRead, ...] = ()) -> None:
         self.pair = pair
         self.top_idx = top_idx
         self.retrace = retrace
@@ -100,18 +118,27 @@ class _Backwards:
         self.materialize = pair.materialize_grads
         self.num_inputs = len(pair.inputs)
         self.base_key = self.key_of_expected()
+        self.base_case = (self.base_key, 0)
+        self.reads_values = bool(reads)
+        # Per key, its variants in the order traced: (n, value checks).
+        self.cases: dict[Any, list[tuple[int, tuple[Callable[..., bool], ...]]]] = {
+            self.base_key: [(0, tuple(_bwd_value_check(r) for r in reads))]}
+        self.traced = 1
         # The traced bwd's GraphModule (None here) is built only if a variant needs it.
         self.variants: dict[Any, tuple[fx.GraphModule | None, tuple[int, ...], tuple[int, ...]]] = {
-            self.base_key: (None, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
+            self.base_case: (None, tuple(range(pair.num_saved)), tuple(range(self.num_inputs)))}
         self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
         # Backward's Python writes per case (a variant traced for other Python values may
         # write other values); the traced case's are the capture's.
-        self.writes: dict[Any, tuple[Any, ...]] = {self.base_key: state.writes_in("backward")}
+        self.writes: dict[Any, tuple[Any, ...]] = {self.base_case: state.writes_in("backward")}
         self.plain: Callable[..., Any] | None = None  # the traced bwd without its body toggles
+        self.warned = False
+        # Backwards in several threads: one picks or adds a variant at a time.
+        self.lock = threading.RLock()
 
     @property
     def needs_key(self) -> bool:
-        return bool(self.checks) or not self.materialize or bool(self.state_reads)
+        return bool(self.checks) or not self.materialize or bool(self.state_reads) or self.reads_values
 
     def key_of_expected(self) -> Any:
         nones = (False,) * len(self.top_idx) if not self.materialize else ()
@@ -125,31 +152,23 @@ class _Backwards:
                 tuple(value_key(read(call_args)) for read in self.state_reads))  # usually one or two
 
     def get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...],
-            call_args: tuple[Any, ...] = ()) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
-        found = self.code.get((key, create_graph))
+            call_args: tuple[Any, ...] = (), grads: Sequence[Any] = (),
+            saved: Sequence[Any] = ()) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
+        """The code for this backward: ``(code, saved_map, writes)``; ``grads`` (one per fwd
+        output) and ``saved`` (this capture's) are the backward's own, for value guards."""
+        with self.lock:
+            return self._get(key, create_graph, top_grads, call_args, grads, saved)
+
+    def _get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
+             grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
+        case = self.case_of(key, top_grads, call_args, grads, saved)
+        writes = self.writes[case]
+        found = self.code.get((case, create_graph))
         if found is not None:
-            return found
-        if key == self.base_key and self.plain is not None:
-            return self.plain, None  # the traced case, without toggles: right in either mode
-        variant = self.variants.get(key)
-        if variant is None:
-            if self.retrace is None:
-                raise UnsupportedOperationError(
-                    f"{self.pair.function_name}.backward received grads unlike the ones it was "
-                    "traced with (their layout, or which are None), and this capture cannot "
-                    "trace backward again (it was loaded from an artifact).",
-                    "Its backward reads properties of its grads (or Python values that changed "
-                    "since forward), so another case needs another trace.",
-                    "Capture the Function again in this process (minihop.capture).")
-            layout: list[Any] = [None] * len(self.pair.top_level)
-            for p, i in enumerate(self.top_idx):
-                g = top_grads[p]
-                layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
-            *variant, writes = self.retrace(tuple(layout), call_args)
-            variant = tuple(variant)
-            self.variants[key] = variant
-            self.writes[key] = writes
-        gm, saved_map, input_map = variant
+            return (*found, writes)
+        if case == self.base_case and self.plain is not None:
+            return self.plain, None, writes  # the traced case, without toggles: right in either mode
+        gm, saved_map, input_map = self.variants[case]
         if gm is None:
             gm = self.pair.bwd
         if create_graph:
@@ -159,8 +178,76 @@ class _Backwards:
             code = _scatter_grads(code, input_map, self.num_inputs)
         identity = saved_map == tuple(range(self.pair.num_saved))
         found = (code, None if identity else saved_map)
-        self.code[(key, create_graph)] = found
-        return found
+        self.code[(case, create_graph)] = found
+        return (*found, writes)
+
+    def case_of(self, key: Any, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
+                grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, int]:
+        """The variant for ``key`` whose values this backward's grads and saved values give
+        (traced now if none)."""
+        for n, checks in self.cases.get(key, ()):
+            if all(check(grads, saved) for check in checks):
+                return (key, n)
+        if self.retrace is None:
+            raise UnsupportedOperationError(
+                f"{self.pair.function_name}.backward received grads unlike the ones it was "
+                "traced with (their layout, or which are None), and this capture cannot "
+                "trace backward again (it was loaded from an artifact).",
+                "Its backward reads properties of its grads (or Python values that changed "
+                "since forward), so another case needs another trace.",
+                "Capture the Function again in this process (minihop.capture).")
+        layout: list[Any] = [None] * len(self.pair.top_level)
+        for p, i in enumerate(self.top_idx):
+            g = top_grads[p]
+            layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
+        gm, saved_map, input_map, writes, reads = self.retrace(tuple(layout), call_args, grads, saved)
+        cases = self.cases.setdefault(key, [])
+        if len(cases) >= MAX_VALUE_VARIANTS:
+            self.drop(key, cases.pop(0)[0])
+        case = (key, self.traced)
+        self.traced += 1
+        cases.append((case[1], tuple(_bwd_value_check(r) for r in reads)))
+        self.variants[case] = (gm, saved_map, input_map)
+        self.writes[case] = writes
+        return case  # traced for these very values: no check needed
+
+    def drop(self, key: Any, n: int) -> None:
+        """Forget variant ``n`` of ``key`` (past ``MAX_VALUE_VARIANTS``)."""
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"minihop: {self.pair.function_name}.backward was traced for "
+                f"{MAX_VALUE_VARIANTS} different values it reads from its grads or saved "
+                "values; the oldest trace is dropped for each new one (results stay right; "
+                "each costs a trace). Compute with tensor ops (torch.where) to avoid this.",
+                stacklevel=5)
+        for create_graph in (False, True):
+            self.code.pop(((key, n), create_graph), None)
+        self.variants.pop((key, n), None)
+        self.writes.pop((key, n), None)
+
+
+def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]], bool]:
+    """``(grads, saved) -> bool``: whether ``read``'s graph gives the value its bwd variant was
+    traced for, on a backward's grads (one per fwd output) and this capture's saved values
+    (the check is no part of what backward records: with create_graph=True it runs under
+    no_grad on detached values)."""
+    picks = read.bwd_inputs
+    value_of = emit(read.graph.graph, name="bwd_value") or read.graph.forward
+    clone = read.clone_inputs
+    matches = read.matches
+
+    def check(grads: Sequence[Any], saved: Sequence[Any]) -> bool:
+        inputs = [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
+                  for kind, ref in picks]
+        if _is_grad() or clone:  # create_graph=True (grad mode on), or writes in place
+            with torch.no_grad():
+                inputs = [(v.detach().clone() if clone else v.detach()) if isinstance(v, torch.Tensor) else v
+                          for v in inputs]
+                return matches(value_of(*inputs))
+        return matches(value_of(*inputs))  # backward runs with grad mode off: nothing recorded
+
+    return check
 
 
 def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int) -> Callable[..., Any]:
@@ -193,7 +280,8 @@ def without_body_toggles(graph: fx.Graph, name: str, **layout: Any) -> Callable[
 
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
                   generate_vmap_rule: bool = False, state: PythonState = NO_STATE,
-                  state_base: tuple[Any, ...] = ()) -> type[torch.autograd.Function]:
+                  state_base: tuple[Any, ...] = (),
+                  bwd_reads: tuple[DataRead, ...] = ()) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
 
     Apply it as ``F.apply(*inputs)``, or ``F.apply(sink, *inputs)`` when ``F.uses_sink`` (some
@@ -239,7 +327,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     materialize = pair.materialize_grads
     once = pair.once_differentiable
     all_top = len(top_idx) == num_outputs
-    backwards = _Backwards(pair, top_idx, retrace, state, state_base)
+    backwards = _Backwards(pair, top_idx, retrace, state, state_base, bwd_reads)
     backwards.plain = bwd_plain
     needs_key = backwards.needs_key
     bwd_writes = state.writes_in("backward")
@@ -337,16 +425,16 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
                 saved[i] = value
         call_args = ctx.minihop_args if keeps_args else ()
         key = backwards.key_of(top_grads, call_args) if needs_key else None
-        grads = call_bwd(top_grads, saved, call_args, key)
-        if bwd_writes or key is not None:
-            # As eager's backward makes them, each time it runs (for the case that ran).
-            for write in (bwd_writes if key is None else backwards.writes.get(key, bwd_writes)):
-                write.replay(call_args)
+        grads, writes = call_bwd(top_grads, saved, call_args, key)
+        # As eager's backward makes them, each time it runs (for the case that ran).
+        for write in writes:
+            write.replay(call_args)
         return grads
 
     def call_bwd(top_grads: tuple[Any, ...], saved: tuple[Any, ...] | list[Any],
-                 call_args: tuple[Any, ...] = (), key: Any = None) -> tuple[Any, ...]:
-        """bwd on the grads of the top-level outputs and bwd's saved values, in its order."""
+                 call_args: tuple[Any, ...] = (), key: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """bwd on the grads of the top-level outputs and bwd's saved values, in its order;
+        returns its gradients and the Python writes of the case that ran."""
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
         else:
@@ -359,20 +447,22 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         # toggles runs right in either mode.
         create_graph = grad_mode and not once
         code = bwd_code
+        writes = bwd_writes
         if needs_key or (create_graph and bwd_plain is None):
             if key is None:
                 key = backwards.key_of(top_grads, call_args) if needs_key else backwards.base_key
-            code, saved_map = backwards.get(key, create_graph, top_grads, call_args)
+            code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved)
             if saved_map is not None:
                 saved = [saved[i] for i in saved_map]
         try:
-            return code(*grads, *saved)
+            return code(*grads, *saved), writes
         finally:
             _set_grad(grad_mode)
 
     # Backward's only reason for a key is the Python values it reads: while they are the
     # captured ones (one compiled check), the simple path below runs.
-    state_only = bool(backwards.state_reads) and not backwards.checks and materialize and not keeps_args
+    state_only = bool(backwards.state_reads) and not backwards.checks and materialize and not keeps_args \
+        and not backwards.reads_values
     if bwd_plain is not None and all_top and ctx_ordered and (not needs_key or state_only) and not bwd_writes:
         simple_bwd = bwd_code
         if permuted:
@@ -407,13 +497,14 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         "backward": staticmethod(backward),
         "uses_sink": uses_sink,
         "single_output": single,
+        "backwards": backwards,  # the bwd variants traced so far (read by tests and explain)
         "__qualname__": f"Captured[{pair.function_name}]",
         "__module__": __name__,
     }
     return type(f"Captured_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), namespace)
 
 
-def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tuple[Any, ...]],
+def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tuple[tuple[Any, ...], Any]],
                        generate_vmap_rule: bool) -> type[torch.autograd.Function]:
     """The pair as a ``setup_context``-style Function, for torch.func transforms.
 
@@ -474,7 +565,7 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
         ctx.mark_non_differentiable(*output[n_top:], *[output[p] for p in nondiff_pos])
 
     def backward(ctx: Any, *grads: Any) -> Any:
-        return call_bwd(grads[:n_top], ctx.saved_tensors)
+        return call_bwd(grads[:n_top], ctx.saved_tensors)[0]
 
     return type(f"Transformable_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), {
         "forward": staticmethod(forward),

@@ -594,8 +594,6 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         outside.restore()  # no fake tensor stays in the caller's objects
         raise
     t.unbacked.flush(t.fwd)
-    # Forward has run: backward reads only constants, and a capture holds no caller's tensor.
-    t.values.real_args = None
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     check_ctx_arguments(ctx, grad_can_flow)
 
@@ -662,6 +660,11 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
             names[node] = "outs" if single else "out"
 
     bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
+    # Backward's value reads have computed forward's values from the caller's arguments; a
+    # capture holds none of the caller's tensors.
+    t.values.real_args = None
+    if any(r.guards_backward for r in t.values.reads):
+        _save_everything(t, ctx)
     fwd_names = dict(names)
     names.update(bwd.names)
     python_state = state.finish(ctx)
@@ -754,15 +757,31 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
     return _Backward(arg_grads, names, tuple(grad_names))
 
 
+def _save_everything(t: "_Tracing", ctx: ProxyCtx) -> None:
+    """Backward branches on values it receives: another backward call may take code that
+    reads other forward values, traced only then, after forward ran. So forward saves every
+    tensor backward can reach (what the user saved, tensors on ctx), as eager keeps them."""
+    record = ctx._minihop_record
+    reachable = [*(record.saved or ()), *(leaf for name, value in vars(ctx).items()
+                                          if not name.startswith("_minihop")
+                                          for _, leaf in iter_leaves(value))]
+    for value in reachable:
+        if t.is_traced(value):
+            t.bwd.node_for(value)  # a bwd placeholder, paired with its fwd node (bwd_saved)
+
+
 def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: ProxyCtx, out: Any,
                     num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
                     fwd_names: dict[fx.Node, str], made: list[RawCapture],
                     grad_specs: tuple[GradSpec | None, ...] | None,
-                    call_args: tuple[Any, ...] = ()) -> RawCapture:
-    """Trace backward again, after the forward traced once: for grads laid out otherwise, or
-    for Python values backward reads that changed since forward ran. Forward is not run
-    again: what it left on ctx is what the forward that really ran left (its reads are
-    guarded), except that an argument object on ctx is the call's own (``call_args``)."""
+                    call_args: tuple[Any, ...] = (),
+                    call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
+    """Trace backward again, after the forward traced once: for grads laid out otherwise, for
+    Python values backward reads that changed since forward ran, or for values backward
+    takes out of its grads and saved values (``call_data``: the real ones, per fwd output and
+    per fwd node). Forward is not run again: what it left on ctx is what the forward that
+    really ran left (its reads are guarded), except that an argument object on ctx is the
+    call's own (``call_args``)."""
     with TRACE_LOCK:
         t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
         t.grad_nodes.clear()
@@ -777,6 +796,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
                         object.__setattr__(ctx, name, real)
         t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
         t.unbacked.backward_again()
+        t.values.call_data = call_data
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.on_symbolic = t.unbacked.escape
         state.start()
@@ -788,6 +808,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
             raise again.refusal from None  # forward is not traced again here
         finally:
             state.abort()
+            t.values.call_data = None  # the call's tensors are not kept
             for name, value in swapped.items():
                 object.__setattr__(ctx, name, value)
         return dataclasses.replace(

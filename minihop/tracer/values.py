@@ -15,10 +15,15 @@ values only). The trace then continues with that Python value, and the capture r
 - ``guarded``: the graph reads fwd inputs. The runtime runs it on every call's inputs before
   the captured forward and compares the value (exactly); a different value is a guard
   mismatch (``minihop.apply`` captures again for it).
+- ``guarded`` in backward: the graph reads what backward receives (grads, saved values).
+  Traced at capture, it is computed from the capture's arguments (forward's values, run for
+  real) and grads of ones: a guess the runtime checks before each backward, on that
+  backward's real grads and saved values; a backward they do not fit traces backward again
+  with them (``call_data``: the real values, for the ValueReader of that trace).
 
-Anything else is refused (MH103) with the line, the op and the ways out: a value read in
-backward that depends on anything but constants (grads, forward's inputs), random or
-uninitialised values, or a call whose real result holds tensors (a data-dependent shape).
+Anything else is refused (MH103) with the line, the op and the ways out: random or
+uninitialised values, a read in a trace without real values to compute it from
+(``minihop.trace``), or a call whose real result holds tensors (a data-dependent shape).
 
 Invariant: every Python value given to the user's code from tensor data is a ``DataRead`` of
 the capture, or tracing stopped with ``DataDependentError``.
@@ -26,6 +31,7 @@ the capture, or tracing stopped with ``DataDependentError``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,6 +73,9 @@ class ValueReader:
     def __init__(self, tracing: Any, real_args: tuple[Any, ...] | None) -> None:
         self.t = tracing
         self.real_args = real_args  # None when traced from fake arguments only
+        # A backward traced again for one backward call: its real grads (by fwd output) and
+        # saved values (by fwd node).
+        self.call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None
         self.reads: list[DataRead] = []
 
     def read(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], where: str | None) -> Any:
@@ -81,15 +90,13 @@ class ValueReader:
                                    "its value is not computed under autocast here.")
         graph, inputs_of, clone = self._graph_for(func, args, kwargs, describe, op, where)
         sources = [s for s in inputs_of if isinstance(s, InputSource)]
-        if sources and phase != "forward":
-            raise refuse_data_read(describe, op, where,
-                                   "backward branches on values computed from grads or forward's "
-                                   "inputs, which only the call itself knows.")
-        if sources and self.real_args is None:
+        received = [s for s in inputs_of if isinstance(s, _Received)]
+        if (sources and self.real_args is None) or any(s.value is None for s in received):
             raise refuse_data_read(describe, op, where,
                                    "this trace has no real arguments to compute it from.")
         with unset_fake_temporarily(), torch.no_grad():
-            inputs = [s.value if isinstance(s, _Known) else self._real_input(s) for s in inputs_of]
+            inputs = [s.value if isinstance(s, (_Known, _Received)) else self._real_input(s)
+                      for s in inputs_of]
             if any(v is None for v in inputs):
                 raise refuse_data_read(describe, op, where,
                                        "this trace has no real arguments to compute it from.")
@@ -100,8 +107,12 @@ class ValueReader:
             raise refuse_data_read(describe, op, where,
                                    "its result is a tensor whose shape or contents come from "
                                    "tensor values.")
-        self.reads.append(DataRead("guarded" if sources else "constant", phase, op, value,
-                                   where, graph if sources else None, tuple(sources), clone))
+        guarded = bool(sources or received)
+        bwd_inputs = tuple(s.ref if isinstance(s, _Received) else ("const", s.value)
+                           for s in inputs_of) if received else ()
+        self.reads.append(DataRead("guarded" if guarded else "constant", phase, op, value,
+                                   where, graph if guarded else None, tuple(sources), clone,
+                                   bwd_inputs))
         return value
 
     def _recorder(self) -> Any:
@@ -131,16 +142,12 @@ class ValueReader:
         def node_of(value: Any) -> Any:
             if not isinstance(value, FakeTensor):
                 return value
-            if backward:
-                node = rec.node_of.get(id(value))
-                if node is not None:
-                    return node
-                if id(value) in t.grad_of:
-                    raise refuse_data_read(describe, op, where,
-                                           "backward branches on the values of a grad.")
-                # A forward value backward has not used: read it without saving it.
-                return _Forward(t.fwd.node_for(value))
-            return rec.node_for(value)
+            if backward and id(value) not in rec.node_of and id(value) not in t.grad_of:
+                constant, value_of = self._forward_of(t.fwd.node_for(value), describe, op, where)
+                if constant:
+                    # A forward constant backward has not used: read it without saving it.
+                    return _Forward(value_of)
+            return rec.node_for(value)  # in backward, a grad or saved value is a placeholder
 
         mapped = tree_map(node_of, (args, kwargs))
         graph = fx.Graph()
@@ -154,7 +161,7 @@ class ValueReader:
             if isinstance(value, fx.Node):
                 return env[value]
             if isinstance(value, _Forward):
-                sources.append(_Known(self._constant_of(value.node, describe, op, where)))
+                sources.append(_Known(value.value_of()))
                 return graph.placeholder(f"forward_{len(sources)}")
             return value
 
@@ -189,11 +196,7 @@ class ValueReader:
                                        "are random or unwritten, not known at capture.")
             if n.op == "placeholder":
                 if backward:
-                    fwd_node = self._saved_fwd_node(n)
-                    if fwd_node is None:
-                        raise refuse_data_read(describe, op, where,
-                                               "backward branches on the values of a grad.")
-                    sources.append(_Known(self._constant_of(fwd_node, describe, op, where)))
+                    sources.append(self._received(n, describe, op, where))
                 else:
                     sources.append(self.t.placeholder_sources[n])
                 env[n] = graph.placeholder(n.name)
@@ -201,26 +204,60 @@ class ValueReader:
             env[n] = graph.node_copy(n, lambda a: env[a])
         return writes
 
-    def _saved_fwd_node(self, bwd_placeholder: fx.Node) -> fx.Node | None:
-        for bwd_node, fwd_node in self.t.bwd_saved:
-            if bwd_node is bwd_placeholder:
-                return fwd_node
-        return None
+    def _received(self, placeholder: fx.Node, describe: str, op: str, where: str | None) -> Any:
+        """What a bwd placeholder holds when backward runs: a grad or saved value (``_Received``,
+        with its real value for this trace when known), or a forward constant (``_Known``)."""
+        t = self.t
+        index = next((i for i, node in t.grad_nodes.items() if node is placeholder), None)
+        if index is not None:
+            if self.call_data is not None:
+                return _Received(("grad", index), self.call_data[0].get(index))
+            if self.real_args is None:
+                return _Received(("grad", index), None)
+            # Traced at capture, before any grad exists: grads of ones (what ``out.sum()``
+            # gives) are the guess; the runtime checks it on each backward's real grads.
+            fake = placeholder.meta["val"]
+            with unset_fake_temporarily():
+                return _Received(("grad", index), torch.ones(_hinted(fake.shape), dtype=fake.dtype,
+                                                             device=fake.device))
+        fwd_node = next((f for b, f in t.bwd_saved if b is placeholder), None)
+        if fwd_node is None:
+            raise AssertionError(f"minihop bug: bwd placeholder {placeholder.name} is neither a "
+                                 "grad nor a saved value")
+        constant, value_of = self._forward_of(fwd_node, describe, op, where)
+        if constant:
+            return _Known(value_of())
+        if self.call_data is not None:
+            return _Received(("saved", fwd_node), self.call_data[1].get(fwd_node))
+        if self.real_args is None:
+            return _Received(("saved", fwd_node), None)
+        return _Received(("saved", fwd_node), value_of())
 
-    def _constant_of(self, fwd_node: fx.Node, describe: str, op: str, where: str | None) -> Any:
-        """The real value of a forward node computed from Python values only (backward reads a
-        forward value: only a constant is known without the call's inputs)."""
+    def _forward_of(self, fwd_node: fx.Node, describe: str, op: str,
+                    where: str | None) -> tuple[bool, Callable[[], Any]]:
+        """Whether forward computed ``fwd_node`` from Python values only, and how to compute
+        its real value (a constant, or from the capture's real arguments: backward traced at
+        capture reads a forward value)."""
         graph = fx.Graph()
         env: dict[fx.Node, Any] = {}
         sources: list[Any] = []
-        self._copy_nodes(self.t.fwd, [fwd_node], graph, env, describe, op, where, sources, False)
-        if sources:
-            raise refuse_data_read(describe, op, where,
-                                   "backward branches on values computed from forward's inputs, "
-                                   "which only the call itself knows.")
+        clone = self._copy_nodes(self.t.fwd, [fwd_node], graph, env, describe, op, where, sources, False)
         graph.output(env[fwd_node])
-        with unset_fake_temporarily(), torch.no_grad():
-            return fx.GraphModule(torch.nn.Module(), graph)()
+
+        def value_of() -> Any:
+            with unset_fake_temporarily(), torch.no_grad():
+                inputs = [self._real_input(s) for s in sources]
+                if clone:
+                    inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+                # Run once: interpreted, without generating a GraphModule's code.
+                return fx.Interpreter(torch.nn.Module(), graph=graph).run(*inputs)
+
+        return not sources, value_of
+
+
+def _hinted(shape: Any) -> tuple[int, ...]:
+    """A shape's sizes as ints (a symbolic size's value at capture), adding no guard."""
+    return tuple(s.node.hint if isinstance(s, torch.SymInt) else int(s) for s in shape)
 
 
 class _Known:
@@ -230,9 +267,18 @@ class _Known:
         self.value = value
 
 
+class _Received:
+    """An input of a backward value's graph that backward receives: ``ref`` is
+    ``("grad", i)`` or ``("saved", fwd node)``; ``value`` its real value in this trace (None:
+    unknown, refused)."""
+
+    def __init__(self, ref: tuple[str, Any], value: Any) -> None:
+        self.ref = ref
+        self.value = value
+
+
 class _Forward:
-    """A forward value backward reads for its data only (not saved: only a constant is)."""
+    """A forward constant backward reads for its data only (not saved: its value is known)."""
 
-    def __init__(self, node: fx.Node) -> None:
-        self.node = node
-
+    def __init__(self, value_of: Callable[[], Any]) -> None:
+        self.value_of = value_of
