@@ -39,6 +39,8 @@ sys.path.insert(0, str(_ROOT / "tests" / "fuzz"))
 
 import torch  # noqa: E402
 
+from bench.report import update_section  # noqa: E402
+
 from generate import RandomChooser, generate_case  # noqa: E402
 from generate_data import generate_data_case  # noqa: E402
 from generate_state import generate_state_case  # noqa: E402
@@ -119,19 +121,6 @@ def _outcomes(seeds: range, jobs: int, directory: str,
     with multiprocessing.get_context("spawn").Pool(jobs, _init_worker, (directory, generator),
                                                    maxtasksperchild=500) as pool:
         yield from pool.imap_unordered(_run_seed, seeds, chunksize=8)
-
-
-def update_section(text: str | None, section: str, marker: str = "fuzz") -> str:
-    """``text`` with the fuzz section replaced (or appended; or the whole file if absent)."""
-    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
-    block = f"{start}\n{section.rstrip()}\n{end}"
-    if not text:
-        return block + "\n"
-    if start in text and end in text:
-        before, rest = text.split(start, 1)
-        _, after = rest.split(end, 1)
-        return before + block + after
-    return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
 def _commit() -> str:

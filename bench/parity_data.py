@@ -46,6 +46,7 @@ import torch  # noqa: E402
 import minihop  # noqa: E402
 from data_functions import IDIOMS, Idiom, Record, record, same_record, validating  # noqa: E402
 
+from .report import update_section  # noqa: E402
 from .steps import RecordingBackend, fresh_caller  # noqa: E402
 
 __all__ = ["COLUMNS", "README", "dynamo_cells", "main", "minihop_cell", "row", "table"]
@@ -189,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     if options.write:
-        from .fuzz import update_section
-
         README.write_text(update_section(README.read_text(), text, MARKER))
         print(f"wrote the {MARKER} section of {README}")
     return 1 if any("WRONG" in r[-2] for r in rows) else 0
