@@ -43,14 +43,44 @@ from generate import Case, Chooser
 
 __all__ = ["BACKWARD_FEATURES", "FORWARD_FEATURES", "OUTPUT_FEATURES", "generate_data_case"]
 
-FORWARD_FEATURES = ("item_divisor", "item_scale", "loop_count", "tolist_split", "tolist_count",
-                    "mask_count", "branch_sum", "branch_all", "branch_any", "torch_equal",
-                    "dim_compare", "constant_item", "mask_write", "mask_negate")
 OUTPUT_FEATURES = ("mask_index", "masked_select", "nonzero_index")
-BACKWARD_FEATURES = ("surrogate_flip", "item_divisor", "branch_saved", "branch_grad", "loop_count",
-                     "constant_item", "tolist_split", "masked_round_trip", "nonzero_round_trip")
 _VALUES = (-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0)
 _WEIGHTS = (1.5, -0.5, 2.0, -1.0, 0.25)
+
+
+# Each feature's lines: forward's work on ``v`` (``x0``'s shape), backward's on ``gx``.
+_FORWARD_LINES: dict[str, list[str]] = {
+    "item_divisor": ["scale = x0.abs().max().item() + 1", "ctx.scale = scale", "v = v / scale"],
+    "item_scale": ["v = v * v.sum().item()"],
+    "loop_count": ["for _ in range(int(n)):", "    v = v * 1.5"],
+    "tolist_split": ["parts = v.reshape(-1).split(sizes.tolist())",
+                     "v = torch.cat([p * (i + 1) for i, p in enumerate(parts)]).reshape(v.shape)"],
+    "tolist_count": ["positive = sum(1 for a in x0.reshape(-1).tolist() if a > 0)", "v = v + positive"],
+    "mask_count": ["v = v * int((x0 > 0).sum())"],
+    "branch_sum": ["if v.sum() > 0:", "    v = v * 2", "else:", "    v = v - 1"],
+    "branch_all": ["if (x0 > 0).all():", "    v = v.sin()", "else:", "    v = v * 3"],
+    "branch_any": ["if (x0 > 1).any():", "    v = v + 2"],
+    "torch_equal": ["if torch.equal(x0, x1):", "    v = v * 2", "else:", "    v = v + x1"],
+    "dim_compare": ["if d == 0:", "    v = v * 3", "v = v + int(d)"],
+    "constant_item": ["v = v * torch.tensor(k).item()"],
+    "mask_write": ["v = v.clone()", "v[x0 < 0] = 0"],
+    "mask_negate": ["v = v.clone()", "m = x0 >= 0", "v[m] = -v[m]"],
+}
+_BACKWARD_LINES: dict[str, list[str]] = {
+    "surrogate_flip": ["gx = gx.clone()", "gx[x0 >= 0] = -gx[x0 >= 0]"],
+    "item_divisor": ["gx = gx * 2 / (x0.abs().max().item() + 1)"],
+    "branch_saved": ["if x0.sum() > 0:", "    gx = gx * 2", "else:", "    gx = gx * -1"],
+    "branch_grad": ["if (gx > 0).all():", "    gx = gx * 2", "else:", "    gx = gx * 3"],
+    "loop_count": ["for _ in range(int(n)):", "    gx = gx * 2"],
+    "constant_item": ["gx = gx * c.item()"],
+    "tolist_split": ["parts = gx.reshape(-1).split(sizes.tolist())",
+                     "gx = torch.cat([p * (i + 2) for i, p in enumerate(parts)]).reshape(gx.shape)"],
+    "masked_round_trip": ["gx = torch.zeros_like(gx).masked_scatter(x0 > 0, gx.masked_select(x0 > 0)) + gx * 0.5"],
+    "nonzero_round_trip": ["nz = torch.nonzero(x0.reshape(-1) < 0).squeeze(1)",
+                           "gx = gx.reshape(-1).index_add(0, nz, gx.reshape(-1)[nz]).reshape(gx.shape)"],
+}
+FORWARD_FEATURES = tuple(_FORWARD_LINES)
+BACKWARD_FEATURES = tuple(_BACKWARD_LINES)
 
 
 @dataclasses.dataclass
@@ -142,7 +172,7 @@ class _DataBuilder:
             fwd.append("v = v + x1 * 0.5")
         saved = ["x0"]
         for f in forward:
-            fwd += self._forward(f)
+            fwd += _FORWARD_LINES[f]
         if "constant_item" in backward:
             fwd.append("c = torch.tensor(k)")
             saved.append("c")
@@ -172,68 +202,13 @@ class _DataBuilder:
             bwd.append("gx = gx / ctx.scale")
             self.features.append("bwd-reads-ctx-scale")
         for f in backward:
-            bwd += self._backward(f)
+            bwd += _BACKWARD_LINES[f]
         grads = {"x0": "gx", "x1": "gx * 0.5" if x1_grad else "None"}
         bwd.append(f"return {', '.join(grads.get(a, 'None') for a in args)}")
 
         calls = ch.integer(3, 5)
         data = self.data(calls, numel, dims)
         return Case(self.render(args, fwd, bwd, shape, x1_grad, data), tuple(dict.fromkeys(self.features)))
-
-    def _forward(self, f: str) -> list[str]:
-        if f == "item_divisor":
-            return ["scale = x0.abs().max().item() + 1", "ctx.scale = scale", "v = v / scale"]
-        if f == "item_scale":
-            return ["v = v * v.sum().item()"]
-        if f == "loop_count":
-            return ["for _ in range(int(n)):", "    v = v * 1.5"]
-        if f == "tolist_split":
-            return ["parts = v.reshape(-1).split(sizes.tolist())",
-                    "v = torch.cat([p * (i + 1) for i, p in enumerate(parts)]).reshape(v.shape)"]
-        if f == "tolist_count":
-            return ["positive = sum(1 for a in x0.reshape(-1).tolist() if a > 0)", "v = v + positive"]
-        if f == "mask_count":
-            return ["v = v * int((x0 > 0).sum())"]
-        if f == "branch_sum":
-            return ["if v.sum() > 0:", "    v = v * 2", "else:", "    v = v - 1"]
-        if f == "branch_all":
-            return ["if (x0 > 0).all():", "    v = v.sin()", "else:", "    v = v * 3"]
-        if f == "branch_any":
-            return ["if (x0 > 1).any():", "    v = v + 2"]
-        if f == "torch_equal":
-            return ["if torch.equal(x0, x1):", "    v = v * 2", "else:", "    v = v + x1"]
-        if f == "dim_compare":
-            return ["if d == 0:", "    v = v * 3", "v = v + int(d)"]
-        if f == "constant_item":
-            return ["v = v * torch.tensor(k).item()"]
-        if f == "mask_write":
-            return ["v = v.clone()", "v[x0 < 0] = 0"]
-        if f == "mask_negate":
-            return ["v = v.clone()", "m = x0 >= 0", "v[m] = -v[m]"]
-        raise AssertionError(f)
-
-    def _backward(self, f: str) -> list[str]:
-        if f == "surrogate_flip":
-            return ["gx = gx.clone()", "gx[x0 >= 0] = -gx[x0 >= 0]"]
-        if f == "item_divisor":
-            return ["gx = gx * 2 / (x0.abs().max().item() + 1)"]
-        if f == "branch_saved":
-            return ["if x0.sum() > 0:", "    gx = gx * 2", "else:", "    gx = gx * -1"]
-        if f == "branch_grad":
-            return ["if (gx > 0).all():", "    gx = gx * 2", "else:", "    gx = gx * 3"]
-        if f == "loop_count":
-            return ["for _ in range(int(n)):", "    gx = gx * 2"]
-        if f == "constant_item":
-            return ["gx = gx * c.item()"]
-        if f == "tolist_split":
-            return ["parts = gx.reshape(-1).split(sizes.tolist())",
-                    "gx = torch.cat([p * (i + 2) for i, p in enumerate(parts)]).reshape(gx.shape)"]
-        if f == "masked_round_trip":
-            return ["gx = torch.zeros_like(gx).masked_scatter(x0 > 0, gx.masked_select(x0 > 0)) + gx * 0.5"]
-        if f == "nonzero_round_trip":
-            return ["nz = torch.nonzero(x0.reshape(-1) < 0).squeeze(1)",
-                    "gx = gx.reshape(-1).index_add(0, nz, gx.reshape(-1)[nz]).reshape(gx.shape)"]
-        raise AssertionError(f)
 
     def render(self, args: list[str], fwd: list[str], bwd: list[str], shape: tuple[int, ...],
                x1_grad: bool, data: _Data) -> str:
@@ -266,11 +241,9 @@ def generate_data_case(ch: Chooser) -> Case:
     return _DataBuilder(ch).build()
 
 
-if __name__ == "__main__":  # print a few, for eyeballing the generator
+if __name__ == "__main__":
     import sys
 
-    from generate import RandomChooser
+    from generate import print_cases
 
-    for seed in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
-        print(f"# --- seed {seed}")
-        print(generate_data_case(RandomChooser(seed)).source)
+    print_cases(generate_data_case, sys.argv)

@@ -27,7 +27,7 @@ import tempfile
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -36,7 +36,7 @@ from tally import Tally  # noqa: E402
 from generate import Case  # noqa: E402
 from generate_data import generate_data_case  # noqa: E402
 from oracle_state import run_data_case  # noqa: E402
-from test_fuzz import _DrawChooser  # noqa: E402
+from test_fuzz import _DrawChooser, fuzz_settings  # noqa: E402
 
 EXAMPLES = 40
 ALLOWED_REFUSALS = frozenset({"MH103"})
@@ -51,9 +51,7 @@ def data_cases(draw: Any) -> Case:
     return generate_data_case(_DrawChooser(draw))
 
 
-@settings(derandomize=True, max_examples=EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.filter_too_much, HealthCheck.large_base_example])
+@fuzz_settings(EXAMPLES)
 @given(case=data_cases())
 def test_fuzz_data_dependent_matches_eager_or_refuses(case: Case) -> None:
     """A random data-dependent Function matches eager exactly (strict and fallback="eager") or is refused with MH103."""
