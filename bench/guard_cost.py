@@ -31,15 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path[:1] = [str(ROOT)]
     __package__ = "bench"  # noqa: A001
-if str(ROOT / "tests") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
 import minihop  # noqa: E402
-from data_functions import BranchOnSum, SameOrNot, ScaleByMax  # noqa: E402
 
 from .functions import MySin  # noqa: E402
+from .parity_data import idiom_named  # noqa: E402 - the idioms of tests/data_functions.py
 from .report import update_section  # noqa: E402
 from .steps import fresh_caller, fwd_bwd  # noqa: E402
 from .table import Table  # noqa: E402
@@ -63,13 +61,13 @@ def _equal_pair() -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.detach().clone().requires_grad_(True)
 
 
-# (label, Function, arguments, what its guard recomputes)
+# (label, Function, arguments)
 CASES: tuple[tuple[str, type, Callable[[], tuple[Any, ...]]], ...] = (
     ("MySin 8x8 (no value guard)", MySin, lambda: (_x(8, 8),)),
-    ("ScaleByMax 8x8 (`x.abs().max().item()`)", ScaleByMax, lambda: (_x(8, 8),)),
-    ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", SameOrNot, _equal_pair),
-    ("BranchOnSum 8x8 (`if x.sum() > 0`)", BranchOnSum, lambda: (_x(8, 8),)),
-    ("ScaleByMax 256x1024", ScaleByMax, lambda: (_x(256, 1024),)),
+    ("ScaleByMax 8x8 (`x.abs().max().item()`)", idiom_named("ScaleByMax").function, lambda: (_x(8, 8),)),
+    ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", idiom_named("SameOrNot").function, _equal_pair),
+    ("BranchOnSum 8x8 (`if x.sum() > 0`)", idiom_named("BranchOnSum").function, lambda: (_x(8, 8),)),
+    ("ScaleByMax 256x1024", idiom_named("ScaleByMax").function, lambda: (_x(256, 1024),)),
 )
 
 

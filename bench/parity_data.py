@@ -44,12 +44,12 @@ if str(ROOT / "tests") not in sys.path:
 import torch  # noqa: E402
 
 import minihop  # noqa: E402
-from data_functions import IDIOMS, Idiom, Record, record, same_record, validating  # noqa: E402
+from data_functions import IDIOMS, Idiom, Record, idiom_named, record, same_record, validating  # noqa: E402
 
 from .report import update_section  # noqa: E402
 from .steps import RecordingBackend, fresh_caller  # noqa: E402
 
-__all__ = ["COLUMNS", "README", "dynamo_cells", "main", "minihop_cell", "row", "table"]
+__all__ = ["COLUMNS", "IDIOMS", "README", "dynamo_cells", "idiom_named", "main", "minihop_cell", "row", "table"]
 
 README = ROOT / "README.md"
 MARKER = "parity-data"
