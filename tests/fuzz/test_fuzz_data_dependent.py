@@ -65,3 +65,67 @@ def test_fuzz_data_dependent_summary(capsys: pytest.CaptureFixture[str]) -> None
     """Print the data-dependent fuzz counts (runs after the fuzz test, in file order)."""
     with capsys.disabled():
         print(TALLY.summary())
+
+
+# A generated-style case whose forward branches on the data: its calls alternate the branch.
+_BRANCH_CASE = '''import torch
+
+
+class Fuzz(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x0):
+        v = x0 * 2
+        if v.sum() > 0:
+            v = v * 2
+        else:
+            v = v - 1
+        ctx.save_for_backward(x0)
+        return v
+
+    @staticmethod
+    def backward(ctx, g):
+        x0, = ctx.saved_tensors
+        gx = g * 1
+        return gx
+
+
+SHAPE = (3,)
+X0 = [[1.0, 2.0, -0.5], [-1.0, -2.0, 0.5], [1.0, 2.0, -0.5]]
+LOSS_WEIGHT = [1.5, -0.5, 2.0]
+STEPS = [(0, 0), (1, 1), (2, 2)]
+CALL = 0
+
+
+def set_value(value):
+    global CALL
+    CALL = int(value)
+
+
+def read_state():
+    return {}
+
+
+def loss_weight():
+    return LOSS_WEIGHT[CALL]
+
+
+def make_args():
+    x0 = torch.tensor(X0[CALL]).reshape(SHAPE).requires_grad_(True)
+    return (x0,)
+'''
+
+
+def test_branch_case_matches() -> None:
+    """The hand-written branch case matches eager through the oracle (value guards recapture)."""
+    assert run_data_case(Case(_BRANCH_CASE, ("fwd-branch_sum",)), _DIRECTORY).kind == "matched"
+
+
+def test_oracle_sees_a_stale_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With minihop's value checks made to always pass, the second call (other branch) is served
+    the first capture: the oracle must call that a mismatch, at call 2 (the fuzz test can fail)."""
+    import minihop.runtime.capture as capture_module
+
+    monkeypatch.setattr(capture_module, "_value_check", lambda read: lambda args: True)
+    outcome = run_data_case(Case(_BRANCH_CASE, ("fwd-branch_sum",)), _DIRECTORY)
+    assert outcome.kind == "mismatched", outcome
+    assert "call 2" in outcome.signature
