@@ -11,11 +11,13 @@ everything and writes ``bench/RESULTS.md``. One module per measurement:
   per_call         (b) steady-state fwd+bwd per call
   saved            (c) bytes saved for backward
   scaling          (d) capture time vs Function size, and its plot
+  guard_cost       (e) per-call cost of value guards (a marked section of RESULTS.md)
   targets          the issue's targets, PASS/MISS
   profiling        cProfile excerpts for the misses
   report, run      RESULTS.md and the entry point
   gpu_check        a separate script for a CUDA machine
   before_after     a separate script: the hot path at an older commit vs now, in one run
+  parity_data      README's data-dependent parity rows: eager, Dynamo, minihop (no timing)
 """
 
 from .functions import CASES, Case

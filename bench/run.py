@@ -1,8 +1,9 @@
 """``python -m bench`` / ``python bench/run.py``: every measurement, printed, then RESULTS.md.
 
 Place: bench/, the entry point. Runs (a) capture latency warm and cold, (b) per-call fwd+bwd,
-(c) saved bytes, (d) capture scaling, checks the targets, profiles where a target is missed,
-and writes ``bench/RESULTS.md`` (and ``bench/capture_scaling.png`` when matplotlib is there).
+(c) saved bytes, (d) capture scaling, (e) the per-call cost of value guards (written as the
+``guard-cost`` marked section, as ``python -m bench.guard_cost`` writes it), checks the
+targets, profiles where a target is missed, and writes ``bench/RESULTS.md`` (and ``bench/capture_scaling.png`` when matplotlib is there).
 ``--quick`` runs the same with fewer repetitions (~30 s) and writes nothing unless ``--output``.
 """
 
@@ -24,11 +25,12 @@ if __package__ in (None, ""):
 
 import torch
 
+from . import guard_cost
 from .capture_latency import measure_cold, measure_warm
 from .functions import CASES, GUARDED_CASES, SAVED_EXTRA_CASES, Case, case_named, make_chain
 from .per_call import measure_per_call
 from .profiling import Profile, profile_capture, profile_per_call
-from .report import keep_marked_sections, per_call_breakdown, render
+from .report import keep_marked_sections, per_call_breakdown, render, update_section
 from .saved import measure_saved
 from .scaling import measure_scaling, plot_scaling
 from .table import Table
@@ -107,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     tables.append(per_call.table)
     _show(per_call.table, t)
     t = time.perf_counter()
+    guards = guard_cost.measure_guard_cost(budget_s=settings.per_call_budget_s,
+                                           min_rounds=settings.per_call_min_rounds)
+    guards_seconds = time.perf_counter() - t
+    _show(guards, t)
+    t = time.perf_counter()
     saved = measure_saved((*CASES, *SAVED_EXTRA_CASES))
     tables.append(saved.table)
     _show(saved.table, t)
@@ -145,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         text = render(facts=facts, command=command.strip(), elapsed_s=elapsed, targets=targets,
                       tables=tables, breakdown=breakdown, per_call_profiles=per_call_profiles,
                       capture_profiles=capture_profiles, plot_note=plot_note)
+        text = update_section(text, guard_cost.section(guards, command.strip(), guards_seconds),
+                              guard_cost.MARKER)
         old = output.read_text() if output.exists() else ""
         output.write_text(keep_marked_sections(old, text))
         print(f"wrote {output} ({plot_note})")

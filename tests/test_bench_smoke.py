@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an
     sys.path.insert(0, str(ROOT))
 
 import bench  # noqa: E402
-from bench import before_after, gpu_check  # noqa: E402
+from bench import before_after, gpu_check, guard_cost, parity_data  # noqa: E402
 from bench.capture_latency import measure_cold, measure_warm  # noqa: E402
 from bench.functions import CASES, SAVED_EXTRA_CASES, case_named, make_chain  # noqa: E402
 from bench.per_call import AA, APPLY, AOT, CAP, EAGER, FLOOR, RUN, measure_per_call  # noqa: E402
@@ -73,6 +73,26 @@ def test_measurements_return_their_rows(tmp_path: Path) -> None:
     for heading in ("## Machine", "## Reproduce", "## Targets", "## Tables", "(b) Steady-state"):
         assert heading in text
     assert bench.Table is type(warm.table)
+
+
+def test_guard_cost_rows() -> None:
+    """(e) times each value-guarded case against eager; MySin has no value guard, the others one."""
+    table = guard_cost.measure_guard_cost(budget_s=0.002, min_rounds=1)
+    assert [row[:2] for row in table.rows] == [
+        ("MySin 8x8 (no value guard)", "0"), ("ScaleByMax 8x8 (`x.abs().max().item()`)", "1"),
+        ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", "1"), ("BranchOnSum 8x8 (`if x.sum() > 0`)", "1"),
+        ("ScaleByMax 256x1024", "1")]
+    section = guard_cost.section(table, "python -m bench.guard_cost", 1.0)
+    assert section.startswith("## Value-guard cost") and "(e) Value-guard cost" in section
+
+
+def test_parity_data_row_without_dynamo() -> None:
+    """A parity row names its idiom and test; eager works; the Dynamo cells are left empty."""
+    idiom = parity_data.IDIOMS[0]
+    row = parity_data.row(idiom, dynamo=False)
+    assert len(row) == len(parity_data.COLUMNS)
+    assert row[:4] == (idiom.name, "works", "", "")
+    assert row[-1] == f"`{parity_data.TEST}[{idiom.function.__name__}]`"
 
 
 def test_rerun_keeps_sections_other_scripts_wrote() -> None:

@@ -50,7 +50,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-__all__ = ["Case", "Chooser", "RandomChooser", "generate_case", "load_case_namespace"]
+__all__ = ["Case", "Chooser", "RandomChooser", "generate_case", "load_case_namespace", "print_cases"]
 
 T = TypeVar("T")
 
@@ -866,9 +866,14 @@ def generate_case(ch: Chooser) -> Case:
     return _Builder(ch).build()
 
 
-if __name__ == "__main__":  # print a few, for eyeballing the generator
+def print_cases(generate: Callable[[Chooser], Case], argv: Sequence[str]) -> None:
+    """Print the cases of seeds 0.. (``argv[1]`` of them, 3 by default), for eyeballing a generator."""
+    for seed in range(int(argv[1]) if len(argv) > 1 else 3):
+        print(f"# --- seed {seed}")
+        print(generate(RandomChooser(seed)).source)
+
+
+if __name__ == "__main__":
     import sys
 
-    for seed in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
-        print(f"# --- seed {seed}")
-        print(generate_case(RandomChooser(seed)).source)
+    print_cases(generate_case, sys.argv)

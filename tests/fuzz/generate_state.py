@@ -256,11 +256,9 @@ def generate_state_case(ch: Chooser) -> Case:
     return _StateBuilder(ch).build()
 
 
-if __name__ == "__main__":  # print a few, for eyeballing the generator
+if __name__ == "__main__":
     import sys
 
-    from generate import RandomChooser
+    from generate import print_cases
 
-    for seed in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
-        print(f"# --- seed {seed}")
-        print(generate_state_case(RandomChooser(seed)).source)
+    print_cases(generate_state_case, sys.argv)

@@ -7,6 +7,11 @@ run start from the same Python state (their own class, globals, closure cells, `
 ``set_value(backward_value)``, ``.backward()``; after each forward and each backward it records
 the outputs, every tensor argument's ``.grad``, ``read_state()`` and what was printed.
 
+Data-dependent cases (``generate_data.py``, through ``run_data_case``) use the same protocol:
+``set_value(call)`` selects the call whose data ``make_args()`` returns, ``read_state()`` is
+empty, the loss is scaled by the case's ``loss_weight()`` (so grads change sign between calls),
+and tensors are compared exactly.
+
 Two minihop runs:
   strict    ``minihop.apply(Fuzz, ...)``: must give eager's record, or raise a ``MinihopError``
             with a code documented in ``docs/unsupported.md`` (a refusal, code recorded).
@@ -42,7 +47,7 @@ import minihop
 from generate import Case, load_case_namespace
 from oracle import _NOT_REFUSALS, DOCUMENTED_CODES, Outcome, _detail, _signature, write_case
 
-__all__ = ["run_state_case"]
+__all__ = ["run_data_case", "run_state_case"]
 
 
 
@@ -95,6 +100,8 @@ def _run(case: Case, path: pathlib.Path, make_call: Callable[[type], Callable[..
         namespace["set_value"](bwd_value)
         loss = sum(((t * (1.5 + i)).sum() for i, t in enumerate(_tensors(out)) if t.requires_grad),
                    torch.zeros(()))
+        if "loss_weight" in namespace:  # a data-dependent case: the grad's sign changes per call
+            loss = loss * namespace["loss_weight"]()
         with contextlib.redirect_stdout(printed):
             if loss.requires_grad:
                 loss.backward()
@@ -116,14 +123,16 @@ def _when(steps: list[_Step], i: int, backward: bool, reads: bool) -> str:
     return f"call {i + 1}" + (f", {' and '.join(changed)}" if changed else "")
 
 
-def _compare(eager: list[_Step], mine: list[_Step], reads: bool) -> None:
-    """Raise ``_RunMismatch`` at the first difference (category: what differs and when)."""
+def _compare(eager: list[_Step], mine: list[_Step], reads: bool, exact: bool) -> None:
+    """Raise ``_RunMismatch`` at the first difference (category: what differs and when);
+    ``exact``: tensors equal bit for bit (rtol=0, atol=0), else ``assert_close``'s tolerance."""
+    tolerance = {"rtol": 0.0, "atol": 0.0} if exact else {}
     for i, (e, m) in enumerate(zip(eager, mine, strict=True)):
         if len(e.outputs) != len(m.outputs):
             raise _RunMismatch("output structure", f"{_when(eager, i, False, reads)}: output count differs")
         for j, (te, tm) in enumerate(zip(e.outputs, m.outputs, strict=True)):
             try:
-                torch.testing.assert_close(tm, te, equal_nan=True)
+                torch.testing.assert_close(tm, te, equal_nan=True, **tolerance)
             except AssertionError as error:
                 raise _RunMismatch(f"output ({_when(eager, i, False, reads)})",
                                    f"{_when(eager, i, False, reads)}, output {j}: {error}") from None
@@ -141,7 +150,7 @@ def _compare(eager: list[_Step], mine: list[_Step], reads: bool) -> None:
                                    f"{_when(eager, i, True, reads)}, grad of args[{j}]: eager {ge}, minihop {gm}")
             if ge is not None:
                 try:
-                    torch.testing.assert_close(gm, ge, equal_nan=True)
+                    torch.testing.assert_close(gm, ge, equal_nan=True, **tolerance)
                 except AssertionError as error:
                     raise _RunMismatch(f"grad ({_when(eager, i, True, reads)})",
                                        f"{_when(eager, i, True, reads)}, grad of args[{j}]: {error}") from None
@@ -168,10 +177,11 @@ def _eager(fn_cls: type) -> Callable[..., Any]:
 
 
 def _verdict(case: Case, name: str, eager: list[_Step], path: pathlib.Path,
-             make_call: Callable[[type], Callable[..., Any]]) -> Outcome:
+             make_call: Callable[[type], Callable[..., Any]], exact: bool) -> Outcome:
     """One minihop run against eager's record."""
     try:
-        _compare(eager, _run(case, path, make_call), any(f.startswith("read-") for f in case.features))
+        _compare(eager, _run(case, path, make_call), any(f.startswith("read-") for f in case.features),
+                 exact)
     except _RunMismatch as error:
         return Outcome("mismatched", "", f"{name}: {error.category}", _detail(error), error)
     except minihop.MinihopError as error:
@@ -194,7 +204,7 @@ def _verdict(case: Case, name: str, eager: list[_Step], path: pathlib.Path,
     return Outcome("matched")
 
 
-def run_state_case(case: Case, directory: pathlib.Path) -> Outcome:
+def run_state_case(case: Case, directory: pathlib.Path, *, exact: bool = False) -> Outcome:
     """Eager first (an eager failure makes the case invalid), then strict and fallback.
 
     The verdict is the worse of the two runs (crashed, mismatched, refused, matched; strict's
@@ -207,11 +217,17 @@ def run_state_case(case: Case, directory: pathlib.Path) -> Outcome:
             eager = _run(case, path, _eager)
         except Exception as error:  # noqa: BLE001 - the generator's fault, reported as such
             return Outcome("invalid", type(error).__name__, _signature(error), _detail(error), error)
-        strict = _verdict(case, "strict", eager, path, _strict)
-        fallback = _verdict(case, "fallback", eager, path, _fallback)
+        strict = _verdict(case, "strict", eager, path, _strict, exact)
+        fallback = _verdict(case, "fallback", eager, path, _fallback, exact)
     rank = {"crashed": 0, "mismatched": 1, "refused": 2, "matched": 3}
     worse, other = (strict, fallback) if rank[strict.kind] <= rank[fallback.kind] else (fallback, strict)
     if worse.kind == "matched":
         return worse
     note = f"\n(the other run: {other.kind}{': ' + other.signature if other.signature else ''})\n"
     return dataclasses.replace(worse, detail=worse.detail + note)
+
+
+def run_data_case(case: Case, directory: pathlib.Path) -> Outcome:
+    """A data-dependent case (``generate_data.py``): the same protocol, tensors compared exactly
+    (a value guard that served a stale capture could be off by one ulp)."""
+    return run_state_case(case, directory, exact=True)

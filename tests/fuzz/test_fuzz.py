@@ -54,14 +54,19 @@ class _DrawChooser:
         return bool(self.draw(st.integers(0, 99)) >= 100 - percent)
 
 
+def fuzz_settings(examples: int) -> Any:
+    """The fuzz tests' hypothesis settings: a fixed budget, derandomized, no deadline, no database."""
+    return settings(derandomize=True, max_examples=examples, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much, HealthCheck.large_base_example])
+
+
 @st.composite
 def cases(draw: Any) -> Case:
     return generate_case(_DrawChooser(draw))
 
 
-@settings(derandomize=True, max_examples=EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.filter_too_much, HealthCheck.large_base_example])
+@fuzz_settings(EXAMPLES)
 @given(case=cases())
 def test_fuzz_matches_eager_or_refuses(case: Case) -> None:
     """A random Function matches eager (outputs, grads, contract, a second call) or is refused with a documented code."""

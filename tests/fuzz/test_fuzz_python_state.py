@@ -20,7 +20,7 @@ import tempfile
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -29,7 +29,7 @@ from tally import Tally  # noqa: E402
 from generate import Case  # noqa: E402
 from generate_state import generate_state_case  # noqa: E402
 from oracle_state import run_state_case  # noqa: E402
-from test_fuzz import _DrawChooser  # noqa: E402
+from test_fuzz import _DrawChooser, fuzz_settings  # noqa: E402
 
 EXAMPLES = 300
 
@@ -43,9 +43,7 @@ def state_cases(draw: Any) -> Case:
     return generate_state_case(_DrawChooser(draw))
 
 
-@settings(derandomize=True, max_examples=EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.filter_too_much, HealthCheck.large_base_example])
+@fuzz_settings(EXAMPLES)
 @given(case=state_cases())
 def test_fuzz_python_state_matches_eager_or_refuses(case: Case) -> None:
     """A random Function using Python state matches eager (strict and fallback="eager") or is refused with a documented code."""

@@ -1,0 +1,128 @@
+"""(e) What a value guard costs per call: ``python -m bench.guard_cost`` (and ``python -m bench``).
+
+Place: bench/, beside (b) per call. A value-guarded Function (forward turns tensor data into a
+Python value, so every call first recomputes that value from the inputs and compares it) is
+timed fwd+bwd, interleaved round by round (``timing.time_interleaved``), as ratios to eager
+``F.apply`` in the same run:
+
+  eager F.apply          the baseline (and again, A/A: the noise of the ratios)
+  minihop.apply hit      the cache hit, value guards included
+  cap.run(args)          the same capture without any guard check (and without the value's
+                         own computation: the capture holds it as a constant)
+  compile eager          ``torch.compile(caller, backend="eager")`` (``fullgraph=False``:
+                         Dynamo graph-breaks or errors with ``fullgraph=True`` on these)
+
+The Functions come from ``tests/data_functions.py`` (the README's parity idioms), with MySin
+(no value guard) as the reference for what a hit costs without one. The table goes into
+``bench/RESULTS.md`` between ``<!-- guard-cost:start -->`` and ``<!-- guard-cost:end -->``
+(``--no-write`` prints only); ``python -m bench`` measures and writes the same section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path[:1] = [str(ROOT)]
+    __package__ = "bench"  # noqa: A001
+
+import torch  # noqa: E402
+
+import minihop  # noqa: E402
+
+from .functions import MySin  # noqa: E402
+from .parity_data import idiom_named  # noqa: E402 - the idioms of tests/data_functions.py
+from .report import update_section  # noqa: E402
+from .steps import fresh_caller, fwd_bwd  # noqa: E402
+from .table import Table  # noqa: E402
+from .timing import time_interleaved  # noqa: E402
+
+__all__ = ["CASES", "MARKER", "VARIANTS", "main", "measure_guard_cost", "section"]
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+MARKER = "guard-cost"
+EAGER, AA, APPLY, RUN, COMPILE = ("eager F.apply", "eager (A/A)", "minihop.apply hit", "cap.run(args)",
+                                  "compile eager")
+VARIANTS = (AA, APPLY, RUN, COMPILE)
+
+
+def _x(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+
+
+def _equal_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    x = _x(8, 8)
+    return x, x.detach().clone().requires_grad_(True)
+
+
+# (label, Function, arguments)
+CASES: tuple[tuple[str, type, Callable[[], tuple[Any, ...]]], ...] = (
+    ("MySin 8x8 (no value guard)", MySin, lambda: (_x(8, 8),)),
+    ("ScaleByMax 8x8 (`x.abs().max().item()`)", idiom_named("ScaleByMax").function, lambda: (_x(8, 8),)),
+    ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", idiom_named("SameOrNot").function, _equal_pair),
+    ("BranchOnSum 8x8 (`if x.sum() > 0`)", idiom_named("BranchOnSum").function, lambda: (_x(8, 8),)),
+    ("ScaleByMax 256x1024", idiom_named("ScaleByMax").function, lambda: (_x(256, 1024),)),
+)
+
+
+def measure_guard_cost(*, budget_s: float = 0.3, min_rounds: int = 11) -> Table:
+    rows = []
+    for label, fn_cls, make in CASES:
+        args = make()
+        cap = minihop.capture(fn_cls, *args)
+        compiled = torch.compile(fresh_caller(fn_cls, f"guard cost {label}"), backend="eager")
+        guards = len(getattr(cap, "_value_checks", ()))
+        steps = {EAGER: fwd_bwd(lambda f=fn_cls, a=args: f.apply(*a), args),
+                 AA: fwd_bwd(lambda f=fn_cls, a=args: f.apply(*a), args),
+                 APPLY: fwd_bwd(lambda f=fn_cls, a=args: minihop.apply(f, *a), args),
+                 RUN: fwd_bwd(lambda c=cap, a=args: c.run(a), args),
+                 COMPILE: fwd_bwd(lambda c=compiled, a=args: c(*a), args)}
+        t = time_interleaved(steps, budget_s=budget_s, min_rounds=min_rounds)
+        base = t[EAGER]
+        rows.append((label, str(guards), f"{base.median_ns / 1e3:.1f}",
+                     *(f"{t[v].ratio_to(base):.2f}x ({t[v].median_ns / 1e3:.1f})" for v in VARIANTS),
+                     f"{base.rounds} x {base.per_round}"))
+    columns = ("case", "value guards", f"{EAGER} µs", *(f"{v} x eager (µs)" for v in VARIANTS),
+               "rounds x calls")
+    notes = ("Each step: forward, `loss.backward()`, grads set to None (as table (b)); paired "
+             "ratios to eager in the same round, medians over rounds.",
+             "`value guards`: the capture's value checks, each a small graph run on the call's "
+             "inputs before the captured forward. `minihop.apply hit` minus `cap.run(args)` is "
+             "the whole check of a hit (call key, Python-state and value guards); `cap.run` "
+             "also skips computing the value itself (a constant of the capture), so it can be "
+             "below eager.",
+             "`compile eager`: `torch.compile(backend=\"eager\")` with its default "
+             "`fullgraph=False` (see README's data-dependent parity rows for why not "
+             "`fullgraph=True`).")
+    return Table("(e) Value-guard cost per call (fwd+bwd)", columns, tuple(rows), notes)
+
+
+def section(table: Table, command: str, seconds: float) -> str:
+    return (f"## Value-guard cost\n\nGenerated by `{command}` in {seconds:.0f} s (torch "
+            f"{torch.__version__}, {torch.get_num_threads()} thread).\n\n" + table.to_markdown())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    options = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    table = measure_guard_cost(**({"budget_s": 0.05, "min_rounds": 5} if options.quick else {}))
+    print(table.to_text())
+    if not options.no_write:
+        text = section(table, "python -m bench.guard_cost", time.perf_counter() - start)
+        RESULTS.write_text(update_section(RESULTS.read_text() if RESULTS.exists() else None, text, MARKER))
+        print(f"wrote the {MARKER} section of {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

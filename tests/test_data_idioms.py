@@ -1,0 +1,69 @@
+"""The data-dependent idioms of ``tests/data_functions.py``: minihop matches eager or refuses, and README says which.
+
+Each idiom is called with inputs that take every branch and size case, the data changing
+between calls, forward and backward. ``minihop.function(F)`` (strict) must give eager's outputs
+and every ``.grad`` exactly, or raise a ``MinihopError`` with a documented code; with
+``fallback="eager"`` it must always give eager's. README's "Data-dependent values" rows
+(``bench/parity_data.py --write``) must say what minihop does now.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import minihop
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.parity_data import COLUMNS, MARKER, minihop_cell  # noqa: E402
+from data_functions import IDIOMS, Idiom, record, same_record  # noqa: E402
+
+DOCUMENTED_CODES = frozenset(re.findall(r"^## (MH\d{3}) ", (ROOT / "docs" / "unsupported.md").read_text(), re.M))
+IDS = [i.function.__name__ for i in IDIOMS]
+
+
+@pytest.mark.parametrize("idiom", IDIOMS, ids=IDS)
+def test_idiom_matches_eager_or_is_refused(idiom: Idiom) -> None:
+    """Strict: eager's record exactly, or a documented code; fallback="eager": eager's record always."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = record(idiom, idiom.function.apply)
+        try:
+            strict = record(idiom, minihop.function(idiom.function))
+        except minihop.MinihopError as error:
+            assert error.code in DOCUMENTED_CODES, f"undocumented {error.code}: {error}"
+        else:
+            assert same_record(eager, strict) is None, same_record(eager, strict)
+        fallback = record(idiom, minihop.function(idiom.function, fallback="eager"))
+    assert same_record(eager, fallback) is None, same_record(eager, fallback)
+
+
+def _readme_rows() -> dict[str, list[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"<!-- {MARKER}:start -->", 1)[1].split(f"<!-- {MARKER}:end -->", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(COLUMNS) and cells[0] != COLUMNS[0] and not set(cells[0]) <= {"-"}:
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_readme_rows_say_what_minihop_does() -> None:
+    """Each idiom has a README row whose minihop cell is measured again here (rerun
+    ``python bench/parity_data.py --write`` when minihop changes)."""
+    rows = _readme_rows()
+    assert sorted(rows) == sorted(i.name for i in IDIOMS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stale = {i.name: (rows[i.name][COLUMNS.index("minihop")], now) for i in IDIOMS
+                 if rows[i.name][COLUMNS.index("minihop")] != (now := minihop_cell(i))}
+    assert not stale, f"README's data-dependent rows are stale (README, measured): {stale}"
+    assert not any("WRONG" in cells[COLUMNS.index("minihop")] for cells in rows.values())
