@@ -980,3 +980,60 @@ class TestBackwardValueGuards:
             torch.autograd.backward(minihop.apply(SecondGrad, mine), grads)
             torch.autograd.backward(SecondGrad.apply(ref), grads)
             torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=0)
+
+
+class MaskedBranchOnGrad(torch.autograd.Function):
+    """Backward branches on a grad whose size is data-dependent (forward returns x[x > 0])."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x[x > 0] * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        out = torch.zeros_like(x)
+        out[x > 0] = g * 2 if (g > 0).all() else g * 3
+        return out
+
+
+class TestBackwardValuesOfUnbackedGrads:
+    def test_branch_on_grad_of_data_dependent_size(self) -> None:
+        """The capture's guess (grads of ones) takes the forward output's real size, and each
+        later backward picks its branch from the real grad."""
+        minihop.reset()
+        for k, weight in enumerate((1.0, -1.0, 1.0, 2.0, -3.0)):
+            x = _data(k)
+            mine, ref = clones(x)[0], clones(x)[0]
+            out, expected = minihop.apply(MaskedBranchOnGrad, mine), MaskedBranchOnGrad.apply(ref)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            (out * weight).sum().backward()
+            (expected * weight).sum().backward()
+            torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=0)
+        assert minihop.counters()["captures"] == 1
+
+
+class SplitReshapeBwd(torch.autograd.Function):
+    """Backward's gradient is rebuilt from parts split by a saved tensor's values: its size is
+    data-dependent, and that it equals the input's is checked on every call."""
+
+    @staticmethod
+    def forward(ctx, x, sizes):
+        ctx.save_for_backward(sizes)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (sizes,) = ctx.saved_tensors
+        parts = g.reshape(-1).split(sizes.tolist())
+        return torch.cat([p * (i + 2) for i, p in enumerate(parts)]).reshape(g.shape), None
+
+
+class TestUnbackedGradientShape:
+    def test_gradient_of_data_dependent_size(self) -> None:
+        minihop.reset()
+        for sizes in ([1, 3], [2, 2], [3, 1], [0, 4]):
+            check_apply(SplitReshapeBwd, torch.tensor([1.0, -2.0, 3.0, 0.5], requires_grad=True),
+                        torch.tensor(sizes))
+        assert minihop.counters()["captures"] == 1

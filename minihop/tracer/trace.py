@@ -296,6 +296,7 @@ class _Tracing:
         self.dynamic_fakes: list[tuple[int, torch.Tensor]] = []
         self.grad_of: dict[int, int] = {}  # id(fake grad) -> flat output index
         self.grad_nodes: dict[int, fx.Node] = {}
+        self.fwd_outputs: tuple[fx.Node, ...] = ()  # per flat output, once forward has run
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
         self.phase = "forward"
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
@@ -620,7 +621,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         outside.restore()  # refused: as if forward had not run (eager may run it next)
         raise
     state.forward_done()  # after the tensors written outside were taken back out
-    fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
+    fwd_outputs = t.fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
                  for s in [t.sources[id(v)]]}
     dirty_ids = {id(d) for d in record.dirty}
@@ -996,7 +997,7 @@ def _arg_grads(t: _Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node
             )
         expected = tuple(arg.shape)
         found = tuple(g.shape)
-        if found != expected and not _expandable(expected, found):
+        if not _same_shape(expected, found) and not _expandable(expected, found):
             raise BackwardOutputError(
                 f"{name}.backward returned a gradient of shape {list(found)} for argument "
                 f"{i} ({argname}).\n  expected: {list(expected)} (the shape of {argname})\n"
@@ -1007,6 +1008,20 @@ def _arg_grads(t: _Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node
             )
         nodes.append(t.bwd.node_for(g))
     return tuple(nodes)
+
+
+def _same_shape(expected: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
+    """Whether a gradient's shape is its input's. A data-dependent size (split by
+    ``sizes.tolist()``, then reshaped) cannot be compared at trace time: the equality is
+    checked on every call instead (an assert in bwd), where eager's autograd checks it."""
+    if len(expected) != len(found):
+        return False
+    for e, f in zip(expected, found, strict=True):
+        if isinstance(f, torch.SymInt) and free_unbacked_symbols(f):
+            torch._check(f == e)
+        elif f != e:
+            return False
+    return True
 
 
 def _expandable(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:

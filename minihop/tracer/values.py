@@ -217,9 +217,13 @@ class ValueReader:
             # Traced at capture, before any grad exists: grads of ones (what ``out.sum()``
             # gives) are the guess; the runtime checks it on each backward's real grads.
             fake = placeholder.meta["val"]
+            shape = _hinted(fake.shape)
+            if None in shape:
+                # A data-dependent size (an output of x[mask]): the output forward really
+                # computed for the capture's arguments has the grad's real shape.
+                shape = tuple(self._forward_of(t.fwd_outputs[index], describe, op, where)[1]().shape)
             with unset_fake_temporarily():
-                return _Received(("grad", index), torch.ones(_hinted(fake.shape), dtype=fake.dtype,
-                                                             device=fake.device))
+                return _Received(("grad", index), torch.ones(shape, dtype=fake.dtype, device=fake.device))
         fwd_node = next((f for b, f in t.bwd_saved if b is placeholder), None)
         if fwd_node is None:
             raise AssertionError(f"minihop bug: bwd placeholder {placeholder.name} is neither a "
@@ -255,8 +259,9 @@ class ValueReader:
         return not sources, value_of
 
 
-def _hinted(shape: Any) -> tuple[int, ...]:
-    """A shape's sizes as ints (a symbolic size's value at capture), adding no guard."""
+def _hinted(shape: Any) -> tuple[int | None, ...]:
+    """A shape's sizes as ints (a symbolic size's value at capture; None for an unbacked
+    one, which has none), adding no guard."""
     return tuple(s.node.hint if isinstance(s, torch.SymInt) else int(s) for s in shape)
 
 
