@@ -25,7 +25,7 @@ from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, value_key
+from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
@@ -183,6 +183,14 @@ class Capture:
                 "and autocast state.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
+        unmet = unmet_marks(args, self.dynamic_dims)
+        if unmet is not None:
+            raise GuardMismatchError(
+                f"Capture of {self.name} called with dimension {unmet[1]} of "
+                f"{self.argnames[unmet[0]] if unmet[0] < len(self.argnames) else f'args[{unmet[0]}]'} "
+                "marked dynamic (torch._dynamo.mark_dynamic), which it was captured static in.",
+                "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
+                "Capture again with the marked tensor (minihop.apply does this by itself).")
         if self.live_key != self.current_live_key(args):
             raise GuardMismatchError(
                 f"Capture of {self.name}: a value it reads from a closure, "

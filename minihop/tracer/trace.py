@@ -141,6 +141,9 @@ class ShapeGuards:
 
     arg_indices: tuple[int, ...]
     expression: str
+    # (argument position, dimension, size) of each dynamic dimension the trace fixed to one
+    # size: a size of 0 or 1 (specialised as Dynamo does), or one the code pinned (``== 5``).
+    fixed: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -798,14 +801,20 @@ def _shape_guards(t: _Tracing) -> ShapeGuards | None:
     fakes = [fake for _, fake in t.dynamic_fakes]
     sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
     guards = env.produce_guards(fakes, sources)
-    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)):
-    # produce_guards leaves size == constant to Dynamo's own tensor checks, which minihop has
-    # not, so it is guarded here.
-    for i, fake in enumerate(fakes):
-        for d, size in enumerate(fake.shape):
-            if isinstance(size, torch.SymInt) and size.node.expr.is_Integer:
-                guards.append(f"T[{i}].size()[{d}] == {int(size.node.expr)}")
-    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True")
+    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)), or
+    # that the ShapeEnv never made a symbol (a size of 0 or 1, specialised: broadcasting and
+    # empty tensors take other code for them): produce_guards leaves size == constant to
+    # Dynamo's own tensor checks, which minihop has not, so it is guarded here.
+    fixed = []
+    for i, (arg_index, fake) in enumerate(t.dynamic_fakes):
+        for d in t.dynamic[arg_index]:
+            size = fake.shape[d]
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if expr is None or expr.is_Integer:
+                guards.append(f"T[{i}].size()[{d}] == {int(size)}")
+                fixed.append((arg_index, d, int(size)))
+    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True",
+                       tuple(fixed))
 
 
 _CONTIGUOUS = GradSpec((), False)
