@@ -275,8 +275,8 @@ def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[Ou
 
 
 def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
-    if is_traced(value):
-        return True
+    if is_traced(value) or isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True  # a symbolic size is refused by _check_value (its attributes are torch's)
     if isinstance(value, torch.Tensor):
         return False
     return any(is_traced(leaf) or isinstance(leaf, FakeTensor) for _, leaf in iter_leaves(value))
