@@ -288,14 +288,16 @@ class Capture:
         save_capture(self, path)
 
 
-def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[int, ...] | None:
-    """The argument positions of the fwd inputs, when each is a whole positional argument."""
+def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None:
+    """Each fwd input as an expression over ``args``, when each is a whole positional argument
+    (``args[0]``) or a size of one (``args[0].size(1)``, a size symbol)."""
     picks = []
     for source in inputs:
-        if source.live is not None or source.dim is not None or source.lifted or source.path is None \
+        if source.live is not None or source.lifted or source.path is None \
                 or len(source.path) != 1 or source.path[0][0] != "arg":
             return None
-        picks.append(int(source.path[0][1]))
+        i = int(source.path[0][1])
+        picks.append(f"args[{i}]" if source.dim is None else f"args[{i}].size({int(source.dim)})")
     return tuple(picks)
 
 
@@ -340,9 +342,9 @@ def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[
     if picks is None:
         fetch_any = _fetcher(inputs)
         return lambda args: fetch_any(args, {})
-    if picks == tuple(range(arity)):
+    if picks == tuple(f"args[{i}]" for i in range(arity)):
         return None
-    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'args[{i}], ' for i in picks)})")
+    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'{p}, ' for p in picks)})")
     return fetch
 
 
@@ -404,6 +406,14 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
     live_ok = compile_live_check(capture._live, capture.live_key)
     if capture.layout is None and capture._shape_check is None and not capture._value_checks:
         return lambda args: guard(args) and live_ok(args)
+    if capture.layout is None and not capture._value_checks:
+        # A symbolic capture's usual checks: its shape guards read the arguments directly.
+        guards = capture.shape_guards
+        sizes_ok = eval(f"lambda args: {_over_args(guards.expression, guards.arg_indices)}",  # type: ignore[union-attr]
+                        {"math": math, "torch": torch})
+        if not capture._live:
+            return lambda args: guard(args) and sizes_ok(args)
+        return lambda args: guard(args) and live_ok(args) and sizes_ok(args)
 
     def hit(args: tuple[Any, ...]) -> bool:
         # Value guards last: they run ops, on arguments whose properties fit.
@@ -411,6 +421,11 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
             and capture.values_fit(args)
 
     return hit
+
+
+def _over_args(expression: str, arg_indices: tuple[int, ...]) -> str:
+    """Shape-guard code over ``T`` (the dynamic arguments) rewritten over ``args``."""
+    return re.sub(r"\bT\[(\d+)\]", lambda m: f"args[{arg_indices[int(m[1])]}]", expression)
 
 
 def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> Callable[[tuple[Any, ...]], Any]:
