@@ -618,13 +618,16 @@ class MatMul(Function):
         return g @ w.t(), x.t() @ g
 
 
+ORACLE_CASES.update({
+    # x's size read before x is used: x (after its symbol) is taken there, as Dynamo does.
+    "expand a static input to the batch size": (ExpandRows, lambda: (r(5, 3), r(1, 3)), {0: 0}),
+    # bwd: the grad, then the symbol its shape holds, then what backward reads (Dynamo's order).
+    "matmul, saved size symbol after the grad": (MatMul, lambda: (r(5, 3), r(3, 4)), {0: 0}),
+})
+
+
 # Where minihop's graphs still differ from torch.compile's (each strict: fixing one fails here).
 KNOWN_DIFFERENCES = {
-    # Dynamo puts the size symbol first (before x, which it belongs to); minihop after x,
-    # because x.shape[0] is read after x is used.
-    "expand to the batch size: fwd placeholder order": (ExpandRows, lambda: (r(5, 3), r(1, 3)), {0: 0}),
-    # Dynamo saves the symbol right after g (whose shape holds it); minihop after w.
-    "matmul: saved order in bwd": (MatMul, lambda: (r(5, 3), r(3, 4)), {0: 0}),
     # n - 1 on a SymInt is invisible to minihop (no dispatch): it rebuilds the value from its
     # expression (-1 + s0) in each graph and saves s0; Dynamo records sub and saves its result.
     "split sizes from n - 1": (SplitFirst, lambda: (r(5, 4),), {0: 0}),

@@ -305,6 +305,11 @@ class _Tracing:
         if self.phase != "backward":
             if name in _LAYOUT_READS:
                 self.reads_layout = True
+            if args and id(args[0]) in self.input_symbols and id(args[0]) not in self.fwd.node_of \
+                    and self.mode.recorder is self.fwd:
+                # Forward read the size of a dynamic input before using it (x.shape[0]): Dynamo
+                # takes the input (after its size symbols) there, at its first touch.
+                self.fwd.node_for(args[0])
             return
         if not args or name in _GRAD_FIXED:
             return
@@ -692,6 +697,11 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
             else:
                 grads.append(None)
             flat_index += sum(1 for _ in _tensor_leaves(item))
+    for g in grads:
+        if isinstance(g, torch.Tensor):
+            # Dynamo's order: bwd takes the grads first, then the size symbols their shapes
+            # hold (saved from fwd), before anything backward reads.
+            t._lift_shape_symbols(t.bwd, g)
     bwd_frame = FrameSnapshot()
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
