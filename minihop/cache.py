@@ -264,7 +264,6 @@ class CapturedFunction:
         except MinihopError as e:
             if self.fallback == "raise":
                 raise
-            key = self._key(args, self._dims(args))  # static, if the symbolic trace was refused
             self._warn_once("fallback", (
                 f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
                 f"{e}"))
@@ -275,16 +274,18 @@ class CapturedFunction:
 
     def _traced(self, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]]) -> Capture:
         """``capture`` for ``dims``. Under the automatic policy, a Function whose symbolic
-        trace is refused (a float made from sizes reaching an op, a size used as a dict key)
-        is captured static instead, and stays static per size from then on."""
+        trace fails where a static one works (a float made from sizes reaching an op, a size
+        used as a dict key: symbolic sizes are an optimisation, never a new error) is captured
+        static instead, and stays static per size from then on."""
         try:
             return capture(self.fn_cls, *args, dynamic=dims)
-        except MinihopError:
+        except Exception:
             static = dynamic_dims(self.fn_cls, args, False)  # the marks' dimensions only
             if self.dynamic is not None or dims == static:
                 raise
-            self._auto_failed = True
-        return capture(self.fn_cls, *args, dynamic=static)
+        cap = capture(self.fn_cls, *args, dynamic=static)  # fails too: the call's own error
+        self._auto_failed = True
+        return cap
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:

@@ -383,6 +383,8 @@ class TestAutomaticDynamic:
             AddPair.apply(r(4, 8), r(5, 8))
         with pytest.raises(RuntimeError):
             cf.apply(r(4, 8), r(5, 8))
+        assert_step_matches_eager(cf.apply, AddPair, r(11, 8), r(11, 8))  # the failed call changed nothing
+        assert cf.stats.captures == 2 and cf.captures[1].dynamic_dims == {0: (0,), 1: (0,)}
 
     def test_dynamic_false_is_static_per_size(self) -> None:
         """dynamic=False: one capture per size, as before automatic dynamic."""

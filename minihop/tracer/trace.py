@@ -531,6 +531,12 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=_shape_env()) if dynamic else FakeTensorMode()
+        if dynamic:
+            # FakeTensorMode's op cache is shared by every mode; an entry made with this
+            # trace's own ShapeEnv symbols is never hit again, and making it (sympy work per op)
+            # was two thirds of a symbolic capture. Static captures keep it (their entries are
+            # hit by later captures).
+            mode.cache_enabled = False
         t = _Tracing(fn_cls, parts, mode, dynamic)
         t.values.real_args = args  # values read from the inputs' data are computed from these
     _refuse_hidden_tensors(parts, args, "argument")
