@@ -171,8 +171,9 @@ class CapturedFunction:
         with self._lock:
             if entry is None:
                 entry = self._find(key, args)
-            if entry is None and self._note_sizes(args):
-                # Automatic dynamic: a size changed, so that dimension is symbolic from now on.
+            if entry is None and self._note_sizes(args) | (self._dims(args) != dims):
+                # Automatic dynamic: a size changed (in this call, or in another thread's since
+                # this one read the state), so that dimension is symbolic from now on.
                 dims = self._dims(args)
                 key = self._key(args, dims)
                 entry = self._find(key, args)
