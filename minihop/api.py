@@ -173,11 +173,15 @@ def _policy_dims(fn_cls: type, args: tuple[Any, ...],
     dims: dict[int, tuple[int, ...]] = {}
     for name, which in dynamic.items():
         index = argnames.index(name) if isinstance(name, str) and name in argnames else name
+        if isinstance(index, int) and 0 <= index < len(args) and type(args[index]) is int and not which:
+            dims[index] = ()  # an int argument traced as a SymInt
+            continue
         if not isinstance(index, int) or not (0 <= index < len(args)) or not isinstance(args[index], torch.Tensor):
             raise UnsupportedArgumentError(
                 f"dynamic names {name!r}, which is not a tensor argument of {fn_cls.__qualname__} "
                 f"(arguments: {', '.join(argnames)}).",
-                "Only dimensions of tensor arguments can be dynamic.",
-                "Name a tensor argument by name or position, e.g. dynamic={'x': [0]}.")
+                "Only dimensions of tensor arguments, and int arguments themselves, can be dynamic.",
+                "Name a tensor argument by name or position, e.g. dynamic={'x': [0]}, or an int "
+                "argument with no dimensions, e.g. dynamic={'k': []}.")
         dims[index] = tuple(int(d) % args[index].dim() for d in which)
     return dims

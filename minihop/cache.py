@@ -24,8 +24,9 @@ from then on, and the symbolic capture serves every size its shape guards admit 
 1 are specialised, as Dynamo does, and get a capture of their own). ``False``: static, one
 capture per size; ``True``: every dimension symbolic from the first call; a mapping names
 dimensions. Dimensions marked with ``torch._dynamo.mark_dynamic``/``maybe_mark_dynamic`` are
-symbolic and ``mark_static`` ones static under every policy (``api.dynamic_dims``). Int
-arguments stay specialised: each value is part of the key.
+symbolic and ``mark_static`` ones static under every policy (``api.dynamic_dims``). An int
+argument is treated as a shape of no dimensions: a changed value makes it a SymInt (its
+dimensions ``()``) under the automatic policy; floats and bools stay part of the key.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ class _Refused:
     """A key minihop could not capture, run eagerly under ``fallback="eager"``."""
 
     error: MinihopError
+
+
+def _slot(i: int, value: Any) -> tuple[int, Any] | None:
+    """Where the automatic policy records argument ``i``'s sizes: per rank for a tensor, once
+    for an int (not a bool); None for anything else (keyed by value)."""
+    if isinstance(value, torch.Tensor):
+        return (i, value.dim())
+    return (i, "int") if type(value) is int else None
 
 
 def _method_key(fn_cls: type) -> tuple[Any, ...]:
@@ -203,9 +212,9 @@ class CapturedFunction:
         policy = self.dynamic
         if policy is None:
             policy = {} if self._auto_failed else {
-                i: tuple(d for d, n in enumerate(seen) if n is None)
-                for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                for seen in (self._seen.get((i, a.dim())),) if seen is not None and None in seen}
+                i: () if type(a) is int else tuple(d for d, n in enumerate(seen) if n is None)
+                for i, a in enumerate(args) for seen in (self._seen.get(_slot(i, a)),)
+                if seen is not None and None in seen}
         return dynamic_dims(self.fn_cls, args, policy)
 
     def _key(self, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]]) -> Any:
@@ -219,13 +228,16 @@ class CapturedFunction:
             return False
         changed = False
         for i, a in enumerate(args):
-            if not isinstance(a, torch.Tensor):
+            slot = _slot(i, a)
+            if slot is None:
                 continue
-            shape = tuple(a.shape)
-            seen = self._seen.setdefault((i, a.dim()), shape)
+            # An int argument is recorded as a shape of no dimensions: a changed value makes it
+            # a SymInt (dims ``()``), as Dynamo makes an int that changes.
+            shape = tuple(a.shape) if isinstance(a, torch.Tensor) else (a,)
+            seen = self._seen.setdefault(slot, shape)
             merged = tuple(s if s == n else None for s, n in zip(seen, shape, strict=True))
             if merged != seen:
-                self._seen[(i, a.dim())] = merged
+                self._seen[slot] = merged
                 changed = True
         return changed
 

@@ -187,7 +187,7 @@ def _show_key(key: Any) -> str:
         dims = ", ".join("*" if d is None else str(d) for d in shape)
         return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}"
     if isinstance(key, tuple) and key and key[0] == "V":
-        return f"== {key[2]!r}"
+        return "any int (a SymInt: see dynamic sizes)" if key[1] is int and key[2] is None else f"== {key[2]!r}"
     if isinstance(key, tuple) and key and key[0] == "M":
         params = ", ".join(f"{name} {_show_key(k)}" for name, k in key[3])
         return f"the same {key[1].__name__} object; its tensors: {params or 'none'}"

@@ -4,6 +4,7 @@
 call is captured static; a later call whose tensor has a size unlike one seen before makes
 that dimension symbolic (as ``torch.compile``'s automatic dynamic shapes), and that capture
 serves every size its guards admit. Sizes 0 and 1 are specialised (a capture of their own).
+An int argument that changes becomes a SymInt the same way.
 ``torch._dynamo.mark_dynamic`` / ``maybe_mark_dynamic`` / ``mark_static`` marks are read from
 the tensors. Every call is compared with eager ``F.apply`` (outputs and every ``.grad``,
 exactly); the graphs for marked inputs are compared with ``torch.compile``'s.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 import warnings
 from typing import Any
 
@@ -185,7 +187,7 @@ class Unbiased(Function):
 
 
 class Scale(Function):
-    """An int argument (a Python value in the graph)."""
+    """An int argument (a constant in the graph, then a SymInt once it changes)."""
 
     @staticmethod
     def forward(ctx, x, k):
@@ -195,6 +197,53 @@ class Scale(Function):
     @staticmethod
     def backward(ctx, g):
         return g * ctx.k, None
+
+
+INT_USES: dict[str, Any] = {
+    "sum over dim k % 2": lambda x, k: x.sum(k % 2),
+    "torch.full((k,))": lambda x, k: x.sum() * torch.full((k,), 1.5).sum(),
+    "[1] * k": lambda x, k: x * len([1] * k),
+    "x[:, k % 3]": lambda x, k: x[:, k % 3] * 2,
+    "reshape(k, -1)": lambda x, k: x.reshape(k, -1).sum(0),
+    "arange(k)": lambda x, k: x.sum() * torch.arange(k).sum(),
+    "roll(k)": lambda x, k: x.roll(k),
+    "k == 2 branch": lambda x, k: x * 2 if k == 2 else x * 3,
+    "k % 3": lambda x, k: x * (k % 3),
+    "str(k)": lambda x, k: x * len(str(k)),
+    "f-string": lambda x, k: x * len(f"{k}{k}"),
+    "dict key": lambda x, k: x * {k: 2}.get(k, 1),
+    "pow(k)": lambda x, k: x.pow(k),
+    "math.sqrt(k)": lambda x, k: x * math.sqrt(k),
+    "torch.tensor(k)": lambda x, k: x * torch.tensor(k),
+    "float(k)": lambda x, k: x * float(k),
+    "x / k": lambda x, k: x / k,
+    "k // 2": lambda x, k: x * (k // 2),
+    "narrow": lambda x, k: x.narrow(0, 0, k % 2 + 1),
+    "expand(k, -1)": lambda x, k: x[:1].expand(k, -1),
+    "new_zeros(k)": lambda x, k: x.new_zeros(k) + x.sum(),
+    "topk": lambda x, k: x.flatten().topk(k % 3 + 1).values,
+    "repeat(k, 1)": lambda x, k: x.repeat(k, 1),
+}
+
+
+def int_user(use: Any) -> type:
+    """A Function computing ``use(x, k)``, k kept on ctx; backward differentiates it again."""
+    class UsesInt(Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            ctx.save_for_backward(x)
+            ctx.k = k
+            return use(x, k)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                leaf = x.detach().requires_grad_()
+                out = use(leaf, ctx.k)
+            return torch.autograd.grad(out, leaf, g)[0], None
+
+    return UsesInt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,15 +362,103 @@ class TestAutomaticDynamic:
         assert cf.stats.captures == 3 and cf.stats.hits == 1
         assert all(c.shape_guards is None for c in cf.captures)
 
-    def test_int_arguments_stay_specialised(self) -> None:
-        """An int argument that changes is a new capture per value (ints are not made symbolic); each gives eager's result."""
+    def test_int_argument_that_changes_becomes_symbolic(self) -> None:
+        """An int argument that changes becomes a SymInt (as Dynamo makes it): one capture serves the later values, saved on ctx for backward."""
         cf = minihop.function(Scale)
-        for k in (2, 3, 4, 3):
+        for k in (2, 3, 4, 3, 9, 17):
             assert_step_matches_eager(cf.apply, Scale, r(5), k)
-        assert cf.stats.captures == 3 and cf.stats.hits == 1
-        for n in (6, 7, 8):  # the tensor's size still becomes symbolic
+        assert cf.stats.captures == 2 and cf.stats.hits == 4
+        static, symbolic = cf.captures
+        assert static.key[1][1] == ("V", int, 2) and symbolic.key[1][1] == ("V", int, None)
+        (k_in,) = sym_placeholders(symbolic.fwd)
+        assert [s.description for s in symbolic.inputs if s.name == k_in.name] == ["k"]
+        (out,) = [n for n in symbolic.fwd.graph.nodes if n.op == "output"]
+        assert [n.name for n in out.args[0][1]] == [k_in.name]  # ctx.k saved as the SymInt
+        for n in (6, 7):  # the tensor's size becomes symbolic too
             assert_step_matches_eager(cf.apply, Scale, r(n), 3)
+        assert cf.stats.captures == 3
+
+    def test_int_zero_and_one_specialise(self) -> None:
+        """0 and 1 of a symbolic int get captures of their own, as sizes do."""
+        cf = minihop.function(Scale)
+        for k in (2, 3, 1, 0, 1, 5):
+            assert_step_matches_eager(cf.apply, Scale, r(4), k)
         assert cf.stats.captures == 4
+        guards = sorted(c.shape_guards.expression for c in cf.captures if c.shape_guards is not None)
+        assert guards == ["2 <= T[0]", "T[0] == 0", "T[0] == 1"]
+
+    def test_int_guards_and_pins(self) -> None:
+        """A branch on a symbolic int is guarded (another side recaptures); range(k) pins k to its value."""
+        class Steps(Function):
+            @staticmethod
+            def forward(ctx, x, k):
+                ctx.k = k
+                return x * 2 if k > 4 else x * 3
+
+            @staticmethod
+            def backward(ctx, g):
+                return (g * 2 if ctx.k > 4 else g * 3), None
+
+        class Repeat(Function):
+            @staticmethod
+            def forward(ctx, x, k):
+                y = x
+                for _ in range(k):
+                    y = y * 1.5
+                ctx.k = k
+                return y
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 1.5 ** ctx.k, None
+
+        steps = minihop.function(Steps)
+        for k in (6, 7, 9, 3, 2, 8):
+            assert_step_matches_eager(steps.apply, Steps, r(3), k)
+        assert steps.stats.captures == 3  # 6 static, 7 symbolic (k > 4), 3 symbolic (k <= 4)
+        repeat = minihop.function(Repeat)
+        for k in (2, 3, 4, 3):
+            assert_step_matches_eager(repeat.apply, Repeat, r(3), k)
+        assert repeat.stats.captures == 3 and repeat.stats.hits == 1  # each value pinned
+
+    @pytest.mark.parametrize("use", list(INT_USES))
+    def test_int_used_every_which_way(self, use: str) -> None:
+        """An int argument that changes, used as a dim, a size, an index, in a branch, a string, a float...: eager's outputs and grads at each value (symbolic, pinned or static)."""
+        fn_cls = int_user(INT_USES[use])
+        cf = minihop.function(fn_cls)
+        for k in (2, 3, 4, 6, 8, 3):  # each divides x's 24 elements (reshape)
+            assert_step_matches_eager(cf.apply, fn_cls, r(6, 4), k)
+
+    def test_size_printed_is_its_value(self) -> None:
+        """str() / f-strings of a symbolic size in forward give the size (pinned), not the symbol's name."""
+        class Labelled(Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * len(f"{x.shape[0]}") + len(str(x.shape[0] * 10))
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * len(repr(g.shape[0]))
+
+        cf = minihop.function(Labelled)
+        for n in (5, 7, 12, 9, 123):
+            assert_step_matches_eager(cf.apply, Labelled, r(n))
+        assert all(c.shape_guards is None or "==" in c.shape_guards.expression for c in cf.captures)
+
+    def test_bool_and_float_arguments_stay_specialised(self) -> None:
+        """Bools and floats are not made symbolic: each value is part of the key."""
+        cf = minihop.function(Scale)
+        for k in (2.0, 3.0, 4.0, True, False):
+            assert_step_matches_eager(cf.apply, Scale, r(5), k)
+        assert cf.stats.captures == 5 and all(c.shape_guards is None for c in cf.captures)
+
+    def test_int_named_dynamic_in_capture(self) -> None:
+        """minihop.capture(F, x, k, dynamic={"k": []}) traces the int as a SymInt; other values run on it."""
+        cap = minihop.capture(Scale, r(5), 3, dynamic={"k": []})
+        for k in (3, 4, 11):
+            assert_step_matches_eager(cap, Scale, r(5), k)
+        with pytest.raises(minihop.GuardMismatchError, match="dynamic sizes outside"):
+            cap(r(5), 1)
 
     @pytest.mark.parametrize("fn_cls,shape", [(MeanRows, (4,)), (Flatten, (3, 2)), (SplitFirst, (4,)),
                                               (NewZeros, (4,))], ids=lambda v: getattr(v, "__name__", ""))

@@ -70,8 +70,8 @@ def live_fetchers(inputs: tuple[InputSource, ...],
     return (*(lambda args, f=s.live: f() for s in inputs if s.live is not None), *places.values())
 
 
-def _detached(value: torch.Tensor) -> torch.Tensor:
-    return value.detach() if value.requires_grad else value
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
 
 
 def readable(gm: fx.GraphModule) -> str:
@@ -210,7 +210,7 @@ class Capture:
             raise GuardMismatchError(
                 f"Capture of {self.name} called with dynamic sizes outside "
                 f"what it was traced for: {self.shape_guards.expression if self.shape_guards else ''} "
-                f"is False for T = {[tuple(args[i].shape) for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
+                f"is False for T = {[tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
                 "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
                 "Capture again for these sizes.")
         changed = self.changed_value(args)
@@ -290,10 +290,11 @@ class Capture:
 
 def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None:
     """Each fwd input as an expression over ``args``, when each is a whole positional argument
-    (``args[0]``) or a size of one (``args[0].size(1)``, a size symbol)."""
+    (``args[0]``; a tensor, or a dynamic int) or a size of one (``args[0].size(1)``, a size
+    symbol). A one-step argument path is never a lifted tensor's."""
     picks = []
     for source in inputs:
-        if source.live is not None or source.lifted or source.path is None \
+        if source.live is not None or source.path is None \
                 or len(source.path) != 1 or source.path[0][0] != "arg":
             return None
         i = int(source.path[0][1])

@@ -137,7 +137,8 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
     ``(grad mode, per-argument keys, autocast state)``.
 
     ``dynamic`` maps an argument position to its dynamic dimensions, whose sizes are left out
-    of the key (the capture's shape guards check them instead); ``masks`` an argument
+    of the key (the capture's shape guards check them instead; ``()`` for an int argument: its
+    value is left out); ``masks`` an argument
     position to attributes left out of its key (``masked_key``).
     """
     if not dynamic and not masks:
@@ -149,6 +150,8 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
         dims = dynamic.get(i)
         if dims and k[0] == "T":
             k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
+        elif dims == () and k[0] == "V" and k[1] is int:
+            k = ("V", int, None)  # a dynamic int: its value is a SymInt, checked by the shape guards
         keys.append(k)
     return (torch.is_grad_enabled(), tuple(keys), autocast_key())
 
@@ -239,6 +242,8 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
                 consts[f"s{i}"] = torch.Size(shape)
                 checks.append(f"{a}.shape == s{i}")
             lines.append(f"    if not ({' and '.join(checks)}):")
+        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] is int and k[2] is None:
+            lines.append(f"    if type({a}) is not int:")  # a dynamic int (shape guards check it)
         elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in (int, float, bool, str, type(None)):
             consts[f"t{i}"] = k[1]
             lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")
