@@ -12,6 +12,7 @@ everything and writes ``bench/RESULTS.md``. One module per measurement:
   saved            (c) bytes saved for backward
   scaling          (d) capture time vs Function size, and its plot
   guard_cost       (e) per-call cost of value guards (a marked section of RESULTS.md)
+  sizes            (f) the 20-size loop: automatic dynamic shapes vs torch.compile
   targets          the issue's targets, PASS/MISS
   profiling        cProfile excerpts for the misses
   report, run      RESULTS.md and the entry point

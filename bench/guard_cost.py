@@ -64,10 +64,13 @@ def _equal_pair() -> tuple[torch.Tensor, torch.Tensor]:
 # (label, Function, arguments)
 CASES: tuple[tuple[str, type, Callable[[], tuple[Any, ...]]], ...] = (
     ("MySin 8x8 (no value guard)", MySin, lambda: (_x(8, 8),)),
-    ("ScaleByMax 8x8 (`x.abs().max().item()`)", idiom_named("ScaleByMax").function, lambda: (_x(8, 8),)),
+    ("ScaleByMax 8x8 (`x.abs().max().item()`: unbacked, no guard)", idiom_named("ScaleByMax").function,
+     lambda: (_x(8, 8),)),
     ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", idiom_named("SameOrNot").function, _equal_pair),
     ("BranchOnSum 8x8 (`if x.sum() > 0`)", idiom_named("BranchOnSum").function, lambda: (_x(8, 8),)),
-    ("ScaleByMax 256x1024", idiom_named("ScaleByMax").function, lambda: (_x(256, 1024),)),
+    ("BranchOnSumInBackward 8x8 (guard before backward)", idiom_named("BranchOnSumInBackward").function,
+     lambda: (_x(8, 8),)),
+    ("BranchOnSum 256x1024", idiom_named("BranchOnSum").function, lambda: (_x(256, 1024),)),
 )
 
 
@@ -77,7 +80,7 @@ def measure_guard_cost(*, budget_s: float = 0.3, min_rounds: int = 11) -> Table:
         args = make()
         cap = minihop.capture(fn_cls, *args)
         compiled = torch.compile(fresh_caller(fn_cls, f"guard cost {label}"), backend="eager")
-        guards = len(getattr(cap, "_value_checks", ()))
+        guards = sum(1 for r in cap.data_reads if r.kind == "guarded")
         steps = {EAGER: fwd_bwd(lambda f=fn_cls, a=args: f.apply(*a), args),
                  AA: fwd_bwd(lambda f=fn_cls, a=args: f.apply(*a), args),
                  APPLY: fwd_bwd(lambda f=fn_cls, a=args: minihop.apply(f, *a), args),
@@ -93,7 +96,8 @@ def measure_guard_cost(*, budget_s: float = 0.3, min_rounds: int = 11) -> Table:
     notes = ("Each step: forward, `loss.backward()`, grads set to None (as table (b)); paired "
              "ratios to eager in the same round, medians over rounds.",
              "`value guards`: the capture's value checks, each a small graph run on the call's "
-             "inputs before the captured forward. `minihop.apply hit` minus `cap.run(args)` is "
+             "inputs before the captured forward (or, for a backward read, on the grads and "
+             "saved values before the captured backward). `minihop.apply hit` minus `cap.run(args)` is "
              "the whole check of a hit (call key, Python-state and value guards); `cap.run` "
              "also skips computing the value itself (a constant of the capture), so it can be "
              "below eager.",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .per_call import APPLY, CAP, EAGER, FLOOR, RUN, PerCall
 from .profiling import Profile
 from .table import Table
-from .targets import CAPTURE_GROUP, PER_CALL_GROUP, SAVED_GROUP, Targets
+from .targets import CAPTURE_GROUP, PER_CALL_GROUP, SAVED_GROUP, SIZES_GROUP, Targets
 
 __all__ = ["keep_marked_sections", "per_call_breakdown", "render", "update_section"]
 
@@ -154,6 +154,10 @@ def render(*, facts: dict[str, str], command: str, elapsed_s: float, targets: Ta
             out.append(breakdown.to_markdown(level=4))
         out += [_profile_block(p) for p in per_call_profiles]
         out += [PER_CALL_PLAN]
+    if targets.missed[SIZES_GROUP]:
+        out += ["### Many batch sizes", "", "See table (e): the rows marked MISS above give the "
+                "factor; the loop's time is mostly its two captures (the symbolic one traces with "
+                "a ShapeEnv).", ""]
     if targets.missed[SAVED_GROUP]:
         out += ["### Saved bytes", "", "See table (c): minihop keeps more for backward than eager "
                 "for the rows marked MISS.", ""]

@@ -2,8 +2,9 @@
 
 Place: bench/, the entry point. Runs (a) capture latency warm and cold, (b) per-call fwd+bwd,
 (c) saved bytes, (d) capture scaling, (e) the per-call cost of value guards (written as the
-``guard-cost`` marked section, as ``python -m bench.guard_cost`` writes it), checks the
-targets, profiles where a target is missed, and writes ``bench/RESULTS.md`` (and ``bench/capture_scaling.png`` when matplotlib is there).
+``guard-cost`` marked section, as ``python -m bench.guard_cost`` writes it), (f) the 20-size loop,
+checks the targets, profiles where a target is missed, and writes ``bench/RESULTS.md`` (and
+``bench/capture_scaling.png`` when matplotlib is there).
 ``--quick`` runs the same with fewer repetitions (~30 s) and writes nothing unless ``--output``.
 """
 
@@ -33,6 +34,7 @@ from .profiling import Profile, profile_capture, profile_per_call
 from .report import keep_marked_sections, per_call_breakdown, render, update_section
 from .saved import measure_saved
 from .scaling import measure_scaling, plot_scaling
+from .sizes import measure_sizes
 from .table import Table
 from .targets import CAPTURE_GROUP, PER_CALL_GROUP, check_targets
 from .timing import machine_facts
@@ -58,14 +60,16 @@ class Settings:
     scaling_sizes: tuple[int, ...]
     scaling_reps: int
     profile_calls: int
+    sizes_reps: int
 
 
 FULL = Settings(capture_small_only=False, capture_reps=7, dynamo_reps=3, cold=True, cold_reps=2,
                 cold_backends=("eager", "aot_eager"), per_call_budget_s=0.3, per_call_min_rounds=11,
-                inductor=True, scaling_sizes=(10, 100, 1000), scaling_reps=3, profile_calls=2000)
+                inductor=True, scaling_sizes=(10, 100, 1000), scaling_reps=3, profile_calls=2000,
+                sizes_reps=5)
 QUICK = Settings(capture_small_only=True, capture_reps=3, dynamo_reps=1, cold=False, cold_reps=1,
                  cold_backends=("eager",), per_call_budget_s=0.05, per_call_min_rounds=5, inductor=False,
-                 scaling_sizes=(10, 100, 300), scaling_reps=1, profile_calls=2000)
+                 scaling_sizes=(10, 100, 300), scaling_reps=1, profile_calls=2000, sizes_reps=1)
 
 
 def _show(table: Table, since: float | None = None) -> None:
@@ -123,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     _show(scaling.table, t)
     t = time.perf_counter()
 
-    targets = check_targets(CASES, warm=warm, per_call=per_call, saved=saved)
+    sizes = measure_sizes(settings.sizes_reps, budget_s=settings.per_call_budget_s,
+                          min_rounds=settings.per_call_min_rounds)
+    tables.append(sizes.table)
+    _show(sizes.table, t)
+    t = time.perf_counter()
+
+    targets = check_targets(CASES, warm=warm, per_call=per_call, saved=saved, sizes=sizes)
     _show(targets.table)
     breakdown = per_call_breakdown(per_call, "MySin 8x8")
     per_call_profiles: list[Profile] = []

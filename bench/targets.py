@@ -10,6 +10,9 @@ Place: bench/, after the measurements. Thresholds (from the performance issue):
   - ``minihop.apply`` hit <= 1.3x eager on the small sizes;
   - bytes saved for backward never above eager's (minihop's packed plus what it keeps on ctx
     unhooked, against eager's packed), on every case of table (c);
+  - the 20-size loop (table (f)): at most 2 captures under the automatic policy, and its
+    total time (captures included) at most half of ``torch.compile(backend="eager")``'s;
+    a hit on the capture made symbolic at MySin 8x8 <= 1.3x eager;
   - below eager's where a saved value is unused by backward (``SavesUnused``): minihop's
     residual bytes (beyond the call's args and outputs) strictly below eager's. Where a saved
     value is an input or an output, PyTorch saves a reference, not a copy (0 extra bytes: what
@@ -19,16 +22,18 @@ Place: bench/, after the measurements. Thresholds (from the performance issue):
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 from .capture_latency import CaptureLatency
 from .functions import CASES, SAVED_EXTRA_CASES, Case, SavesUnused
 from .per_call import AA, APPLY, CAP, EAGER, PerCall
 from .saved import Saved
+from .sizes import AUTOMATIC, COMPILE, LOOP_EAGER, SYMBOLIC_HIT, Sizes
 from .table import Table
 
-__all__ = ["Targets", "check_targets", "CAPTURE_GROUP", "PER_CALL_GROUP", "SAVED_GROUP"]
+__all__ = ["Targets", "check_targets", "CAPTURE_GROUP", "PER_CALL_GROUP", "SAVED_GROUP", "SIZES_GROUP"]
 
-CAPTURE_GROUP, PER_CALL_GROUP, SAVED_GROUP = "capture", "per-call", "saved"
+CAPTURE_GROUP, PER_CALL_GROUP, SAVED_GROUP, SIZES_GROUP = "capture", "per-call", "saved", "sizes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +55,11 @@ def _noise(per_call: PerCall, name: str) -> float:
 
 
 def check_targets(cases: tuple[Case, ...] = CASES, *, warm: CaptureLatency | None = None,
-                  per_call: PerCall | None = None, saved: Saved | None = None) -> Targets:
+                  per_call: PerCall | None = None, saved: Saved | None = None,
+                  sizes: Sizes | None = None) -> Targets:
     """A row per target and case that was measured."""
     rows: list[tuple[str, ...]] = []
-    missed = {CAPTURE_GROUP: False, PER_CALL_GROUP: False, SAVED_GROUP: False}
+    missed = {CAPTURE_GROUP: False, PER_CALL_GROUP: False, SAVED_GROUP: False, SIZES_GROUP: False}
 
     def add(group: str, target: str, case: str, measured: str, threshold: str, ok: bool, by: str) -> None:
         rows.append((target, case, measured, threshold, _verdict(ok, by)))
@@ -112,6 +118,17 @@ def check_targets(cases: tuple[Case, ...] = CASES, *, warm: CaptureLatency | Non
             add(SAVED_GROUP, "bytes saved below eager where a saved value is unused by backward",
                 case.name, f"residual {mine_res} B vs eager {eager_res} B", "< eager's",
                 mine_res < eager_res, f"{mine_res - eager_res:+d} B")
+    if sizes is not None:
+        for name, times in sizes.loop_ms.items():
+            made = sizes.made[name][AUTOMATIC]
+            add(SIZES_GROUP, "captures over the 20-size loop", name, str(made), "<= 2", made <= 2,
+                f"{made - 2} more")
+            ratio = statistics.median(times[AUTOMATIC]) / statistics.median(times[COMPILE])
+            add(SIZES_GROUP, "20-size loop vs compile eager", name, f"{ratio:.2f}x", "<= 0.50x",
+                ratio <= 0.5, f"+{(ratio - 0.5) * 100:.0f} points over")
+        ratio = sizes.hit[SYMBOLIC_HIT].ratio_to(sizes.hit[LOOP_EAGER])
+        add(SIZES_GROUP, "hit on a symbolic capture vs eager", "MySin 8x8", f"{ratio:.2f}x", "<= 1.30x",
+            ratio <= 1.30, f"+{(ratio - 1.30) * 100:.1f} points over")
     table = Table("Targets", ("target", "case", "measured", "threshold", "result"), tuple(rows),
                   ("Per-call ratios are paired medians from this run, as in table (b) (the verdict uses "
                    "them); min/min is the ratio of the fastest rounds. Raw times in the tables below.",

@@ -20,7 +20,7 @@ from .rewire.outer import make_outer_graph
 from .rewire.pair import Pair, make_pair
 from .runtime.capture import Capture, make_capture
 from .runtime.function import GradLayout, Retrace
-from .runtime.guards import call_key, layout_key
+from .runtime.guards import call_key, layout_key, marks
 from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
 from .tracer.pystate import arg_masks as _arg_masks
 from .structure import replace_tensors
@@ -28,7 +28,7 @@ from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 __all__ = ["capture", "capture_with_trace", "dynamic_dims", "guard_key"]
 
-def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] = False,
+def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] | None = False,
             **kwargs: Any) -> Capture:
     """Capture ``fn_cls`` (an ``autograd.Function``) for arguments like ``args``.
 
@@ -37,13 +37,15 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
 
     ``dynamic=True`` traces every dimension of every tensor argument with a symbolic size;
     ``dynamic={"x": [0]}`` (argument name or position -> dimensions) only those. One such
-    capture serves every call whose sizes satisfy the guards recorded while tracing.
+    capture serves every call whose sizes satisfy the guards recorded while tracing. Marks
+    the tensors carry (``torch._dynamo.mark_dynamic``, ``maybe_mark_dynamic``,
+    ``mark_static``) add or remove dimensions (see ``dynamic_dims``).
     """
     return capture_with_trace(fn_cls, args, kwargs, dynamic)[1]
 
 
 def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       dynamic: bool | Mapping[int | str, Sequence[int]] = False) -> tuple[RawCapture, Capture]:
+                       dynamic: bool | Mapping[int | str, Sequence[int]] | None = False) -> tuple[RawCapture, Capture]:
     """``capture``, also returning the raw trace (for ``explain``)."""
     if torch._C._are_functorch_transforms_active():
         # Called inside torch.func.grad/vmap/...: the arguments are the transforms' wrappers.
@@ -58,6 +60,7 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     masks = arg_masks(function_parts(fn_cls))
     key = call_key(args, dims, masks)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
+    _check_strict_marks(fn_cls, args, raw)
     pair = make_pair(raw)
     reads = _runtime_reads(raw.data_reads, pair)
     outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
@@ -155,9 +158,45 @@ def _unwrapped(value: Any) -> Any:
 
 
 def dynamic_dims(fn_cls: type, args: tuple[Any, ...],
-                 dynamic: bool | Mapping[int | str, Sequence[int]]) -> dict[int, tuple[int, ...]]:
-    """Normalise ``dynamic`` to {argument position: dimensions}."""
-    if dynamic is False:
+                 dynamic: bool | Mapping[int | str, Sequence[int]] | None) -> dict[int, tuple[int, ...]]:
+    """Normalise ``dynamic`` to {argument position: dimensions}, with the marks the tensor
+    arguments carry (``marks``): ``mark_dynamic``/``maybe_mark_dynamic`` dimensions added,
+    ``mark_static`` ones taken out (``mark_dynamic`` wins over ``mark_static``, as in Dynamo)."""
+    dims = _policy_dims(fn_cls, args, dynamic)
+    for i, a in enumerate(args):
+        found = marks(a)
+        if found is not None:
+            strict, weak, static = found
+            chosen = (set(dims.get(i, ())) | strict | weak) - (static - strict)
+            dims[i] = tuple(sorted(chosen))
+            if not dims[i]:
+                del dims[i]
+    return dims
+
+
+def _check_strict_marks(fn_cls: type, args: tuple[Any, ...], raw: RawCapture) -> None:
+    """A dimension marked with ``mark_dynamic`` that the trace fixed to one size is refused,
+    as Dynamo raises ``ConstraintViolationError`` (sizes 0 and 1 excepted: they are
+    specialised before tracing, silently, as Dynamo does)."""
+    if raw.shape_guards is None:
+        return
+    for i, d, size in raw.shape_guards.fixed:
+        found = marks(args[i])
+        if found is not None and d in found[0] and args[i].shape[d] not in (0, 1):
+            name = raw.argnames[i] if i < len(raw.argnames) else f"args[{i}]"
+            raise UnsupportedArgumentError(
+                f"{raw.function_name}: dimension {d} of {name} is marked dynamic "
+                f"(torch._dynamo.mark_dynamic), but its code specialised it to {size}.",
+                "A dimension marked with mark_dynamic must stay symbolic; the code fixed it "
+                "to one size (a comparison with a constant, a Python int made from it, ...).",
+                "Use torch._dynamo.maybe_mark_dynamic (symbolic unless specialised), or remove "
+                "the mark.")
+
+
+def _policy_dims(fn_cls: type, args: tuple[Any, ...],
+                 dynamic: bool | Mapping[int | str, Sequence[int]] | None) -> dict[int, tuple[int, ...]]:
+    """The dimensions ``dynamic`` itself names (None and False: none)."""
+    if not dynamic:
         return {}
     if dynamic is True:
         return {i: tuple(range(a.dim())) for i, a in enumerate(args)
@@ -166,11 +205,15 @@ def dynamic_dims(fn_cls: type, args: tuple[Any, ...],
     dims: dict[int, tuple[int, ...]] = {}
     for name, which in dynamic.items():
         index = argnames.index(name) if isinstance(name, str) and name in argnames else name
+        if isinstance(index, int) and 0 <= index < len(args) and type(args[index]) is int and not which:
+            dims[index] = ()  # an int argument traced as a SymInt
+            continue
         if not isinstance(index, int) or not (0 <= index < len(args)) or not isinstance(args[index], torch.Tensor):
             raise UnsupportedArgumentError(
                 f"dynamic names {name!r}, which is not a tensor argument of {fn_cls.__qualname__} "
                 f"(arguments: {', '.join(argnames)}).",
-                "Only dimensions of tensor arguments can be dynamic.",
-                "Name a tensor argument by name or position, e.g. dynamic={'x': [0]}.")
+                "Only dimensions of tensor arguments, and int arguments themselves, can be dynamic.",
+                "Name a tensor argument by name or position, e.g. dynamic={'x': [0]}, or an int "
+                "argument with no dimensions, e.g. dynamic={'k': []}.")
         dims[index] = tuple(int(d) % args[index].dim() for d in which)
     return dims

@@ -16,6 +16,17 @@ remembers the decision for that key. Past ``cache_limit`` entries a warning is g
 then with ``"raise"`` the least recently used entry is evicted (always correct, costs a
 recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its recompile limit.
 The oldest capture is the one evicted (first in, first out: no bookkeeping on the hit path).
+
+Shapes (``dynamic=``): ``None`` (default) is automatic, as ``torch.compile``'s automatic
+dynamic shapes: the first call is captured static; a later miss whose tensor argument has a
+size unlike one seen before at that position makes that dimension symbolic for every capture
+from then on, and the symbolic capture serves every size its shape guards admit (sizes 0 and
+1 are specialised, as Dynamo does, and get a capture of their own). ``False``: static, one
+capture per size; ``True``: every dimension symbolic from the first call; a mapping names
+dimensions. Dimensions marked with ``torch._dynamo.mark_dynamic``/``maybe_mark_dynamic`` are
+symbolic and ``mark_static`` ones static under every policy (``api.dynamic_dims``). An int
+argument is treated as a shape of no dimensions: a changed value makes it a SymInt (its
+dimensions ``()``) under the automatic policy; floats and bools stay part of the key.
 """
 
 from __future__ import annotations
@@ -65,6 +76,14 @@ class _Refused:
     error: MinihopError
 
 
+def _slot(i: int, value: Any) -> tuple[int, Any] | None:
+    """Where the automatic policy records argument ``i``'s sizes: per rank for a tensor, once
+    for an int (not a bool); None for anything else (keyed by value)."""
+    if isinstance(value, torch.Tensor):
+        return (i, value.dim())
+    return (i, "int") if type(value) is int else None
+
+
 def _method_key(fn_cls: type) -> tuple[Any, ...]:
     return (fn_cls, fn_cls.forward, fn_cls.backward, fn_cls.vjp, fn_cls.setup_context)
 
@@ -72,7 +91,7 @@ def _method_key(fn_cls: type) -> tuple[Any, ...]:
 class CapturedFunction:
     """``F.apply`` through a guarded cache of captures; ``.apply`` is the drop-in."""
 
-    def __init__(self, fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
+    def __init__(self, fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
                  cache_limit: int = 8, eager_apply: Any = None, compile_cls: type | None = None) -> None:
         if fallback not in ("raise", "eager"):
             raise ValueError(f"fallback must be 'raise' or 'eager', got {fallback!r}")
@@ -95,6 +114,10 @@ class CapturedFunction:
         # reader in another thread sees one consistent tuple.
         self._recent: tuple[Capture, ...] = ()
         self._recent_methods: tuple[Any, ...] = ()
+        # Automatic policy (dynamic=None): per (argument position, rank) the sizes seen on
+        # misses, None where they differed; and whether a symbolic trace was refused.
+        self._seen: dict[tuple[int, int], tuple[int | None, ...]] = {}
+        self._auto_failed = False
         _all.add(self)
 
     def __repr__(self) -> str:
@@ -110,6 +133,8 @@ class CapturedFunction:
         with self._lock:
             self._entries.clear()
             self._recent = ()
+            self._seen = {}
+            self._auto_failed = False
 
     def _find(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused | None:
         for entry in self._entries.get(key, ()):
@@ -149,14 +174,24 @@ class CapturedFunction:
             # forward would run it.
             return self._eager_apply(*args, **kwargs)
         args = bind_arguments(self.fn_cls, args, kwargs)
-        dims = dynamic_dims(self.fn_cls, args, self.dynamic) if self.dynamic else None
-        key = (_method_key(self.fn_cls), guard_key(self.fn_cls, args, dims))
+        dims = self._dims(args)
+        key = self._key(args, dims)
         entry = self._find(key, args)
         with self._lock:
             if entry is None:
                 entry = self._find(key, args)
-                if entry is None:
-                    entry = self._capture(key, args)
+            if entry is None and self._note_sizes(args) | (self._dims(args) != dims):
+                # Automatic dynamic: a size changed (in this call, or in another thread's since
+                # this one read the state), so that dimension is symbolic from now on.
+                dims = self._dims(args)
+                key = self._key(args, dims)
+                entry = self._find(key, args)
+            if entry is None:
+                # Filed under another key (made before a dimension turned symbolic, or for a
+                # size of 0 or 1), yet fit for this call.
+                entry = self._any_hit(key[0], args)
+            if entry is None:
+                entry = self._capture(key, args, dims)
             else:
                 self.stats.hits += 1
                 _totals["cache_hits"] += 1
@@ -171,10 +206,49 @@ class CapturedFunction:
         self._recent_methods = key[0]
         return entry._run(args)
 
+    def _dims(self, args: tuple[Any, ...]) -> dict[int, tuple[int, ...]]:
+        """The dynamic dimensions of a capture for these (bound) arguments: the policy's (for
+        the automatic one, the dimensions whose size has changed), with the tensors' marks."""
+        policy = self.dynamic
+        if policy is None:
+            policy = {} if self._auto_failed else {
+                i: () if type(a) is int else tuple(d for d, n in enumerate(seen) if n is None)
+                for i, a in enumerate(args) for seen in (self._seen.get(_slot(i, a)),)
+                if seen is not None and None in seen}
+        return dynamic_dims(self.fn_cls, args, policy)
+
+    def _key(self, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]]) -> Any:
+        return (_method_key(self.fn_cls), guard_key(self.fn_cls, args, dims or None))
+
+    def _note_sizes(self, args: tuple[Any, ...]) -> bool:
+        """Record the tensor arguments' sizes (automatic policy, on a miss); whether a size
+        differs from one seen before (its dimension is then dynamic, as Dynamo's automatic
+        dynamic shapes make it). Per argument position and rank; a rank change is a new key."""
+        if self.dynamic is not None or self._auto_failed:
+            return False
+        changed = False
+        for i, a in enumerate(args):
+            slot = _slot(i, a)
+            if slot is None:
+                continue
+            # An int argument is recorded as a shape of no dimensions: a changed value makes it
+            # a SymInt (dims ``()``), as Dynamo makes an int that changes.
+            shape = tuple(a.shape) if isinstance(a, torch.Tensor) else (a,)
+            seen = self._seen.setdefault(slot, shape)
+            merged = tuple(s if s == n else None for s, n in zip(seen, shape, strict=True))
+            if merged != seen:
+                self._seen[slot] = merged
+                changed = True
+        return changed
+
+    def _any_hit(self, methods: Any, args: tuple[Any, ...]) -> Capture | None:
+        return next((e for key, entries in self._entries.items() if key[0] == methods
+                     for e in entries if isinstance(e, Capture) and e._hit(args)), None)
+
     def _count(self) -> int:
         return sum(len(entries) for entries in self._entries.values())
 
-    def _capture(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused:
+    def _capture(self, key: Any, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]]) -> Capture | _Refused:
         # Captures for other closure/global values stay (the value may come back) and count
         # toward the limit.
         if self._count() >= self.cache_limit:
@@ -196,9 +270,10 @@ class CapturedFunction:
                 del self._entries[oldest_key]
             self.stats.evictions += 1
         try:
-            entry: Capture | _Refused = capture(self.fn_cls, *args, dynamic=self.dynamic)
+            entry: Capture | _Refused = self._traced(args, dims)
             self.stats.captures += 1
             _totals["captures"] += 1
+            key = (key[0], entry.key)  # its own dimensions' key (static, if it fell back)
         except MinihopError as e:
             if self.fallback == "raise":
                 raise
@@ -209,6 +284,21 @@ class CapturedFunction:
         self._entries.setdefault(key, []).append(entry)
         self._entries.move_to_end(key)
         return entry
+
+    def _traced(self, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]]) -> Capture:
+        """``capture`` for ``dims``. Under the automatic policy, a Function whose symbolic
+        trace fails where a static one works (a float made from sizes reaching an op, a size
+        used as a dict key: symbolic sizes are an optimisation, never a new error) is captured
+        static instead, and stays static per size from then on."""
+        try:
+            return capture(self.fn_cls, *args, dynamic=dims)
+        except Exception:
+            static = dynamic_dims(self.fn_cls, args, False)  # the marks' dimensions only
+            if self.dynamic is not None or dims == static:
+                raise
+        cap = capture(self.fn_cls, *args, dynamic=static)  # fails too: the call's own error
+        self._auto_failed = True
+        return cap
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -262,7 +352,7 @@ class _OnStream(CapturedFunction):
     __call__ = apply
 
 
-def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
+def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
              cache_limit: int = 8, stream: Any = None) -> CapturedFunction:
     """A ``CapturedFunction`` for ``fn_cls`` with its own cache and policy.
 
@@ -277,7 +367,7 @@ def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec
     return CapturedFunction(fn_cls, **options)
 
 
-def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynamic: DynamicSpec = False,
+def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
              cache_limit: int = 8) -> Any:
     """Class decorator: ``F.apply`` itself goes through minihop (``@captured`` or
     ``@captured(fallback="eager")``)."""

@@ -47,6 +47,8 @@ class Explanation:
     # Each Python value taken out of tensor data: how it was handled, and its source line.
     data_values: tuple[str, ...] = ()
     fwd_inputs: tuple[str, ...] = ()
+    # Each size symbol (a SymInt fwd input) and the argument dimension it is read from.
+    symbols: tuple[str, ...] = ()
     saved: int = 0
     saved_values: tuple[str, ...] = ()
     graphs: str = ""
@@ -67,6 +69,9 @@ class Explanation:
         lines.append(f"  capture time: {self.capture_ms:.1f} ms; fwd ops {self.fwd_ops}, bwd ops "
                      f"{self.bwd_ops}, saved values {self.saved}")
         lines.append("  fwd inputs: " + ", ".join(self.fwd_inputs))
+        if self.symbols:
+            lines.append("  size symbols (dynamic dimensions; their guards are under guards):")
+            lines.extend(f"    {s}" for s in self.symbols)
         lines.append("  saved for backward:")
         lines.extend(f"    {v}" for v in self.saved_values)
         if not self.saved_values:
@@ -91,6 +96,8 @@ class Explanation:
 def _handling(feature: str) -> str:
     if feature in _HANDLING:
         return _HANDLING[feature]
+    if feature.startswith("ctx.") and feature.endswith(("(SymInt)", "(SymFloat)", "(SymBool)")):
+        return "captured: a size symbol on ctx stays symbolic (saved for backward if it reads it)"
     if feature.startswith("ctx.") and feature.endswith("(tensor)"):
         return "captured: a tensor on ctx is saved if backward reads it (no version check, as eager)"
     if feature.startswith("ctx."):
@@ -121,7 +128,9 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
                 guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
                               "requires_grad as at capture (read anew each call)")
         if cap.shape_guards is not None:
-            guards.append(f"dynamic sizes: {cap.shape_guards.expression}")
+            names = ", ".join(f"T[{k}] is {cap.argnames[i] if i < len(cap.argnames) else f'args[{i}]'}"
+                              for k, i in enumerate(cap.shape_guards.arg_indices))
+            guards.append(f"dynamic sizes: {cap.shape_guards.expression}  ({names})")
         state = cap.python_state
         bound = cap.bind(args, kwargs)
         for read in state.reads:
@@ -146,6 +155,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
             python_writes=writes,
             data_values=tuple(_describe_read(r) for r in raw.data_reads),
             fwd_inputs=tuple(f"{s.name} <- {s.description}" for s in cap.inputs),
+            symbols=tuple(f"{s.name} = {s.description}" for s in cap.inputs if s.dim is not None),
             saved=len(saved_nodes),
             saved_values=tuple(f"{n.name}: {_describe_value(n.meta.get('val'))}" for n in saved_nodes),
             graphs=str(cap),
@@ -187,7 +197,7 @@ def _show_key(key: Any) -> str:
         dims = ", ".join("*" if d is None else str(d) for d in shape)
         return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}"
     if isinstance(key, tuple) and key and key[0] == "V":
-        return f"== {key[2]!r}"
+        return "any int (a SymInt: see dynamic sizes)" if key[1] is int and key[2] is None else f"== {key[2]!r}"
     if isinstance(key, tuple) and key and key[0] == "M":
         params = ", ".join(f"{name} {_show_key(k)}" for name, k in key[3])
         return f"the same {key[1].__name__} object; its tensors: {params or 'none'}"

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from .errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.pair import make_pair
+from .runtime.guards import marks
 from .spec import bind_arguments
 from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
 from .tracer.names import input_name
@@ -64,6 +65,16 @@ class _Program:
     def fake_arg(self, path: Path, real: torch.Tensor) -> torch.Tensor:
         fake = self.real_to_fake.get(id(real))
         if fake is None:
+            found = marks(real)
+            if found is not None and found[0]:
+                raise UnsupportedArgumentError(
+                    f"minihop.trace got {format_path(path, self.argnames)} with dimension "
+                    f"{min(found[0])} marked dynamic (torch._dynamo.mark_dynamic).",
+                    "minihop.trace traces static shapes; a mark_dynamic dimension must be "
+                    "symbolic (maybe_mark_dynamic ones are traced static, as a specialised "
+                    "size would be).",
+                    "Capture the Function on its own (minihop.apply or minihop.capture honour "
+                    "the mark), or use maybe_mark_dynamic.")
             fake = self.fake_mode.from_tensor(real)
             self.real_to_fake[id(real)] = fake
             self.sources[id(fake)] = (path, input_name(path, self.argnames))

@@ -22,6 +22,7 @@ from bench.profiling import profile_capture, profile_per_call  # noqa: E402
 from bench.report import keep_marked_sections, per_call_breakdown, render  # noqa: E402
 from bench.saved import measure_saved  # noqa: E402
 from bench.scaling import measure_scaling, plot_scaling  # noqa: E402
+from bench.sizes import AUTOMATIC, COMPILE, LOOP_EAGER, STATIC, SYMBOLIC_HIT, measure_sizes  # noqa: E402
 from bench.targets import check_targets  # noqa: E402
 from bench.timing import machine_facts  # noqa: E402
 
@@ -56,10 +57,19 @@ def test_measurements_return_their_rows(tmp_path: Path) -> None:
     assert scaling.table.labels == ("2", "4")
     assert plot_scaling(scaling, tmp_path / "plot.png")
 
-    targets = check_targets(SMALL, warm=warm, per_call=per_call, saved=saved)
+    sizes = measure_sizes(reps=1, budget_s=0.002, min_rounds=1)
+    assert sizes.table.labels == (
+        *(f"{f}, 20 sizes: {v}" for f in ("MySin", "MLP") for v in (LOOP_EAGER, AUTOMATIC, STATIC, COMPILE)),
+        f"MySin 8x8: {SYMBOLIC_HIT}")
+    for name in ("MySin, 20 sizes", "MLP, 20 sizes"):  # counts, not times
+        assert sizes.made[name] == {LOOP_EAGER: 0, AUTOMATIC: 2, STATIC: 20, COMPILE: 2}, name
+
+    targets = check_targets(SMALL, warm=warm, per_call=per_call, saved=saved, sizes=sizes)
     assert [row[0] for row in targets.table.rows] == [
         "warm capture, one-op case", "warm capture vs Dynamo eager", "cap(*args) fwd+bwd vs eager",
-        "minihop.apply hit vs eager", "bytes saved for backward vs eager"]
+        "minihop.apply hit vs eager", "bytes saved for backward vs eager",
+        *(["captures over the 20-size loop", "20-size loop vs compile eager"] * 2),
+        "hit on a symbolic capture vs eager"]
     assert all(row[-1] == "PASS" or row[-1].startswith("MISS (") for row in targets.table.rows)
 
     per_call_profile = profile_per_call(calls=3)
@@ -68,7 +78,7 @@ def test_measurements_return_their_rows(tmp_path: Path) -> None:
     breakdown = per_call_breakdown(per_call, "MySin 8x8")
     assert breakdown is not None and len(breakdown.rows) == 5
     text = render(facts=machine_facts(), command="python -m bench", elapsed_s=1.0, targets=targets,
-                  tables=[warm.table, per_call.table, saved.table, scaling.table], breakdown=breakdown,
+                  tables=[warm.table, per_call.table, saved.table, scaling.table, sizes.table], breakdown=breakdown,
                   per_call_profiles=[per_call_profile], capture_profiles=[capture_profile], plot_note="")
     for heading in ("## Machine", "## Reproduce", "## Targets", "## Tables", "(b) Steady-state"):
         assert heading in text
@@ -76,12 +86,13 @@ def test_measurements_return_their_rows(tmp_path: Path) -> None:
 
 
 def test_guard_cost_rows() -> None:
-    """(e) times each value-guarded case against eager; MySin has no value guard, the others one."""
+    """(e) times each value-guarded case against eager; MySin and the unbacked ScaleByMax have no value guard, the others one."""
     table = guard_cost.measure_guard_cost(budget_s=0.002, min_rounds=1)
     assert [row[:2] for row in table.rows] == [
-        ("MySin 8x8 (no value guard)", "0"), ("ScaleByMax 8x8 (`x.abs().max().item()`)", "1"),
+        ("MySin 8x8 (no value guard)", "0"),
+        ("ScaleByMax 8x8 (`x.abs().max().item()`: unbacked, no guard)", "0"),
         ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", "1"), ("BranchOnSum 8x8 (`if x.sum() > 0`)", "1"),
-        ("ScaleByMax 256x1024", "1")]
+        ("BranchOnSumInBackward 8x8 (guard before backward)", "1"), ("BranchOnSum 256x1024", "1")]
     section = guard_cost.section(table, "python -m bench.guard_cost", 1.0)
     assert section.startswith("## Value-guard cost") and "(e) Value-guard cost" in section
 

@@ -491,8 +491,8 @@ class TestGuards:
 
 class TestCacheLimit:
     def test_raise_evicts_oldest(self) -> None:
-        """Past cache_limit=8 with fallback="raise": one warning, the oldest entry evicted, results right."""
-        cf = minihop.function(Sin, cache_limit=8)
+        """Past cache_limit=8 with fallback="raise" (static shapes): one warning, the oldest entry evicted, results right."""
+        cf = minihop.function(Sin, cache_limit=8, dynamic=False)
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             for n in range(1, 10):
@@ -507,8 +507,8 @@ class TestCacheLimit:
         assert "Sin reached cache_limit=8" in message
 
     def test_eager_runs_ninth_eagerly(self) -> None:
-        """Past cache_limit=8 with fallback="eager": one warning, the 9th key runs eagerly, results right."""
-        cf = minihop.function(Sin, fallback="eager", cache_limit=8)
+        """Past cache_limit=8 with fallback="eager" (static shapes): one warning, the 9th key runs eagerly, results right."""
+        cf = minihop.function(Sin, fallback="eager", cache_limit=8, dynamic=False)
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             for n in range(1, 10):
@@ -546,8 +546,8 @@ class TestCacheLimit:
         assert len(cf.captures) <= 8
 
     def test_limit_warning_once_per_function(self) -> None:
-        """The limit warning is given once per CapturedFunction, not once per new key past it."""
-        cf = minihop.function(Double, cache_limit=2)
+        """The limit warning is given once per CapturedFunction, not once per new key past it (static shapes)."""
+        cf = minihop.function(Double, cache_limit=2, dynamic=False)
         with pytest.warns(UserWarning, match="cache_limit=2") as record:
             for n in range(1, 6):
                 assert_matches_eager(cf.apply, Double, r(n))
@@ -585,8 +585,8 @@ class TestFailurePolicy:
         assert (cf.stats.captures, cf.stats.eager_calls) == (0, 4)
 
     def test_eager_fallback_new_key(self, capture_log: list[type]) -> None:
-        """A new key under fallback="eager" is tried once more but not warned about again."""
-        cf = minihop.function(Item, fallback="eager")
+        """A new key under fallback="eager" (static shapes) is tried once more but not warned about again."""
+        cf = minihop.function(Item, fallback="eager", dynamic=False)
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             for n in (3, 4, 3, 4):

@@ -19,6 +19,7 @@ from torch.autograd import Function
 
 import minihop
 from minihop.testing import clone_args
+from shared_functions import Add, MatMul, MeanRows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,46 +83,7 @@ def _seed() -> None:
 # Functions
 # ---------------------------------------------------------------------------------------------
 
-class Add(Function):
-    """The seed's test_rewired_bwd_output Function."""
-
-    @staticmethod
-    def forward(ctx, x, y):
-        a = torch.sin(x)
-        b = torch.cos(y)
-        result = a * b
-        ctx.save_for_backward(a, x, result)
-        return result, a + b
-
-    @staticmethod
-    def backward(ctx, grad_a, grad_b):
-        (a, x, result) = ctx.saved_tensors
-        return a * grad_b * 2 + x, result + grad_a * 3
-
-
-class MatMul(Function):
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        return x @ w
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        return g @ w.t(), x.t() @ g
-
-
-class MeanRows(Function):
-    """Keeps a size on ctx (``ctx.n = x.shape[0]``) for backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.n = x.shape[0]
-        return x.sum(0) / x.shape[0]
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.expand(ctx.n, g.shape[0]) / ctx.n
+# Add (the seed's test_rewired_bwd_output Function), MatMul and MeanRows: shared_functions.
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,8 +64,8 @@ def test_one_function_three_layers_matches_eager() -> None:
 
 
 def test_past_the_cache_limit_stays_right() -> None:
-    """cache_limit=2 with three alternating keys: evicted captures are never run again stale."""
-    cf = minihop.function(Lin, cache_limit=2)
+    """cache_limit=2 with three alternating keys (static shapes): evicted captures are never run again stale."""
+    cf = minihop.function(Lin, cache_limit=2, dynamic=False)
     params = layers()
     x = torch.randn(8, 4, dtype=torch.float64)
     with pytest.warns(UserWarning, match="cache_limit"):

@@ -228,12 +228,20 @@ def test_eight_threads_five_hundred_calls(monkeypatch: pytest.MonkeyPatch) -> No
     assert errors == [], f"{len(errors)} failing calls, first ones:\n" + "\n".join(errors[:5])
     twice = {key: n for key, n in log.items() if n != 1}
     assert twice == {}, f"keys captured more than once: {twice}"
-    expected_keys = {("SinSaved", (("T", s),)) for s in SHAPES}
-    expected_keys |= {("ScaleAndSum", (("T", s), scale)) for s in SHAPES for scale in (0.5, 2.0)}
-    expected_keys |= {("NoneAware", (("T", s),)) for s in SHAPES}
-    expected_keys |= {("Cube", (("T", s),)) for s in SHAPES}
+    # Automatic dynamic shapes: the first of the two 2-d shapes to arrive (threads race) is
+    # captured static, the second symbolic (None); the 1-d shape is always static.
+    sizes = (*SHAPES, None)
+    expected_keys = {("SinSaved", (("T", s),)) for s in sizes}
+    expected_keys |= {("ScaleAndSum", (("T", s), scale)) for s in sizes for scale in (0.5, 2.0)}
+    expected_keys |= {("NoneAware", (("T", s),)) for s in sizes}
+    expected_keys |= {("Cube", (("T", s),)) for s in sizes}
     expected_keys |= {("Affine", (("T", None), ("T", None)))}  # dynamic: one capture for all sizes
-    assert set(log) == expected_keys
+    assert set(log) <= expected_keys
+    for name, rest in (("SinSaved", ()), ("ScaleAndSum", (0.5,)), ("ScaleAndSum", (2.0,)),
+                       ("NoneAware", ()), ("Cube", ())):
+        assert (name, (("T", (3,)), *rest)) in log and (name, (("T", None), *rest)) in log, name
+        # (3,), at most one static 2-d shape (the other scale may have made them symbolic), None
+        assert sum(1 for f, k in log if (f, k[1:]) == (name, rest)) in (2, 3), name
 
 
 def test_backward_variants_retraced_from_many_threads() -> None:

@@ -25,7 +25,7 @@ from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, value_key
+from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
 
 __all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
 
@@ -70,8 +70,8 @@ def live_fetchers(inputs: tuple[InputSource, ...],
     return (*(lambda args, f=s.live: f() for s in inputs if s.live is not None), *places.values())
 
 
-def _detached(value: torch.Tensor) -> torch.Tensor:
-    return value.detach() if value.requires_grad else value
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
 
 
 def readable(gm: fx.GraphModule) -> str:
@@ -184,6 +184,14 @@ class Capture:
                 "and autocast state.",
                 "Capture again for these arguments, or use minihop.apply, which captures "
                 "once per distinct set of properties.")
+        unmet = unmet_marks(args, self.dynamic_dims)
+        if unmet is not None:
+            raise GuardMismatchError(
+                f"Capture of {self.name} called with dimension {unmet[1]} of "
+                f"{self.argnames[unmet[0]] if unmet[0] < len(self.argnames) else f'args[{unmet[0]}]'} "
+                "marked dynamic (torch._dynamo.mark_dynamic), which it was captured static in.",
+                "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
+                "Capture again with the marked tensor (minihop.apply does this by itself).")
         if self.live_key != self.current_live_key(args):
             raise GuardMismatchError(
                 f"Capture of {self.name}: a value it reads from a closure, "
@@ -203,7 +211,7 @@ class Capture:
             raise GuardMismatchError(
                 f"Capture of {self.name} called with dynamic sizes outside "
                 f"what it was traced for: {self.shape_guards.expression if self.shape_guards else ''} "
-                f"is False for T = {[tuple(args[i].shape) for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
+                f"is False for T = {[tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
                 "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
                 "Capture again for these sizes.")
         changed = self.changed_value(args)
@@ -281,14 +289,17 @@ class Capture:
         save_capture(self, path)
 
 
-def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[int, ...] | None:
-    """The argument positions of the fwd inputs, when each is a whole positional argument."""
+def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None:
+    """Each fwd input as an expression over ``args``, when each is a whole positional argument
+    (``args[0]``; a tensor, or a dynamic int) or a size of one (``args[0].size(1)``, a size
+    symbol). A one-step argument path is never a lifted tensor's."""
     picks = []
     for source in inputs:
-        if source.live is not None or source.dim is not None or source.lifted or source.path is None \
+        if source.live is not None or source.path is None \
                 or len(source.path) != 1 or source.path[0][0] != "arg":
             return None
-        picks.append(int(source.path[0][1]))
+        i = int(source.path[0][1])
+        picks.append(f"args[{i}]" if source.dim is None else f"args[{i}].size({int(source.dim)})")
     return tuple(picks)
 
 
@@ -333,9 +344,9 @@ def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[
     if picks is None:
         fetch_any = _fetcher(inputs)
         return lambda args: fetch_any(args, {})
-    if picks == tuple(range(arity)):
+    if picks == tuple(f"args[{i}]" for i in range(arity)):
         return None
-    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'args[{i}], ' for i in picks)})")
+    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'{p}, ' for p in picks)})")
     return fetch
 
 
@@ -397,6 +408,14 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
     live_ok = compile_live_check(capture._live, capture.live_key)
     if capture.layout is None and capture._shape_check is None and not capture._value_checks:
         return lambda args: guard(args) and live_ok(args)
+    if capture.layout is None and not capture._value_checks:
+        # A symbolic capture's usual checks: its shape guards read the arguments directly.
+        guards = capture.shape_guards
+        sizes_ok = eval(f"lambda args: {_over_args(guards.expression, guards.arg_indices)}",  # type: ignore[union-attr]
+                        {"math": math, "torch": torch})
+        if not capture._live:
+            return lambda args: guard(args) and sizes_ok(args)
+        return lambda args: guard(args) and live_ok(args) and sizes_ok(args)
 
     def hit(args: tuple[Any, ...]) -> bool:
         # Value guards last: they run ops, on arguments whose properties fit.
@@ -404,6 +423,11 @@ def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> 
             and capture.values_fit(args)
 
     return hit
+
+
+def _over_args(expression: str, arg_indices: tuple[int, ...]) -> str:
+    """Shape-guard code over ``T`` (the dynamic arguments) rewritten over ``args``."""
+    return re.sub(r"\bT\[(\d+)\]", lambda m: f"args[{arg_indices[int(m[1])]}]", expression)
 
 
 def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> Callable[[tuple[Any, ...]], Any]:

@@ -278,6 +278,13 @@ def without_body_toggles(graph: fx.Graph, name: str, **layout: Any) -> Callable[
     return emit(graph, skip=lambda node: node in toggles, name=name, **layout)
 
 
+def _bwd_taking(pair: Pair, num_outputs: int, order: tuple[int, ...]) -> Callable[..., Any] | None:
+    """bwd's code without its toggles, taking its saved values in ``order`` (after the grads)."""
+    params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]
+    grads, saved = params[:num_outputs], params[num_outputs:]
+    return without_body_toggles(pair.bwd_graph, "bwd_body", params=[*grads, *(saved[i] for i in order)])
+
+
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
                   generate_vmap_rule: bool = False, state: PythonState = NO_STATE,
                   state_base: tuple[Any, ...] = (),
@@ -382,7 +389,27 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         outs_nodes, saved_nodes = next(n for n in pair.fwd_graph.nodes if n.op == "output").args[0]
         simple_code = without_body_toggles(
             pair.fwd_graph, "fwd_body", output=(outs_nodes, tuple(saved_nodes[i] for i in perm)))
-    if simple_fwd and single:
+    # Or the same with values bwd reads that the user kept as ctx attributes (size symbols
+    # Dynamo's layout saves, Python numbers): the tensors through save_for_backward, the rest
+    # stashed, each in one step of emitted code.
+    stash_fwd = (fwd_plain is not None and plain_ctx and bool(stashed) and not keeps_args and materialize
+                 and not nondiff_pos and not dirty_pos and not uses_sink)
+    if stash_fwd:
+        outs_nodes, saved_nodes = next(n for n in pair.fwd_graph.nodes if n.op == "output").args[0]
+        stash_code = without_body_toggles(pair.fwd_graph, "fwd_body", output=(
+            outs_nodes, tuple(saved_nodes[i] for i in via_ctx), tuple(saved_nodes[i] for i in stashed)))
+        stash_fwd = stash_code is not None
+    if stash_fwd and single:
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            outs, tensors, ctx.minihop_stash = stash_code(*inputs)
+            ctx.save_for_backward(*tensors)
+            return outs[0]
+    elif stash_fwd:
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            outs, tensors, ctx.minihop_stash = stash_code(*inputs)
+            ctx.save_for_backward(*tensors)
+            return outs
+    elif simple_fwd and single:
         def forward(ctx: Any, *inputs: Any) -> Any:
             outs, saved = simple_code(*inputs)
             if num_saved:
@@ -459,6 +486,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         finally:
             _set_grad(grad_mode)
 
+    stash_bwd = None
+    if bwd_plain is not None and all_top and plain_ctx and stashed and not needs_key and not bwd_writes \
+            and not keeps_args and not uses_sink:
+        stash_bwd = _bwd_taking(pair, num_outputs, (*via_ctx, *stashed))
     # Backward's only reason for a key is the Python values it reads: while they are the
     # captured ones (one compiled check), the simple path below runs.
     state_only = bool(backwards.state_reads) and not backwards.checks and materialize and not keeps_args \
@@ -466,10 +497,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     if bwd_plain is not None and all_top and ctx_ordered and (not needs_key or state_only) and not bwd_writes:
         simple_bwd = bwd_code
         if permuted:
-            bwd_params = [n for n in pair.bwd_graph.nodes if n.op == "placeholder"]
-            grads_params, saved_params = bwd_params[:num_outputs], bwd_params[num_outputs:]
-            simple_bwd = without_body_toggles(
-                pair.bwd_graph, "bwd_body", params=[*grads_params, *(saved_params[i] for i in perm)])
+            simple_bwd = _bwd_taking(pair, num_outputs, perm)
 
         if not needs_key:
             def backward(ctx: Any, *grads: Any) -> Any:
@@ -481,6 +509,9 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
                 if state_ok(()):
                     return simple_bwd(*grads, *ctx.saved_tensors)
                 return run_bwd(ctx, grads)  # a value changed since forward: another bwd
+    elif stash_bwd is not None:
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return stash_bwd(*grads, *ctx.saved_tensors, *ctx.minihop_stash)
     elif uses_sink:
         def backward(ctx: Any, *top_grads: Any) -> Any:
             return (None, *run_bwd(ctx, top_grads))  # no gradient for the sink

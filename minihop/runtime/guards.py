@@ -23,7 +23,7 @@ import torch
 from ..structure import PLAIN_CALLABLES, attributes
 
 __all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
-           "value_key"]
+           "marks", "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
@@ -104,13 +104,41 @@ def masked_key(value: Any, masked: frozenset[str]) -> Any:
     return ("O", type(value), tuple((k, _key(v)) for k, v in attrs.items() if k not in masked))
 
 
+def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] | None:
+    """The dimensions ``torch._dynamo.mark_dynamic``, ``maybe_mark_dynamic`` and
+    ``mark_static`` marked on a tensor (plain attributes it carries; read without importing
+    torch._dynamo), as non-negative indices; None for an unmarked value."""
+    if not isinstance(value, torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
+        return None
+    n = value.dim()
+    return tuple(frozenset(int(d) % n for d in getattr(value, attr, ()) if -n <= int(d) < n)  # type: ignore[return-value]
+                 for attr in _MARKS)
+
+
+# The attributes torch._dynamo.mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
+STRICT_MARKS = "_dynamo_dynamic_indices"
+_MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")
+
+
+def unmet_marks(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]]) -> tuple[int, int] | None:
+    """The first (argument position, dimension) marked with ``mark_dynamic`` that ``dynamic``
+    (a capture's dynamic dimensions) leaves static, if any."""
+    for i, a in enumerate(args):
+        found = marks(a)
+        for d in sorted(found[0] if found else ()):
+            if d not in dynamic.get(i, ()):
+                return i, d
+    return None
+
+
 def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None,
              masks: dict[int, frozenset[str]] | None = None) -> tuple[Any, ...]:
     """The properties of a call that a capture depends on (args already bound to positions):
     ``(grad mode, per-argument keys, autocast state)``.
 
     ``dynamic`` maps an argument position to its dynamic dimensions, whose sizes are left out
-    of the key (the capture's shape guards check them instead); ``masks`` an argument
+    of the key (the capture's shape guards check them instead; ``()`` for an int argument: its
+    value is left out); ``masks`` an argument
     position to attributes left out of its key (``masked_key``).
     """
     if not dynamic and not masks:
@@ -122,6 +150,8 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
         dims = dynamic.get(i)
         if dims and k[0] == "T":
             k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
+        elif dims == () and k[0] == "V" and k[1] is int:
+            k = ("V", int, None)  # a dynamic int: its value is a SymInt, checked by the shape guards
         keys.append(k)
     return (torch.is_grad_enabled(), tuple(keys), autocast_key())
 
@@ -184,6 +214,7 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
     else:
         lines += ["    if autocast_key() != autocast:", "        return False"]
     consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": _key, "autocast": autocast,
+                              "no_marks": frozenset(),
                               "any_autocast": _any_autocast, "autocast_key": autocast_key,
                               "masked_key": masked_key}
     for i, k in enumerate(arg_keys):
@@ -200,6 +231,10 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
             device_check = f"{a}.is_cpu" if device == torch.device("cpu") else f"{a}.device == v{i}"
             checks = [f"type({a}) is c{i}", f"{a}.dtype is d{i}", f"{a}.requires_grad is {rg}",
                       device_check, f"{a}.layout is l{i}"]
+            # Dimensions marked with torch._dynamo.mark_dynamic must be symbolic here.
+            consts[f"y{i}"] = frozenset(d for d, n in enumerate(shape) if n is None) | frozenset(
+                d - len(shape) for d, n in enumerate(shape) if n is None)
+            checks.append(f"getattr({a}, '{STRICT_MARKS}', no_marks) <= y{i}")
             if None in shape:
                 checks.append(f"{a}.dim() == {len(shape)}")
                 checks += [f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None]
@@ -207,6 +242,8 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
                 consts[f"s{i}"] = torch.Size(shape)
                 checks.append(f"{a}.shape == s{i}")
             lines.append(f"    if not ({' and '.join(checks)}):")
+        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] is int and k[2] is None:
+            lines.append(f"    if type({a}) is not int:")  # a dynamic int (shape guards check it)
         elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in (int, float, bool, str, type(None)):
             consts[f"t{i}"] = k[1]
             lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..errors import SideEffectError
@@ -275,8 +276,9 @@ def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[Ou
 
 
 def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
-    if is_traced(value):
-        return True
+    if is_traced(value) or isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) \
+            and not free_unbacked_symbols(value):  # a number read from data: pystate's to turn into a value
+        return True  # a symbolic size is refused by _check_value (its attributes are torch's)
     if isinstance(value, torch.Tensor):
         return False
     return any(is_traced(leaf) or isinstance(leaf, FakeTensor) for _, leaf in iter_leaves(value))

@@ -188,6 +188,11 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
         where=where)
 
 
+def is_library_code(filename: str) -> bool:
+    """Whether ``filename`` is torch's, minihop's or the standard operator module's."""
+    return filename.startswith(_SKIP_DIRS)
+
+
 def user_frame() -> traceback.FrameSummary | None:
     """The innermost frame that belongs to the user's code (not torch's, not minihop's)."""
     f = sys._getframe(1)

@@ -56,7 +56,7 @@ from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hint
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
 from .unbacked import Plan, Retrace, UnbackedValues
-from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
+from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
@@ -148,6 +148,10 @@ class ShapeGuards:
 
     arg_indices: tuple[int, ...]
     expression: str
+    # (argument position, dimension, size) of each dynamic dimension the trace fixed to one
+    # size: a size of 0 or 1 (specialised as Dynamo does), or one the code pinned (``== 5``);
+    # dimension -1 for a dynamic int argument.
+    fixed: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +297,7 @@ class _Tracing:
         self.symbol_sources: dict[sympy.Symbol, tuple[InputSource, int, torch.SymInt]] = {}
         self.input_symbols: dict[int, list[sympy.Symbol]] = {}
         self.placeholder_sources: dict[fx.Node, InputSource] = {}
-        self.dynamic_fakes: list[tuple[int, torch.Tensor]] = []
+        self.dynamic_fakes: list[tuple[int, Any]] = []  # (position, fake tensor or SymInt)
         self.grad_of: dict[int, int] = {}  # id(fake grad) -> flat output index
         self.grad_nodes: dict[int, fx.Node] = {}
         self.fwd_outputs: tuple[fx.Node, ...] = ()  # per flat output, once forward has run
@@ -312,6 +316,11 @@ class _Tracing:
         if self.phase != "backward":
             if name in _LAYOUT_READS:
                 self.reads_layout = True
+            if args and id(args[0]) in self.input_symbols and id(args[0]) not in self.fwd.node_of \
+                    and self.mode.recorder is self.fwd:
+                # Forward read the size of a dynamic input before using it (x.shape[0]): Dynamo
+                # takes the input (after its size symbols) there, at its first touch.
+                self.fwd.node_for(args[0])
             return
         if not args or name in _GRAD_FIXED:
             return
@@ -429,8 +438,22 @@ class _Tracing:
         source, dim, size = entry
         node = rec.placeholder(str(symbol), size)
         self.placeholder_sources[node] = InputSource(
-            str(symbol), f"{source.description}.size({dim})", source.path, None, dim=dim)
+            str(symbol), source.description if dim is None else f"{source.description}.size({dim})",
+            source.path, None, dim=dim)
         return node
+
+    def symbolic_int(self, index: int, value: int) -> int | torch.SymInt:
+        """A dynamic int argument as a SymInt (a fwd input read from the argument itself); 0
+        and 1 stay plain ints, specialised as sizes are."""
+        env = self.fake_mode.shape_env
+        name = format_path((("arg", index),), self.parts.argnames)
+        source = ArgSource(name)
+        symbol = env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+        symint = env.create_symintnode(symbol, hint=value, source=source)
+        if isinstance(symint, torch.SymInt):
+            self.symbol_sources[symbol] = (InputSource(name, name, (("arg", index),), None), None, symint)
+        self.dynamic_fakes.append((index, symint))
+        return symint
 
     def _resolve_bwd_symbol(self, rec: GraphRecorder, symbol: sympy.Symbol) -> fx.Node:
         fwd_node = self.fwd.node_for_expr(symbol)
@@ -472,7 +495,7 @@ class _Tracing:
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
-                    _compiled_code_runs_eagerly():
+                    _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
                 return fn(*args)
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal
@@ -485,6 +508,36 @@ class _Tracing:
             raise refusal from e
         finally:
             self.mode.recorder = None
+
+
+_SYMBOLIC_TYPES = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
+
+
+@contextlib.contextmanager
+def _symbols_printed_as_values(shape_env: Any) -> Any:
+    """``str()``, ``repr()`` and f-strings of a symbolic size in the user's code give its value
+    and pin it (the capture is then guarded to that value), as Dynamo specialises it: the
+    symbol's name (``s93``) would be text unlike eager's, silently. torch's own calls (error
+    messages, graph printing) keep the name. Static traces have no symbols: nothing to do."""
+    if shape_env is None:
+        yield
+        return
+    originals = [(cls, cls.__dict__["__repr__"]) for cls, _ in _SYMBOLIC_TYPES]
+
+    def printed(original: Any, convert: type) -> Any:
+        def __repr__(self: Any) -> str:
+            if is_library_code(sys._getframe(1).f_code.co_filename):
+                return original(self)  # type: ignore[no-any-return]
+            return repr(convert(self))
+        return __repr__
+
+    try:
+        for (cls, original), (_, convert) in zip(originals, _SYMBOLIC_TYPES, strict=True):
+            cls.__repr__ = printed(original, convert)  # type: ignore[method-assign]
+        yield
+    finally:
+        for cls, original in originals:
+            cls.__repr__ = original  # type: ignore[method-assign]
 
 
 def _compiled_code_runs_eagerly() -> Any:
@@ -553,6 +606,12 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
         mode = FakeTensorMode(shape_env=_shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
+        if dynamic:
+            # FakeTensorMode's op cache is shared by every mode; an entry made with this
+            # trace's own ShapeEnv symbols is never hit again, and making it (sympy work per op)
+            # was two thirds of a symbolic capture. Static captures keep it (their entries are
+            # hit by later captures).
+            mode.cache_enabled = False
         t = _Tracing(fn_cls, parts, mode, dynamic, plan)
         t.values.real_args = args  # values read from the inputs' data are computed from these
     _refuse_hidden_tensors(parts, args, "argument")
@@ -566,6 +625,9 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         if isinstance(a, torch.Tensor):
             t.fake_arg((("arg", i),), a)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
+    if retrace is None and any(type(args[i]) is int for i in dynamic):
+        fake_args = tuple(t.symbolic_int(i, a) if i in dynamic and type(a) is int else a
+                          for i, a in enumerate(fake_args))
     ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args),
                    t._describe)
     # Python state: what the user's code reads is guarded, what it writes is replayed or
@@ -725,6 +787,11 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
             else:
                 grads.append(None)
             flat_index += sum(1 for _ in _tensor_leaves(item))
+    for g in grads:
+        if isinstance(g, torch.Tensor):
+            # Dynamo's order: bwd takes the grads first, then the size symbols their shapes
+            # hold (saved from fwd), before anything backward reads.
+            t._lift_shape_symbols(t.bwd, g)
     bwd_frame = FrameSnapshot()
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
@@ -865,14 +932,29 @@ def _shape_guards(t: _Tracing) -> ShapeGuards | None:
     fakes = [fake for _, fake in t.dynamic_fakes]
     sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
     guards = env.produce_guards(fakes, sources)
-    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)):
-    # produce_guards leaves size == constant to Dynamo's own tensor checks, which minihop has
-    # not, so it is guarded here.
-    for i, fake in enumerate(fakes):
-        for d, size in enumerate(fake.shape):
-            if isinstance(size, torch.SymInt) and size.node.expr.is_Integer:
-                guards.append(f"T[{i}].size()[{d}] == {int(size.node.expr)}")
-    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True")
+    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)), or
+    # that the ShapeEnv never made a symbol (a size of 0 or 1, specialised: broadcasting and
+    # empty tensors take other code for them): produce_guards leaves size == constant to
+    # Dynamo's own tensor checks, which minihop has not, so it is guarded here.
+    fixed = []
+    for i, (arg_index, fake) in enumerate(t.dynamic_fakes):
+        if not isinstance(fake, torch.Tensor):  # a dynamic int argument
+            # 0 and 1 stay plain ints (produce_guards pins them); a SymInt the code pinned is
+            # guarded here, as a pinned size is.
+            pinned = isinstance(fake, torch.SymInt) and fake.node.expr.is_Integer
+            if pinned:
+                guards.append(f"T[{i}] == {int(fake)}")
+            if pinned or not isinstance(fake, torch.SymInt):
+                fixed.append((arg_index, -1, int(fake)))
+            continue
+        for d in t.dynamic[arg_index]:
+            size = fake.shape[d]
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if expr is None or expr.is_Integer:
+                guards.append(f"T[{i}].size()[{d}] == {int(size)}")
+                fixed.append((arg_index, d, int(size)))
+    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True",
+                       tuple(fixed))
 
 
 _CONTIGUOUS = GradSpec((), False)
