@@ -18,6 +18,7 @@ Vocabulary (used throughout):
 Pipeline: ``tracer`` -> ``rewire`` -> ``runtime``; ``api`` strings them together.
 """
 
+from . import ops  # the public op namespace: ``minihop.ops.autograd_function_apply`` after ``import minihop``
 from .api import capture
 from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, counters, function, reset
 from .errors import (
@@ -64,6 +65,7 @@ __all__ = [
     "explain",
     "function",
     "load",
+    "ops",
     "reset",
     "trace",
 ]

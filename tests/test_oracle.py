@@ -28,7 +28,6 @@ import torch.fx as fx
 from torch.autograd import Function
 
 import minihop
-import minihop.ops
 from minihop.runtime.capture import readable
 from minihop.testing import assert_same_graph, clone_args, dynamo_graphs
 from test_seed_graphs import (
@@ -662,6 +661,50 @@ def assert_op_matches_eager(case: OpCase, fwd: fx.GraphModule, bwd: fx.GraphModu
     assert_grads_equal(eager_args, op_args)
 
 
+FRESH_OPS_CHECK = """\
+import sys
+import torch
+import minihop
+
+assert "minihop.ops" in sys.modules and minihop.ops.autograd_function_apply
+
+
+class MySin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x.cos()
+
+
+graphs = []
+
+
+def backend(gm, example_inputs):
+    graphs.append(gm)
+    return gm.forward
+
+
+x = torch.randn(4, requires_grad=True)
+torch.compile(lambda t: MySin.apply(t), backend=backend, fullgraph=True)(x)
+outer = graphs[0]
+(call,) = [n for n in outer.graph.nodes if n.op == "call_function" and "autograd_function_apply" in str(n.target)]
+kwargs = {k: v for k, v in call.kwargs.items() if k in ("non_differentiable_idx", "saved_for_backward_idx", "dirty_idx")}
+a, b = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+(out,) = minihop.ops.autograd_function_apply(outer.fwd_body_0, outer.bwd_body_0, a, **kwargs)
+expected = MySin.apply(b)
+torch.testing.assert_close(out, expected, rtol=0, atol=0)
+(out * 3).sum().backward()
+(expected * 3).sum().backward()
+torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+print("ok", sorted(kwargs))
+"""
+
+
 class TestAutogradFunctionApplyOp:
     @pytest.mark.parametrize("name", list(OP_CASES))
     def test_dynamo_bodies_match_eager(self, name: str) -> None:
@@ -701,6 +744,16 @@ class TestAutogradFunctionApplyOp:
         (eager_out * 3).sum().backward()
         (op_out * 3).sum().backward()
         torch.testing.assert_close(base_op.grad, base_eager.grad)
+
+    def test_reachable_from_import_minihop_in_a_fresh_process(self) -> None:
+        """Issue 17: after a plain ``import minihop`` (no ``import minihop.ops``), a fresh process
+        runs the bodies torch.compile produces for a Function through
+        ``minihop.ops.autograd_function_apply`` and gets eager's output and grad."""
+        code = FRESH_OPS_CHECK
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=300, cwd=Path(__file__).resolve().parent.parent)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("ok")
 
     def test_the_two_systems_cross_run(self) -> None:
         """Dynamo's fwd with minihop's bwd (and the reverse) agree where the pairs share their contract."""
