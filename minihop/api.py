@@ -38,7 +38,7 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
     ``dynamic=True`` traces every dimension of every tensor argument with a symbolic size;
     ``dynamic={"x": [0]}`` (argument name or position -> dimensions) only those. One such
     capture serves every call whose sizes satisfy the guards recorded while tracing. Marks
-    the tensors carry (``torch._dynamo.mark_dynamic``, ``maybe_mark_dynamic``,
+    the tensors carry (Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic``,
     ``mark_static``) add or remove dimensions (see ``dynamic_dims``).
     """
     return capture_with_trace(fn_cls, args, kwargs, dynamic)[1]

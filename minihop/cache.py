@@ -23,7 +23,7 @@ size unlike one seen before at that position makes that dimension symbolic for e
 from then on, and the symbolic capture serves every size its shape guards admit (sizes 0 and
 1 are specialised, as Dynamo does, and get a capture of their own). ``False``: static, one
 capture per size; ``True``: every dimension symbolic from the first call; a mapping names
-dimensions. Dimensions marked with ``torch._dynamo.mark_dynamic``/``maybe_mark_dynamic`` are
+dimensions. Dimensions marked with Dynamo's ``mark_dynamic``/``maybe_mark_dynamic`` are
 symbolic and ``mark_static`` ones static under every policy (``api.dynamic_dims``). An int
 argument is treated as a shape of no dimensions: a changed value makes it a SymInt (its
 dimensions ``()``) under the automatic policy; floats and bools stay part of the key.

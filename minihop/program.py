@@ -69,7 +69,7 @@ class _Program:
             if found is not None and found[0]:
                 raise UnsupportedArgumentError(
                     f"minihop.trace got {format_path(path, self.argnames)} with dimension "
-                    f"{min(found[0])} marked dynamic (torch._dynamo.mark_dynamic).",
+                    f"{min(found[0])} marked dynamic (Dynamo's mark_dynamic).",
                     "minihop.trace traces static shapes; a mark_dynamic dimension must be "
                     "symbolic (maybe_mark_dynamic ones are traced static, as a specialised "
                     "size would be).",

@@ -189,7 +189,7 @@ class Capture:
             raise GuardMismatchError(
                 f"Capture of {self.name} called with dimension {unmet[1]} of "
                 f"{self.argnames[unmet[0]] if unmet[0] < len(self.argnames) else f'args[{unmet[0]}]'} "
-                "marked dynamic (torch._dynamo.mark_dynamic), which it was captured static in.",
+                "marked dynamic (Dynamo's mark_dynamic), which it was captured static in.",
                 "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
                 "Capture again with the marked tensor (minihop.apply does this by itself).")
         if self.live_key != self.current_live_key(args):

@@ -105,9 +105,9 @@ def masked_key(value: Any, masked: frozenset[str]) -> Any:
 
 
 def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] | None:
-    """The dimensions ``torch._dynamo.mark_dynamic``, ``maybe_mark_dynamic`` and
-    ``mark_static`` marked on a tensor (plain attributes it carries; read without importing
-    torch._dynamo), as non-negative indices; None for an unmarked value."""
+    """The dimensions Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static``
+    marked on a tensor (plain attributes it carries; read without importing Dynamo), as
+    non-negative indices; None for an unmarked value."""
     if not isinstance(value, torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
         return None
     n = value.dim()
@@ -115,7 +115,7 @@ def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] |
                  for attr in _MARKS)
 
 
-# The attributes torch._dynamo.mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
+# The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
 STRICT_MARKS = "_dynamo_dynamic_indices"
 _MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")
 
@@ -231,7 +231,7 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
             device_check = f"{a}.is_cpu" if device == torch.device("cpu") else f"{a}.device == v{i}"
             checks = [f"type({a}) is c{i}", f"{a}.dtype is d{i}", f"{a}.requires_grad is {rg}",
                       device_check, f"{a}.layout is l{i}"]
-            # Dimensions marked with torch._dynamo.mark_dynamic must be symbolic here.
+            # Dimensions marked with Dynamo's mark_dynamic must be symbolic here.
             consts[f"y{i}"] = frozenset(d for d, n in enumerate(shape) if n is None) | frozenset(
                 d - len(shape) for d, n in enumerate(shape) if n is None)
             checks.append(f"getattr({a}, '{STRICT_MARKS}', no_marks) <= y{i}")
