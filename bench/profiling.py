@@ -82,7 +82,7 @@ def _capture_shares(profiler: cProfile.Profile) -> str:
     """Where a capture's time goes, by kind of work, as a share of ``minihop.capture``."""
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     total = sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items()
-                if file.endswith("minihop/api.py") and name == "capture")
+                if file.endswith("minihop/pipeline.py") and name == "capture")
     rows = []
     counted = 0.0
     for label, (suffix, func) in _CAPTURE_KINDS:

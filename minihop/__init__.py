@@ -15,11 +15,11 @@ Vocabulary (used throughout):
   non_differentiable_idx, dirty_idx
                 fwd output positions marked by ``ctx.mark_non_differentiable``/``mark_dirty``.
 
-Pipeline: ``tracer`` -> ``rewire`` -> ``runtime``; ``api`` strings them together.
+Pipeline: ``tracer`` -> ``rewire`` -> ``runtime``, run in one place, ``pipeline`` (see
+docs/ARCHITECTURE.md); everything here calls it.
 """
 
 from . import ops  # the public op namespace: ``minihop.ops.autograd_function_apply`` after ``import minihop``
-from .api import capture
 from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, counters, function, reset
 from .errors import (
     BackwardOutputError,
@@ -35,10 +35,7 @@ from .errors import (
     UnsupportedOutputError,
 )
 from .explain import Explanation, explain
-from .program import trace
-from .rewire.contract import check_consistent
-from .runtime.artifact import load_capture as load
-from .runtime.capture import Capture
+from .pipeline import Capture, capture, check_consistent, load, trace
 
 __all__ = [
     "BackwardOutputError",

@@ -1,6 +1,6 @@
 """The guarded capture cache behind ``minihop.apply``, ``minihop.function`` and ``@captured``.
 
-Place in the pipeline: above it (it calls ``api.capture``). One ``CapturedFunction`` per
+Place in the pipeline: above it (it calls ``pipeline.capture``). One ``CapturedFunction`` per
 user Function and policy; all entry points share this one implementation.
 
 The key of an entry (its guards) is: the Function class and the identity of its
@@ -24,7 +24,7 @@ from then on, and the symbolic capture serves every size its shape guards admit 
 1 are specialised, as Dynamo does, and get a capture of their own). ``False``: static, one
 capture per size; ``True``: every dimension symbolic from the first call; a mapping names
 dimensions. Dimensions marked with Dynamo's ``mark_dynamic``/``maybe_mark_dynamic`` are
-symbolic and ``mark_static`` ones static under every policy (``api.dynamic_dims``). An int
+symbolic and ``mark_static`` ones static under every policy (``pipeline.dynamic_dims``). An int
 argument is treated as a shape of no dimensions: a changed value makes it a SymInt (its
 dimensions ``()``) under the automatic policy; floats and bools stay part of the key.
 """
@@ -41,13 +41,9 @@ from typing import Any, Literal
 
 import torch
 
-from .api import capture, dynamic_dims, guard_key
 from .errors import MinihopError
-from .runtime.capture import Capture
-from .runtime.streams import run_on_stream
+from .pipeline import Capture, capture, dynamic_dims, function_parts, guard_key, run_on_stream, tracing
 from .spec import bind_arguments
-from .tracer.recorder import tracing
-from .tracer.trace import function_parts
 
 __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache",
            "counters", "reset"]

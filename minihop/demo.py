@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .api import capture
+from .pipeline import capture
 from .errors import MinihopError
 from .structure import format_path, iter_leaves
 from .testing import assert_matches_eager

@@ -1,6 +1,6 @@
 """``minihop.explain``: what a capture of a Function did with each thing it used.
 
-Not part of the pipeline: it runs it (``api.capture_with_trace``) and reports, for a person,
+Not part of the pipeline: it runs it (``pipeline.run_pipeline``) and reports, for a person,
 every ctx feature the Function used and how minihop handled it (captured, specialised,
 guarded, refused), the guards of the capture, and the size of its graphs.
 """
@@ -12,10 +12,8 @@ from typing import Any
 
 import torch
 
-from .api import capture_with_trace
 from .errors import DataDependentError, MinihopError
-from .runtime.function import MAX_VALUE_VARIANTS
-from .runtime.guards import describe_autocast, value_key
+from .pipeline import MAX_VALUE_VARIANTS, describe_autocast, run_pipeline, value_key
 
 __all__ = ["Explanation", "explain"]
 
@@ -110,7 +108,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
     """Capture ``fn_cls`` for these arguments and report how each of its features was handled."""
     name = getattr(fn_cls, "__qualname__", repr(fn_cls))
     try:
-        raw, cap = capture_with_trace(fn_cls, args, kwargs, dynamic)
+        raw, cap = run_pipeline(fn_cls, args, kwargs, dynamic)
     except MinihopError as e:
         refused = ()
         if isinstance(e, DataDependentError):

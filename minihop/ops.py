@@ -2,9 +2,9 @@
 
 ``autograd_function_apply(fwd, bwd, *args, non_differentiable_idx=..., saved_for_backward_idx=...,
 dirty_idx=...)`` runs any consistent pair, minihop's or another system's, as one differentiable
-op. Implemented in ``minihop.runtime.op``.
+op. Implemented in ``minihop.runtime.op``, reached through the pipeline entry.
 """
 
-from .runtime.op import autograd_function_apply
+from .pipeline import autograd_function_apply
 
 __all__ = ["autograd_function_apply"]

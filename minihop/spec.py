@@ -1,22 +1,27 @@
-"""Records passed down the pipeline: where each forward graph input comes from.
+"""The records passed down the pipeline: the contract between its stages.
 
-Shared vocabulary between tracer (which discovers inputs), rewire (which orders them) and runtime
-(which fetches them from the caller's arguments on every call).
+Shared vocabulary of tracer (which discovers inputs, Python state and data reads), rewire
+(which orders them) and runtime (which fetches them from the caller's arguments on every
+call). What crosses a stage boundary is defined here: ``RawCapture`` (tracer -> rewire) and
+``Pair`` (rewire -> runtime); the stages import it from here, never from each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx as fx
 
-from .structure import Path, Step, format_path
+from .structure import OutputSpec, Path, Step, format_path
 
-__all__ = ["DataRead", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Place",
-           "PythonState", "StateRead", "StateWrite", "bind_arguments", "same_value", "uses_setup_context"]
+__all__ = ["DataRead", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair", "Place",
+           "PythonState", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "marks",
+           "same_value", "uses_setup_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,3 +314,104 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, (float, complex)):
         return bool(a == b or (a != a and b != b))
     return bool(a == b)
+
+
+# The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
+STRICT_MARKS = "_dynamo_dynamic_indices"
+_MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")
+
+
+def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] | None:
+    """The dimensions Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static``
+    marked on a tensor (plain attributes it carries; read without importing Dynamo), as
+    non-negative indices; None for an unmarked value."""
+    if not isinstance(value, torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
+        return None
+    n = value.dim()
+    return tuple(frozenset(int(d) % n for d in getattr(value, attr, ()) if -n <= int(d) < n)  # type: ignore[return-value]
+                 for attr in _MARKS)
+
+
+@dataclasses.dataclass(frozen=True)
+class RawCapture:
+    """Both raw graphs and what tracing learned; input to ``rewire.make_pair``."""
+
+    function_name: str
+    argnames: tuple[str, ...]
+    fwd_graph: fx.Graph
+    fwd_inputs: tuple[tuple[fx.Node, InputSource], ...]
+    fwd_outputs: tuple[fx.Node, ...]
+    top_level: tuple[bool, ...]
+    aliased: tuple[bool, ...]
+    output_spec: OutputSpec
+    non_differentiable_idx: tuple[int, ...]
+    dirty_idx: tuple[int, ...]
+    bwd_graph: fx.Graph
+    grad_inputs: tuple[fx.Node | None, ...]
+    grad_names: tuple[str | None, ...]
+    bwd_saved: tuple[tuple[fx.Node, fx.Node], ...]
+    arg_grads: tuple[fx.Node | None, ...]
+    arg_inputs: tuple[fx.Node | None, ...]
+    saved_for_backward: tuple[fx.Node | None, ...]
+    names: dict[fx.Node, str]
+    materialize_grads: bool
+    return_trace: str | None
+    once_differentiable: bool
+    # The tracer's own records (``tracer.trace``), opaque to the other stages.
+    grad_assumptions: tuple["GradAssumption", ...]
+    inputs_for_retrace: "TraceInputs"
+    shape_guards: "ShapeGuards | None"
+    ctx_features: tuple[str, ...]
+    reads_layout: bool
+    python_state: PythonState
+    # Traces backward again (``(grad_specs, call_args) -> RawCapture``), forward as it ran.
+    rerun_backward: Callable[..., "RawCapture"]
+    outside_writes: tuple[OutsideWrite, ...] = ()
+    # Python values forward and backward took out of tensor data, in the order read.
+    data_reads: tuple[DataRead, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A consistent forward/backward pair and the metadata needed to run it.
+
+    ``inputs`` describes each fwd input in placeholder order; ``top_level[i]`` says whether
+    fwd output i is an output of the Function in eager's sense (an item of the returned
+    tuple), and only those carry gradients. ``saved_for_backward_idx`` lists the saved
+    values that came from ``ctx.save_for_backward`` (autograd checks their versions).
+    """
+
+    function_name: str
+    fwd_graph: fx.Graph
+    bwd_graph: fx.Graph
+    inputs: tuple[InputSource, ...]
+    top_level: tuple[bool, ...]
+    non_differentiable_idx: tuple[int, ...]
+    dirty_idx: tuple[int, ...]
+    saved_for_backward_idx: tuple[int, ...]
+    num_saved: int
+    output_spec: OutputSpec
+    materialize_grads: bool
+    argnames: tuple[str, ...]
+    once_differentiable: bool
+    grad_assumptions: tuple[Any, ...]
+    saved_names: tuple[str, ...]
+    ctx_saved: tuple[tuple[str, int] | None, ...]
+    # What forward put outside its return value (``spec.OutsideWrite``); a tensor written
+    # there is a hidden fwd output: after the user's outputs, never top-level.
+    outside_writes: tuple[OutsideWrite, ...] = ()
+    # The raw trace's fwd node of each saved value, in order: how a backward traced again
+    # (which shares the raw fwd graph) names this pair's saved values.
+    saved_fwd_nodes: tuple[fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
+    # emitted from the graphs directly, and fx's code generation is a third of a capture.
+    @functools.cached_property
+    def fwd(self) -> fx.GraphModule:
+        """The fwd graph as a GraphModule (``fwd_body_0``)."""
+        return fx.GraphModule(torch.nn.Module(), self.fwd_graph, class_name="fwd_body_0")
+
+    @functools.cached_property
+    def bwd(self) -> fx.GraphModule:
+        """The bwd graph as a GraphModule (``bwd_body_0``)."""
+        return fx.GraphModule(torch.nn.Module(), self.bwd_graph, class_name="bwd_body_0")

@@ -17,9 +17,7 @@ import torch.fx as fx
 
 import torch
 
-from .api import capture
-from .rewire.contract import check_consistent
-from .runtime.capture import Capture
+from .pipeline import Capture, capture, check_consistent
 from .structure import Path, format_path, iter_leaves, replace_tensors
 
 __all__ = ["assert_matches_eager", "assert_same_graph", "clone_args", "dynamo_graphs",

@@ -457,7 +457,7 @@ class TestUnbacked:
         """A Function without data-dependent ops is traced without a ShapeEnv."""
         cap = minihop.capture(Branch, torch.tensor([1.0, 2.0]))
         assert cap._value_checks  # value-guarded as before
-        raw = minihop.api.capture_with_trace(LoopCount, (torch.randn(2),), {})[0]
+        raw = minihop.pipeline.run_pipeline(LoopCount, (torch.randn(2),), {})[0]
         assert raw.inputs_for_retrace.fake_mode.shape_env is None
 
     def test_dynamic_capture_with_mask(self) -> None:

@@ -6,6 +6,6 @@ module state, inputs never modified. ``check_consistent`` is the contract for an
 
 from .contract import PairShape, check_consistent
 from .outer import make_outer_graph
-from .pair import Pair, make_pair
+from .pair import make_pair
 
-__all__ = ["Pair", "PairShape", "check_consistent", "make_outer_graph", "make_pair"]
+__all__ = ["PairShape", "check_consistent", "make_outer_graph", "make_pair"]

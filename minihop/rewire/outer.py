@@ -23,8 +23,7 @@ import torch.fx as fx
 from torch._functorch.autograd_function import autograd_function_apply
 
 from ..errors import GuardMismatchError
-from ..spec import DataRead, same_value
-from .pair import Pair
+from ..spec import DataRead, Pair, same_value
 
 __all__ = ["make_outer_graph", "value_guard", "with_value_guards"]
 

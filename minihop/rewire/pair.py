@@ -14,69 +14,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from ..spec import InputSource, OutsideWrite
-from ..structure import OutputSpec
+from ..spec import Pair, RawCapture
 from .contract import check_consistent
 
-if TYPE_CHECKING:
-    from ..tracer.trace import RawCapture
-
-__all__ = ["Pair", "make_pair", "strip_grad_toggles"]
+__all__ = ["make_pair"]
 
 _SET_GRAD = torch._C._set_grad_enabled
 _ASSERT = torch.ops.aten._assert_scalar.default
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-    """A consistent forward/backward pair and the metadata needed to run it.
-
-    ``inputs`` describes each fwd input in placeholder order; ``top_level[i]`` says whether
-    fwd output i is an output of the Function in eager's sense (an item of the returned
-    tuple), and only those carry gradients. ``saved_for_backward_idx`` lists the saved
-    values that came from ``ctx.save_for_backward`` (autograd checks their versions).
-    """
-
-    function_name: str
-    fwd_graph: fx.Graph
-    bwd_graph: fx.Graph
-    inputs: tuple[InputSource, ...]
-    top_level: tuple[bool, ...]
-    non_differentiable_idx: tuple[int, ...]
-    dirty_idx: tuple[int, ...]
-    saved_for_backward_idx: tuple[int, ...]
-    num_saved: int
-    output_spec: OutputSpec
-    materialize_grads: bool
-    argnames: tuple[str, ...]
-    once_differentiable: bool
-    grad_assumptions: tuple[Any, ...]
-    saved_names: tuple[str, ...]
-    ctx_saved: tuple[tuple[str, int] | None, ...]
-    # What forward put outside its return value (``spec.OutsideWrite``); a tensor written
-    # there is a hidden fwd output: after the user's outputs, never top-level.
-    outside_writes: tuple[OutsideWrite, ...] = ()
-    # The raw trace's fwd node of each saved value, in order: how a backward traced again
-    # (which shares the raw fwd graph) names this pair's saved values.
-    saved_fwd_nodes: tuple[fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
-
-    # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
-    # emitted from the graphs directly, and fx's code generation is a third of a capture.
-    @functools.cached_property
-    def fwd(self) -> fx.GraphModule:
-        """The fwd graph as a GraphModule (``fwd_body_0``)."""
-        return fx.GraphModule(torch.nn.Module(), self.fwd_graph, class_name="fwd_body_0")
-
-    @functools.cached_property
-    def bwd(self) -> fx.GraphModule:
-        """The bwd graph as a GraphModule (``bwd_body_0``)."""
-        return fx.GraphModule(torch.nn.Module(), self.bwd_graph, class_name="bwd_body_0")
 
 
 def _is_impure(node: fx.Node) -> bool:
@@ -111,22 +61,6 @@ def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
     node.meta["minihop_grad_toggle"] = True  # the body's own, as opposed to the user's
 
 
-def strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` without the ``_set_grad_enabled`` calls that open and close its body
-    (the user's own ``enable_grad``/``no_grad`` blocks stay).
-
-    Used to run bwd under ``create_graph=True``: eager runs the user's backward with grad
-    mode on then, so its ops are recorded for double backward.
-    """
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node in gm.graph.nodes:
-        if node.meta.get("minihop_grad_toggle"):
-            continue
-        env[node] = graph.node_copy(node, env.__getitem__)
-    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
 def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:
     """``grad.sum_to_size(input's shape)`` where the shapes differ (a broadcast gradient)."""
     val = grad.meta.get("val")
@@ -137,7 +71,7 @@ def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:
     return reduced
 
 
-def _ctx_saved_refs(raw: "RawCapture", fenv: dict[fx.Node, fx.Node], fwd: fx.Graph,
+def _ctx_saved_refs(raw: RawCapture, fenv: dict[fx.Node, fx.Node], fwd: fx.Graph,
                     saved_fwd: list[fx.Node]) -> tuple[tuple[str, int] | None, ...]:
     """What the user passed to ``ctx.save_for_backward``, as runtime references.
 
@@ -162,7 +96,7 @@ def _ctx_saved_refs(raw: "RawCapture", fenv: dict[fx.Node, fx.Node], fwd: fx.Gra
     return tuple(refs)
 
 
-def make_pair(raw: "RawCapture") -> Pair:
+def make_pair(raw: RawCapture) -> Pair:
     """Build the consistent pair from ``raw`` (which is not modified)."""
     # ---- forward: inputs in first-use order, body, grad mode restored, view_as, outputs --
     fwd = fx.Graph()

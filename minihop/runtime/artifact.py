@@ -25,7 +25,6 @@ the ability to retrace backward (a backward that needs retracing raises a clear 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import json
 import pickle
@@ -37,12 +36,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import _get_qualified_name
 
 from ..errors import UnsupportedOutputError
-from ..rewire.outer import make_outer_graph
-from ..rewire.pair import Pair
-from ..spec import InputSource
+from ..spec import InputSource, Pair
 from ..structure import OutputSpec
 
-__all__ = ["FORMAT", "VERSION", "save_capture", "load_capture"]
+__all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
 
 FORMAT = "minihop-capture"
 VERSION = 1
@@ -252,10 +249,19 @@ class _ShapeGuards:
     expression: str
 
 
-def load_capture(path: str) -> Any:
-    """Load a capture saved by ``Capture.save``; runnable and differentiable as before."""
-    from .capture import make_capture
+@dataclasses.dataclass(frozen=True)
+class SavedCapture:
+    """What a file written by ``save_capture`` holds: the pair and the call guards; the
+    pipeline (``pipeline.load``) builds the runnable capture from it."""
 
+    pair: Pair
+    key: tuple[Any, ...]
+    dynamic_dims: dict[int, tuple[int, ...]]
+    shape_guards: _ShapeGuards | None
+
+
+def read_capture(path: str) -> SavedCapture:
+    """Read a capture saved by ``Capture.save``."""
     data = torch.load(path, weights_only=False)
     manifest = json.loads(data["manifest"])
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
@@ -283,10 +289,10 @@ def load_capture(path: str) -> Any:
         ctx_saved=tuple(None if r is None else (r[0], r[1]) for r in manifest["ctx_saved"]),
     )
     guards = manifest["shape_guards"]
-    return make_capture(
-        pair, functools.partial(make_outer_graph, pair), None, _key_of_v1(pickle.loads(data["key"])), 0.0,
-        dynamic_dims={int(k): tuple(v) for k, v in manifest["dynamic_dims"].items()},
-        shape_guards=None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]))
+    return SavedCapture(
+        pair, _key_of_v1(pickle.loads(data["key"])),
+        {int(k): tuple(v) for k, v in manifest["dynamic_dims"].items()},
+        None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]))
 
 
 def _key_of_v1(key: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -19,8 +19,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError, UnsupportedOperationError
-from ..rewire.pair import Pair
-from ..spec import NO_STATE, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream

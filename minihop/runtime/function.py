@@ -37,8 +37,7 @@ import torch.fx as fx
 from torch.autograd.function import once_differentiable
 
 from ..errors import UnsupportedOperationError
-from ..rewire.pair import Pair, strip_grad_toggles
-from ..spec import NO_STATE, DataRead, PythonState
+from ..spec import NO_STATE, DataRead, Pair, PythonState
 from .codegen import emit
 from .guards import compile_live_check, value_key
 
@@ -172,7 +171,7 @@ class _Backwards:
         if gm is None:
             gm = self.pair.bwd
         if create_graph:
-            gm = strip_grad_toggles(gm)
+            gm = _strip_grad_toggles(gm)
         code = gm.forward
         if input_map != tuple(range(self.num_inputs)):
             code = _scatter_grads(code, input_map, self.num_inputs)
@@ -608,3 +607,19 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
         "__qualname__": f"Captured[{pair.function_name}].transformable",
         "__module__": __name__,
     })
+
+
+def _strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` without the ``_set_grad_enabled`` calls that open and close its body
+    (the user's own ``enable_grad``/``no_grad`` blocks stay).
+
+    Used to run bwd under ``create_graph=True``: eager runs the user's backward with grad
+    mode on then, so its ops are recorded for double backward.
+    """
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.meta.get("minihop_grad_toggle"):
+            continue
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)

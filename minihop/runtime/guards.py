@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from ..spec import STRICT_MARKS, marks
 from ..structure import PLAIN_CALLABLES, attributes
 
 __all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
-           "marks", "unmet_marks", "value_key"]
+           "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
                    torch.device, torch.layout, torch.memory_format, type)
@@ -102,22 +103,6 @@ def masked_key(value: Any, masked: frozenset[str]) -> Any:
     if not attrs or isinstance(value, (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
         return _key(value)
     return ("O", type(value), tuple((k, _key(v)) for k, v in attrs.items() if k not in masked))
-
-
-def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] | None:
-    """The dimensions Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static``
-    marked on a tensor (plain attributes it carries; read without importing Dynamo), as
-    non-negative indices; None for an unmarked value."""
-    if not isinstance(value, torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
-        return None
-    n = value.dim()
-    return tuple(frozenset(int(d) % n for d in getattr(value, attr, ()) if -n <= int(d) < n)  # type: ignore[return-value]
-                 for attr in _MARKS)
-
-
-# The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
-STRICT_MARKS = "_dynamo_dynamic_indices"
-_MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")
 
 
 def unmet_marks(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]]) -> tuple[int, int] | None:

@@ -3,6 +3,6 @@
 First stage of the pipeline (tracer -> rewire -> runtime). See ``trace.trace_function``.
 """
 
-from .trace import RawCapture, function_parts, trace_function
+from .trace import function_parts, trace_function
 
-__all__ = ["RawCapture", "function_parts", "trace_function"]
+__all__ = ["function_parts", "trace_function"]

@@ -48,7 +48,7 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import DataRead, InputSource, OutsideWrite, PythonState, bind_arguments, uses_setup_context
+from ..spec import DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker
@@ -59,44 +59,6 @@ from .unbacked import Plan, Retrace, UnbackedValues
 from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
-
-
-@dataclasses.dataclass(frozen=True)
-class RawCapture:
-    """Both raw graphs and what tracing learned; input to ``rewire.make_pair``."""
-
-    function_name: str
-    argnames: tuple[str, ...]
-    fwd_graph: fx.Graph
-    fwd_inputs: tuple[tuple[fx.Node, InputSource], ...]
-    fwd_outputs: tuple[fx.Node, ...]
-    top_level: tuple[bool, ...]
-    aliased: tuple[bool, ...]
-    output_spec: OutputSpec
-    non_differentiable_idx: tuple[int, ...]
-    dirty_idx: tuple[int, ...]
-    bwd_graph: fx.Graph
-    grad_inputs: tuple[fx.Node | None, ...]
-    grad_names: tuple[str | None, ...]
-    bwd_saved: tuple[tuple[fx.Node, fx.Node], ...]
-    arg_grads: tuple[fx.Node | None, ...]
-    arg_inputs: tuple[fx.Node | None, ...]
-    saved_for_backward: tuple[fx.Node | None, ...]
-    names: dict[fx.Node, str]
-    materialize_grads: bool
-    return_trace: str | None
-    once_differentiable: bool
-    grad_assumptions: tuple["GradAssumption", ...]
-    inputs_for_retrace: "TraceInputs"
-    shape_guards: "ShapeGuards | None"
-    ctx_features: tuple[str, ...]
-    reads_layout: bool
-    python_state: PythonState
-    # Traces backward again (``(grad_specs, call_args) -> RawCapture``), forward as it ran.
-    rerun_backward: Callable[..., "RawCapture"]
-    outside_writes: tuple[OutsideWrite, ...] = ()
-    # Python values forward and backward took out of tensor data, in the order read.
-    data_reads: tuple[DataRead, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

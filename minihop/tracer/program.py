@@ -1,8 +1,9 @@
-"""``minihop.trace``: trace an ordinary function (or ``nn.Module``) that applies Functions.
+"""Trace an ordinary function (or ``nn.Module``) that applies Functions: ``minihop.trace``.
 
-Not a pipeline stage of its own: it runs the tracer twice over. The user's function runs on
-fake tensors while its torch calls are recorded into an outer graph; each ``F.apply`` it makes
-is captured on the spot (tracer -> rewire, sharing the outer fake tensors) and recorded as one
+Place in the pipeline: the tracer, run over a whole function (``trace_program``). The user's
+function runs on fake tensors while its torch calls are recorded into an outer graph; each
+``F.apply`` it makes is handed to the pipeline entry's ``capture_apply`` (tracer -> rewire,
+sharing the outer fake tensors) and recorded as one
 ``autograd_function_apply`` call on ``fwd_body_N`` / ``bwd_body_N``, followed by a ``getitem``
 per output: the layout of the graphs in PyTorch's own tests.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import operator
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,16 +32,17 @@ import torch.fx as fx
 from torch._functorch.autograd_function import autograd_function_apply
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from .errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError
-from .rewire.pair import make_pair
-from .runtime.guards import marks
-from .spec import bind_arguments
-from .structure import Path, format_path, iter_leaves, make_getter, replace_tensors
-from .tracer.names import input_name
-from .tracer.recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
-from .tracer.trace import TRACE_LOCK, TraceInputs, trace_function
+from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError
+from ..spec import Pair, bind_arguments, marks
+from ..structure import Path, format_path, iter_leaves, make_getter, replace_tensors
+from .names import input_name
+from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
+from .trace import TRACE_LOCK, TraceInputs
 
-__all__ = ["trace"]
+__all__ = ["trace_program"]
+
+# One Function applied inside the traced function: its class and fake arguments -> the pair.
+CaptureApply = Callable[[type, TraceInputs], Pair]
 
 _intercept_lock = threading.Lock()
 
@@ -47,7 +50,8 @@ _intercept_lock = threading.Lock()
 class _Program:
     """State of one whole-function trace."""
 
-    def __init__(self, argnames: tuple[str, ...]) -> None:
+    def __init__(self, argnames: tuple[str, ...], capture_apply: CaptureApply) -> None:
+        self.capture_apply = capture_apply
         self.fake_mode = FakeTensorMode()
         self.argnames = argnames
         self.recorder = GraphRecorder(self._resolve, self._no_symbols)
@@ -126,8 +130,7 @@ class _Program:
                                      (("arg", i),)) for i, a in enumerate(args))
         recorder, self.mode.recorder = self.mode.recorder, None  # the Function's own ops are its bodies'
         try:
-            raw = trace_function(fn_cls, (), {}, retrace=TraceInputs(self.fake_mode, args, torch.is_grad_enabled()))
-            pair = make_pair(raw)
+            pair = self.capture_apply(fn_cls, TraceInputs(self.fake_mode, args, torch.is_grad_enabled()))
         finally:
             self.mode.recorder = recorder
         if pair.outside_writes:
@@ -184,8 +187,10 @@ class _Program:
         return result
 
 
-def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
-    """Trace ``fn(*args, **kwargs)`` (a function or ``nn.Module``) into one GraphModule."""
+def trace_program(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  capture_apply: CaptureApply) -> fx.GraphModule:
+    """Trace ``fn(*args, **kwargs)`` (a function or ``nn.Module``) into one GraphModule, each
+    Function it applies captured by ``capture_apply``."""
     import inspect
 
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
@@ -195,7 +200,7 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
         bound = inspect.signature(target).bind(*args, **kwargs)
         bound.apply_defaults()
         args = tuple(bound.args)
-    program = _Program(argnames)
+    program = _Program(argnames, capture_apply)
     if isinstance(fn, torch.nn.Module):
         for name, tensor in (*fn.named_parameters(), *fn.named_buffers()):
             program.parameter_names[id(tensor)] = name

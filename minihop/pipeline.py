@@ -1,7 +1,16 @@
-"""The capture entry point: ``capture``.
+"""The pipeline entry: the one place the stages are run, tracer -> rewire -> runtime.
 
-Place in the pipeline: the top. Each entry is a few lines: trace forward and backward
-(tracer), make the pair consistent (rewire), build the runnable capture (runtime).
+Everything above it (``cache`` for ``minihop.apply``/``function``/``captured``, ``explain``,
+``testing``, ``minihop.trace``, ``minihop.load``) calls these functions, never a stage:
+
+  ``run_pipeline``  trace forward and backward (tracer), make the pair consistent (rewire),
+                    build the runnable capture (runtime); also returns the raw trace.
+  ``capture``       the same, the capture only (``minihop.capture``).
+  ``trace``         a whole function: each Function it applies through tracer -> rewire.
+  ``load``          a saved capture: runtime (artifact) -> runtime (capture).
+  ``guard_key``     what a capture for a call is filed under (before tracing it).
+
+The names re-exported at the bottom are the stages' public records the layer above reads.
 """
 
 from __future__ import annotations
@@ -14,19 +23,30 @@ from typing import Any
 
 import torch
 
-from .spec import DataRead, bind_arguments
-from .errors import UnsupportedArgumentError, UnsupportedOperationError
-from .rewire.outer import make_outer_graph
-from .rewire.pair import Pair, make_pair
-from .runtime.capture import Capture, make_capture
-from .runtime.function import GradLayout, Retrace
-from .runtime.guards import call_key, layout_key, marks
-from .tracer.trace import GradSpec, RawCapture, TraceInputs, function_parts, trace_function
-from .tracer.pystate import arg_masks as _arg_masks
-from .structure import replace_tensors
+import torch.fx as fx
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
-__all__ = ["capture", "capture_with_trace", "dynamic_dims", "guard_key"]
+from .errors import UnsupportedArgumentError, UnsupportedOperationError
+from .rewire.contract import check_consistent
+from .rewire.outer import make_outer_graph
+from .rewire.pair import make_pair
+from .runtime.artifact import read_capture
+from .runtime.capture import Capture, make_capture, readable
+from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
+from .runtime.op import autograd_function_apply
+from .runtime.guards import call_key, describe_autocast, layout_key, value_key
+from .runtime.streams import run_on_stream
+from .spec import DataRead, Pair, RawCapture, bind_arguments, marks
+from .structure import replace_tensors
+from .tracer.program import trace_program
+from .tracer.pystate import arg_masks as _arg_masks
+from .tracer.recorder import tracing
+from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
+
+__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace",
+           # the stages' records and helpers the layer above reads
+           "Capture", "MAX_VALUE_VARIANTS", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
+           "readable", "run_on_stream", "tracing", "value_key"]
 
 def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] | None = False,
             **kwargs: Any) -> Capture:
@@ -41,18 +61,18 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
     the tensors carry (Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic``,
     ``mark_static``) add or remove dimensions (see ``dynamic_dims``).
     """
-    return capture_with_trace(fn_cls, args, kwargs, dynamic)[1]
+    return run_pipeline(fn_cls, args, kwargs, dynamic)[1]
 
 
-def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
+def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                        dynamic: bool | Mapping[int | str, Sequence[int]] | None = False) -> tuple[RawCapture, Capture]:
-    """``capture``, also returning the raw trace (for ``explain``)."""
+    """Run the pipeline: ``capture``, also returning the raw trace (``explain`` reads it)."""
     if torch._C._are_functorch_transforms_active():
         # Called inside torch.func.grad/vmap/...: the arguments are the transforms' wrappers.
         # Trace outside the transforms, on plain tensors with the wrappers' (logical)
         # properties; the capture then runs on wrapped tensors like any torch code.
         with temporarily_clear_interpreter_stack():
-            return capture_with_trace(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
+            return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
     start = time.perf_counter()
     function_parts(fn_cls)  # refuses a non-Function with minihop's error
     args = bind_arguments(fn_cls, args, kwargs)
@@ -72,6 +92,24 @@ def capture_with_trace(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, An
                        retrace, dims, raw.shape_guards, raw.python_state,
                        layout_key(args) if raw.reads_layout else None, masks, args, reads)
     return raw, cap
+
+
+def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
+    """Trace ``fn(*args, **kwargs)`` (a function or ``nn.Module``) into one GraphModule, each
+    ``F.apply`` it makes captured into ``fwd_body_N``/``bwd_body_N`` (``tracer.program``)."""
+    return trace_program(fn, args, kwargs, _pair_for_apply)
+
+
+def _pair_for_apply(fn_cls: type, inputs: TraceInputs) -> Pair:
+    """One Function applied inside ``trace``, on the outer trace's fake arguments."""
+    return make_pair(trace_function(fn_cls, (), {}, retrace=inputs))
+
+
+def load(path: str) -> Capture:
+    """Load a capture saved by ``Capture.save``: runnable and differentiable as before."""
+    saved = read_capture(path)
+    return make_capture(saved.pair, functools.partial(make_outer_graph, saved.pair), None, saved.key, 0.0,
+                        dynamic_dims=saved.dynamic_dims, shape_guards=saved.shape_guards)
 
 
 def _runtime_reads(reads: tuple[DataRead, ...], pair: Pair) -> tuple[DataRead, ...]:
