@@ -36,6 +36,7 @@ from .errors import (
 )
 from .explain import Explanation, explain
 from .pipeline import Capture, capture, check_consistent, load, trace
+from . import testing  # the oracle toolkit: ``minihop.testing.assert_matches_eager`` after ``import minihop``
 
 __all__ = [
     "BackwardOutputError",
@@ -64,6 +65,7 @@ __all__ = [
     "load",
     "ops",
     "reset",
+    "testing",
     "trace",
 ]
 

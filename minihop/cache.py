@@ -136,11 +136,9 @@ class CapturedFunction:
         for entry in self._entries.get(key, ()):
             if isinstance(entry, _Refused):
                 return entry
-            if entry.live_key and entry.live_key != entry.current_live_key(args):
-                continue
-            if entry.sizes_fit(args) and entry.layout_fits(args) and entry.values_fit(args):
-                # A value forward read from tensor data that changed is a miss: captured again
-                # for the new value (kept beside the old one, within cache_limit).
+            if entry.fits(args):
+                # Anything else is a miss (a closure value, a value forward read from tensor
+                # data that changed): captured again, kept beside the old (within cache_limit).
                 return entry
         return None
 
@@ -158,13 +156,13 @@ class CapturedFunction:
         recent = self._recent
         if recent and not kwargs and _method_key(self.fn_cls) == self._recent_methods:
             for cap in recent:
-                if cap._hit(args):
+                if cap.fits(args):
                     if tracing():
                         break
                     with self._lock:
                         self.stats.hits += 1
                         _totals["cache_hits"] += 1
-                    return cap._run(args)
+                    return cap.run(args)
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
@@ -200,7 +198,7 @@ class CapturedFunction:
             self._recent = ()
         self._recent = (entry, *(c for c in self._recent if c is not entry))[:_RECENT]
         self._recent_methods = key[0]
-        return entry._run(args)
+        return entry.run(args)
 
     def _dims(self, args: tuple[Any, ...]) -> dict[int, tuple[int, ...]]:
         """The dynamic dimensions of a capture for these (bound) arguments: the policy's (for
@@ -239,7 +237,7 @@ class CapturedFunction:
 
     def _any_hit(self, methods: Any, args: tuple[Any, ...]) -> Capture | None:
         return next((e for key, entries in self._entries.items() if key[0] == methods
-                     for e in entries if isinstance(e, Capture) and e._hit(args)), None)
+                     for e in entries if isinstance(e, Capture) and e.fits(args)), None)
 
     def _count(self) -> int:
         return sum(len(entries) for entries in self._entries.values())
@@ -354,7 +352,7 @@ def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec
 
     ``stream``: a ``torch.cuda.Stream`` to run every call's forward (and so its backward) on,
     with the synchronisation that keeps inputs, outputs and saved tensors valid across it and
-    the caller's stream (see ``minihop.runtime.streams``). By default calls run on the
+    the caller's stream (as the README's torch.compile/DDP section describes). By default calls run on the
     caller's current stream, as eager's would.
     """
     options = dict(fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)

@@ -43,30 +43,44 @@ class MinihopError(Exception):
 
 
 class UnsupportedArgumentError(MinihopError, TypeError):
+    """An argument (or a ``dynamic=`` request about one) minihop cannot capture faithfully."""
+
     code = "MH101"
 
 
 class UnsupportedOutputError(MinihopError, TypeError):
+    """Forward returned, or a saved capture holds, something minihop cannot rebuild."""
+
     code = "MH102"
 
 
 class DataDependentError(MinihopError, NotImplementedError):
+    """Forward or backward needs tensor values minihop cannot guard (random ops, ...)."""
+
     code = "MH103"
 
 
 class UnsupportedOperationError(MinihopError, NotImplementedError):
+    """An operation that cannot run on fake tensors, or cannot be replayed as captured."""
+
     code = "MH104"
 
 
 class InplaceInputError(MinihopError, RuntimeError):
+    """An in-place write to an input that eager's autograd would refuse or mis-handle."""
+
     code = "MH105"
 
 
 class SideEffectError(MinihopError, NotImplementedError):
+    """A write to Python state minihop cannot replay exactly as eager makes it."""
+
     code = "MH106"
 
 
 class CtxArgumentError(MinihopError, TypeError, RuntimeError, AssertionError):
+    """A ``ctx`` method called with arguments eager refuses."""
+
     # Eager raises TypeError (save_for_backward), RuntimeError (mark_dirty,
     # mark_non_differentiable) or AssertionError (save_for_forward) for these: one class that
     # is all three keeps every handler written against eager working.
@@ -74,13 +88,19 @@ class CtxArgumentError(MinihopError, TypeError, RuntimeError, AssertionError):
 
 
 class BackwardOutputError(MinihopError, ValueError, RuntimeError):
+    """Backward returned the wrong number, shape or kind of grads."""
+
     # Eager raises RuntimeError for these: code written against eager keeps catching them.
     code = "MH201"
 
 
 class GuardMismatchError(MinihopError, ValueError):
+    """A capture called with arguments unlike the ones it was captured for."""
+
     code = "MH301"
 
 
 class InconsistentGraphsError(MinihopError, ValueError):
+    """A (fwd, bwd) pair that breaks the graph contract (``check_consistent``)."""
+
     code = "MH401"

@@ -123,16 +123,18 @@ class Capture:
     _shape_check: Callable[[list[Any]], bool] | None = dataclasses.field(repr=False, default=None)
     _guard: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
-    # The hot path, prepared by make_capture: ``_hit(args)`` is every check a call must pass
-    # (key, closure values, layout, shape guards) for positional arguments; ``_run(args)``
-    # fetches the fwd inputs, applies the Function and rebuilds the user's output.
-    _hit: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
+    # The hot path, prepared by make_capture. ``fits(args)``: whether a call's (positional)
+    # arguments fit this capture -- every check it must pass (key, closure values, layout,
+    # shape guards, values read from data), compiled into one function; the cache asks it and
+    # nothing else. ``run(args)``: fetch the fwd inputs, apply the Function, rebuild the
+    # user's output, without checking (the caller asked ``fits``).
+    fits: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     # Python values forward and backward took out of tensor data (``tracer.values``); the
     # ones guarding forward are recomputed from each call's inputs by ``_value_checks`` (one
     # per read), those guarding backward before each backward (``runtime.function``).
     data_reads: tuple[DataRead, ...] = ()
     _value_checks: tuple[Callable[[tuple[Any, ...]], bool], ...] = dataclasses.field(repr=False, default=())
-    _run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+    run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
     def fwd(self) -> fx.GraphModule:
@@ -168,11 +170,11 @@ class Capture:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():
             return self._under_compiler(args, kwargs)
-        if not kwargs and self._hit(args):
-            return self._run(args)
+        if not kwargs and self.fits(args):
+            return self.run(args)
         args = self.bind(args, kwargs)
-        if self._hit(args):
-            return self._run(args)
+        if self.fits(args):
+            return self.run(args)
         key = call_key(args, self.dynamic_dims, self.masks)
         if key != self.key:
             raise GuardMismatchError(
@@ -274,15 +276,11 @@ class Capture:
             return True
         return bool(self._shape_check([args[i] for i in self.shape_guards.arg_indices]))  # type: ignore[union-attr]
 
-    def run(self, args: tuple[Any, ...]) -> Any:
-        """Run without the guard check (the caller has checked ``key``)."""
-        return self._run(args)
-
     def __str__(self) -> str:
         return readable(self.graph)
 
     def save(self, path: str) -> None:
-        """Write the capture to ``path`` (see ``minihop.runtime.artifact`` for the format)."""
+        """Write the capture to ``path``, a versioned artifact ``minihop.load`` reads (format: ``runtime/artifact.py``)."""
         from .artifact import save_capture
 
         save_capture(self, path)
@@ -504,9 +502,9 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _function=function_cls, data_reads=data_reads,
         _value_checks=tuple(_value_check(r) for r in data_reads if r.guards_forward),
-        _run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
+        run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                                   function if setup_style else None, make_writer(pair.outside_writes)),
                           python_state),
     )
-    object.__setattr__(capture, "_hit", _hit_check(capture._guard, capture))
+    object.__setattr__(capture, "fits", _hit_check(capture._guard, capture))
     return capture

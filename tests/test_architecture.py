@@ -1,0 +1,148 @@
+"""The package's shape, read from its source: the import table of docs/ARCHITECTURE.md holds for
+the code (stages import no other stage, only the pipeline entry imports the tracer), there are
+no import cycles, and the public face (``minihop.__all__``) is pinned and documented."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import minihop
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "minihop"
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+
+# The public face: what a user calls. Adding a name is a decision (document it, then add it here).
+PUBLIC = [
+    "BackwardOutputError", "CacheStats", "Capture", "CapturedFunction", "CtxArgumentError",
+    "DataDependentError", "Explanation", "GuardMismatchError", "InconsistentGraphsError",
+    "InplaceInputError", "MinihopError", "SideEffectError", "UnsupportedArgumentError",
+    "UnsupportedOperationError", "UnsupportedOutputError", "apply", "capture", "captured",
+    "check_consistent", "clear_cache", "counters", "explain", "function", "load", "ops", "reset",
+    "testing", "trace",
+]
+STAGES_AND_HELPERS = ("api", "cache", "pipeline", "program", "rewire", "runtime", "spec", "structure", "tracer")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The minihop modules ``path`` imports (anywhere in it, function bodies included)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("minihop"):
+                continue
+            for alias in node.names:  # ``from . import ops`` imports the module minihop.ops
+                sub = f"{target}.{alias.name}"
+                found.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists()
+                          or (PACKAGE.parent / sub.replace(".", "/")).is_dir() else target)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("minihop")}
+    return found - {name}
+
+
+GRAPH = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_table() -> dict[str, tuple[set[str], set[str]]]:
+    """docs/ARCHITECTURE.md's table: layer -> (its modules, the layers it imports)."""
+    rows = re.findall(r"^\| (\w+) \| (.+?) \| (.+?) \|$", ARCHITECTURE.read_text(), re.M)
+    table = {}
+    for layer, modules, imported in rows:
+        if layer == "layer":
+            continue
+        mods = set(re.findall(r"`([\w/*]+)`", modules))
+        table[layer] = (mods, set() if imported.strip() == "—" else {s.strip() for s in imported.split(",")})
+    return table
+
+
+def layer_of(module: str, table: dict[str, tuple[set[str], set[str]]]) -> str:
+    short = module.removeprefix("minihop").lstrip(".") or "__init__"
+    hits = [layer for layer, (mods, _) in table.items()
+            if short in mods or f"{short.split('.')[0]}/*" in mods]
+    assert len(hits) == 1, f"{module} is in {hits or 'no layer'} of docs/ARCHITECTURE.md's table"
+    return hits[0]
+
+
+def test_architecture_page_is_one_page() -> None:
+    assert len(ARCHITECTURE.read_text().splitlines()) <= 60
+
+
+def test_import_table_matches_the_code() -> None:
+    """Each layer imports exactly the layers its row names: no more (a stage reaching into
+    another), no fewer (a stale row)."""
+    table = layer_table()
+    assert set(table) == {"above", "pipeline", "tracer", "rewire", "runtime", "spec", "structure", "errors"}
+    actual: dict[str, set[str]] = {layer: set() for layer in table}
+    for module, deps in GRAPH.items():
+        actual[layer_of(module, table)] |= {layer_of(d, table) for d in deps}
+    for layer, (_, allowed) in table.items():
+        assert actual[layer] == allowed, f"{layer} imports {sorted(actual[layer])}; the table says {sorted(allowed)}"
+
+
+def test_only_the_pipeline_entry_runs_the_stages() -> None:
+    """No module outside ``minihop.pipeline`` (and the stage itself) imports a stage."""
+    for stage in ("tracer", "rewire", "runtime"):
+        for module, deps in GRAPH.items():
+            if module == "minihop.pipeline" or module.startswith(f"minihop.{stage}"):
+                continue
+            reached = sorted(d for d in deps if d.startswith(f"minihop.{stage}"))
+            assert not reached, f"{module} imports {reached}"
+
+
+def test_no_import_cycles() -> None:
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in GRAPH.get(module, ()):
+            if dep not in GRAPH:
+                continue
+            assert state.get(dep) != 1, "import cycle: " + " -> ".join([*path, module, dep])
+            if dep not in state:
+                visit(dep, [*path, module])
+        state[module] = 2
+
+    for module in GRAPH:
+        if module not in state:
+            visit(module, [])
+
+
+def test_public_names_are_pinned() -> None:
+    assert minihop.__all__ == sorted(PUBLIC, key=lambda n: (n[0].islower(), n))
+    for name in PUBLIC:
+        assert hasattr(minihop, name), name
+
+
+def test_each_public_name_is_documented() -> None:
+    """Each name in ``__all__`` has a docstring and is named in the README."""
+    readme = (ROOT / "README.md").read_text()
+    for name in PUBLIC:
+        value = getattr(minihop, name)
+        assert (value.__doc__ or "").strip(), f"minihop.{name} has no docstring"
+        assert re.search(rf"\bminihop\.{name}\b|`{name}`", readme), f"README never names minihop.{name}"
+
+
+def test_stages_are_not_presented_as_public() -> None:
+    """The stages and helpers are not in ``__all__``, nor offered to users as ``minihop.<stage>``
+    in the README or the public docstrings."""
+    readme = (ROOT / "README.md").read_text()
+    for name in STAGES_AND_HELPERS:
+        assert name not in minihop.__all__
+        assert not re.search(rf"\bminihop\.{name}\b", readme), f"README presents minihop.{name}"
+        for public in PUBLIC:
+            doc = getattr(minihop, public).__doc__ or ""
+            assert not re.search(rf"\bminihop\.{name}\b", doc), f"minihop.{public}'s docstring names minihop.{name}"
