@@ -1,5 +1,7 @@
-"""``python -m bench``: run every benchmark (see ``bench.run``)."""
+"""``python -m bench [question]``: see ``bench.run``. Guarded: the fuzzer's spawned workers
+re-import the main module, and must not rerun it."""
 
-from .run import main
+if __name__ == "__main__":
+    from .run import main
 
-raise SystemExit(main())
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The benchmark Functions and the cases (Function x size) every measurement runs over.
+"""The benchmark Functions, the cases (Function x size) and the step every variant runs.
 
 Place: bench/, a consumer of minihop's public API; this module imports only torch so a fresh
 process (the cold-capture measurement) can import it without paying for anything else.
@@ -17,6 +17,10 @@ Each Function has a hand-written backward, as a user would write it:
              value guard run before each backward).
   SavesUnused  SiLU, x * sigmoid(x); saves x and the sigmoid, but its backward recomputes the
              sigmoid from x and never reads the saved one (saved bytes only: SAVED_EXTRA_CASES).
+
+Every variant of a case runs the same step (``fwd_bwd``): the forward, ``loss.backward()``
+where ``loss`` is the sum of ``.sum()`` of each output that requires grad, then the grads of
+the leaf arguments cleared, so that only the call itself differs between variants.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["CASES", "GUARDED_CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin", "SavesUnused", "ScaledSin", "SignedSin",
-           "Warmup", "case_named", "make_chain"]
+__all__ = ["CASES", "GUARDED_CASES", "SAVED_EXTRA_CASES", "Add", "Case", "LayerNorm", "MLP", "MySin",
+           "RecordingBackend", "SavesUnused", "ScaledSin", "SignedSin", "Warmup", "case_named", "compiled",
+           "fresh_caller", "fwd_bwd", "grad_leaves", "loss_of", "make_chain", "ops_only"]
 
 
 class MySin(torch.autograd.Function):
@@ -243,3 +248,98 @@ def case_named(name: str) -> Case:
         if case.name == name:
             return case
     raise KeyError(f"no benchmark case {name!r}; cases: {', '.join(c.name for c in CASES)}")
+
+
+def grad_leaves(args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+    """The tensor arguments whose ``.grad`` a step fills (and then clears)."""
+    return tuple(a for a in args if isinstance(a, torch.Tensor) and a.requires_grad)
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """Sum of ``.sum()`` over the tensor outputs that require grad."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    parts = [o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    loss = parts[0]
+    for p in parts[1:]:
+        loss = loss + p
+    return loss
+
+
+def fwd_bwd(call: Callable[[], Any], args: tuple[Any, ...],
+            sync: Callable[[], None] | None = None) -> Callable[[], None]:
+    """One training-style step through ``call``: forward, backward, clear grads (then
+    ``sync()``: on a GPU, so that a step's time includes its kernels)."""
+    leaves = grad_leaves(args)
+
+    def step() -> None:
+        loss_of(call()).backward()
+        for t in leaves:
+            t.grad = None
+        if sync is not None:
+            sync()
+
+    return step
+
+
+def fresh_caller(fn_cls: type, tag: str) -> Callable[..., Any]:
+    """``lambda *a: fn_cls.apply(*a)`` with a code object of its own, so that each compiled
+    caller has its own Dynamo cache (no recompile limits, no sharing between backends)."""
+    namespace: dict[str, Any] = {"F": fn_cls}
+    source = "def call(*args):\n    return F.apply(*args)\n"
+    exec(compile(source, f"<bench caller {fn_cls.__qualname__} {tag}>", "exec"), namespace)
+    caller: Callable[..., Any] = namespace["call"]
+    return caller
+
+
+class RecordingBackend:
+    """A Dynamo backend that records the graph and runs it as is (``backend="eager"``'s work)."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        self.graphs += 1
+        return gm.forward
+
+
+def compiled(fn_cls: type, backend: Any, tag: str) -> Callable[..., Any]:
+    """``torch.compile`` of a fresh caller, ``fullgraph=True``."""
+    return torch.compile(fresh_caller(fn_cls, tag), fullgraph=True, backend=backend)
+
+
+class _PlainCtx:
+    """Just enough of a ctx to run a Function's forward and backward by hand."""
+
+    def __init__(self, num_inputs: int) -> None:
+        self.saved_tensors: tuple[Any, ...] = ()
+        self.needs_input_grad = (True,) * num_inputs
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *args: Any) -> None:
+        pass
+
+    def mark_dirty(self, *args: Any) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        pass
+
+
+def ops_only(fn_cls: Any, args: tuple[Any, ...]) -> Callable[[], None]:
+    """The floor: the user's forward then backward called directly under ``no_grad`` (the same
+    tensor ops, no autograd graph, no Function machinery)."""
+    plain = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+    with torch.no_grad():
+        out = fn_cls.forward(_PlainCtx(len(args)), *plain)
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = tuple(torch.ones_like(o) for o in outs)
+
+    def step() -> None:
+        with torch.no_grad():
+            ctx = _PlainCtx(len(plain))
+            fn_cls.forward(ctx, *plain)
+            fn_cls.backward(ctx, *grads)
+
+    return step

@@ -1,4 +1,4 @@
-"""``python bench/fuzz.py``: the differential fuzzer's long budget (no shrinking).
+"""``python -m bench fuzz``: the differential fuzzer's long budget (no shrinking).
 
 Place: bench/, beside the speed measurements but measuring no time of minihop's. It runs the
 generator of ``tests/fuzz/generate.py`` under ``random.Random(seed)`` for seeds
@@ -32,14 +32,12 @@ import time
 from collections.abc import Iterator
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    # ``python bench/fuzz.py``: keep bench/ itself off sys.path (its module names are generic).
-    sys.path[:1] = [str(_ROOT)]
-sys.path.insert(0, str(_ROOT / "tests" / "fuzz"))
+if str(_ROOT / "tests" / "fuzz") not in sys.path:
+    sys.path.insert(0, str(_ROOT / "tests" / "fuzz"))
 
 import torch  # noqa: E402
 
-from bench.report import update_section  # noqa: E402
+from .report import update_section  # noqa: E402
 
 from generate import RandomChooser, generate_case  # noqa: E402
 from generate_data import generate_data_case  # noqa: E402
@@ -47,10 +45,8 @@ from generate_state import generate_state_case  # noqa: E402
 from oracle import Outcome, run_case  # noqa: E402
 from oracle_state import run_data_case, run_state_case  # noqa: E402
 
-__all__ = ["main", "update_section"]
+__all__ = ["GENERATORS", "main", "render"]
 
-RESULTS = _ROOT / "bench" / "RESULTS.md"
-START, END = "<!-- fuzz:start -->", "<!-- fuzz:end -->"
 KINDS = ("matched", "refused", "mismatched", "crashed", "invalid")
 # --generator: name -> (make a case, run it, the RESULTS.md section's marker name, its title)
 GENERATORS = {"plain": (generate_case, run_case, "fuzz", "Fuzzing"),
@@ -162,19 +158,8 @@ def render(counts: collections.Counter[str], codes: collections.Counter[str],
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0, help="first seed")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
-    parser.add_argument("--output", type=pathlib.Path, default=RESULTS)
-    parser.add_argument("--dump", type=pathlib.Path, help="write each failing case's source here")
-    parser.add_argument("--generator", choices=sorted(GENERATORS), default="plain",
-                        help="python-state: the Python-state generator (tests/fuzz/generate_state.py); "
-                             "data-dependent: the data-dependent one (tests/fuzz/generate_data.py)")
-    options = parser.parse_args(argv)
-
+def main(options: argparse.Namespace) -> int:
+    """The run ``python -m bench fuzz`` asks for (its options: ``bench.run``); 1 on any failure."""
     counts: collections.Counter[str] = collections.Counter()
     codes: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
@@ -201,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         # Worker processes import minihop anew: the counts would mix two versions.
         commit = f"{commit} at the start, {_commit()} at the end (mixed: rerun)"
 
-    command = "python bench/fuzz.py" + (f" --examples {options.examples}" if options.examples != 10_000 else "") \
+    command = "python -m bench fuzz" + (f" --examples {options.examples}" if options.examples != 10_000 else "") \
         + (f" --seed {options.seed}" if options.seed else "") \
         + (f" --generator {options.generator}" if options.generator != "plain" else "")
     _, _, marker, title = GENERATORS[options.generator]
@@ -224,7 +209,3 @@ def main(argv: list[str] | None = None) -> int:
         options.output.write_text(update_section(old, section, marker))
         print(f"wrote the fuzz section of {options.output}")
     return 1 if counts["mismatched"] or counts["crashed"] else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

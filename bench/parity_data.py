@@ -1,4 +1,4 @@
-"""``python bench/parity_data.py``: README's data-dependent parity rows, measured (eager, Dynamo 2.13, minihop).
+"""``python -m bench parity-data``: README's data-dependent parity rows, measured (eager, Dynamo 2.13, minihop).
 
 Place: bench/, beside the speed measurements but timing nothing. For each ``Idiom`` of
 ``tests/data_functions.py`` (Functions that take Python values out of tensor data, as their
@@ -16,15 +16,14 @@ exactly (outputs and every ``.grad``):
                         ``minihop.explain``: constant / value-guarded / unbacked / ..., and how
                         many captures the calls needed) or refused with its code.
 
-It prints the markdown table; ``--write`` puts it into README.md between
+It prints the markdown table (``table``); ``--write`` puts it into README.md between
 ``<!-- parity-data:start -->`` and ``<!-- parity-data:end -->``. The minihop cell is
 ``minihop_cell(idiom)``, which ``tests/test_data_idioms.py`` recomputes to check README's rows:
-after minihop changes, rerun this with ``--write``.
+after minihop changes, rerun ``python -m bench parity-data --write``.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
 import sys
@@ -34,10 +33,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    # ``python bench/parity_data.py``: make ``bench`` importable (keep bench/ itself off sys.path).
-    sys.path[:1] = [str(ROOT)]
-    __package__ = "bench"  # noqa: A001
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
@@ -46,10 +41,9 @@ import torch  # noqa: E402
 import minihop  # noqa: E402
 from data_functions import IDIOMS, Idiom, Record, idiom_named, record, same_record, validating  # noqa: E402
 
-from .report import update_section  # noqa: E402
-from .steps import RecordingBackend, fresh_caller  # noqa: E402
+from .functions import RecordingBackend, fresh_caller  # noqa: E402
 
-__all__ = ["COLUMNS", "IDIOMS", "README", "dynamo_cells", "idiom_named", "main", "minihop_cell", "row", "table"]
+__all__ = ["COLUMNS", "IDIOMS", "MARKER", "README", "dynamo_cells", "idiom_named", "minihop_cell", "row", "table"]
 
 README = ROOT / "README.md"
 MARKER = "parity-data"
@@ -169,31 +163,10 @@ def table(rows: list[tuple[str, ...]]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     counts = collections.Counter(r[-2].split(" ")[0] for r in rows)
     lines += ["", f"minihop: {dict(sorted(counts.items()))} of {len(rows)} idioms; measured by "
-              "`python bench/parity_data.py --write` (inputs in `tests/data_functions.py`, every "
+              "`python -m bench parity-data --write` (inputs in `tests/data_functions.py`, every "
               "branch and size case taken, the data changing between calls; exact comparison "
               "with eager of outputs and every `.grad`). `torch.distributions` validates arguments in "
               "every run (the first `torch.compile` of a process turns that off process-wide; "
               "`tests/data_functions.py::validating` turns it back on)."]
     return "\n".join(lines)
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="put the table into README.md")
-    parser.add_argument("--no-dynamo", action="store_true", help="minihop cells only (fast)")
-    options = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    rows = []
-    for idiom in IDIOMS:
-        rows.append(row(idiom, dynamo=not options.no_dynamo))
-        print(" | ".join(rows[-1][:-1]), flush=True)
-    text = table(rows)
-    print(text)
-    if options.write:
-        README.write_text(update_section(README.read_text(), text, MARKER))
-        print(f"wrote the {MARKER} section of {README}")
-    return 1 if any("WRONG" in r[-2] for r in rows) else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

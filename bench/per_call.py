@@ -1,6 +1,7 @@
-"""(b) Steady-state fwd+bwd time per call, as ratios to eager ``F.apply`` in the same run.
+"""(b) Steady-state fwd+bwd time per call, as ratios to eager ``F.apply`` in the same run; where
+the time of a small step goes, layer by layer, and its profile (for a missed per-call target).
 
-Place: bench/. For each case every variant runs the same step (``steps.fwd_bwd``), interleaved
+Place: bench/. For each case every variant runs the same step (``functions.fwd_bwd``), interleaved
 (``timing.time_interleaved``). Variants:
 
   eager              ``F.apply(*args)``, the baseline
@@ -23,13 +24,11 @@ import torch
 
 import minihop
 
-from .functions import CASES, Case
-from .steps import compiled, fresh_caller, fwd_bwd, ops_only
-from .table import Table
-from .timing import Timing, time_interleaved
+from .functions import CASES, Case, MySin, compiled, fresh_caller, fwd_bwd, ops_only
+from .timing import Profile, Table, Timing, profile, time_interleaved
 
-__all__ = ["PerCall", "inductor_problem", "measure_per_call", "EAGER", "AA", "CAP", "RUN", "APPLY",
-           "AOT", "INDUCTOR", "FLOOR"]
+__all__ = ["PerCall", "inductor_problem", "measure_per_call", "per_call_breakdown", "profile_per_call",
+           "EAGER", "AA", "CAP", "RUN", "APPLY", "AOT", "INDUCTOR", "FLOOR"]
 
 EAGER, AA, CAP, RUN, APPLY = "eager F.apply", "eager (A/A)", "cap(*args)", "cap.run(args)", "minihop.apply hit"
 AOT, INDUCTOR, FLOOR = "compile aot_eager", "compile inductor", "ops only (floor)"
@@ -39,29 +38,17 @@ _inductor_problem: list[str | None] = []
 
 def inductor_problem() -> str | None:
     """None when ``torch.compile(backend="inductor")`` compiles and runs fwd+bwd here;
-    otherwise why not (checked once per process)."""
+    otherwise why not (checked once per process, on MySin)."""
     if not _inductor_problem:
         try:
             x = torch.randn(4, requires_grad=True)
-            fn = torch.compile(fresh_caller(_Probe, "probe"), fullgraph=True, backend="inductor")
+            fn = torch.compile(fresh_caller(MySin, "probe"), fullgraph=True, backend="inductor")
             fn(x).sum().backward()
-            torch.testing.assert_close(x.grad, 2 * x.detach())
+            torch.testing.assert_close(x.grad, x.detach().cos())
             _inductor_problem.append(None)
         except Exception as e:  # noqa: BLE001 - any failure means "not available here"
             _inductor_problem.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
     return _inductor_problem[0]
-
-
-class _Probe(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 2 * grad * x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +106,7 @@ def measure_per_call(cases: tuple[Case, ...] = CASES, *, budget_s: float = 0.3, 
         t = timings[case.name]
         base = t[EAGER].median_ns
         rows.append((case.name, f"{base / 1e3:.1f} ({t[EAGER].min_ns / 1e3:.1f})",
-                     *(f"{t[v].ratio_to(t[EAGER]):.2f}x ({t[v].median_ns / 1e3:.1f})" if v in t
-                       else "graph break" for v in variants),
+                     *(t[v].cell(t[EAGER]) if v in t else "graph break" for v in variants),
                      f"{t[EAGER].rounds} x {t[EAGER].per_round}"))
     notes = [
         "Each step: forward, `loss.backward()` (loss = sum of `.sum()` of the outputs), grads "
@@ -137,3 +123,45 @@ def measure_per_call(cases: tuple[Case, ...] = CASES, *, budget_s: float = 0.3, 
         notes.append(f"compile inductor: not available: {problem}")
     return PerCall(Table("(b) Steady-state fwd+bwd per call", columns, tuple(rows), tuple(notes)),
                    timings, problem)
+
+
+def per_call_breakdown(per_call: PerCall, case_name: str) -> Table | None:
+    """Where the per-call time of one case goes, from the interleaved timings."""
+    t = per_call.timings.get(case_name)
+    if t is None:
+        return None
+    us = {v: t[v].median_ns / 1e3 for v in (EAGER, FLOOR, RUN, CAP, APPLY)}
+    rows = (
+        ("the ops themselves, no autograd (floor)", f"{us[FLOOR]:.1f}", "-"),
+        ("eager `F.apply`: + autograd and Function machinery", f"{us[EAGER]:.1f}",
+         f"+{us[EAGER] - us[FLOOR]:.1f} over floor"),
+        ("`cap.run(args)`: + minihop's runtime (fetch, generated fwd/bwd code, rebuild)",
+         f"{us[RUN]:.1f}", f"{us[RUN] - us[EAGER]:+.1f} vs eager"),
+        ("`cap(*args)`: + binding and guard check", f"{us[CAP]:.1f}", f"{us[CAP] - us[RUN]:+.1f} vs run"),
+        ("`minihop.apply` hit: + cache key and lookup instead", f"{us[APPLY]:.1f}",
+         f"{us[APPLY] - us[RUN]:+.1f} vs run"),
+    )
+    return Table(f"Per-call breakdown, {case_name} (µs per fwd+bwd step, medians)",
+                 ("layer", "µs", "difference"), rows)
+
+
+def profile_per_call(calls: int = 2000, top: int = 15, shape: tuple[int, ...] = (8, 8),
+                     via: str = "cap") -> Profile:
+    """Profile ``calls`` fwd+bwd steps of MySin through ``cap(*args)`` (``via="cap"``) or
+    the ``minihop.apply`` cache hit (``via="apply"``)."""
+    x = torch.randn(*shape, requires_grad=True)
+    cap = minihop.capture(MySin, x)
+    if via == "cap":
+        step, label = fwd_bwd(lambda: cap(x), (x,)), "`cap(*args)`"
+    elif via == "apply":
+        step, label = fwd_bwd(lambda: minihop.apply(MySin, x), (x,)), "the `minihop.apply` hit"
+    else:
+        raise ValueError(f"via must be 'cap' or 'apply', got {via!r}")
+    for _ in range(50):
+        step()
+
+    def run() -> None:
+        for _ in range(calls):
+            step()
+
+    return profile(f"{calls} fwd+bwd steps of MySin {'x'.join(map(str, shape))} through {label}", run, top=top)

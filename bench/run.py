@@ -1,11 +1,17 @@
-"""``python -m bench`` / ``python bench/run.py``: every measurement, printed, then RESULTS.md.
+"""``python -m bench [question]``: the one entry point of minihop's benchmarks.
 
-Place: bench/, the entry point. Runs (a) capture latency warm and cold, (b) per-call fwd+bwd,
-(c) saved bytes, (d) capture scaling, (e) the per-call cost of value guards (written as the
-``guard-cost`` marked section, as ``python -m bench.guard_cost`` writes it), (f) the 20-size loop,
-checks the targets, profiles where a target is missed, and writes ``bench/RESULTS.md`` (and
-``bench/capture_scaling.png`` when matplotlib is there).
-``--quick`` runs the same with fewer repetitions (~30 s) and writes nothing unless ``--output``.
+Place: bench/, above every question's module. Without a question it runs the speed benchmarks:
+(a) capture latency warm and cold, (b) per-call fwd+bwd, (c) saved bytes, (d) capture scaling,
+(e) the per-call cost of value guards (the ``guard-cost`` marked section, as
+``python -m bench guard-cost`` writes it), (f) the 20-size loop, checks the targets, profiles
+where a target is missed, and writes ``bench/RESULTS.md`` (and ``bench/capture_scaling.png``
+when matplotlib is there); ``--quick`` runs the same with fewer repetitions (~30 s) and writes
+nothing unless ``--output``. The questions run on their own:
+
+  guard-cost   (e) only, into its marked section of RESULTS.md
+  fuzz         the differential fuzzer's long budget, into its marked section (bench/fuzz.py)
+  parity-data  README's data-dependent parity rows (bench/parity_data.py), ``--write`` into README
+  gpu          minihop on CUDA against eager, streams included, and its per-call cost (bench/gpu.py)
 """
 
 from __future__ import annotations
@@ -15,33 +21,25 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-if __package__ in (None, ""):
-    # ``python bench/run.py``: make ``bench`` importable as a package (and keep bench/ itself
-    # off sys.path, where its module names could shadow others).
-    _root = str(Path(__file__).resolve().parent.parent)
-    sys.path[:1] = [_root]
-    __package__ = "bench"  # noqa: A001
+from typing import Any
 
 import torch
 
-from . import guard_cost
-from .capture_latency import measure_cold, measure_warm
+from . import gpu, guard_cost, parity_data
+from .capture import measure_cold, measure_scaling, measure_warm, plot_scaling, profile_capture
 from .functions import CASES, GUARDED_CASES, SAVED_EXTRA_CASES, Case, case_named, make_chain
-from .per_call import measure_per_call
-from .profiling import Profile, profile_capture, profile_per_call
-from .report import keep_marked_sections, per_call_breakdown, render, update_section
+from .per_call import measure_per_call, per_call_breakdown, profile_per_call
+from .report import CAPTURE_GROUP, PER_CALL_GROUP, check_targets, keep_marked_sections, render, update_section
 from .saved import measure_saved
-from .scaling import measure_scaling, plot_scaling
 from .sizes import measure_sizes
-from .table import Table
-from .targets import CAPTURE_GROUP, PER_CALL_GROUP, check_targets
-from .timing import machine_facts
+from .timing import Profile, Table, machine_facts
 
 __all__ = ["FULL", "QUICK", "Settings", "main"]
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,60 +76,46 @@ def _show(table: Table, since: float | None = None) -> None:
         print(f"  [{time.perf_counter() - since:.1f} s]\n", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (~30 s): capture of the small cases only, no cold runs, no inductor")
-    parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile(backend='inductor')")
-    parser.add_argument("--no-cold", action="store_true", help="skip the fresh-process captures")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="where to write the results (default bench/RESULTS.md; --quick: nowhere)")
-    options = parser.parse_args(argv)
+def _write_section(path: Path, section: str, marker: str) -> None:
+    path.write_text(update_section(path.read_text() if path.exists() else None, section, marker))
+    print(f"wrote the {marker} section of {path}")
+
+
+def _speed(options: argparse.Namespace, command: str) -> int:
+    """Every speed table, the targets, the profiles of the misses; then RESULTS.md."""
     settings = QUICK if options.quick else FULL
     if options.no_inductor:
         settings = dataclasses.replace(settings, inductor=False)
-    output = options.output or (None if options.quick else HERE / "RESULTS.md")
-
-    torch.set_num_threads(1)
+    output = options.output or (None if options.quick else RESULTS)
     start = time.perf_counter()
     facts = machine_facts()
     print("; ".join(f"{k}: {v}" for k, v in facts.items()), flush=True)
 
     tables: list[Table] = []
-    t = time.perf_counter()
+
+    def measured(measure: Callable[[], Any]) -> Any:
+        """``measure()``, its table printed (with its seconds) and kept for RESULTS.md."""
+        t = time.perf_counter()
+        result = measure()
+        _show(result.table, t)
+        tables.append(result.table)
+        return result
+
     capture_cases = tuple(c for c in CASES if c.small) if settings.capture_small_only else CASES
-    warm = measure_warm(capture_cases, reps=settings.capture_reps, dynamo_reps=settings.dynamo_reps)
-    tables.append(warm.table)
-    _show(warm.table, t)
-    t = time.perf_counter()
+    warm = measured(lambda: measure_warm(capture_cases, reps=settings.capture_reps, dynamo_reps=settings.dynamo_reps))
     if settings.cold and not options.no_cold:
-        cold = measure_cold("MySin 8x8", reps=settings.cold_reps, backends=settings.cold_backends)
-        tables.append(cold.table)
-        _show(cold.table, t)
-    t = time.perf_counter()
-    per_call = measure_per_call((*CASES, *GUARDED_CASES), budget_s=settings.per_call_budget_s,
-                                min_rounds=settings.per_call_min_rounds, inductor=settings.inductor)
-    tables.append(per_call.table)
-    _show(per_call.table, t)
+        measured(lambda: measure_cold("MySin 8x8", reps=settings.cold_reps, backends=settings.cold_backends))
+    per_call = measured(lambda: measure_per_call((*CASES, *GUARDED_CASES), budget_s=settings.per_call_budget_s,
+                                                 min_rounds=settings.per_call_min_rounds, inductor=settings.inductor))
     t = time.perf_counter()
     guards = guard_cost.measure_guard_cost(budget_s=settings.per_call_budget_s,
                                            min_rounds=settings.per_call_min_rounds)
     guards_seconds = time.perf_counter() - t
     _show(guards, t)
-    t = time.perf_counter()
-    saved = measure_saved((*CASES, *SAVED_EXTRA_CASES))
-    tables.append(saved.table)
-    _show(saved.table, t)
-    t = time.perf_counter()
-    scaling = measure_scaling(settings.scaling_sizes, reps=settings.scaling_reps)
-    tables.append(scaling.table)
-    _show(scaling.table, t)
-    t = time.perf_counter()
-
-    sizes = measure_sizes(settings.sizes_reps, budget_s=settings.per_call_budget_s,
-                          min_rounds=settings.per_call_min_rounds)
-    tables.append(sizes.table)
-    _show(sizes.table, t)
-    t = time.perf_counter()
+    saved = measured(lambda: measure_saved((*CASES, *SAVED_EXTRA_CASES)))
+    scaling = measured(lambda: measure_scaling(settings.scaling_sizes, reps=settings.scaling_reps))
+    sizes = measured(lambda: measure_sizes(settings.sizes_reps, budget_s=settings.per_call_budget_s,
+                                           min_rounds=settings.per_call_min_rounds))
 
     targets = check_targets(CASES, warm=warm, per_call=per_call, saved=saved, sizes=sizes)
     _show(targets.table)
@@ -158,12 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         plot_note = plot_scaling(scaling, output.parent / "capture_scaling.png")
-        command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-        text = render(facts=facts, command=command.strip(), elapsed_s=elapsed, targets=targets,
+        text = render(facts=facts, command=command, elapsed_s=elapsed, targets=targets,
                       tables=tables, breakdown=breakdown, per_call_profiles=per_call_profiles,
                       capture_profiles=capture_profiles, plot_note=plot_note)
-        text = update_section(text, guard_cost.section(guards, command.strip(), guards_seconds),
-                              guard_cost.MARKER)
+        text = update_section(text, guard_cost.section(guards, command, guards_seconds), guard_cost.MARKER)
         old = output.read_text() if output.exists() else ""
         output.write_text(keep_marked_sections(old, text))
         print(f"wrote {output} ({plot_note})")
@@ -171,5 +153,76 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _guard_cost(options: argparse.Namespace, command: str) -> int:
+    start = time.perf_counter()
+    table = guard_cost.measure_guard_cost(**({"budget_s": 0.05, "min_rounds": 5} if options.quick else {}))
+    print(table.to_text())
+    if not options.no_write:
+        _write_section(RESULTS, guard_cost.section(table, command, time.perf_counter() - start), guard_cost.MARKER)
+    return 0
+
+
+def _parity_data(options: argparse.Namespace, command: str) -> int:
+    rows = []
+    for idiom in parity_data.IDIOMS:
+        rows.append(parity_data.row(idiom, dynamo=not options.no_dynamo))
+        print(" | ".join(rows[-1][:-1]), flush=True)
+    text = parity_data.table(rows)
+    print(text)
+    if options.write:
+        _write_section(parity_data.README, text, parity_data.MARKER)
+    return 1 if any("WRONG" in r[-2] for r in rows) else 0
+
+
+def _fuzz(options: argparse.Namespace, command: str) -> int:
+    from . import fuzz  # only here: it puts tests/fuzz on sys.path for its generators
+
+    return fuzz.main(options)
+
+
+def _gpu(options: argparse.Namespace, command: str) -> int:
+    return gpu.main(options.device, options.budget)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(run=_speed)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer repetitions (~30 s): capture of the small cases only, no cold runs, no inductor")
+    parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile(backend='inductor')")
+    parser.add_argument("--no-cold", action="store_true", help="skip the fresh-process captures")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="where to write the results (default bench/RESULTS.md; --quick: nowhere)")
+    questions = parser.add_subparsers(title="questions", metavar="QUESTION")
+    guards = questions.add_parser("guard-cost", help="(e) the per-call cost of value guards")
+    guards.set_defaults(run=_guard_cost)
+    guards.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    guards.add_argument("--quick", action="store_true", help="fewer rounds")
+    fuzz = questions.add_parser("fuzz", help="the differential fuzzer against eager (10,000 cases)")
+    fuzz.set_defaults(run=_fuzz)
+    fuzz.add_argument("--examples", type=int, default=10_000)
+    fuzz.add_argument("--seed", type=int, default=0, help="first seed")
+    fuzz.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    fuzz.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    fuzz.add_argument("--output", type=Path, default=RESULTS)
+    fuzz.add_argument("--dump", type=Path, help="write each failing case's source here")
+    fuzz.add_argument("--generator", choices=("data-dependent", "plain", "python-state"), default="plain",
+                      help="python-state: the Python-state generator (tests/fuzz/generate_state.py); "
+                           "data-dependent: the data-dependent one (tests/fuzz/generate_data.py)")
+    parity = questions.add_parser("parity-data", help="README's data-dependent parity rows (no timing)")
+    parity.set_defaults(run=_parity_data)
+    parity.add_argument("--write", action="store_true", help="put the table into README.md")
+    parity.add_argument("--no-dynamo", action="store_true", help="minihop cells only (fast)")
+    gpu = questions.add_parser("gpu", help="minihop on CUDA against eager, and its per-call cost")
+    gpu.set_defaults(run=_gpu)
+    gpu.add_argument("--device", default="cuda", help="cuda (default) or cpu, to try the checks")
+    gpu.add_argument("--budget", type=float, default=0.3, help="seconds of timing per variant and case")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    options = _parser().parse_args(argv)
+    torch.set_num_threads(1)
+    return int(options.run(options, " ".join(("python -m bench", *argv))))

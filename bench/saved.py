@@ -20,9 +20,8 @@ import torch
 
 import minihop
 
-from .functions import CASES, Case
-from .steps import compiled
-from .table import Table
+from .functions import CASES, Case, compiled
+from .timing import Table
 
 __all__ = ["Saved", "measure_saved", "saved_bytes"]
 

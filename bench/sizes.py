@@ -1,7 +1,7 @@
 """(f) Many batch sizes: a training-style loop over 20 sizes, from empty caches, side by side.
 
 Place: bench/. The loop applies one Function at 20 batch sizes (``SIZES``), fwd+bwd each step
-(``steps.fwd_bwd``'s step), starting with nothing captured or compiled; its total time
+(``functions.fwd_bwd``'s step), starting with nothing captured or compiled; its total time
 includes every capture (compile) it needs. Variants, run round-robin in each repetition:
 
   eager F.apply            the baseline: no capture at all
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,10 +28,8 @@ import torch
 
 import minihop
 
-from .functions import MLP, MySin
-from .steps import RecordingBackend, compiled, fwd_bwd, grad_leaves, loss_of
-from .table import Table
-from .timing import Timing, gc_paused, time_interleaved
+from .functions import MLP, MySin, RecordingBackend, compiled, fwd_bwd, grad_leaves, loss_of
+from .timing import Table, Timing, gc_paused, time_interleaved, time_ns
 
 __all__ = ["SIZES", "Sizes", "measure_sizes", "LOOP_EAGER", "AUTOMATIC", "STATIC", "COMPILE",
            "SYMBOLIC_HIT"]
@@ -63,14 +60,12 @@ def _batches(fn_cls: type, gen: torch.Generator) -> list[tuple[Any, ...]]:
     return [(torch.randn(n, 8, generator=gen).requires_grad_(), w1, w2) for n in SIZES]
 
 
-def _loop_ms(call: Callable[..., Any], batches: list[tuple[Any, ...]]) -> float:
-    """The whole loop once: fwd+bwd at each size, grads cleared (as ``steps.fwd_bwd``)."""
-    start = time.perf_counter()
+def _loop(call: Callable[..., Any], batches: list[tuple[Any, ...]]) -> None:
+    """The whole loop once: fwd+bwd at each size, grads cleared (as ``functions.fwd_bwd``)."""
     for args in batches:
         loss_of(call(*args)).backward()
         for t in grad_leaves(args):
             t.grad = None
-    return (time.perf_counter() - start) * 1e3
 
 
 def _variants(fn_cls: type, rep: int) -> dict[str, tuple[Callable[..., Any], Callable[[], int]]]:
@@ -100,7 +95,7 @@ def measure_sizes(reps: int = 5, *, budget_s: float = 0.3, min_rounds: int = 7) 
             variants = _variants(fn_cls, rep)
             with gc_paused():
                 for variant, (call, _) in variants.items():
-                    times[variant].append(_loop_ms(call, batches))
+                    times[variant].append(time_ns(lambda c=call: _loop(c, batches)) / 1e6)
             made[name] = {variant: count() for variant, (_, count) in variants.items()}
         loop_ms[name] = times
     hit = _symbolic_hit(budget_s, min_rounds)

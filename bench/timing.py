@@ -1,20 +1,26 @@
-"""Timing helpers: interleaved rounds over ``perf_counter_ns``, and the machine's facts.
+"""Shared helpers of every measurement: ``Table``, interleaved timing, profiles, machine facts.
 
-Place: bench/, under every measurement. The invariant: variants compared as a ratio are timed
-in the same process, interleaved round by round (each round runs every variant once, in a
-shuffled order), so that a slow stretch of the machine lands on all of them alike.
+Place: bench/, under every question's module (nothing here knows a benchmark Function). The
+invariant: variants compared as a ratio are timed in the same process, interleaved round by
+round (each round runs every variant once, in a shuffled order), so that a slow stretch of the
+machine lands on all of them alike. A ``Table``'s first column is each row's label (a case, a
+variant, a size); tests check the labels, never the numbers.
 """
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
 import datetime
 import gc
+import io
 import math
 import os
 import platform
+import pstats
 import random
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,7 +29,46 @@ from typing import Any
 
 import torch
 
-__all__ = ["Timing", "gc_paused", "heap_frozen", "machine_facts", "time_interleaved", "time_ns"]
+__all__ = ["Profile", "Table", "Timing", "collected_ns", "gc_paused", "heap_frozen", "machine_facts",
+           "profile", "time_interleaved", "time_ns"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A titled markdown table with notes under it."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(row[0] for row in self.rows)
+
+    def to_markdown(self, level: int = 3, *, heading: bool = True) -> str:
+        lines = [f"{'#' * level} {self.title}", ""] if heading else []
+        lines.append("| " + " | ".join(self.columns) + " |")
+        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
+        for row in self.rows:
+            if len(row) != len(self.columns):
+                raise AssertionError(f"bench bug: row {row!r} does not fit columns {self.columns!r}")
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        if self.notes:
+            lines.append("")
+            lines.extend(f"- {note}" for note in self.notes)
+        return "\n".join(lines) + "\n"
+
+    def to_text(self) -> str:
+        widths = [max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c)
+                  for i, c in enumerate(self.columns)]
+        out = [self.title, "=" * len(self.title)]
+        out.append("  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)))
+        out.append("  ".join("-" * w for w in widths))
+        for row in self.rows:
+            out.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+        out.extend(f"  * {note}" for note in self.notes)
+        return "\n".join(out) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +119,10 @@ class Timing:
         hi = min(n - 1, math.ceil(n / 2 + half) - 1)
         return ratios[lo], ratios[hi]
 
+    def cell(self, base: Timing) -> str:
+        """A table cell: the paired ratio to ``base`` and this variant's median µs."""
+        return f"{self.ratio_to(base):.2f}x ({self.median_ns / 1e3:.1f})"
+
 
 @contextmanager
 def heap_frozen() -> Iterator[None]:
@@ -106,6 +155,13 @@ def time_ns(fn: Callable[[], Any]) -> float:
     start = time.perf_counter_ns()
     fn()
     return float(time.perf_counter_ns() - start)
+
+
+def collected_ns(fn: Callable[[], Any]) -> float:
+    """``time_ns(fn)`` right after a full collection (one capture, one compile: a collection
+    landing inside it would be charged to it)."""
+    gc.collect()
+    return time_ns(fn)
 
 
 def time_interleaved(steps: Mapping[str, Callable[[], Any]], *, budget_s: float = 0.3,
@@ -158,8 +214,6 @@ def _cpu_model() -> str:
 
 def _minihop_revision() -> str:
     """The git commit of the minihop being measured, and whether its files differ from it."""
-    import subprocess
-
     import minihop
 
     package = Path(minihop.__file__).resolve().parent
@@ -190,3 +244,40 @@ def machine_facts() -> dict[str, str]:
         "platform": platform.platform(),
         "load average at start (1, 5, 15 min)": ", ".join(f"{v:.2f}" for v in os.getloadavg()),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A cProfile's headline: what ran; top rows by cumulative time, by own time, minihop's own
+    functions by own time (paths from the repository root), and optionally a shares table."""
+
+    what: str
+    cumulative: str
+    own: str
+    minihop_own: str
+    shares: str = ""
+
+
+def _excerpt(profiler: cProfile.Profile, sort: str, top: int, only: str = "") -> str:
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    (stats if only else stats.strip_dirs()).sort_stats(sort).print_stats(*((only,) if only else ()), top)
+    text = stream.getvalue()
+    start = text.find("   ncalls")
+    return text[start:].rstrip() + "\n" if start >= 0 else text
+
+
+def profile(what: str, run: Callable[[], Any], *, top: int = 15,
+            shares: Callable[[dict[Any, Any]], str] | None = None) -> Profile:
+    """cProfile of one call of ``run``; ``shares`` turns the raw pstats dict into a table."""
+    import minihop
+
+    root = str(Path(minihop.__file__).resolve().parent.parent) + "/"
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    raw = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    return Profile(what, _excerpt(profiler, "cumulative", top), _excerpt(profiler, "tottime", top),
+                   _excerpt(profiler, "tottime", top, r"/minihop/").replace(root, ""),
+                   shares(raw) if shares else "")

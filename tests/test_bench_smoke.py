@@ -4,6 +4,7 @@ table with the expected rows. Never timing assertions: speed claims live in benc
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,19 +15,26 @@ if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an
     sys.path.insert(0, str(ROOT))
 
 import bench  # noqa: E402
-from bench import before_after, gpu_check, guard_cost, parity_data  # noqa: E402
-from bench.capture_latency import measure_cold, measure_warm  # noqa: E402
+from bench import fuzz, gpu, guard_cost, parity_data, run  # noqa: E402
+from bench.capture import measure_cold, measure_scaling, measure_warm, plot_scaling, profile_capture  # noqa: E402
 from bench.functions import CASES, SAVED_EXTRA_CASES, case_named, make_chain  # noqa: E402
-from bench.per_call import AA, APPLY, AOT, CAP, EAGER, FLOOR, RUN, measure_per_call  # noqa: E402
-from bench.profiling import profile_capture, profile_per_call  # noqa: E402
-from bench.report import keep_marked_sections, per_call_breakdown, render  # noqa: E402
+from bench.per_call import (AA, APPLY, AOT, CAP, EAGER, FLOOR, RUN, measure_per_call,  # noqa: E402
+                            per_call_breakdown, profile_per_call)
+from bench.report import check_targets, keep_marked_sections, render, update_section  # noqa: E402
 from bench.saved import measure_saved  # noqa: E402
-from bench.scaling import measure_scaling, plot_scaling  # noqa: E402
 from bench.sizes import AUTOMATIC, COMPILE, LOOP_EAGER, STATIC, SYMBOLIC_HIT, measure_sizes  # noqa: E402
-from bench.targets import check_targets  # noqa: E402
 from bench.timing import machine_facts  # noqa: E402
 
 SMALL = (case_named("MySin 8x8"),)
+
+
+@pytest.fixture(autouse=True)
+def _threads_kept() -> Iterator[None]:
+    """``bench.run.main`` sets one intra-op thread, as every benchmark runs; the other tests'
+    processes keep theirs."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_cases_cover_each_function_small_and_large() -> None:
@@ -93,7 +101,7 @@ def test_guard_cost_rows() -> None:
         ("ScaleByMax 8x8 (`x.abs().max().item()`: unbacked, no guard)", "0"),
         ("SameOrNot 8x8 (`torch.equal(x1, x2)`)", "1"), ("BranchOnSum 8x8 (`if x.sum() > 0`)", "1"),
         ("BranchOnSumInBackward 8x8 (guard before backward)", "1"), ("BranchOnSum 256x1024", "1")]
-    section = guard_cost.section(table, "python -m bench.guard_cost", 1.0)
+    section = guard_cost.section(table, "python -m bench guard-cost", 1.0)
     assert section.startswith("## Value-guard cost") and "(e) Value-guard cost" in section
 
 
@@ -107,11 +115,39 @@ def test_parity_data_row_without_dynamo() -> None:
 
 
 def test_rerun_keeps_sections_other_scripts_wrote() -> None:
-    """A marked section (bench/fuzz.py's) survives a rewrite of RESULTS.md."""
+    """A marked section (the fuzzer's) survives a rewrite of RESULTS.md; a run replaces its own
+    section in place and leaves the others as they are."""
     old = "# old\n\n<!-- fuzz:start -->\n## Fuzzing\nrows\n<!-- fuzz:end -->\n"
     merged = keep_marked_sections(old, "# new\n")
     assert merged == "# new\n\n<!-- fuzz:start -->\n## Fuzzing\nrows\n<!-- fuzz:end -->\n"
     assert keep_marked_sections("# old\n", "# new\n") == "# new\n"
+    both = old + "\n<!-- guard-cost:start -->\nold\n<!-- guard-cost:end -->\n\ntail\n"
+    assert update_section(both, "new", "guard-cost") == both.replace("\nold\n", "\nnew\n")
+    assert update_section(None, "s", "fuzz") == "<!-- fuzz:start -->\ns\n<!-- fuzz:end -->\n"
+
+
+def test_command_line_names_each_question(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m bench QUESTION``: each question parses to its runner; the fuzzer takes each
+    generator it has, and nothing else."""
+    parse = run._parser().parse_args
+    assert parse([]).run is run._speed and parse(["--quick"]).quick
+    assert parse(["guard-cost", "--no-write"]).run is run._guard_cost
+    options = parse(["fuzz", "--examples", "3", "--generator", "data-dependent"])
+    assert options.run is run._fuzz and options.examples == 3 and options.generator == "data-dependent"
+    assert [parse(["fuzz", "--generator", g]).generator for g in fuzz.GENERATORS] == list(fuzz.GENERATORS)
+    assert parse(["parity-data", "--write"]).run is run._parity_data
+    assert parse(["gpu", "--device", "cpu"]).run is run._gpu
+    with pytest.raises(SystemExit):
+        parse(["fuzz", "--generator", "nope"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_fuzz_runs_a_few_seeds(tmp_path: Path) -> None:
+    """``python -m bench fuzz --examples 2 --jobs 1``: counts written into its marked section."""
+    out = tmp_path / "RESULTS.md"
+    assert run.main(["fuzz", "--examples", "2", "--jobs", "1", "--output", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("<!-- fuzz:start -->\n## Fuzzing") and "`python -m bench fuzz --examples 2`" in text
 
 
 def test_saved_bytes_drop_an_intermediate_backward_never_reads() -> None:
@@ -129,22 +165,6 @@ def test_saved_bytes_drop_an_intermediate_backward_never_reads() -> None:
     assert [row[-1] for row in targets.table.rows] == ["PASS", "PASS"]
 
 
-def test_before_after_section_and_help(capsys: pytest.CaptureFixture[str]) -> None:
-    """bench/before_after.py: --help only (the real run takes minutes); its section goes before
-    the fuzz section, replaces itself, and survives a rerun of ``python -m bench``."""
-    with pytest.raises(SystemExit) as exit_info:
-        before_after.main(["--help"])
-    assert exit_info.value.code == 0 and "--ref" in capsys.readouterr().out
-    block = f"{before_after.START}\nnumbers\n{before_after.END}"
-    fuzz = "<!-- fuzz:start -->\n## Fuzzing\n<!-- fuzz:end -->\n"
-    placed = before_after.place_section("# old\n\n" + fuzz, block)
-    assert placed == "# old\n\n" + block + "\n\n" + fuzz
-    again = before_after.place_section(placed, block.replace("numbers", "new numbers"))
-    assert again == placed.replace("numbers", "new numbers")
-    assert before_after.place_section(None, block) == block + "\n"
-    assert keep_marked_sections(placed, "# new\n") == "# new\n\n" + block + "\n\n" + fuzz
-
-
 def test_cold_capture_runs_in_a_fresh_process() -> None:
     """The fresh-process capture reports import and capture seconds for minihop."""
     cold = measure_cold("MySin 8x8", reps=1, backends=())
@@ -152,9 +172,11 @@ def test_cold_capture_runs_in_a_fresh_process() -> None:
     assert set(cold.seconds) == {"minihop"}
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA run is bench/gpu_check.py's own job")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA run is `python -m bench gpu`'s own job")
 def test_gpu_check_skips_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
-    """Without CUDA the GPU check says so and succeeds; its checks run on CPU on request."""
-    assert gpu_check.main([]) == 0
+    """Without CUDA the GPU check says so and succeeds; its checks and overhead table run on
+    CPU on request."""
+    assert run.main(["gpu"]) == 0
     assert capsys.readouterr().out.strip() == "no CUDA device; skipped"
-    assert all(r[2] == "ok" for r in gpu_check.check_case(SMALL[0], "cpu"))
+    assert all(r[2] == "ok" for r in gpu.check_case(SMALL[0], "cpu"))
+    assert gpu.overhead_table(SMALL, "cpu", budget_s=0.002).labels == ("MySin 8x8",)

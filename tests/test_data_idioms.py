@@ -4,7 +4,7 @@ Each idiom is called with inputs that take every branch and size case, the data 
 between calls, forward and backward. ``minihop.function(F)`` (strict) must capture it and give
 eager's outputs and every ``.grad`` exactly (a refusal fails the test: each of these idioms is
 one a mechanism of issue 15 applies to); with ``fallback="eager"`` it must give eager's too. README's "Data-dependent values" rows
-(``bench/parity_data.py --write``) must say what minihop does now.
+(``python -m bench parity-data --write``) must say what minihop does now.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _readme_rows() -> dict[str, list[str]]:
 
 def test_readme_rows_say_what_minihop_does() -> None:
     """Each idiom has a README row whose minihop cell is measured again here (rerun
-    ``python bench/parity_data.py --write`` when minihop changes)."""
+    ``python -m bench parity-data --write`` when minihop changes)."""
     rows = _readme_rows()
     assert sorted(rows) == sorted(i.name for i in IDIOMS)
     with warnings.catch_warnings():

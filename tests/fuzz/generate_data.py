@@ -3,7 +3,7 @@
 The data-dependent third of the fuzzer (``generate.py``: tensor programs; ``generate_state.py``:
 Python state). It shares ``generate.py``'s ``Chooser`` and ``Case``, and its cases speak the
 protocol of ``oracle_state.py``, which runs them (``run_data_case``: exact comparison);
-``tests/fuzz/test_fuzz_data_dependent.py`` and ``python bench/fuzz.py --generator
+``tests/fuzz/test_fuzz_data_dependent.py`` and ``python -m bench fuzz --generator
 data-dependent`` drive them.
 
 What a Function does with tensor data (each chosen or not, forward and backward apart):

@@ -2,7 +2,7 @@
 
 The Python-state half of the fuzzer (``generate.py`` makes the tensor-program half; this
 module shares its ``Chooser`` and ``Case`` and leaves it unchanged). ``oracle_state.py`` runs the
-cases; ``tests/fuzz/test_fuzz_python_state.py`` and ``python bench/fuzz.py --generator
+cases; ``tests/fuzz/test_fuzz_python_state.py`` and ``python -m bench fuzz --generator
 python-state`` drive them.
 
 A case's source is a complete module with a fixed interface for the oracle:

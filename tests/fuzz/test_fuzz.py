@@ -5,7 +5,7 @@ The generator (``generate.py``) writes each Function as Python source; the oracl
 the capture. A wrong answer or any exception other than a documented ``MinihopError`` fails the
 test with minihop's own exception (so hypothesis tells distinct bugs apart and shrinks each),
 carrying the generated source as a note. The budget is fixed (derandomized, 300 examples);
-``bench/fuzz.py`` runs the same generator for 10,000. ``test_fuzz_summary`` prints the counts.
+``python -m bench fuzz`` runs the same generator for 10,000. ``test_fuzz_summary`` prints the counts.
 """
 
 from __future__ import annotations

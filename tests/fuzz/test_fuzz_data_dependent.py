@@ -7,7 +7,7 @@ calls each 3-5 times with data that changes (branches alternate, mask counts cha
 and backward, and compares outputs and every ``.grad`` with eager exactly, through
 ``minihop.apply`` and ``minihop.function(F, fallback="eager")``. A mismatch (a silent wrong
 answer, e.g. a stale capture served after a value changed) or a crash fails the test.
-``python bench/fuzz.py --generator data-dependent`` runs the same generator for longer.
+``python -m bench fuzz --generator data-dependent`` runs the same generator for longer.
 
 No refusal is allowed (``ALLOWED_REFUSALS`` is empty): every construct the generator writes is
 one a mechanism of issue 15 applies to (an unbacked symbol, a constant, a value guard before

@@ -6,7 +6,7 @@ outside object's attribute, or print; the oracle (``oracle_state.py``) changes t
 calls and between forward and ``.backward()``, and compares outputs, grads, the Python state
 and printed text with eager, through ``minihop.apply`` (strict: a documented code is a refusal)
 and ``minihop.function(F, fallback="eager")`` (must always match). Kept apart from
-``test_fuzz.py`` (its budget and generator unchanged); ``python bench/fuzz.py --generator
+``test_fuzz.py`` (its budget and generator unchanged); ``python -m bench fuzz --generator
 python-state`` runs the same generator for longer.
 """
 

@@ -1,6 +1,6 @@
-"""``python bench/gpu_check.py``: minihop on CUDA, checked against eager, and its per-call cost.
+"""``python -m bench gpu``: minihop on CUDA, checked against eager, and its per-call cost.
 
-Place: bench/, a separate script for a machine with a GPU (under 5 minutes). On a CPU-only
+Place: bench/, a separate run for a machine with a GPU (under 5 minutes). On a CPU-only
 machine it prints "no CUDA device; skipped" and exits 0 (``--device cpu`` runs the same checks
 on the CPU, without the stream cases, to try the script itself).
 
@@ -19,25 +19,16 @@ check fails.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path[:1] = [str(Path(__file__).resolve().parent.parent)]
-    __package__ = "bench"  # noqa: A001
 
 import torch
 
 import minihop
 
-from .functions import CASES, Case
-from .steps import grad_leaves, loss_of
-from .table import Table
-from .timing import time_interleaved
+from .functions import CASES, Case, fwd_bwd, grad_leaves, loss_of
+from .timing import Table, time_interleaved
 
 __all__ = ["check_case", "main", "overhead_table"]
 
@@ -109,27 +100,17 @@ def check_case(case: Case, device: str) -> list[tuple[str, str, str]]:
 
 def overhead_table(cases: tuple[Case, ...], device: str, budget_s: float) -> Table:
     """Per-call fwd+bwd (synchronised) of eager and minihop on ``device``, as ratios to eager."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
     rows = []
     for case in cases:
         args = _on(case.make_args(), device)
         F = case.function
         cap = minihop.capture(F, *args)
-        leaves = grad_leaves(args)
-
-        def step(call: Callable[[], Any]) -> Callable[[], None]:
-            def run() -> None:
-                loss_of(call()).backward()
-                for t in leaves:
-                    t.grad = None
-                sync()
-            return run
-
         t = time_interleaved({
-            "eager": step(lambda: F.apply(*args)),
-            "cap": step(lambda: cap(*args)),
-            "run": step(lambda: cap.run(args)),
-            "apply": step(lambda: minihop.apply(F, *args)),
+            "eager": fwd_bwd(lambda: F.apply(*args), args, sync),
+            "cap": fwd_bwd(lambda: cap(*args), args, sync),
+            "run": fwd_bwd(lambda: cap.run(args), args, sync),
+            "apply": fwd_bwd(lambda: minihop.apply(F, *args), args, sync),
         }, budget_s=budget_s)
         rows.append((case.name, f"{t['eager'].median_ns / 1e3:.1f}",
                      *(f"{t[v].ratio_to(t['eager']):.2f}x" for v in ("cap", "run", "apply"))))
@@ -138,12 +119,8 @@ def overhead_table(cases: tuple[Case, ...], device: str, budget_s: float) -> Tab
                  tuple(rows), ("Paired medians over interleaved rounds, as in bench (b).",))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python bench/gpu_check.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu, to try the script")
-    parser.add_argument("--budget", type=float, default=0.3, help="seconds of timing per variant and case")
-    options = parser.parse_args(argv)
-    device = options.device
+def main(device: str = "cuda", budget_s: float = 0.3) -> int:
+    """The checks and the overhead table on ``device``; 1 if any check fails."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device; skipped")
         return 0
@@ -155,11 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [r for case in cases for r in check_case(case, device)]
     checks = Table(f"minihop vs eager on {device}: outputs and grads", ("case", "what", "result"), tuple(results))
     print(checks.to_text())
-    print(overhead_table(cases, device, options.budget).to_text())
+    print(overhead_table(cases, device, budget_s).to_text())
     failed = [r for r in results if r[2] != "ok"]
-    print(f"gpu_check: {len(results) - len(failed)}/{len(results)} checks ok in {time.perf_counter() - start:.0f} s")
+    print(f"bench gpu: {len(results) - len(failed)}/{len(results)} checks ok in {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
