@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from .structure import OutputSpec, Path, Step, format_path
 
-__all__ = ["DataRead", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair", "Place",
+__all__ = ["DataRead", "GRAD_TOGGLE", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair", "Place",
            "PythonState", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "marks",
            "same_value", "uses_setup_context"]
 
@@ -315,6 +315,10 @@ def same_value(a: Any, b: Any) -> bool:
         return bool(a == b or (a != a and b != b))
     return bool(a == b)
 
+
+# The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
+# user's own): the runtime leaves them out where eager runs backward with grad mode on.
+GRAD_TOGGLE = "minihop_grad_toggle"
 
 # The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
 STRICT_MARKS = "_dynamo_dynamic_indices"

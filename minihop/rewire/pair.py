@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from ..spec import Pair, RawCapture
+from ..spec import GRAD_TOGGLE, Pair, RawCapture
 from .contract import check_consistent
 
 __all__ = ["make_pair"]
@@ -58,7 +58,7 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
 
 def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
     node = graph.call_function(_SET_GRAD, (enabled,))
-    node.meta["minihop_grad_toggle"] = True  # the body's own, as opposed to the user's
+    node.meta[GRAD_TOGGLE] = True
 
 
 def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:

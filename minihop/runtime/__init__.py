@@ -1,6 +1,7 @@
 """runtime: run a consistent pair as one differentiable op.
 
-Last stage of the pipeline (tracer -> rewire -> runtime). Never imports the tracer.
+Last stage of the pipeline (tracer -> rewire -> runtime), run by ``minihop.pipeline``. Imports
+no other stage: its input, ``spec.Pair``, is defined in ``spec``.
 """
 
 from .capture import Capture, make_capture

@@ -37,7 +37,7 @@ import torch.fx as fx
 from torch.autograd.function import once_differentiable
 
 from ..errors import UnsupportedOperationError
-from ..spec import NO_STATE, DataRead, Pair, PythonState
+from ..spec import GRAD_TOGGLE, NO_STATE, DataRead, Pair, PythonState
 from .codegen import emit
 from .guards import compile_live_check, value_key
 
@@ -272,7 +272,7 @@ def without_body_toggles(graph: fx.Graph, name: str, **layout: Any) -> Callable[
     each graph. The graphs keep them (Dynamo's layout).
     """
     toggles = [n for n in graph.nodes if n.op == "call_function" and n.target is _set_grad]
-    if len(toggles) != 2 or not all(n.meta.get("minihop_grad_toggle") for n in toggles):
+    if len(toggles) != 2 or not all(n.meta.get(GRAD_TOGGLE) for n in toggles):
         return None
     return emit(graph, skip=lambda node: node in toggles, name=name, **layout)
 
@@ -619,7 +619,7 @@ def _strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
-        if node.meta.get("minihop_grad_toggle"):
+        if node.meta.get(GRAD_TOGGLE):
             continue
         env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
