@@ -245,7 +245,7 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
 
 # Constants printed into the graph's code as themselves (their repr reads back in fx's globals).
 _LITERALS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
-             torch.layout, torch.memory_format, torch.Size)
+             torch.layout, torch.memory_format)
 
 
 def _is_literal(value: Any) -> bool:
@@ -257,8 +257,8 @@ def _output_argument(program: _Program, value: Any) -> Any:
 
     Tensors become their nodes; tuples, lists and dicts (literal keys) stay containers, printed
     as literals (``return {'a': add, 'b': [mul, 3]}``); literal constants stay in the code. Built
-    by one call node each, as fx's tracer builds them: a namedtuple or structseq by its class
-    (``point = Point(add, mul)``), a ``collections.OrderedDict`` by its class, a dataclass or
+    by one call node each, as fx's tracer builds them: a namedtuple, structseq or ``torch.Size``
+    by its class (``point = Point(add, mul)``), an ``OrderedDict`` by its class, a dataclass or
     other object holding tensors by ``build_<Class>`` (a copy of the traced object with its
     attributes set, as the runtime's ``OutputSpec`` rebuilds one: no constructor is re-run and
     no class is registered anywhere). Other constants (enums, tensor-free objects) are
@@ -281,23 +281,23 @@ def _output_argument(program: _Program, value: Any) -> Any:
         return items if kind is dict else build(kind, (items,))
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return build(kind, tuple(_output_argument(program, v) for v in value))
-    if isinstance(value, tuple) and is_structseq(value):
+    if isinstance(value, tuple) and (kind is torch.Size or is_structseq(value)):  # fx reads it as a tuple
         return build(kind, (tuple(_output_argument(program, v) for v in value),))
-    if isinstance(value, (tuple, list, dict)):
-        if kind is dict:  # keys the code cannot spell: the dict is built from its values
-            spec = OutputSpec("dict", keys=tuple(value), children=_slots(len(value)))
-            return build(_builder(spec, "build_dict"), tuple(items.values()))
-        raise UnsupportedOutputError(
-            f"The traced function returned a {kind.__qualname__}, a subclass of "
-            f"{kind.__mro__[1].__qualname__}.",
-            "minihop.trace rebuilds tuples, lists, dicts, OrderedDicts, namedtuples, "
-            "structseqs, dataclasses and plain objects; a container subclass may need "
-            "arguments its constructor alone knows.",
-            "Return a plain tuple, list or dict (or a namedtuple or dataclass) instead.")
+    if kind is dict:  # keys the code cannot spell: the dict is built from its values
+        spec = OutputSpec("dict", keys=tuple(value), children=_slots(len(value)))
+        return build(_builder(spec, "build_dict"), tuple(items.values()))
     if not any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value)):
         name = f"_output_constant{sum(n.startswith('_output_constant') for n in program.attributes)}"
         program.attributes[name] = value
         return rec.create_node("get_attr", name, (), {}, name=name)
+    if isinstance(value, (tuple, list, dict)):
+        raise UnsupportedOutputError(
+            f"The traced function returned a {kind.__qualname__} holding tensors, a subclass "
+            f"of {kind.__mro__[1].__qualname__}.",
+            "minihop.trace rebuilds tuples, lists, dicts, OrderedDicts, namedtuples, "
+            "structseqs, dataclasses and plain objects; a container subclass may need "
+            "arguments its constructor alone knows.",
+            "Return a plain tuple, list or dict (or a namedtuple or dataclass) instead.")
     attrs = attributes(value)  # an object holding tensors: iter_leaves looked into it
     spec = OutputSpec("object", keys=tuple(attrs), children=_slots(len(attrs)),
                       template=replace_tensors(value, lambda _p, _t: None))  # no fakes kept alive
