@@ -11,9 +11,12 @@ The result is an executable ``GraphModule``: its inputs are the tensors the func
 (arguments, and tensors inside argument containers or objects), in order of first use, named
 as Dynamo names them (``L_x_``; Dynamo may order lifted inputs differently);
 ``gm.meta["minihop_inputs"]`` lists where each comes from.
-Parameters, buffers and closed-over tensors are attributes of the GraphModule. It returns the
-tensors of the function's result, flattened. Running it gives eager's outputs, and backward
-through it eager's gradients (the apply calls are torch's own higher-order operator).
+Parameters, buffers and closed-over tensors are attributes of the GraphModule. It returns what
+the function returned, built as the function built it (one tensor, tuples, lists, dicts,
+namedtuples, dataclasses and other objects, nested; constants as returned): the output node
+holds the containers, and a call node builds each namedtuple or object. Running it gives
+eager's outputs, and backward through it eager's gradients (the apply calls are torch's own
+higher-order operator).
 
 ``Function.apply`` is intercepted by replacing it on ``torch.autograd.Function`` while the
 function runs (under a lock; calls from other threads on real tensors pass through).
@@ -21,6 +24,7 @@ function runs (under a lock; calls from other threads on real tensors pass throu
 
 from __future__ import annotations
 
+import collections
 import operator
 import threading
 import traceback
@@ -31,10 +35,11 @@ import torch
 import torch.fx as fx
 from torch._functorch.autograd_function import autograd_function_apply
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import is_structseq
 
-from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError
+from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError, UnsupportedOutputError
 from ..spec import Pair, bind_arguments, marks
-from ..structure import Path, format_path, iter_leaves, make_getter, replace_tensors
+from ..structure import OutputSpec, Path, attributes, format_path, iter_leaves, make_getter, replace_tensors
 from .names import input_name
 from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 from .trace import TRACE_LOCK, TraceInputs
@@ -231,8 +236,7 @@ def trace_program(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             program.mode.recorder = None
             torch.autograd.Function.apply = original  # type: ignore[method-assign]
     rec = program.recorder
-    outputs = tuple(rec.node_for(v) for _, v in iter_leaves(out) if isinstance(v, torch.Tensor))
-    rec.graph.output(outputs)
+    rec.graph.output(_output_argument(program, out))
     # Inputs were created at first use; list them first, in that order.
     placeholders = [n for n in rec.graph.nodes if n.op == "placeholder"]
     first = next(iter(rec.graph.nodes))
@@ -242,3 +246,79 @@ def trace_program(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     gm = fx.GraphModule(program.attributes, rec.graph, class_name="GraphModule")
     gm.meta["minihop_inputs"] = list(program.input_paths)
     return gm
+
+
+# Constants printed into the graph's code as themselves (their repr reads back in fx's globals).
+_LITERALS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+             torch.layout, torch.memory_format)
+
+
+def _is_literal(value: Any) -> bool:
+    return type(value) in _LITERALS or (type(value) is tuple and all(_is_literal(v) for v in value))
+
+
+def _output_argument(program: _Program, value: Any) -> Any:
+    """``fn``'s result as the output node's argument: what the GraphModule rebuilds and returns.
+
+    Tensors become their nodes; tuples, lists and dicts (literal keys) stay containers, printed
+    as literals (``return {'a': add, 'b': [mul, 3]}``); literal constants stay in the code. Built
+    by one call node each, as fx's tracer builds them: a namedtuple, structseq or ``torch.Size``
+    by its class (``point = Point(add, mul)``), an ``OrderedDict`` by its class, a dataclass or
+    other object holding tensors by ``build_<Class>`` (a copy of the traced object with its
+    attributes set, as the runtime's ``OutputSpec`` rebuilds one: no constructor is re-run and
+    no class is registered anywhere). Other constants (enums, tensor-free objects) are
+    attributes of the GraphModule, returned as the object the traced call returned.
+    """
+    rec = program.recorder
+
+    def build(target: Any, args: tuple[Any, ...]) -> fx.Node:
+        return rec.create_node("call_function", target, args, {})
+
+    if isinstance(value, torch.Tensor):
+        return rec.node_for(value)
+    if _is_literal(value):
+        return value
+    kind = type(value)
+    if kind in (tuple, list):
+        return kind(_output_argument(program, v) for v in value)
+    items = {k: _output_argument(program, v) for k, v in value.items()} if isinstance(value, dict) else {}
+    if kind in (dict, collections.OrderedDict) and all(_is_literal(k) for k in value):
+        return items if kind is dict else build(kind, (items,))
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return build(kind, tuple(_output_argument(program, v) for v in value))
+    if isinstance(value, tuple) and (kind is torch.Size or is_structseq(value)):  # fx reads it as a tuple
+        return build(kind, (tuple(_output_argument(program, v) for v in value),))
+    if kind is dict:  # keys the code cannot spell: the dict is built from its values
+        spec = OutputSpec("dict", keys=tuple(value), children=_slots(len(value)))
+        return build(_builder(spec, "build_dict"), tuple(items.values()))
+    if not any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value)):
+        name = f"_output_constant{sum(n.startswith('_output_constant') for n in program.attributes)}"
+        program.attributes[name] = value
+        return rec.create_node("get_attr", name, (), {}, name=name)
+    if isinstance(value, (tuple, list, dict)):
+        raise UnsupportedOutputError(
+            f"The traced function returned a {kind.__qualname__} holding tensors, a subclass "
+            f"of {kind.__mro__[1].__qualname__}.",
+            "minihop.trace rebuilds tuples, lists, dicts, OrderedDicts, namedtuples, "
+            "structseqs, dataclasses and plain objects; a container subclass may need "
+            "arguments its constructor alone knows.",
+            "Return a plain tuple, list or dict (or a namedtuple or dataclass) instead.")
+    attrs = attributes(value)  # an object holding tensors: iter_leaves looked into it
+    spec = OutputSpec("object", keys=tuple(attrs), children=_slots(len(attrs)),
+                      template=replace_tensors(value, lambda _p, _t: None))  # no fakes kept alive
+    return build(_builder(spec, f"build_{kind.__name__}"),
+                 tuple(_output_argument(program, v) for v in attrs.values()))
+
+
+def _slots(n: int) -> tuple[OutputSpec, ...]:
+    return tuple(OutputSpec("tensor", index=i) for i in range(n))
+
+
+def _builder(spec: OutputSpec, name: str) -> Any:
+    """A call target rebuilding ``spec`` from its children's values, named for gm.code."""
+
+    def rebuild(*values: Any) -> Any:
+        return spec.rebuild(values)
+
+    rebuild.__name__ = rebuild.__qualname__ = name
+    return rebuild
