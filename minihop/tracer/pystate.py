@@ -44,6 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import attributes
+from .names import code_of
 
 __all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
 
@@ -176,10 +177,9 @@ def code_facts(code: types.CodeType) -> CodeFacts:
 
 def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
     """The index after ``SWAP 2; STORE_ATTR attr`` closing an augmented assignment."""
-    depth = 0
     for k in range(start, min(len(ins) - 2, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
-                and ins[k + 2].argval == attr and depth == 0:
+                and ins[k + 2].argval == attr:
             return k + 3
         if ins[k].opname in ("RETURN_VALUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE"):
             return None
@@ -252,12 +252,6 @@ class _Root:
     uses_args: bool
     # Where the root itself is stored: ("globals", the globals dict, name) or ("cell", cell).
     home: tuple[Any, ...] | None = None
-
-
-def _code(fn: Any) -> types.CodeType | None:
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    code = getattr(fn, "__code__", None)
-    return code if isinstance(code, types.CodeType) else None
 
 
 def _function(fn: Any) -> Any:
@@ -346,7 +340,7 @@ def _guarded_value(value: Any) -> bool:
 
 def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
     """Parameter name -> argument index (or "ctx") for one of the user's methods."""
-    code = _code(fn)
+    code = code_of(fn)
     if code is None:
         return {}
     names = code.co_varnames[:code.co_argcount]
@@ -368,7 +362,7 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Ite
     todo = [(phase, fn, params, 0) for phase, fn, params in methods]
     while todo:
         phase, fn, params, depth = todo.pop(0)
-        code = _code(fn)
+        code = code_of(fn)
         if code is None or (id(code), phase) in seen:
             continue
         seen.add((id(code), phase))  # type: ignore[arg-type]
@@ -497,7 +491,7 @@ class StateTracker:
     def _find_reads(self) -> None:
         seen_roots: set[str] = set()
         for phase, fn, facts, params in self.analysed:
-            code = _code(fn)
+            code = code_of(fn)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
@@ -577,7 +571,7 @@ class StateTracker:
         place (and checked again when backward runs). Objects forward created are its own."""
         index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
         for phase, fn, facts, params in self.analysed:
-            code = _code(fn)
+            code = code_of(fn)
             for chain in facts.chains:
                 if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or len(chain.steps) < 2 \
                         or chain.use != "value":
@@ -667,9 +661,7 @@ class StateTracker:
                     where=where)
             self.read_ctx_chains(ctx)
         finally:
-            self.finished = True
-            _restore(self.before)
-            self._unmark()
+            self.abort()
         return PythonState(tuple(self.reads), tuple(writes))
 
     def _writes(self, old: dict[int, _Seen], new: dict[int, _Seen], phase: str) -> list[StateWrite]:
@@ -689,13 +681,11 @@ class StateTracker:
     def _write(self, was: _Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
                read_places: set[str]) -> StateWrite:
         if was.kind == "globals":
-            root = _Root(str(step[1]), lambda args, g=was.obj, n=step[1]: g.get(n, MISSING), False)
             place = Place(f"global {step[1]}", lambda args, g=was.obj: g, ("item", step[1]))
         elif was.kind == "cell":
             place = Place(f"closure variable {was.root.description}", lambda args, c=was.obj: c, ("cell", None))
         else:
-            owner_steps = was.steps
-            place = _place(was.root, (*owner_steps, step)) if step != ("extend", None) else \
+            place = _place(was.root, (*was.steps, step)) if step != ("extend", None) else \
                 _place_of_object(was)
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
         where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))

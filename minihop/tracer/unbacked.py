@@ -38,7 +38,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 from ..errors import DataDependentError
 from ..spec import DataRead
 from .recorder import format_frame, user_frame
-from .values import refuse_data_read
+from .values import ancestors, refuse_data_read
 
 __all__ = ["Plan", "Retrace", "UnbackedValues"]
 
@@ -223,12 +223,7 @@ class UnbackedValues:
         if any(n.meta.get("minihop_mutates") for n in rec.graph.nodes):
             nodes: Any = list(rec.graph.nodes)  # a write may carry the inputs into any tensor
         else:
-            nodes, stack = set(), [node]
-            while stack:
-                n = stack.pop()
-                if n not in nodes:
-                    nodes.add(n)
-                    stack.extend(n.all_input_nodes)
+            nodes = ancestors([node])
         for n in nodes:
             if n.op != "placeholder":
                 continue
