@@ -255,8 +255,7 @@ class _Root:
 
 
 def _function(fn: Any) -> Any:
-    fn = getattr(fn, "__func__", fn)
-    return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
+    return inspect.unwrap(getattr(fn, "__func__", fn))
 
 
 def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root | None:
@@ -350,9 +349,7 @@ def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
         if not uses_setup and names:
             found[names[0]] = "ctx"
         return found
-    if names:
-        return {names[0]: "ctx"}
-    return {}
+    return {names[0]: "ctx"} if names else {}
 
 
 def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, int | str]]]:
@@ -376,10 +373,9 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Ite
             if root is None or root.uses_args:
                 continue
             value = _walk(root.fetch(()), chain.steps)
+            value = value.__func__ if isinstance(value, staticmethod) else value
             if _is_user_function(value):
                 todo.append((phase, value, {}, depth + 1))
-            elif isinstance(value, staticmethod) and _is_user_function(value.__func__):
-                todo.append((phase, value.__func__, {}, depth + 1))
 
 
 def _methods(parts: Any) -> tuple[tuple[str, Any, dict[str, int | str]], ...]:
@@ -742,11 +738,8 @@ def _atom_tuple(value: Any) -> bool:
 
 
 def _holds_tensor(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in value.values())
-    return False
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in items)
 
 
 _UNWATCHED = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Tensor,
@@ -785,9 +778,7 @@ def _same(kind: str, old: Any, new: Any) -> bool:
     if kind == "cell":
         return old is new or (isinstance(old, _ATOMS) and type(old) is type(new) and old == new)
     if kind in ("attrs", "dict", "globals"):
-        if old.keys() != new.keys():
-            return False
-        return all(old[k] is new[k] for k in old)
+        return old.keys() == new.keys() and all(old[k] is new[k] for k in old)
     if kind == "list":
         return len(old) == len(new) and all(a is b for a, b in zip(old, new))
     return old == new
@@ -824,14 +815,10 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
             elif seen.kind == "cell":
                 if old is not MISSING and _cell_value(obj) is not old:
                     obj.cell_contents = old
-            elif seen.kind == "list":
-                if len(obj) != len(old) or any(a is not b for a, b in zip(obj, old)):
+            elif seen.kind in ("list", "dict"):
+                if not _same(seen.kind, old, obj):
                     obj.clear()
-                    obj.extend(old)
-            elif seen.kind == "dict":
-                if obj.keys() != old.keys() or any(obj[k] is not old[k] for k in old):
-                    obj.clear()
-                    obj.update(old)
+                    (obj.extend if seen.kind == "list" else obj.update)(old)
             elif seen.kind == "set":
                 if obj != old:
                     obj.clear()
@@ -849,14 +836,8 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
 
 
 def _setattr(obj: Any, name: str, value: Any) -> None:
-    if isinstance(obj, type):
-        type.__setattr__(obj, name, value)
-    else:
-        object.__setattr__(obj, name, value)
+    (type.__setattr__ if isinstance(obj, type) else object.__setattr__)(obj, name, value)
 
 
 def _delattr(obj: Any, name: str) -> None:
-    if isinstance(obj, type):
-        type.__delattr__(obj, name)
-    else:
-        object.__delattr__(obj, name)
+    (type.__delattr__ if isinstance(obj, type) else object.__delattr__)(obj, name)

@@ -296,6 +296,10 @@ class _Tracing:
     def _describe(self) -> str:
         return f"{self.parts.name}.{self.phase}"
 
+    def recorder(self) -> GraphRecorder:
+        """The graph the running phase records into."""
+        return self.bwd if self.phase == "backward" else self.fwd
+
     # -- inputs ---------------------------------------------------------------------------
     def fake_arg(self, path: Path, real: torch.Tensor) -> torch.Tensor:
         if type(real) not in (torch.Tensor, torch.nn.Parameter, FakeTensor):
@@ -1047,9 +1051,4 @@ def _same_shape(expected: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
 
 def _expandable(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts to ``to`` (autograd then sums the gradient back)."""
-    if len(shape) > len(to):
-        return False
-    for a, b in zip(reversed(shape), reversed(to)):
-        if a != b and a != 1:
-            return False
-    return True
+    return len(shape) <= len(to) and all(a == b or a == 1 for a, b in zip(reversed(shape), reversed(to)))

@@ -104,7 +104,7 @@ class UnbackedValues:
         if t.fake_mode.shape_env is None:
             raise self._retrace(dataclasses.replace(self.plan, unbacked=True), op, where)
         result = func(*args, **kwargs)
-        rec = self._recorder()
+        rec = self.t.recorder()
         node = rec.record(func, args, kwargs, result)
         for path, leaf in _leaves(result, ()):
             if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and leaf.node.expr.is_Symbol:
@@ -202,9 +202,6 @@ class UnbackedValues:
     # -- helpers ---------------------------------------------------------------------------
     def _phase(self) -> str:
         return "backward" if self.t.phase == "backward" else "forward"
-
-    def _recorder(self) -> Any:
-        return self.t.bwd if self.t.phase == "backward" else self.t.fwd
 
     def _reads_inputs(self, value: torch.Tensor) -> bool:
         """Whether ``value``'s data depends on the call (inputs, grads, forward's inputs), as

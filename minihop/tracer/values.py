@@ -97,7 +97,7 @@ class ValueReader:
         describe = t._describe()
         phase = "forward" if t.phase == "setup_context" else t.phase
         if t.mode.autocast_nodes or any(n.target in (_enter_autocast, _exit_autocast)
-                                        for n in self._recorder().graph.nodes):
+                                        for n in self.t.recorder().graph.nodes):
             raise refuse_data_read(describe, op, where,
                                    "its value is not computed under autocast here.")
         graph, inputs_of, clone = self._graph_for(func, args, kwargs, describe, op, where)
@@ -126,9 +126,6 @@ class ValueReader:
                                    where, graph if guarded else None, tuple(sources), clone,
                                    bwd_inputs))
         return value
-
-    def _recorder(self) -> Any:
-        return self.t.fwd if self.t.phase != "backward" else self.t.bwd
 
     def _real_input(self, source: InputSource) -> Any:
         if source.live is not None:
