@@ -54,6 +54,24 @@ def code_of(fn: Any) -> CodeType | None:
     return code if isinstance(code, CodeType) else None
 
 
+def free_values(fn: Any) -> Iterator[tuple[str, str, Any, Callable[[], Any]]]:
+    """``("closure" | "global", name, value, how to fetch it anew)`` for each bound closure
+    cell and global that ``fn``'s code names."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        yield "closure", name, value, lambda c=cell: c.cell_contents
+    for name in code.co_names:
+        if name in fn.__globals__:
+            yield "global", name, fn.__globals__[name], lambda g=fn.__globals__, n=name: g[n]
+
+
 @dataclasses.dataclass
 class FrameSnapshot:
     """The user's frame as its call returned: locals and the returning line."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
-import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from ..errors import SideEffectError
 from ..spec import Location, Root
 from ..structure import Path, _is_object_container, attributes, iter_leaves
+from .names import free_values
 
 __all__ = ["OutsideTensor", "OutsideSnapshot", "outside_roots", "snapshot_outside",
            "find_outside_tensors", "tensor_attributes"]
@@ -87,25 +87,8 @@ def outside_roots(forward: Any, fake_args: tuple[Any, ...]) -> tuple[tuple[Root,
     their state is not a caller's container)."""
     roots: list[tuple[Root, Any, Callable[[], Any] | None]] = [
         (("arg", i), a, None) for i, a in enumerate(fake_args)]
-    fn = inspect.unwrap(getattr(forward, "__func__", forward))
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return tuple(roots)
-    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            continue
-        if _is_state(value):
-            roots.append((("closure", name), value, lambda c=cell: c.cell_contents))
-    for name in code.co_names:
-        value = fn.__globals__.get(name, _MISSING)
-        if value is not _MISSING and _is_state(value):
-            roots.append((("global", name), value, lambda g=fn.__globals__, n=name: g[n]))
+    roots += [((kind, name), value, fetch) for kind, name, value, fetch in free_values(forward) if _is_state(value)]
     return tuple(roots)
-
-
-_MISSING = object()
 
 
 def _is_state(value: Any) -> bool:

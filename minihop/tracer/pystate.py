@@ -44,6 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import attributes
+from .names import code_of
 
 __all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
 
@@ -176,10 +177,9 @@ def code_facts(code: types.CodeType) -> CodeFacts:
 
 def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
     """The index after ``SWAP 2; STORE_ATTR attr`` closing an augmented assignment."""
-    depth = 0
     for k in range(start, min(len(ins) - 2, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
-                and ins[k + 2].argval == attr and depth == 0:
+                and ins[k + 2].argval == attr:
             return k + 3
         if ins[k].opname in ("RETURN_VALUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE"):
             return None
@@ -254,15 +254,8 @@ class _Root:
     home: tuple[Any, ...] | None = None
 
 
-def _code(fn: Any) -> types.CodeType | None:
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    code = getattr(fn, "__code__", None)
-    return code if isinstance(code, types.CodeType) else None
-
-
 def _function(fn: Any) -> Any:
-    fn = getattr(fn, "__func__", fn)
-    return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
+    return inspect.unwrap(getattr(fn, "__func__", fn))
 
 
 def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root | None:
@@ -346,7 +339,7 @@ def _guarded_value(value: Any) -> bool:
 
 def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
     """Parameter name -> argument index (or "ctx") for one of the user's methods."""
-    code = _code(fn)
+    code = code_of(fn)
     if code is None:
         return {}
     names = code.co_varnames[:code.co_argcount]
@@ -356,9 +349,7 @@ def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
         if not uses_setup and names:
             found[names[0]] = "ctx"
         return found
-    if names:
-        return {names[0]: "ctx"}
-    return {}
+    return {names[0]: "ctx"} if names else {}
 
 
 def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, int | str]]]:
@@ -368,7 +359,7 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Ite
     todo = [(phase, fn, params, 0) for phase, fn, params in methods]
     while todo:
         phase, fn, params, depth = todo.pop(0)
-        code = _code(fn)
+        code = code_of(fn)
         if code is None or (id(code), phase) in seen:
             continue
         seen.add((id(code), phase))  # type: ignore[arg-type]
@@ -382,10 +373,9 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Ite
             if root is None or root.uses_args:
                 continue
             value = _walk(root.fetch(()), chain.steps)
+            value = value.__func__ if isinstance(value, staticmethod) else value
             if _is_user_function(value):
                 todo.append((phase, value, {}, depth + 1))
-            elif isinstance(value, staticmethod) and _is_user_function(value.__func__):
-                todo.append((phase, value.__func__, {}, depth + 1))
 
 
 def _methods(parts: Any) -> tuple[tuple[str, Any, dict[str, int | str]], ...]:
@@ -497,7 +487,7 @@ class StateTracker:
     def _find_reads(self) -> None:
         seen_roots: set[str] = set()
         for phase, fn, facts, params in self.analysed:
-            code = _code(fn)
+            code = code_of(fn)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
@@ -577,7 +567,7 @@ class StateTracker:
         place (and checked again when backward runs). Objects forward created are its own."""
         index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
         for phase, fn, facts, params in self.analysed:
-            code = _code(fn)
+            code = code_of(fn)
             for chain in facts.chains:
                 if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or len(chain.steps) < 2 \
                         or chain.use != "value":
@@ -667,9 +657,7 @@ class StateTracker:
                     where=where)
             self.read_ctx_chains(ctx)
         finally:
-            self.finished = True
-            _restore(self.before)
-            self._unmark()
+            self.abort()
         return PythonState(tuple(self.reads), tuple(writes))
 
     def _writes(self, old: dict[int, _Seen], new: dict[int, _Seen], phase: str) -> list[StateWrite]:
@@ -689,13 +677,11 @@ class StateTracker:
     def _write(self, was: _Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
                read_places: set[str]) -> StateWrite:
         if was.kind == "globals":
-            root = _Root(str(step[1]), lambda args, g=was.obj, n=step[1]: g.get(n, MISSING), False)
             place = Place(f"global {step[1]}", lambda args, g=was.obj: g, ("item", step[1]))
         elif was.kind == "cell":
             place = Place(f"closure variable {was.root.description}", lambda args, c=was.obj: c, ("cell", None))
         else:
-            owner_steps = was.steps
-            place = _place(was.root, (*owner_steps, step)) if step != ("extend", None) else \
+            place = _place(was.root, (*was.steps, step)) if step != ("extend", None) else \
                 _place_of_object(was)
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
         where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))
@@ -752,11 +738,8 @@ def _atom_tuple(value: Any) -> bool:
 
 
 def _holds_tensor(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in value.values())
-    return False
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(isinstance(v, torch.Tensor) or _holds_tensor(v) for v in items)
 
 
 _UNWATCHED = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Tensor,
@@ -795,9 +778,7 @@ def _same(kind: str, old: Any, new: Any) -> bool:
     if kind == "cell":
         return old is new or (isinstance(old, _ATOMS) and type(old) is type(new) and old == new)
     if kind in ("attrs", "dict", "globals"):
-        if old.keys() != new.keys():
-            return False
-        return all(old[k] is new[k] for k in old)
+        return old.keys() == new.keys() and all(old[k] is new[k] for k in old)
     if kind == "list":
         return len(old) == len(new) and all(a is b for a, b in zip(old, new))
     return old == new
@@ -834,14 +815,10 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
             elif seen.kind == "cell":
                 if old is not MISSING and _cell_value(obj) is not old:
                     obj.cell_contents = old
-            elif seen.kind == "list":
-                if len(obj) != len(old) or any(a is not b for a, b in zip(obj, old)):
+            elif seen.kind in ("list", "dict"):
+                if not _same(seen.kind, old, obj):
                     obj.clear()
-                    obj.extend(old)
-            elif seen.kind == "dict":
-                if obj.keys() != old.keys() or any(obj[k] is not old[k] for k in old):
-                    obj.clear()
-                    obj.update(old)
+                    (obj.extend if seen.kind == "list" else obj.update)(old)
             elif seen.kind == "set":
                 if obj != old:
                     obj.clear()
@@ -859,14 +836,8 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
 
 
 def _setattr(obj: Any, name: str, value: Any) -> None:
-    if isinstance(obj, type):
-        type.__setattr__(obj, name, value)
-    else:
-        object.__setattr__(obj, name, value)
+    (type.__setattr__ if isinstance(obj, type) else object.__setattr__)(obj, name, value)
 
 
 def _delattr(obj: Any, name: str) -> None:
-    if isinstance(obj, type):
-        type.__delattr__(obj, name)
-    else:
-        object.__delattr__(obj, name)
+    (type.__delattr__ if isinstance(obj, type) else object.__delattr__)(obj, name)

@@ -348,11 +348,7 @@ class GraphRecorder:
             # reassociated and simplified ((m + 1e8) - 1e8 is m), not as Python evaluates it.
             raise self.escape(value.node.expr, format_frame(user_frame()),
                               "float arithmetic on it reaches a graph op")
-        if isinstance(value, torch.SymInt):
-            return self.node_for_expr(value.node.expr)
-        if isinstance(value, (torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(value):
-            return self.node_for_expr(value.node.expr)  # a number read from data (.item())
-        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        if isinstance(value, (torch.SymFloat, torch.SymBool)) and not free_unbacked_symbols(value):
             # Not written as graph arithmetic (yet): kept as a constant it would be a stale
             # symbol at run time, a silently wrong value.
             raise UnsupportedOperationError(
@@ -363,6 +359,8 @@ class GraphRecorder:
                 "Capture without dynamic shapes for this Function (minihop.function(F) "
                 "captures once per shape), or keep the arithmetic on integers.",
                 where=format_frame(user_frame()))
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.node_for_expr(value.node.expr)  # a size, or a number read from data (.item())
         return value
 
     def to_graph_arg(self, value: Any) -> Any:

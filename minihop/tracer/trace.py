@@ -52,7 +52,7 @@ from ..spec import DataRead, InputSource, OutsideWrite, PythonState, RawCapture,
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker
-from .names import FrameSnapshot, capture_locals, code_of, input_name, name_hints
+from .names import FrameSnapshot, capture_locals, code_of, free_values, input_name, name_hints
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
 from .unbacked import Plan, Retrace, UnbackedValues
@@ -186,20 +186,8 @@ def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
     parameter takes effect at the next call.
     """
     routes: dict[int, tuple[str, Callable[[], Any]]] = {}
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return routes
-    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            continue
-        _add_routes(routes, value, f"l_{name}", lambda c=cell: c.cell_contents)
-    for name in code.co_names:
-        if name in fn.__globals__:
-            _add_routes(routes, fn.__globals__[name], f"g_{name}",
-                        lambda g=fn.__globals__, n=name: g[n])
+    for kind, name, value, fetch in free_values(fn):
+        _add_routes(routes, value, f"{'l' if kind == 'closure' else 'g'}_{name}", fetch)
     return routes
 
 
@@ -271,6 +259,14 @@ class _Tracing:
         self.unbacked = UnbackedValues(self, plan)
         self.mode.unbacked = self.unbacked
 
+    def reset_backward(self) -> None:
+        """Forget what a run of backward recorded, to run it afresh."""
+        self.bwd = GraphRecorder(self._resolve_bwd, self._resolve_bwd_symbol)
+        self.grad_nodes.clear()
+        self.bwd_saved.clear()
+        self.assumptions.clear()
+        self.values.reads = [r for r in self.values.reads if r.phase == "forward"]
+
     def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """Backward read something of a grad that autograd does not fix: remember it.
         Forward read a tensor's layout: the capture then guards its arguments' strides."""
@@ -286,7 +282,7 @@ class _Tracing:
             return
         if not args or name in _GRAD_FIXED:
             return
-        if getattr(func, "__name__", "") == "__get__" and getattr(getattr(func, "__self__", None), "__name__", "") in _GRAD_FIXED:
+        if name == "__get__" and getattr(getattr(func, "__self__", None), "__name__", "") in _GRAD_FIXED:
             return
         index = self.grad_of.get(id(args[0]))
         if index is not None:
@@ -299,6 +295,10 @@ class _Tracing:
 
     def _describe(self) -> str:
         return f"{self.parts.name}.{self.phase}"
+
+    def recorder(self) -> GraphRecorder:
+        """The graph the running phase records into."""
+        return self.bwd if self.phase == "backward" else self.fwd
 
     # -- inputs ---------------------------------------------------------------------------
     def fake_arg(self, path: Path, real: torch.Tensor) -> torch.Tensor:
@@ -317,10 +317,10 @@ class _Tracing:
             if isinstance(real, FakeTensor):
                 fake = real
             elif dims:
-                fake = self._symbolic_fake(real, dims, format_path(path, self.parts.argnames))
+                fake = self._fake(real, dims, format_path(path, self.parts.argnames))
                 self.dynamic_fakes.append((arg_index, fake))
             else:
-                fake = self._static_fake(real)
+                fake = self._fake(real)
             self.real_to_fake[id(real)] = fake
             source = InputSource(input_name(path, self.parts.argnames),
                                  format_path(path, self.parts.argnames), path, arg_index)
@@ -331,23 +331,20 @@ class _Tracing:
                     self.input_symbols.setdefault(id(fake), []).append(size.node.expr)
         return fake
 
-    def _static_fake(self, real: torch.Tensor) -> torch.Tensor:
-        """A fake with concrete sizes, also when this capture has dynamic ones elsewhere."""
+    def _fake(self, real: torch.Tensor, dims: tuple[int, ...] = (), name: str | None = None) -> torch.Tensor:
+        """A fake whose sizes ``dims`` are symbolic (named ``name``), the others concrete, also
+        when this capture has dynamic ones elsewhere."""
         if self.fake_mode.shape_env is None:
             return self.fake_mode.from_tensor(real)
-        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * real.dim(),
-                                           constraint_sizes=[None] * real.dim())
-        return self.fake_mode.from_tensor(real, symbolic_context=context)
-
-    def _symbolic_fake(self, real: torch.Tensor, dims: tuple[int, ...], name: str) -> torch.Tensor:
         sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
         context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=[None] * real.dim())
-        return self.fake_mode.from_tensor(real, symbolic_context=context, source=ArgSource(name))
+        return self.fake_mode.from_tensor(real, symbolic_context=context,
+                                          source=None if name is None else ArgSource(name))
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
         fake = self.real_to_fake.get(id(real))
         if fake is None:
-            fake = self._static_fake(real)
+            fake = self._fake(real)
             self.real_to_fake[id(real)] = fake
             path = self.module_paths.get(id(real))
             if path is not None:
@@ -419,7 +416,10 @@ class _Tracing:
 
     def _resolve_bwd_symbol(self, rec: GraphRecorder, symbol: sympy.Symbol) -> fx.Node:
         fwd_node = self.fwd.node_for_expr(symbol)
-        node = rec.placeholder(fwd_node.name, fwd_node.meta.get("val"))
+        return self._saved_placeholder(rec, fwd_node, fwd_node.meta.get("val"))
+
+    def _saved_placeholder(self, rec: GraphRecorder, fwd_node: fx.Node, value: Any) -> fx.Node:
+        node = rec.placeholder(fwd_node.name, value)
         self.bwd_saved.append((node, fwd_node))
         return node
 
@@ -442,10 +442,8 @@ class _Tracing:
             node = rec.placeholder(f"grad_{index}", value)
             self.grad_nodes[index] = node
             return node
-        fwd_node = self.fwd.node_for(value)  # a forward value (or input) backward reads
-        node = rec.placeholder(fwd_node.name, value)
-        self.bwd_saved.append((node, fwd_node))
-        return node
+        # a forward value (or input) backward reads
+        return self._saved_placeholder(rec, self.fwd.node_for(value), value)
 
     # -- running the user's code ---------------------------------------------------------
     def run(self, phase: str, fn: Any, recorder: GraphRecorder, snapshot: FrameSnapshot,
@@ -646,11 +644,11 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         raise
     state.forward_done()  # after the tensors written outside were taken back out
     fwd_outputs = t.fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
-    arg_fakes = {id(v): s for v in fake_args if isinstance(v, torch.Tensor)
-                 for s in [t.sources[id(v)]]}
+    arg_ids = {id(v) for v in fake_args if isinstance(v, torch.Tensor)}
     dirty_ids = {id(d) for d in record.dirty}
-    aliased = tuple(is_top and id(v) in arg_fakes and id(v) not in dirty_ids
+    aliased = tuple(is_top and id(v) in arg_ids and id(v) not in dirty_ids
                     for v, is_top in zip(flat, top, strict=True))
+    where = fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None
     nondiff_ids = {id(v) for v in record.non_differentiable}
     non_differentiable_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in nondiff_ids)
     dirty_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in dirty_ids)
@@ -663,7 +661,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
                 "Eager does not see that tensor as an input, so it rewrites the tensor's own "
                 "autograd history in place (it stops being a leaf); minihop does not copy that.",
                 f"Return {source.description}.clone(), or pass the tensor as a direct argument.",
-                where=fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None)
+                where=where)
     returned_ids = {id(v) for v, is_top in zip(flat, top, strict=True) if is_top}
     if any(id(d) not in returned_ids for d in record.dirty):
         raise InplaceInputError(
@@ -672,7 +670,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
             "returned as output': autograd rewrites a dirty input's history through the "
             "Function's outputs, so it must be one.",
             "Return the modified input as one of forward's outputs.",
-            where=fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None)
+            where=where)
 
     # Tensor arguments forward never touched still get an input, so gradients line up.
     for a in fake_args:
@@ -736,21 +734,23 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
     top_items = list(out) if isinstance(out, tuple) else [out]
     grads: list[Any] = []
+    grad_names: list[str | None] = [None] * num_outputs
     with t.fake_mode:
         flat_index = 0
-        for item in top_items:
-            grad_spec = (grad_specs[flat_index] if grad_specs is not None and isinstance(item, torch.Tensor)
-                         else _CONTIGUOUS)
-            if isinstance(item, torch.Tensor) and grad_spec is not None:
-                g = _fake_grad(item, grad_spec)
-                t.grad_of[id(g)] = flat_index
-                t.bwd.alive.append(g)
-                grads.append(g)
-            else:
-                grads.append(None)
-            flat_index += sum(1 for _ in _tensor_leaves(item))
+        for item_index, item in enumerate(top_items):
+            g = None
+            if isinstance(item, torch.Tensor):
+                if parts.gradnames is not None and item_index < len(parts.gradnames):
+                    grad_names[flat_index] = parts.gradnames[item_index]
+                grad_spec = _CONTIGUOUS if grad_specs is None else grad_specs[flat_index]
+                if grad_spec is not None:
+                    g = _fake_grad(item, grad_spec)
+                    t.grad_of[id(g)] = flat_index
+                    t.bwd.alive.append(g)
+            grads.append(g)
+            flat_index += len(_tensor_leaves(item))
     for g in grads:
-        if isinstance(g, torch.Tensor):
+        if g is not None:
             # Dynamo's order: bwd takes the grads first, then the size symbols their shapes
             # hold (saved from fwd), before anything backward reads.
             t._lift_shape_symbols(t.bwd, g)
@@ -765,25 +765,10 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
             raise
         # No gradient can flow (grad mode off, no argument requires grad, no tensor output): eager never
         # calls this backward, so its failure is not the caller's; bwd returns None for all.
-        t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
-        t.grad_nodes.clear()
-        t.bwd_saved.clear()
-        t.assumptions.clear()
-        t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
+        t.reset_backward()
         bwd_frame = FrameSnapshot()
         arg_grads = (None,) * len(fake_args)
     names = (name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
-
-    grad_names: list[str | None] = [None] * num_outputs
-    item_index = 0
-    flat_index = 0
-    for item in top_items:
-        if isinstance(item, torch.Tensor):
-            if parts.gradnames is not None and item_index < len(parts.gradnames):
-                grad_names[flat_index] = parts.gradnames[item_index]
-        flat_index += sum(1 for _ in _tensor_leaves(item))
-        item_index += 1
-
     return _Backward(arg_grads, names, tuple(grad_names))
 
 
@@ -813,10 +798,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
     really ran left (its reads are guarded), except that an argument object on ctx is the
     call's own (``call_args``)."""
     with TRACE_LOCK:
-        t.bwd = GraphRecorder(t._resolve_bwd, t._resolve_bwd_symbol)
-        t.grad_nodes.clear()
-        t.bwd_saved.clear()
-        t.assumptions.clear()
+        t.reset_backward()
         swapped: dict[str, Any] = {}
         if call_args:
             for name, value in vars(ctx).items():
@@ -824,7 +806,6 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
                     if value is fake and not isinstance(fake, torch.Tensor):
                         swapped[name] = value
                         object.__setattr__(ctx, name, real)
-        t.values.reads = [r for r in t.values.reads if r.phase == "forward"]
         t.unbacked.backward_again()
         t.values.call_data = call_data
         state = StateTracker(parts, call_args or fake_args, fn_cls)
@@ -1070,9 +1051,4 @@ def _same_shape(expected: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
 
 def _expandable(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts to ``to`` (autograd then sums the gradient back)."""
-    if len(shape) > len(to):
-        return False
-    for a, b in zip(reversed(shape), reversed(to)):
-        if a != b and a != 1:
-            return False
-    return True
+    return len(shape) <= len(to) and all(a == b or a == 1 for a, b in zip(reversed(shape), reversed(to)))

@@ -38,7 +38,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 from ..errors import DataDependentError
 from ..spec import DataRead
 from .recorder import format_frame, user_frame
-from .values import refuse_data_read
+from .values import ancestors, refuse_data_read
 
 __all__ = ["Plan", "Retrace", "UnbackedValues"]
 
@@ -104,7 +104,7 @@ class UnbackedValues:
         if t.fake_mode.shape_env is None:
             raise self._retrace(dataclasses.replace(self.plan, unbacked=True), op, where)
         result = func(*args, **kwargs)
-        rec = self._recorder()
+        rec = self.t.recorder()
         node = rec.record(func, args, kwargs, result)
         for path, leaf in _leaves(result, ()):
             if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and leaf.node.expr.is_Symbol:
@@ -203,9 +203,6 @@ class UnbackedValues:
     def _phase(self) -> str:
         return "backward" if self.t.phase == "backward" else "forward"
 
-    def _recorder(self) -> Any:
-        return self.t.bwd if self.t.phase == "backward" else self.t.fwd
-
     def _reads_inputs(self, value: torch.Tensor) -> bool:
         """Whether ``value``'s data depends on the call (inputs, grads, forward's inputs), as
         opposed to Python values only (``torch.tensor(dim)``: a constant, read at capture)."""
@@ -223,12 +220,7 @@ class UnbackedValues:
         if any(n.meta.get("minihop_mutates") for n in rec.graph.nodes):
             nodes: Any = list(rec.graph.nodes)  # a write may carry the inputs into any tensor
         else:
-            nodes, stack = set(), [node]
-            while stack:
-                n = stack.pop()
-                if n not in nodes:
-                    nodes.add(n)
-                    stack.extend(n.all_input_nodes)
+            nodes = ancestors([node])
         for n in nodes:
             if n.op != "placeholder":
                 continue

@@ -51,6 +51,18 @@ _NOT_FUNCTIONS = ("rand", "normal", "bernoulli", "multinomial", "dropout", "unif
                   "exponential", "cauchy", "geometric", "poisson", "empty")
 
 
+def ancestors(roots: list[fx.Node]) -> set[fx.Node]:
+    """``roots`` and every node they are computed from."""
+    found: set[fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in found:
+            found.add(n)
+            stack.extend(n.all_input_nodes)
+    return found
+
+
 def _op_name(func: Any) -> str:
     return getattr(func, "__name__", None) or str(func)
 
@@ -85,7 +97,7 @@ class ValueReader:
         describe = t._describe()
         phase = "forward" if t.phase == "setup_context" else t.phase
         if t.mode.autocast_nodes or any(n.target in (_enter_autocast, _exit_autocast)
-                                        for n in self._recorder().graph.nodes):
+                                        for n in self.t.recorder().graph.nodes):
             raise refuse_data_read(describe, op, where,
                                    "its value is not computed under autocast here.")
         graph, inputs_of, clone = self._graph_for(func, args, kwargs, describe, op, where)
@@ -114,9 +126,6 @@ class ValueReader:
                                    where, graph if guarded else None, tuple(sources), clone,
                                    bwd_inputs))
         return value
-
-    def _recorder(self) -> Any:
-        return self.t.fwd if self.t.phase != "backward" else self.t.bwd
 
     def _real_input(self, source: InputSource) -> Any:
         if source.live is not None:
@@ -176,13 +185,7 @@ class ValueReader:
         """Copy the recorded ops ``roots`` need into ``graph`` (``env``: old node -> new);
         returns whether they write in place. Placeholders become inputs (forward: their
         sources) or, in backward, constants of forward's values."""
-        needed: set[fx.Node] = set()
-        stack = list(roots)
-        while stack:
-            n = stack.pop()
-            if n not in needed:
-                needed.add(n)
-                stack.extend(n.all_input_nodes)
+        needed = ancestors(roots)
         writes = any(n.meta.get("minihop_mutates") for n in rec.graph.nodes)
         for n in rec.graph.nodes:
             if writes and n.op == "call_function" and n.target is torch._C._set_grad_enabled:
