@@ -10,7 +10,8 @@ Everything above it (``cache`` for ``minihop.apply``/``function``/``captured``, 
   ``load``          a saved capture: runtime (artifact) -> runtime (capture).
   ``guard_key``     what a capture for a call is filed under (before tracing it).
 
-The names re-exported at the bottom are the stages' public records the layer above reads.
+The stages' names in ``__all__`` after these are re-exported: the records and helpers the
+layer above reads, so that it imports no stage.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .rewire.contract import check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.artifact import read_capture
-from .runtime.capture import Capture, make_capture, readable
+from .runtime.capture import Capture, make_capture
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, value_key
@@ -46,7 +47,7 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
-           "readable", "run_on_stream", "tracing", "value_key"]
+           "run_on_stream", "tracing", "value_key"]
 
 def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] | None = False,
             **kwargs: Any) -> Capture:
@@ -78,7 +79,7 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     args = bind_arguments(fn_cls, args, kwargs)
     dims = dynamic_dims(fn_cls, args, dynamic)
     masks = arg_masks(function_parts(fn_cls))
-    key = call_key(args, dims, masks)  # before tracing: what the call was, not what it left
+    key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     _check_strict_marks(fn_cls, args, raw)
     pair = make_pair(raw)
