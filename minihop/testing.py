@@ -116,13 +116,23 @@ def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = None,
 # Names under which the same operation may appear in different systems' graphs.
 _OPERATOR_NAMES = {operator.add: "add", operator.sub: "sub", operator.mul: "mul",
                    operator.truediv: "div", operator.neg: "neg", operator.matmul: "matmul",
-                   operator.getitem: "getitem", operator.pow: "pow", operator.floordiv: "floordiv"}
+                   operator.getitem: "getitem", operator.pow: "pow", operator.floordiv: "floor_divide",
+                   operator.mod: "remainder", operator.abs: "abs", operator.pos: "positive",
+                   operator.invert: "bitwise_not", operator.and_: "bitwise_and",
+                   operator.or_: "bitwise_or", operator.xor: "bitwise_xor",
+                   operator.lshift: "bitwise_left_shift", operator.rshift: "bitwise_right_shift",
+                   operator.lt: "lt", operator.le: "le", operator.gt: "gt", operator.ge: "ge",
+                   operator.eq: "eq", operator.ne: "ne", operator.iadd: "add_",
+                   operator.isub: "sub_", operator.imul: "mul_", operator.itruediv: "div_"}
 
 
 def _op_name(node: fx.Node, normalize: bool) -> str:
     target = node.target
     if node.op == "call_method":
-        return str(target) if normalize else f"Tensor.{target}"
+        if not normalize:
+            return f"Tensor.{target}"
+        dunder = getattr(operator, str(target), None) if str(target).startswith("__") else None
+        return _OPERATOR_NAMES.get(dunder, str(target))  # x.__mul__(y) is x.mul(y)
     if node.op == "call_function":
         if normalize and target in _OPERATOR_NAMES:
             return _OPERATOR_NAMES[target]
@@ -155,13 +165,16 @@ def _canonical(gm: fx.GraphModule, check_meta: bool, normalize: bool) -> list[st
 
 
 def assert_same_graph(a: fx.GraphModule, b: fx.GraphModule, *, check_meta: bool = False,
-                      normalize: bool = True) -> None:
-    """Assert two GraphModules compute the same thing node for node, up to node names.
+                      normalize: bool = False) -> None:
+    """Assert two GraphModules are the same program written the same way, up to node names.
 
-    Compared: placeholders (count and order), each op and its target, arguments (as positions
-    of earlier nodes or constants) and the output structure; with ``check_meta``, also each
-    node's ``meta["val"]`` shape and dtype. ``normalize`` treats ``x.sin()``, ``torch.sin(x)``
-    and ``operator.mul``/``Tensor.mul`` as the same op. On failure the message is a diff.
+    Strict by default: placeholders (count and order), each node's kind and target
+    (``operator.mul`` is not the method ``mul``, nor ``torch.mul``), its arguments in order (as
+    positions of earlier nodes, or constants by value) and the output structure; with
+    ``check_meta``, also each node's ``meta["val"]`` shape and dtype. ``normalize=True``
+    compares up to how an op is spelled: ``x.sin()``, ``torch.sin(x)``, ``x * y`` and
+    ``x.mul(y)`` count as the same op (operand order still counts). On failure the message is
+    a diff of the two graphs' lines.
     """
     left = _canonical(a, check_meta, normalize)
     right = _canonical(b, check_meta, normalize)

@@ -132,6 +132,11 @@ def make_pair(raw: RawCapture) -> Pair:
     for i, node in enumerate(raw.grad_inputs):
         if node is None:
             placeholder = bwd.placeholder(f"unused_{unused}")
+            # A grad backward was handed as a tensor (a top-level output's, materialized) says
+            # what it would be, shape and dtype, as Dynamo's placeholder does; one handed as
+            # None (an output inside a container) says nothing, as Dynamo's.
+            if raw.materialize_grads and raw.top_level[i] and "val" in outs[i].meta:
+                placeholder.meta["val"] = outs[i].meta["val"]
             unused += 1
             continue
         placeholder = bwd.placeholder(raw.grad_names[i] or f"grad_{i}")

@@ -1,7 +1,8 @@
 """Readable names for graph values, taken from the user's own code.
 
-Place in the pipeline: tracer. Dynamo names a node after the local variable it is stored in;
-minihop gets the same effect by reading the user's frame locals when forward/backward return
+Place in the pipeline: tracer. Dynamo names a node after the local variable it is first
+stored in; minihop reads the store off the bytecode after each recorded call
+(``result_use``), falls back on the user's frame locals when forward/backward return
 (``sys.setprofile``, only while that one call runs), and names inputs after argument paths
 (``weird.b`` -> ``l_weird_b``), as Dynamo's sources do.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
+import functools
 import inspect
 import re
 import sys
@@ -20,7 +23,8 @@ from typing import Any
 
 from ..structure import Path
 
-__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints"]
+__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints", "result_use",
+           "STORE", "DISCARD", "UNPACK"]
 
 
 def _ident(text: str) -> str:
@@ -108,9 +112,12 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
         sys.setprofile(previous)
 
 
-def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any]) -> dict[Any, str]:
-    """Map node -> local variable name, first name wins; ``node_of`` returns None if unknown."""
-    hints: dict[Any, str] = {}
+def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any],
+               stored: dict[Any, str]) -> dict[Any, str]:
+    """Map node -> local variable name: the name a value was first stored in as it was made
+    (``stored``, Dynamo's rule), else a name it has in the frame's locals at return (a value
+    stored later, by a caller), first name wins; ``node_of`` returns None if unknown."""
+    hints: dict[Any, str] = dict(stored)
     for name, value in locals_.items():
         if name in ("ctx", "self", "cls") or name.startswith("_"):
             continue
@@ -118,3 +125,37 @@ def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any]) -> dict[A
         if node is not None and node not in hints and node.op != "placeholder":
             hints[node] = _ident(name)
     return hints
+
+
+# What the instruction after a call does with its result: (kind, detail).
+STORE, DISCARD, UNPACK = "store", "discard", "unpack"
+_STORES = ("STORE_FAST", "STORE_DEREF")
+
+
+@functools.lru_cache(maxsize=1024)
+def _next_instructions(code: CodeType) -> dict[int, tuple[dis.Instruction, ...]]:
+    """offset -> the instructions after it (up to a few, enough to read an unpack's stores)."""
+    instructions = list(dis.get_instructions(code))
+    return {ins.offset: tuple(instructions[i + 1:i + 17]) for i, ins in enumerate(instructions)}
+
+
+def result_use(frame: FrameType) -> tuple[str, Any] | None:
+    """How the user's code at ``frame`` uses the value the call now running returns.
+
+    ``(STORE, name)``: stored in a local (``r = x * y``); ``(DISCARD, None)``: dropped (a
+    statement such as ``r.mul_(2)``); ``(UNPACK, names)``: unpacked into locals, a name or
+    None per item (``a, b = x.chunk(2)``); None: used in an expression. Read off the bytecode
+    after the frame's current instruction, as Dynamo sees the store when it interprets it.
+    """
+    following = _next_instructions(frame.f_code).get(frame.f_lasti)
+    if not following:
+        return None
+    first = following[0]
+    if first.opname in _STORES:
+        return STORE, first.argval
+    if first.opname == "POP_TOP":
+        return DISCARD, None
+    if first.opname == "UNPACK_SEQUENCE":
+        items = following[1:1 + first.argval]
+        return UNPACK, tuple(i.argval if i.opname in _STORES else None for i in items)
+    return None

@@ -12,12 +12,16 @@ being recorded, or is resolved (lifted, or saved from forward) on first use.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
 import threading
 import os
 import sys
 import traceback
+import types
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import sympy
@@ -40,6 +44,9 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
+from . import operators
+from .names import DISCARD, STORE, UNPACK, result_use
+from .operators import Form
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
 
 __all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
@@ -56,17 +63,6 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _MINIHOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (_TORCH_DIR, _MINIHOP_DIR, os.path.dirname(operator.__file__))
 
-# Tensor methods that Dynamo prints as Python operators when called with two operands.
-_BINARY_OPERATORS: dict[str, Callable[..., Any]] = {
-    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
-    "__getitem__": operator.getitem, "__and__": operator.and_, "__or__": operator.or_,
-    "__xor__": operator.xor, "eq": operator.eq, "ne": operator.ne, "lt": operator.lt,
-    "le": operator.le, "gt": operator.gt, "ge": operator.ge, "__pow__": operator.pow,
-}
-_REFLECTED_OPERATORS: dict[str, Callable[..., Any]] = {
-    "__rsub__": operator.sub, "__rdiv__": operator.truediv, "__rtruediv__": operator.truediv,
-    "__rpow__": operator.pow, "__rmatmul__": operator.matmul,
-}
 _SYMPY_OPS: dict[type, Callable[..., Any]] = {
     sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
     Mod: operator.mod, PythonMod: operator.mod, FloatTrueDiv: operator.truediv,
@@ -193,15 +189,26 @@ def is_library_code(filename: str) -> bool:
     return filename.startswith(_SKIP_DIRS)
 
 
-def user_frame() -> traceback.FrameSummary | None:
-    """The innermost frame that belongs to the user's code (not torch's, not minihop's)."""
-    f = sys._getframe(1)
+def _user_frame_object() -> tuple[FrameType | None, bool]:
+    """The innermost frame of the user's code, and whether it is the innermost frame outside
+    torch and minihop (False when code without a file, ``exec``'s ``<string>``, came first:
+    the frame found is then not the one whose next instruction takes the result)."""
+    f = sys._getframe(2)
+    direct = True
     while f is not None:
         filename = f.f_code.co_filename
-        if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<"):
-            return traceback.FrameSummary(filename, f.f_lineno, f.f_code.co_name)
+        if not filename.startswith(_SKIP_DIRS):
+            if not filename.startswith("<"):
+                return f, direct
+            direct = False
         f = f.f_back  # type: ignore[assignment]
-    return None
+    return None, False
+
+
+def user_frame() -> traceback.FrameSummary | None:
+    """The innermost frame that belongs to the user's code (not torch's, not minihop's)."""
+    f, _ = _user_frame_object()
+    return None if f is None else traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
 
 
 def format_frame(frame: traceback.FrameSummary | None) -> str | None:
@@ -210,18 +217,18 @@ def format_frame(frame: traceback.FrameSummary | None) -> str | None:
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {(frame.line or "").strip()}'
 
 
-def _target_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, tuple[Any, ...]]:
-    """Choose how a call is written in the graph: (op, target, args), in Dynamo's forms."""
+def _target_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               form: Form | None) -> tuple[str, Any, tuple[Any, ...]]:
+    """Choose how a call is written in the graph: (op, target, args), as the user wrote it
+    (``form``: the Python operator their syntax meant, see operators), in Dynamo's forms."""
+    if form is not None and not kwargs:
+        target, reflected = form
+        return "call_function", target, (args[1], args[0]) if reflected else args
     name = getattr(func, "__name__", None)
     owner = getattr(func, "__qualname__", "").split(".")[0]
     if owner in ("TensorBase", "Tensor") and name is not None:
-        if not kwargs and len(args) == 2:
-            if name in _BINARY_OPERATORS:
-                return "call_function", _BINARY_OPERATORS[name], args
-            if name in _REFLECTED_OPERATORS:
-                return "call_function", _REFLECTED_OPERATORS[name], (args[1], args[0])
-        if name == "neg" and len(args) == 1 and not kwargs:
-            return "call_function", operator.neg, args
+        if name == "__getitem__":
+            return "call_function", operator.getitem, args
         return "call_method", name, args
     if name == "__get__" and hasattr(func, "__self__"):
         # A tensor property such as ``x.T`` or ``x.real``.
@@ -259,6 +266,21 @@ class GraphRecorder:
         # (node, the tensors written). ``on_mutation`` is told of each, as it happens.
         self.mutations: list[tuple[fx.Node, tuple[torch.Tensor, ...]]] = []
         self.on_mutation: Callable[[fx.Node], None] | None = None
+        # node -> the local the user's code stored it in as it was made (see names.result_use).
+        self.stored: dict[fx.Node, str] = {}
+        # (tensor, node): an op in an expression returned a tensor already named (``+x``,
+        # ``y.mul_(2)`` before ``.add_(1)``); the next op reads that operand as this node.
+        self.pending_alias: tuple[torch.Tensor, fx.Node] | None = None
+
+    def _read_pending_alias(self, args: tuple[Any, ...], graph_args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The op right after an expression's aliasing result reads it there: the last operand
+        that is that tensor (Python evaluates it last, just before this call) is its node."""
+        tensor, alias = self.pending_alias  # type: ignore[misc]
+        self.pending_alias = None
+        for i in range(len(args) - 1, -1, -1):
+            if args[i] is tensor:
+                return (*graph_args[:i], alias, *graph_args[i + 1:])
+        return graph_args
 
     def create_node(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     name: str | None = None) -> fx.Node:
@@ -366,23 +388,65 @@ class GraphRecorder:
     def to_graph_arg(self, value: Any) -> Any:
         return _map_plain(self._graph_value, value)
 
-    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> fx.Node:
-        op, target, args = _target_of(func, args, kwargs)
-        node = self.create_node(op, target, self.to_graph_arg(args), self.to_graph_arg(kwargs))
-        frame = user_frame()
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+               form: Form | None = None) -> fx.Node:
+        op, target, args = _target_of(func, args, kwargs, form)
+        if kwargs and isinstance(func, types.FunctionType) and func.__module__ == "torch.nn.functional":
+            kwargs = _passed_kwargs(func, kwargs)
+        graph_args = self.to_graph_arg(args)
+        if self.pending_alias is not None:
+            graph_args = self._read_pending_alias(args, graph_args)
+        node = self.create_node(op, target, graph_args, self.to_graph_arg(kwargs))
+        frame, direct = _user_frame_object()
+        use = None
         if frame is not None:
-            node.meta["stack_trace"] = "".join(traceback.format_list([frame]))
+            node.meta["stack_trace"] = "".join(traceback.format_list([traceback.FrameSummary(
+                frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)]))
+            if direct:
+                use = result_use(frame)
         if isinstance(result, torch.Tensor):
+            if direct and (use is None or use[0] == DISCARD) and id(result) in self.node_of:
+                # The op returned a tensor the user already names (``r.mul_(2)``, ``+x``) and
+                # did not store it: the user's ``r`` still names the tensor it named (Dynamo's
+                # later uses of ``r`` read that node, not the write's), and only the expression
+                # it is part of (``r.mul_(2).add_(1)``) reads this node.
+                node.meta["val"] = result
+                self.pending_alias = None if use is not None or not direct else (result, node)
+                return node
             self.bind(result, node)
+            if use is not None and use[0] == STORE:
+                self.stored.setdefault(node, use[1])
             return node
         node.meta["val"] = result
         if isinstance(result, (tuple, list)):
+            names = use[1] if use is not None and use[0] == UNPACK else ()
             for i, item in enumerate(result):
                 if isinstance(item, torch.Tensor):
                     item_node = self.create_node("call_function", operator.getitem, (node, i), {})
                     item_node.meta["stack_trace"] = node.meta.get("stack_trace")
                     self.bind(item, item_node)
+                    if i < len(names) and names[i] is not None:
+                        self.stored[item_node] = names[i]
         return node
+
+
+@functools.lru_cache(maxsize=512)
+def _defaults(func: types.FunctionType) -> dict[str, Any]:
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def _passed_kwargs(func: types.FunctionType, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A ``torch.nn.functional`` function (``F.relu``, ``F.softmax``) hands every keyword to the
+    mode, its defaults filled in (``inplace=False``, ``_stacklevel=3``); the user passed only
+    the others, and Dynamo records only those. A constant equal to its default is dropped."""
+    defaults = _defaults(func)
+    return {k: v for k, v in kwargs.items()
+            if not (k in defaults and type(v) is type(defaults[k])
+                    and isinstance(v, (bool, int, float, str, type(None))) and v == defaults[k])}
 
 
 # Per-op helpers for the common containers of op arguments and results (tuples, lists, dicts),
@@ -480,15 +544,18 @@ class RecordingMode(PreDispatchTorchFunctionMode):
 
     def __enter__(self) -> "RecordingMode":
         _state.depth = getattr(_state, "depth", 0) + 1
+        operators.hold()
         return super().__enter__()  # type: ignore[return-value]
 
     def __exit__(self, *exc: Any) -> None:
         _state.depth -= 1
+        operators.release()
         super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
         if func is _enter_autocast or func is _exit_autocast:
             if recorder is None:
@@ -505,8 +572,10 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             return None
         if func is torch._C._set_grad_enabled:
             # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward:
-            # part of the program (Dynamo records it the same way).
-            recorder.record(func, args, kwargs, None)
+            # part of the program (Dynamo records it the same way, and only a real switch:
+            # ``no_grad()`` where grad is already off records nothing).
+            if bool(args[0]) != torch.is_grad_enabled():
+                recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             raise SideEffectError(
@@ -552,7 +621,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             recorder.note_mutation(node, written or (args[0],))
             return result
         if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result) or written:
-            node = recorder.record(func, args, kwargs, result)
+            node = recorder.record(func, args, kwargs, result, form)
             if written:
                 recorder.note_mutation(node, written)
             if unbacked is not None and self.fake_mode.shape_env is not None:

@@ -676,7 +676,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     for a in fake_args:
         if isinstance(a, torch.Tensor):
             t.input_node(a)
-    names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None)
+    names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None,
+                       t.fwd.stored)
     single = isinstance(out, torch.Tensor)
     for node in fwd_outputs[:num_user_outputs]:
         if node.op != "placeholder" and node not in names:
@@ -768,7 +769,8 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
         t.reset_backward()
         bwd_frame = FrameSnapshot()
         arg_grads = (None,) * len(fake_args)
-    names = (name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None))
+    names = name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None,
+                       t.bwd.stored)
     return _Backward(arg_grads, names, tuple(grad_names))
 
 
