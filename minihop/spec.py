@@ -300,9 +300,17 @@ class DataRead:
     def describe(self) -> str:
         return f"{self.op} in {self.phase} == {self.value!r}"
 
-    def matches(self, value: Any) -> bool:
-        """Whether ``value`` (recomputed for a call) is exactly the captured one."""
-        return same_value(self.value, value)
+    def holds(self, compute: Callable[..., Any], inputs: list[Any]) -> bool:
+        """Whether ``compute`` (``graph``'s code) gives exactly the captured value on
+        ``inputs`` (a call's). Under grad mode it runs under no_grad on detached values, so
+        that autograd records nothing of the check; on copies where ``graph`` writes in place
+        (never into the caller's tensors)."""
+        if torch.is_grad_enabled() or self.clone_inputs:
+            with torch.no_grad():
+                inputs = [(v.detach().clone() if self.clone_inputs else v.detach())
+                          if isinstance(v, torch.Tensor) else v for v in inputs]
+                return same_value(self.value, compute(*inputs))
+        return same_value(self.value, compute(*inputs))
 
 
 def same_value(a: Any, b: Any) -> bool:

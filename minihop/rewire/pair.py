@@ -11,10 +11,7 @@ Postcondition: ``check_consistent(pair.fwd, pair.bwd)`` holds (checked before re
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import operator
-from typing import Any
 
 import torch
 import torch.fx as fx

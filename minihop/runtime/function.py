@@ -233,18 +233,10 @@ def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]],
     no_grad on detached values)."""
     picks = read.bwd_inputs
     value_of = emit(read.graph.graph, name="bwd_value") or read.graph.forward
-    clone = read.clone_inputs
-    matches = read.matches
 
     def check(grads: Sequence[Any], saved: Sequence[Any]) -> bool:
-        inputs = [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
-                  for kind, ref in picks]
-        if _is_grad() or clone:  # create_graph=True (grad mode on), or writes in place
-            with torch.no_grad():
-                inputs = [(v.detach().clone() if clone else v.detach()) if isinstance(v, torch.Tensor) else v
-                          for v in inputs]
-                return matches(value_of(*inputs))
-        return matches(value_of(*inputs))  # backward runs with grad mode off: nothing recorded
+        return read.holds(value_of, [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
+                                     for kind, ref in picks])
 
     return check
 
