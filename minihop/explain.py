@@ -14,6 +14,7 @@ import torch
 
 from .errors import DataDependentError, MinihopError
 from .pipeline import MAX_VALUE_VARIANTS, describe_autocast, run_pipeline, value_key
+from .structure import argname
 
 __all__ = ["Explanation", "explain"]
 
@@ -119,14 +120,13 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
         guards = [f"grad mode enabled == {grad_mode}",
                   f"autocast == {describe_autocast(cap.key[2:])}"]
         for i, key in enumerate(arg_keys):
-            argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
-            guards.append(f"{argname}: {_show_key(key)}")
+            guards.append(f"{argname(i, cap.argnames)}: {_show_key(key)}")
         for source in cap.inputs:
             if source.live is not None:
                 guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
                               "requires_grad as at capture (read anew each call)")
         if cap.shape_guards is not None:
-            names = ", ".join(f"T[{k}] is {cap.argnames[i] if i < len(cap.argnames) else f'args[{i}]'}"
+            names = ", ".join(f"T[{k}] is {argname(i, cap.argnames)}"
                               for k, i in enumerate(cap.shape_guards.arg_indices))
             guards.append(f"dynamic sizes: {cap.shape_guards.expression}  ({names})")
         state = cap.python_state
@@ -137,8 +137,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
             guards.append(f"Python value {read.place.description} read by {read.phase}: "
                           f"{_show_key(key)}{again}" + (f"  [{read.line}]" if read.line else ""))
         for i, masked in sorted(cap.masks.items()):
-            argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
-            guards.append(f"{argname}: attributes {', '.join(sorted(masked))} left out (counters "
+            guards.append(f"{argname(i, cap.argnames)}: attributes {', '.join(sorted(masked))} left out (counters "
                           "the Function itself changes)")
         for assumption in raw.grad_assumptions:
             guards.append(f"backward read {getattr(assumption.query, '__name__', assumption.query)} of "

@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
-from ..structure import OutputSpec, make_getter
+from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .writes import Writer, make_writer
@@ -335,7 +335,7 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
             return None
         return GuardMismatchError(
             f"Capture of {name} called with dimension {unmet[1]} of "
-            f"{argnames[unmet[0]] if unmet[0] < len(argnames) else f'args[{unmet[0]}]'} "
+            f"{argname(unmet[0], argnames)} "
             "marked dynamic (Dynamo's mark_dynamic), which it was captured static in.",
             "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
             "Capture again with the marked tensor (minihop.apply does this by itself).")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..spec import STRICT_MARKS, marks
-from ..structure import PLAIN_CALLABLES, attributes
+from ..structure import PLAIN_CALLABLES, argname, attributes
 
 __all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
@@ -151,8 +151,7 @@ def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
         return f"number of arguments: captured {len(exp_args)}, called with {len(found_args)}"
     for i, (e, f) in enumerate(zip(exp_args, found_args, strict=True)):
         if e != f:
-            name = argnames[i] if i < len(argnames) else f"args[{i}]"
-            return f"argument {i} ({name}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
+            return f"argument {i} ({argname(i, argnames)}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
     return "no difference"
 
 
