@@ -75,10 +75,9 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         with temporarily_clear_interpreter_stack():
             return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
     start = time.perf_counter()
-    function_parts(fn_cls)  # refuses a non-Function with minihop's error
+    masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
     dims = dynamic_dims(fn_cls, args, dynamic)
-    masks = arg_masks(function_parts(fn_cls))
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     _check_strict_marks(fn_cls, args, raw)
