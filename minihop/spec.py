@@ -416,6 +416,14 @@ class Pair:
     # (which shares the raw fwd graph) names this pair's saved values.
     saved_fwd_nodes: tuple[fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
+    def apply_kwargs(self) -> dict[str, list[int]]:
+        """The keywords of an ``autograd_function_apply`` call on this pair, as Dynamo writes them."""
+        kwargs = {"non_differentiable_idx": list(self.non_differentiable_idx),
+                  "saved_for_backward_idx": list(self.saved_for_backward_idx)}
+        if self.dirty_idx:
+            kwargs["dirty_idx"] = list(self.dirty_idx)
+        return kwargs
+
     # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
     # emitted from the graphs directly, and fx's code generation is a third of a capture.
     @functools.cached_property
