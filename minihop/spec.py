@@ -253,6 +253,12 @@ class PythonState:
     def writes_in(self, *phases: str) -> tuple[StateWrite, ...]:
         return tuple(w for w in self.writes if w.phase in phases)
 
+    @property
+    def backward_uses_args(self) -> bool:
+        """Whether backward reads or writes state inside an argument object (forward then
+        keeps the call's arguments for it)."""
+        return any(x.place.uses_args for x in (*self.reads_in("backward"), *self.writes_in("backward")))
+
 
 NO_STATE = PythonState()
 

@@ -401,8 +401,7 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
     them on every call; tracing undid its own)."""
     writes = state.writes_in("forward")
-    if any(r.place.uses_args for r in state.reads_in("backward")) or \
-            any(w.place.uses_args for w in state.writes_in("backward")):
+    if state.backward_uses_args:
         inner = run
 
         def run(args: tuple[Any, ...]) -> Any:

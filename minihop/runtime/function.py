@@ -325,10 +325,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     backwards.plain = bwd_plain
     needs_key = backwards.needs_key
     bwd_writes = state.writes_in("backward")
-    # Backward reads or writes Python state inside an argument object: forward keeps the
-    # call's arguments on ctx for it.
-    keeps_args = any(r.place.uses_args for r in state.reads_in("backward")) or \
-        any(w.place.uses_args for w in bwd_writes)
+    keeps_args = state.backward_uses_args  # forward keeps the call's arguments on ctx for it
     # Every forward path saves in the user's order (what eager's ctx holds); the simple paths
     # below read and write that order directly, each with code emitted for it when needed.
     ctx_ordered = all_via_ctx or permuted
