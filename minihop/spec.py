@@ -311,12 +311,15 @@ class DataRead:
         ``inputs`` (a call's). Under grad mode it runs under no_grad on detached values, so
         that autograd records nothing of the check; on copies where ``graph`` writes in place
         (never into the caller's tensors)."""
-        if torch.is_grad_enabled() or self.clone_inputs:
+        if _is_grad() or self.clone_inputs:
             with torch.no_grad():
                 inputs = [(v.detach().clone() if self.clone_inputs else v.detach())
                           if isinstance(v, torch.Tensor) else v for v in inputs]
                 return same_value(self.value, compute(*inputs))
         return same_value(self.value, compute(*inputs))
+
+
+_is_grad = torch.is_grad_enabled
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -229,10 +229,11 @@ def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]],
     no_grad on detached values)."""
     picks = read.bwd_inputs
     value_of = emit(read.graph.graph, name="bwd_value") or read.graph.forward
+    holds = read.holds
 
     def check(grads: Sequence[Any], saved: Sequence[Any]) -> bool:
-        return read.holds(value_of, [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
-                                     for kind, ref in picks])
+        return holds(value_of, [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
+                                for kind, ref in picks])
 
     return check
 
