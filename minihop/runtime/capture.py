@@ -263,11 +263,8 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
                   spec: OutputSpec, top_level: tuple[bool, ...],
                   writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
     apply = function.apply
-    if fetch is None:
-        # The arguments are the fwd inputs: the common forms below skip the call entirely.
-        get: Callable[[tuple[Any, ...]], Any] = _same
-    else:
-        get = fetch
+    # None: the arguments are the fwd inputs (the common forms below skip the call entirely).
+    get = fetch or _same
     if getattr(function, "uses_sink", False):
         def run_nested(args: tuple[Any, ...]) -> Any:
             sink: list[Any] = []
