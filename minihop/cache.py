@@ -7,8 +7,8 @@ The key of an entry (its guards) is: the Function class and the identity of its
 ``forward``/``backward``/``vjp``/``setup_context`` (a redefined method never hits a stale
 entry); per argument, what ``runtime.guards.call_key`` records (tensor shape, dtype, device,
 layout, ``requires_grad``; non-tensor values; the structure around them; grad mode); and,
-checked on each hit, the properties of tensors reached through closures, globals and modules
-(``Capture.live_key``) and, for dynamic captures, the shape guards.
+checked on each hit (``Capture.fits``), the properties of tensors reached through closures,
+globals and modules and, for dynamic captures, the shape guards.
 
 Policies: ``fallback="raise"`` (default) re-raises a capture's ``MinihopError``;
 ``fallback="eager"`` runs ``F.apply`` instead, warns once per Function with the reason, and

@@ -8,12 +8,14 @@ guarded, refused), the guards of the capture, and the size of its graphs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from .errors import DataDependentError, MinihopError
 from .pipeline import MAX_VALUE_VARIANTS, describe_autocast, run_pipeline, value_key
+from .structure import argname
 
 __all__ = ["Explanation", "explain"]
 
@@ -57,37 +59,30 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"minihop.explain: {self.function}",
                  f"  captured: {'yes' if self.captured else 'no'}"]
+
+        def section(title: str, items: Iterable[str], empty: str | None = None) -> None:
+            items = list(items)
+            lines.append(f"  {title}:")
+            lines.extend(f"    {item}" for item in (items or ([empty] if empty else [])))
+
         if self.error:
-            lines.append("  refused:")
-            lines.extend(f"    {line}" for line in self.error.splitlines())
+            section("refused", self.error.splitlines())
             if self.data_values:
-                lines.append("  data-dependent values:")
-                lines.extend(f"    {v}" for v in self.data_values)
+                section("data-dependent values", self.data_values)
             return "\n".join(lines)
         lines.append(f"  capture time: {self.capture_ms:.1f} ms; fwd ops {self.fwd_ops}, bwd ops "
                      f"{self.bwd_ops}, saved values {self.saved}")
         lines.append("  fwd inputs: " + ", ".join(self.fwd_inputs))
         if self.symbols:
-            lines.append("  size symbols (dynamic dimensions; their guards are under guards):")
-            lines.extend(f"    {s}" for s in self.symbols)
-        lines.append("  saved for backward:")
-        lines.extend(f"    {v}" for v in self.saved_values)
-        if not self.saved_values:
-            lines.append("    (nothing)")
-        lines.append("  ctx features:")
-        lines.extend(f"    {name}: {how}" for name, how in self.features)
-        if not self.features:
-            lines.append("    (none)")
-        lines.append("  guards (a call must match these to reuse the capture):")
-        lines.extend(f"    {g}" for g in self.guards)
+            section("size symbols (dynamic dimensions; their guards are under guards)", self.symbols)
+        section("saved for backward", self.saved_values, "(nothing)")
+        section("ctx features", (f"{name}: {how}" for name, how in self.features), "(none)")
+        section("guards (a call must match these to reuse the capture)", self.guards)
         if self.data_values:
-            lines.append("  data-dependent values (Python values taken from tensor data):")
-            lines.extend(f"    {v}" for v in self.data_values)
+            section("data-dependent values (Python values taken from tensor data)", self.data_values)
         if self.python_writes:
-            lines.append("  Python state written (replayed on every call, as eager does it):")
-            lines.extend(f"    {w}" for w in self.python_writes)
-        lines.append("  graphs:")
-        lines.extend(f"    {line}" for line in self.graphs.splitlines())
+            section("Python state written (replayed on every call, as eager does it)", self.python_writes)
+        section("graphs", self.graphs.splitlines())
         return "\n".join(lines)
 
 
@@ -119,14 +114,13 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
         guards = [f"grad mode enabled == {grad_mode}",
                   f"autocast == {describe_autocast(cap.key[2:])}"]
         for i, key in enumerate(arg_keys):
-            argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
-            guards.append(f"{argname}: {_show_key(key)}")
+            guards.append(f"{argname(i, cap.argnames)}: {_show_key(key)}")
         for source in cap.inputs:
             if source.live is not None:
                 guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
                               "requires_grad as at capture (read anew each call)")
         if cap.shape_guards is not None:
-            names = ", ".join(f"T[{k}] is {cap.argnames[i] if i < len(cap.argnames) else f'args[{i}]'}"
+            names = ", ".join(f"T[{k}] is {argname(i, cap.argnames)}"
                               for k, i in enumerate(cap.shape_guards.arg_indices))
             guards.append(f"dynamic sizes: {cap.shape_guards.expression}  ({names})")
         state = cap.python_state
@@ -137,8 +131,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: boo
             guards.append(f"Python value {read.place.description} read by {read.phase}: "
                           f"{_show_key(key)}{again}" + (f"  [{read.line}]" if read.line else ""))
         for i, masked in sorted(cap.masks.items()):
-            argname = cap.argnames[i] if i < len(cap.argnames) else f"args[{i}]"
-            guards.append(f"{argname}: attributes {', '.join(sorted(masked))} left out (counters "
+            guards.append(f"{argname(i, cap.argnames)}: attributes {', '.join(sorted(masked))} left out (counters "
                           "the Function itself changes)")
         for assumption in raw.grad_assumptions:
             guards.append(f"backward read {getattr(assumption.query, '__name__', assumption.query)} of "

@@ -38,7 +38,7 @@ from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, value_key
 from .runtime.streams import run_on_stream
 from .spec import DataRead, Pair, RawCapture, bind_arguments, marks
-from .structure import replace_tensors
+from .structure import argname, replace_tensors
 from .tracer.program import trace_program
 from .tracer.pystate import arg_masks as _arg_masks
 from .tracer.recorder import tracing
@@ -75,10 +75,9 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         with temporarily_clear_interpreter_stack():
             return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
     start = time.perf_counter()
-    function_parts(fn_cls)  # refuses a non-Function with minihop's error
+    masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
     dims = dynamic_dims(fn_cls, args, dynamic)
-    masks = arg_masks(function_parts(fn_cls))
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
     _check_strict_marks(fn_cls, args, raw)
@@ -222,9 +221,8 @@ def _check_strict_marks(fn_cls: type, args: tuple[Any, ...], raw: RawCapture) ->
     for i, d, size in raw.shape_guards.fixed:
         found = marks(args[i])
         if found is not None and d in found[0] and args[i].shape[d] not in (0, 1):
-            name = raw.argnames[i] if i < len(raw.argnames) else f"args[{i}]"
             raise UnsupportedArgumentError(
-                f"{raw.function_name}: dimension {d} of {name} is marked dynamic "
+                f"{raw.function_name}: dimension {d} of {argname(i, raw.argnames)} is marked dynamic "
                 f"(torch._dynamo.mark_dynamic), but its code specialised it to {size}.",
                 "A dimension marked with mark_dynamic must stay symbolic; the code fixed it "
                 "to one size (a comparison with a constant, a Python int made from it, ...).",

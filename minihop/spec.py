@@ -253,6 +253,12 @@ class PythonState:
     def writes_in(self, *phases: str) -> tuple[StateWrite, ...]:
         return tuple(w for w in self.writes if w.phase in phases)
 
+    @property
+    def backward_uses_args(self) -> bool:
+        """Whether backward reads or writes state inside an argument object (forward then
+        keeps the call's arguments for it)."""
+        return any(x.place.uses_args for x in (*self.reads_in("backward"), *self.writes_in("backward")))
+
 
 NO_STATE = PythonState()
 
@@ -300,9 +306,20 @@ class DataRead:
     def describe(self) -> str:
         return f"{self.op} in {self.phase} == {self.value!r}"
 
-    def matches(self, value: Any) -> bool:
-        """Whether ``value`` (recomputed for a call) is exactly the captured one."""
-        return same_value(self.value, value)
+    def holds(self, compute: Callable[..., Any], inputs: list[Any]) -> bool:
+        """Whether ``compute`` (``graph``'s code) gives exactly the captured value on
+        ``inputs`` (a call's). Under grad mode it runs under no_grad on detached values, so
+        that autograd records nothing of the check; on copies where ``graph`` writes in place
+        (never into the caller's tensors)."""
+        if _is_grad() or self.clone_inputs:
+            with torch.no_grad():
+                inputs = [(v.detach().clone() if self.clone_inputs else v.detach())
+                          if isinstance(v, torch.Tensor) else v for v in inputs]
+                return same_value(self.value, compute(*inputs))
+        return same_value(self.value, compute(*inputs))
+
+
+_is_grad = torch.is_grad_enabled
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -407,6 +424,14 @@ class Pair:
     # The raw trace's fwd node of each saved value, in order: how a backward traced again
     # (which shares the raw fwd graph) names this pair's saved values.
     saved_fwd_nodes: tuple[fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    def apply_kwargs(self) -> dict[str, list[int]]:
+        """The keywords of an ``autograd_function_apply`` call on this pair, as Dynamo writes them."""
+        kwargs = {"non_differentiable_idx": list(self.non_differentiable_idx),
+                  "saved_for_backward_idx": list(self.saved_for_backward_idx)}
+        if self.dirty_idx:
+            kwargs["dirty_idx"] = list(self.dirty_idx)
+        return kwargs
 
     # GraphModules only when read (printing, saving, Dynamo's layout): the runtime runs code
     # emitted from the graphs directly, and fx's code generation is a third of a capture.

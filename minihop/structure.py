@@ -21,18 +21,8 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "Step",
-    "Path",
-    "format_path",
-    "iter_leaves",
-    "replace_tensors",
-    "make_getter",
-    "OutputSpec",
-    "describe_output",
-    "attributes",
-    "PLAIN_CALLABLES",
-]
+__all__ = ["Step", "Path", "argname", "format_path", "iter_leaves", "replace_tensors", "make_getter",
+           "OutputSpec", "describe_output", "attributes", "PLAIN_CALLABLES"]
 
 # One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
 # ("key", k) or ("attr", name).
@@ -77,12 +67,17 @@ def attributes(value: Any) -> dict[str, Any]:
     return found
 
 
+def argname(i: int, argnames: tuple[str, ...]) -> str:
+    """Argument ``i``'s name, or ``args[i]`` past the named ones."""
+    return argnames[i] if i < len(argnames) else f"args[{i}]"
+
+
 def format_path(path: Path, argnames: tuple[str, ...] = ()) -> str:
     """``(("arg", 1), ("attr", "b"))`` -> ``weird.b`` (or ``args[1].b`` without names)."""
     out = ""
     for kind, key in path:
         if kind == "arg":
-            out += argnames[key] if key < len(argnames) else f"args[{key}]"
+            out += argname(key, argnames)
         elif kind == "kw":
             out += str(key)
         elif kind == "item":

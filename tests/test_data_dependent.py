@@ -130,7 +130,7 @@ class TestConstants:
         check_apply(LoopCount, torch.randn(4, requires_grad=True))
         cap = minihop.capture(LoopCount, torch.randn(4))
         assert [(r.kind, r.op, r.value) for r in cap.data_reads] == [("constant", "__int__", 3)]
-        assert cap._value_checks == ()
+        assert not any(r.guards_forward for r in cap.data_reads)
 
     def test_saved_dim_item_in_backward(self) -> None:
         """A constant saved for backward carries its value into backward's trace."""
@@ -393,7 +393,7 @@ class TestUnbacked:
         """minihop.capture on one input, called with others (other counts, other maxima)."""
         cap = minihop.capture(fn_cls, _data(0))
         assert any(r.kind == "unbacked" for r in cap.data_reads)
-        assert cap._value_checks == ()
+        assert not any(r.guards_forward for r in cap.data_reads)
         for k in (1, 2, 3, 4, 0):
             check_capture(cap, fn_cls, _data(k))
         minihop.check_consistent(cap.fwd, cap.bwd)
@@ -456,7 +456,7 @@ class TestUnbacked:
     def test_static_capture_pays_no_shape_env(self) -> None:
         """A Function without data-dependent ops is traced without a ShapeEnv."""
         cap = minihop.capture(Branch, torch.tensor([1.0, 2.0]))
-        assert cap._value_checks  # value-guarded as before
+        assert any(r.guards_forward for r in cap.data_reads)  # value-guarded as before
         raw = minihop.pipeline.run_pipeline(LoopCount, (torch.randn(2),), {})[0]
         assert raw.inputs_for_retrace.fake_mode.shape_env is None
 
@@ -913,7 +913,7 @@ class TestBackwardValueGuards:
     def test_forward_guards_unchanged(self) -> None:
         """A backward value guard adds no forward guard: other data hits the same capture."""
         cap = minihop.capture(BranchSumBwd, torch.tensor([1.0, 2.0], requires_grad=True))
-        assert cap._value_checks == () and cap.changed_value((torch.tensor([-1.0, -2.0]),)) is None
+        assert cap.fits((torch.tensor([-1.0, -2.0], requires_grad=True),))
         assert [(r.kind, r.phase) for r in cap.data_reads] == [("guarded", "backward")]
 
     def test_dynamic_sizes(self) -> None:

@@ -87,13 +87,7 @@ def make_outer_graph(pair: Pair, bwd_reads: Sequence[DataRead] = ()) -> fx.Graph
         inputs.append(placeholder)
     fwd_body = graph.get_attr("fwd_body_0")
     bwd_body = graph.get_attr("bwd_body_0")
-    kwargs: dict[str, object] = {
-        "non_differentiable_idx": list(pair.non_differentiable_idx),
-        "saved_for_backward_idx": list(pair.saved_for_backward_idx),
-    }
-    if pair.dirty_idx:
-        kwargs["dirty_idx"] = list(pair.dirty_idx)
-    call = graph.call_function(autograd_function_apply, (fwd_body, bwd_body, *inputs), kwargs)
+    call = graph.call_function(autograd_function_apply, (fwd_body, bwd_body, *inputs), pair.apply_kwargs())
     outputs = [n for n in pair.fwd.graph.nodes if n.op == "output"][0].args[0][0]
     items = []
     for i, out in enumerate(outputs):

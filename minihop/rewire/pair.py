@@ -11,10 +11,7 @@ Postcondition: ``check_consistent(pair.fwd, pair.bwd)`` holds (checked before re
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import operator
-from typing import Any
 
 import torch
 import torch.fx as fx
@@ -82,7 +79,7 @@ def _ctx_saved_refs(raw: RawCapture, fenv: dict[fx.Node, fx.Node], fwd: fx.Graph
     available after fwd); that is the one place minihop saves less than eager.
     """
     placeholders = [n for n in fwd.nodes if n.op == "placeholder"]
-    outputs = [n for n in fwd.nodes if n.op == "output"][0].args[0][0]
+    outputs = fwd.output_node().args[0][0]
     refs: list[tuple[str, int] | None] = []
     for node in raw.saved_for_backward:
         if node is None:
@@ -118,10 +115,7 @@ def make_pair(raw: RawCapture) -> Pair:
             view.meta = {"val": new.meta.get("val"), "stack_trace": raw.return_trace}
             new = view
         outs.append(new)
-    saved_fwd: list[fx.Node] = []
-    for _, fwd_node in raw.bwd_saved:
-        if fwd_node not in saved_fwd:
-            saved_fwd.append(fwd_node)
+    saved_fwd = list(dict.fromkeys(fwd_node for _, fwd_node in raw.bwd_saved))  # in first-read order
     fwd.output((tuple(outs), tuple(fenv[n] for n in saved_fwd)))
     _eliminate_dead_code(fwd)
 

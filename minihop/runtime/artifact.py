@@ -91,7 +91,7 @@ def save_capture(cap: Any, path: str) -> None:
             "An artifact holds graphs and plain data; the routes to those places (the caller's "
             "containers, objects and globals) are not stored.",
             "Return such tensors from forward instead, to save the capture.")
-    if any(r.kind == "guarded" for r in getattr(cap, "data_reads", ())):
+    if any(r.kind == "guarded" for r in cap.data_reads):
         raise UnsupportedOutputError(
             f"Cannot save the capture of {pair.function_name}: its forward or backward "
             "branches on (or reads numbers from) the values of its inputs, grads or saved "
@@ -200,12 +200,10 @@ def _arg_from_json(data: Any, env: dict[str, fx.Node]) -> Any:
         return {k: _arg_from_json(v, env) for k, v in value}
     if kind == "slice":
         return slice(*(_arg_from_json(v, env) for v in value))
-    if kind == "dtype":
+    if kind in ("dtype", "torch"):  # a dtype, memory format or layout
         return getattr(torch, value)
     if kind == "device":
         return torch.device(value)
-    if kind == "torch":
-        return getattr(torch, value)
     return Ellipsis
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 import re
 from collections.abc import Callable
@@ -18,15 +17,19 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..errors import GuardMismatchError, UnsupportedOperationError
+from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
-from ..structure import OutputSpec, make_getter
+from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
 
-__all__ = ["Capture", "live_fetchers", "make_capture", "readable"]
+__all__ = ["Capture", "make_capture", "readable"]
+
+# One check a call must pass: ``(ok, mismatch)``, ``ok(args) -> bool`` and ``mismatch(args)``
+# the error saying why it failed (None where ``ok`` is stricter than what it can name).
+Check = tuple[Callable[[tuple[Any, ...]], bool], Callable[[tuple[Any, ...]], GuardMismatchError | None]]
 
 _is_compiling = torch.compiler.is_compiling
 _transforms_active = torch._C._are_functorch_transforms_active
@@ -58,15 +61,6 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
         return [g(args, kwargs) for g in gs]
 
     return fetch
-
-
-def live_fetchers(inputs: tuple[InputSource, ...],
-                  state: PythonState) -> tuple[Callable[[tuple[Any, ...]], Any], ...]:
-    """How to read, for a call's arguments, everything a capture took from outside its
-    arguments' tensors: tensors reached through closures, globals and modules, and the
-    Python values forward/backward read (``PythonState.reads``: constants in the graphs)."""
-    places = {read.place.description: read.place.get for read in state.reads}  # one read a place
-    return (*(lambda args, f=s.live: f() for s in inputs if s.live is not None), *places.values())
 
 
 def _detached(value: Any) -> Any:
@@ -111,29 +105,26 @@ class Capture:
     top_level: tuple[bool, ...]
     key: tuple[Any, ...]
     argnames: tuple[str, ...]
-    live_key: tuple[Any, ...] = ()
-    layout: tuple[Any, ...] | None = None
-    _live: tuple[Callable[[tuple[Any, ...]], Any], ...] = dataclasses.field(repr=False, default=())
     python_state: PythonState = NO_STATE
     # Attributes of argument objects left out of ``key`` (counters forward increments).
     masks: dict[int, frozenset[str]] = dataclasses.field(default_factory=dict)
     dynamic_dims: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     shape_guards: Any = None
     capture_seconds: float = 0.0
-    _shape_check: Callable[[list[Any]], bool] | None = dataclasses.field(repr=False, default=None)
-    _guard: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+    # Every check a call must pass to fit this capture, in order (key, closure values, layout,
+    # shape guards, values read from data): ``(ok, mismatch)``, ``mismatch(args)`` the error
+    # saying why ``ok(args)`` failed (see ``_checks``).
+    _checks: tuple[Check, ...] = dataclasses.field(repr=False, default=())
     # The hot path, prepared by make_capture. ``fits(args)``: whether a call's (positional)
-    # arguments fit this capture -- every check it must pass (key, closure values, layout,
-    # shape guards, values read from data), compiled into one function; the cache asks it and
-    # nothing else. ``run(args)``: fetch the fwd inputs, apply the Function, rebuild the
+    # arguments fit this capture -- ``_checks``' oks compiled into one function; the cache asks
+    # it and nothing else. ``run(args)``: fetch the fwd inputs, apply the Function, rebuild the
     # user's output, without checking (the caller asked ``fits``).
     fits: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     # Python values forward and backward took out of tensor data (``tracer.values``); the
-    # ones guarding forward are recomputed from each call's inputs by ``_value_checks`` (one
-    # per read), those guarding backward before each backward (``runtime.function``).
+    # ones guarding forward are recomputed from each call's inputs (one check per read), those
+    # guarding backward before each backward (``runtime.function``).
     data_reads: tuple[DataRead, ...] = ()
-    _value_checks: tuple[Callable[[tuple[Any, ...]], bool], ...] = dataclasses.field(repr=False, default=())
     run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
@@ -150,10 +141,6 @@ class Capture:
     def graph(self) -> fx.GraphModule:
         """The outer graph: runnable ``(*fwd_inputs) -> outputs``, calling the pair once."""
         return self._make_graph()
-
-    @property
-    def lifted_inputs(self) -> tuple[InputSource, ...]:
-        return tuple(s for s in self.inputs if s.lifted)
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Arguments to positions, as ``Function.apply`` binds them."""
@@ -173,57 +160,10 @@ class Capture:
         if not kwargs and self.fits(args):
             return self.run(args)
         args = self.bind(args, kwargs)
-        if self.fits(args):
-            return self.run(args)
-        key = call_key(args, self.dynamic_dims, self.masks)
-        if key != self.key:
-            raise GuardMismatchError(
-                f"Capture of {self.name} called with arguments unlike the "
-                f"captured ones: {describe_key_difference(self.key, key, self.argnames)}",
-                "A capture is specialised on its arguments' shapes (but for dynamic "
-                "dimensions), dtypes, devices, requires_grad, non-tensor values, grad mode "
-                "and autocast state.",
-                "Capture again for these arguments, or use minihop.apply, which captures "
-                "once per distinct set of properties.")
-        unmet = unmet_marks(args, self.dynamic_dims)
-        if unmet is not None:
-            raise GuardMismatchError(
-                f"Capture of {self.name} called with dimension {unmet[1]} of "
-                f"{self.argnames[unmet[0]] if unmet[0] < len(self.argnames) else f'args[{unmet[0]}]'} "
-                "marked dynamic (Dynamo's mark_dynamic), which it was captured static in.",
-                "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
-                "Capture again with the marked tensor (minihop.apply does this by itself).")
-        if self.live_key != self.current_live_key(args):
-            raise GuardMismatchError(
-                f"Capture of {self.name}: a value it reads from a closure, "
-                "global or module changed since it was captured (a Python value, or a "
-                "tensor's shape, dtype, device or requires_grad).",
-                "The graphs were traced for the old value: Python values are constants in "
-                "them, tensors' properties are baked into their shapes.",
-                "Capture again (minihop.apply does this by itself).")
-        if not self.layout_fits(args):
-            raise GuardMismatchError(
-                f"Capture of {self.name} called with tensors laid out differently: strides "
-                f"{layout_key(args)}, captured {self.layout}.",
-                "Its forward read a tensor's layout (stride(), is_contiguous(), ...), so the "
-                "graphs may depend on it.",
-                "Capture again for these arguments (minihop.apply does this by itself).")
-        if not self.sizes_fit(args):
-            raise GuardMismatchError(
-                f"Capture of {self.name} called with dynamic sizes outside "
-                f"what it was traced for: {self.shape_guards.expression if self.shape_guards else ''} "
-                f"is False for T = {[tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self.shape_guards.arg_indices] if self.shape_guards else []}.",
-                "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
-                "Capture again for these sizes.")
-        changed = self.changed_value(args)
-        if changed is not None:
-            raise GuardMismatchError(
-                f"Capture of {self.name}: a value its forward read from tensor data changed: "
-                f"{changed.op} gave {changed.value!r} at capture"
-                + (f" ({changed.line})" if changed.line else "") + ".",
-                "The trace took the Python value and went on with it (a branch, a number in "
-                "the graph); other values may take other code.",
-                "Capture again for these values (minihop.apply does this by itself).")
+        for ok, mismatch in self._checks:  # the first that fails says why
+            error = None if ok(args) else mismatch(args)
+            if error is not None:
+                raise error
         return self.run(args)
 
     def on_stream(self, stream: Any) -> Callable[..., Any]:
@@ -247,34 +187,6 @@ class Capture:
                 "class, which a loaded capture does not have. Call it outside torch.compile, "
                 "or compile a function that calls the original Function (or minihop.apply).")
         return self.function.apply(*args, **kwargs)
-
-    def current_live_key(self, args: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-        """``live_key`` as it is now, for a call with ``args``; a difference means the
-        capture is stale for that call."""
-        return tuple(value_key(fetch(args)) for fetch in self._live)
-
-    def layout_fits(self, args: tuple[Any, ...]) -> bool:
-        """Whether the arguments' strides are the captured ones (checked only when forward
-        read a tensor's layout: ``stride()``, ``is_contiguous()``, ...)."""
-        return self.layout is None or layout_key(args) == self.layout
-
-    def changed_value(self, args: tuple[Any, ...]) -> DataRead | None:
-        """The first value forward read from tensor data that these arguments change, if any
-        (the arguments must fit the capture's key)."""
-        guarded = [r for r in self.data_reads if r.guards_forward]
-        for read, check in zip(guarded, self._value_checks, strict=True):
-            if not check(args):
-                return read
-        return None
-
-    def values_fit(self, args: tuple[Any, ...]) -> bool:
-        return all(check(args) for check in self._value_checks)
-
-    def sizes_fit(self, args: tuple[Any, ...]) -> bool:
-        """Whether the dynamic arguments' sizes satisfy the capture's shape guards."""
-        if self._shape_check is None:
-            return True
-        return bool(self._shape_check([args[i] for i in self.shape_guards.arg_indices]))  # type: ignore[union-attr]
 
     def __str__(self) -> str:
         return readable(self.graph)
@@ -351,11 +263,8 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
                   spec: OutputSpec, top_level: tuple[bool, ...],
                   writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
     apply = function.apply
-    if fetch is None:
-        # The arguments are the fwd inputs: the common forms below skip the call entirely.
-        get: Callable[[tuple[Any, ...]], Any] = _same
-    else:
-        get = fetch
+    # None: the arguments are the fwd inputs (the common forms below skip the call entirely).
+    get = fetch or _same
     if getattr(function, "uses_sink", False):
         def run_nested(args: tuple[Any, ...]) -> Any:
             sink: list[Any] = []
@@ -397,29 +306,87 @@ def _same(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return args
 
 
-def _hit_check(guard: Callable[[tuple[Any, ...]], bool], capture: "Capture") -> Callable[[tuple[Any, ...]], bool]:
-    """``guard`` plus only the checks this capture needs (closure values, layout, shapes)."""
-    if not capture._live and capture.layout is None and capture._shape_check is None \
-            and not capture._value_checks:
-        return guard
-    live_ok = compile_live_check(capture._live, capture.live_key)
-    if capture.layout is None and capture._shape_check is None and not capture._value_checks:
-        return lambda args: guard(args) and live_ok(args)
-    if capture.layout is None and not capture._value_checks:
-        # A symbolic capture's usual checks: its shape guards read the arguments directly.
-        guards = capture.shape_guards
-        sizes_ok = eval(f"lambda args: {_over_args(guards.expression, guards.arg_indices)}",  # type: ignore[union-attr]
+def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None,
+            dynamic_dims: dict[int, tuple[int, ...]], shape_guards: Any, state: PythonState,
+            layout: tuple[Any, ...] | None, args: tuple[Any, ...],
+            reads: tuple[DataRead, ...]) -> tuple[Check, ...]:
+    """What a call must satisfy to fit a capture, cheapest first (value checks last: they run
+    ops, on arguments whose properties fit), each with the error explaining its failure:
+    the key (and Dynamo's marks), the values read from closures, globals and modules (as
+    they were for the capture's ``args``), the layout, the shape guards, the data values."""
+    name, argnames = pair.function_name, pair.argnames
+
+    def key_mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
+        found = call_key(call, dynamic_dims, masks)
+        if found != key:
+            return GuardMismatchError(
+                f"Capture of {name} called with arguments unlike the "
+                f"captured ones: {describe_key_difference(key, found, argnames)}",
+                "A capture is specialised on its arguments' shapes (but for dynamic "
+                "dimensions), dtypes, devices, requires_grad, non-tensor values, grad mode "
+                "and autocast state.",
+                "Capture again for these arguments, or use minihop.apply, which captures "
+                "once per distinct set of properties.")
+        unmet = unmet_marks(call, dynamic_dims)
+        if unmet is None:
+            return None
+        return GuardMismatchError(
+            f"Capture of {name} called with dimension {unmet[1]} of "
+            f"{argname(unmet[0], argnames)} "
+            "marked dynamic (Dynamo's mark_dynamic), which it was captured static in.",
+            "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
+            "Capture again with the marked tensor (minihop.apply does this by itself).")
+
+    checks: list[Check] = [(compile_guard(key, masks), key_mismatch)]
+    places = {read.place.description: read.place.get for read in state.reads}  # one read a place
+    live = (*(lambda call, f=s.live: f() for s in pair.inputs if s.live is not None), *places.values())
+    if live:
+        captured = tuple(value_key(fetch(args)) for fetch in live)
+        checks.append((compile_live_check(live, captured), lambda call: GuardMismatchError(
+            f"Capture of {name}: a value it reads from a closure, "
+            "global or module changed since it was captured (a Python value, or a "
+            "tensor's shape, dtype, device or requires_grad).",
+            "The graphs were traced for the old value: Python values are constants in "
+            "them, tensors' properties are baked into their shapes.",
+            "Capture again (minihop.apply does this by itself).")))
+    if layout is not None:
+        checks.append((lambda call: layout_key(call) == layout, lambda call: GuardMismatchError(
+            f"Capture of {name} called with tensors laid out differently: strides "
+            f"{layout_key(call)}, captured {layout}.",
+            "Its forward read a tensor's layout (stride(), is_contiguous(), ...), so the "
+            "graphs may depend on it.",
+            "Capture again for these arguments (minihop.apply does this by itself).")))
+    if shape_guards is not None:
+        # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments
+        # (with math.* and, for float size arithmetic, torch.sym_float), read here from args.
+        sizes_ok = eval(f"lambda args: {_over_args(shape_guards.expression, shape_guards.arg_indices)}",
                         {"math": math, "torch": torch})
-        if not capture._live:
-            return lambda args: guard(args) and sizes_ok(args)
-        return lambda args: guard(args) and live_ok(args) and sizes_ok(args)
+        checks.append((sizes_ok, lambda call: GuardMismatchError(
+            f"Capture of {name} called with dynamic sizes outside "
+            f"what it was traced for: {shape_guards.expression} is False for T = "
+            f"{[tuple(call[i].shape) if isinstance(call[i], torch.Tensor) else call[i] for i in shape_guards.arg_indices]}.",
+            "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
+            "Capture again for these sizes.")))
+    for read in reads:
+        if read.guards_forward:
+            checks.append((_value_check(read), lambda call, read=read: GuardMismatchError(
+                f"Capture of {name}: a value its forward read from tensor data changed: "
+                f"{read.op} gave {read.value!r} at capture"
+                + (f" ({read.line})" if read.line else "") + ".",
+                "The trace took the Python value and went on with it (a branch, a number in "
+                "the graph); other values may take other code.",
+                "Capture again for these values (minihop.apply does this by itself).")))
+    return tuple(checks)
 
-    def hit(args: tuple[Any, ...]) -> bool:
-        # Value guards last: they run ops, on arguments whose properties fit.
-        return guard(args) and live_ok(args) and capture.layout_fits(args) and capture.sizes_fit(args) \
-            and capture.values_fit(args)
 
-    return hit
+def _all_of(checks: tuple[Check, ...]) -> Callable[[tuple[Any, ...]], bool]:
+    """``args -> bool``: every check's ``ok`` in order, generated as one ``and`` expression (a
+    hit pays a call per check and nothing else); the first check itself when it is alone."""
+    if len(checks) == 1:
+        return checks[0][0]
+    oks = {f"ok{i}": ok for i, (ok, _) in enumerate(checks)}
+    fits: Callable[[tuple[Any, ...]], bool] = eval(f"lambda args: {' and '.join(f'{n}(args)' for n in oks)}", oks)
+    return fits
 
 
 def _over_args(expression: str, arg_indices: tuple[int, ...]) -> str:
@@ -431,8 +398,7 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
     them on every call; tracing undid its own)."""
     writes = state.writes_in("forward")
-    if any(r.place.uses_args for r in state.reads_in("backward")) or \
-            any(w.place.uses_args for w in state.writes_in("backward")):
+    if state.backward_uses_args:
         inner = run
 
         def run(args: tuple[Any, ...]) -> Any:
@@ -457,19 +423,9 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
 
 def _value_check(read: DataRead) -> Callable[[tuple[Any, ...]], bool]:
     """``args -> bool``: whether ``read``'s graph gives its captured value for these arguments
-    (its inputs fetched as fwd inputs are; run under no_grad, as forward ran)."""
+    (its inputs fetched as fwd inputs are)."""
     fetch = _fetcher(read.sources)
-    graph = read.graph
-
-    def check(args: tuple[Any, ...]) -> bool:
-        inputs = fetch(args, {})
-        if read.clone_inputs:  # the graph writes in place: never into the caller's tensors
-            inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
-        inputs = [v.detach() if isinstance(v, torch.Tensor) else v for v in inputs]
-        with torch.no_grad():
-            return read.matches(graph(*inputs))
-
-    return check
+    return lambda args: read.holds(read.graph, fetch(args, {}))
 
 
 def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type, key: tuple[Any, ...],
@@ -480,12 +436,6 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  layout: tuple[Any, ...] | None = None,
                  masks: dict[int, frozenset[str]] | None = None,
                  args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = ()) -> Capture:
-    shape_check = None
-    if shape_guards is not None:
-        # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments
-        # (with math.* and, for float size arithmetic, torch.sym_float).
-        shape_check = eval(f"lambda T: {shape_guards.expression}", {"math": math, "torch": torch})
-    live = live_fetchers(pair.inputs, python_state)
     setup_style = function is not None and uses_setup_context(function)
     # What backward's Python reads were at capture: backward compares them when it runs.
     state_base = tuple(value_key(read.place.get(args)) for read in python_state.reads_in("backward"))
@@ -493,18 +443,16 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
                                  state=python_state, state_base=state_base,
                                  bwd_reads=tuple(r for r in data_reads if r.guards_backward))
-    capture = Capture(
-        pair=pair, layout=layout, _guard=compile_guard(key, masks), python_state=python_state, masks=dict(masks or {}),
-        live_key=tuple(value_key(fetch(args)) for fetch in live), _live=live, dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards, _shape_check=shape_check,
+    checks = _checks(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads)
+    return Capture(
+        pair=pair, python_state=python_state, masks=dict(masks or {}), _checks=checks, fits=_all_of(checks),
+        dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards,
         function=function, _make_graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _function=function_cls, data_reads=data_reads,
-        _value_checks=tuple(_value_check(r) for r in data_reads if r.guards_forward),
         run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                                   function if setup_style else None, make_writer(pair.outside_writes)),
                           python_state),
     )
-    object.__setattr__(capture, "fits", _hit_check(capture._guard, capture))
-    return capture

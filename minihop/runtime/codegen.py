@@ -43,15 +43,9 @@ class _Unsupported(Exception):
 
 
 def _holds_node(value: Any) -> bool:
-    found = False
-
-    def see(v: Any) -> Any:
-        nonlocal found
-        found = found or isinstance(v, fx.Node)
-        return v
-
-    fx.node.map_aggregate(value, see)
-    return found
+    nodes: list[fx.Node] = []
+    fx.map_arg(value, nodes.append)
+    return bool(nodes)
 
 
 class _Emitter:

@@ -156,29 +156,25 @@ class _Backwards:
         """The code for this backward: ``(code, saved_map, writes)``; ``grads`` (one per fwd
         output) and ``saved`` (this capture's) are the backward's own, for value guards."""
         with self.lock:
-            return self._get(key, create_graph, top_grads, call_args, grads, saved)
-
-    def _get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
-             grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
-        case = self.case_of(key, top_grads, call_args, grads, saved)
-        writes = self.writes[case]
-        found = self.code.get((case, create_graph))
-        if found is not None:
+            case = self.case_of(key, top_grads, call_args, grads, saved)
+            writes = self.writes[case]
+            found = self.code.get((case, create_graph))
+            if found is not None:
+                return (*found, writes)
+            if case == self.base_case and self.plain is not None:
+                return self.plain, None, writes  # the traced case, without toggles: right in either mode
+            gm, saved_map, input_map = self.variants[case]
+            if gm is None:
+                gm = self.pair.bwd
+            if create_graph:
+                gm = _strip_grad_toggles(gm)
+            code = gm.forward
+            if input_map != tuple(range(self.num_inputs)):
+                code = _scatter_grads(code, input_map, self.num_inputs)
+            identity = saved_map == tuple(range(self.pair.num_saved))
+            found = (code, None if identity else saved_map)
+            self.code[(case, create_graph)] = found
             return (*found, writes)
-        if case == self.base_case and self.plain is not None:
-            return self.plain, None, writes  # the traced case, without toggles: right in either mode
-        gm, saved_map, input_map = self.variants[case]
-        if gm is None:
-            gm = self.pair.bwd
-        if create_graph:
-            gm = _strip_grad_toggles(gm)
-        code = gm.forward
-        if input_map != tuple(range(self.num_inputs)):
-            code = _scatter_grads(code, input_map, self.num_inputs)
-        identity = saved_map == tuple(range(self.pair.num_saved))
-        found = (code, None if identity else saved_map)
-        self.code[(case, create_graph)] = found
-        return (*found, writes)
 
     def case_of(self, key: Any, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
                 grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, int]:
@@ -233,18 +229,11 @@ def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]],
     no_grad on detached values)."""
     picks = read.bwd_inputs
     value_of = emit(read.graph.graph, name="bwd_value") or read.graph.forward
-    clone = read.clone_inputs
-    matches = read.matches
+    holds = read.holds
 
     def check(grads: Sequence[Any], saved: Sequence[Any]) -> bool:
-        inputs = [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
-                  for kind, ref in picks]
-        if _is_grad() or clone:  # create_graph=True (grad mode on), or writes in place
-            with torch.no_grad():
-                inputs = [(v.detach().clone() if clone else v.detach()) if isinstance(v, torch.Tensor) else v
-                          for v in inputs]
-                return matches(value_of(*inputs))
-        return matches(value_of(*inputs))  # backward runs with grad mode off: nothing recorded
+        return holds(value_of, [ref if kind == "const" else (grads if kind == "grad" else saved)[ref]
+                                for kind, ref in picks])
 
     return check
 
@@ -337,10 +326,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     backwards.plain = bwd_plain
     needs_key = backwards.needs_key
     bwd_writes = state.writes_in("backward")
-    # Backward reads or writes Python state inside an argument object: forward keeps the
-    # call's arguments on ctx for it.
-    keeps_args = any(r.place.uses_args for r in state.reads_in("backward")) or \
-        any(w.place.uses_args for w in bwd_writes)
+    keeps_args = state.backward_uses_args  # forward keeps the call's arguments on ctx for it
     # Every forward path saves in the user's order (what eager's ctx holds); the simple paths
     # below read and write that order directly, each with code emitted for it when needed.
     ctx_ordered = all_via_ctx or permuted
@@ -381,45 +367,32 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     # The common case, without the general path's steps: no grad-mode save/restore, the user
     # saved exactly bwd's saved values, nothing marked, every output top-level.
-    simple_fwd = (fwd_plain is not None and ctx_ordered and not stashed and not keeps_args
-                  and materialize and not nondiff_pos and not dirty_pos and not uses_sink)
+    plain_fwd = (fwd_plain is not None and not keeps_args and materialize and not nondiff_pos
+                 and not dirty_pos and not uses_sink)
+    simple_fwd = plain_fwd and ctx_ordered and not stashed
+    outs_nodes, saved_nodes = pair.fwd_graph.output_node().args[0]
     simple_code = fwd_code
     if simple_fwd and permuted:
-        outs_nodes, saved_nodes = next(n for n in pair.fwd_graph.nodes if n.op == "output").args[0]
         simple_code = without_body_toggles(
             pair.fwd_graph, "fwd_body", output=(outs_nodes, tuple(saved_nodes[i] for i in perm)))
     # Or the same with values bwd reads that the user kept as ctx attributes (size symbols
     # Dynamo's layout saves, Python numbers): the tensors through save_for_backward, the rest
     # stashed, each in one step of emitted code.
-    stash_fwd = (fwd_plain is not None and plain_ctx and bool(stashed) and not keeps_args and materialize
-                 and not nondiff_pos and not dirty_pos and not uses_sink)
-    if stash_fwd:
-        outs_nodes, saved_nodes = next(n for n in pair.fwd_graph.nodes if n.op == "output").args[0]
+    stash_code = None
+    if plain_fwd and plain_ctx and stashed:
         stash_code = without_body_toggles(pair.fwd_graph, "fwd_body", output=(
             outs_nodes, tuple(saved_nodes[i] for i in via_ctx), tuple(saved_nodes[i] for i in stashed)))
-        stash_fwd = stash_code is not None
-    if stash_fwd and single:
+    if stash_code is not None:
         def forward(ctx: Any, *inputs: Any) -> Any:
             outs, tensors, ctx.minihop_stash = stash_code(*inputs)
             ctx.save_for_backward(*tensors)
-            return outs[0]
-    elif stash_fwd:
-        def forward(ctx: Any, *inputs: Any) -> Any:
-            outs, tensors, ctx.minihop_stash = stash_code(*inputs)
-            ctx.save_for_backward(*tensors)
-            return outs
-    elif simple_fwd and single:
-        def forward(ctx: Any, *inputs: Any) -> Any:
-            outs, saved = simple_code(*inputs)
-            if num_saved:
-                ctx.save_for_backward(*saved)
-            return outs[0]
+            return outs[0] if single else outs
     elif simple_fwd:
         def forward(ctx: Any, *inputs: Any) -> Any:
             outs, saved = simple_code(*inputs)
             if num_saved:
                 ctx.save_for_backward(*saved)
-            return outs
+            return outs[0] if single else outs
     elif uses_sink:
         def forward(ctx: Any, sink: list[Any], *inputs: Any) -> Any:
             outs = run_fwd(ctx, inputs)
@@ -427,16 +400,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
             sink.extend(outs[i] for i in nested_idx)
             mark(ctx, result)
             return result
-    elif single:
-        def forward(ctx: Any, *inputs: Any) -> Any:
-            outs = run_fwd(ctx, inputs)
-            mark(ctx, outs)
-            return outs[0]
     else:
         def forward(ctx: Any, *inputs: Any) -> Any:
             result = tuple(run_fwd(ctx, inputs))
             mark(ctx, result)
-            return result
+            return result[0] if single else result
 
     def run_bwd(ctx: Any, top_grads: tuple[Any, ...]) -> tuple[Any, ...]:
         if all_via_ctx:
@@ -547,8 +515,7 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
     reads goes through ``ctx.save_for_backward`` (so vmap batches it).
     """
     fwd_code = emit(pair.fwd_graph, name="fwd_body") or pair.fwd.forward
-    outputs_node = [n for n in pair.fwd_graph.nodes if n.op == "output"][0]
-    out_nodes, saved_nodes = outputs_node.args[0]
+    out_nodes, saved_nodes = pair.fwd_graph.output_node().args[0]
     placeholders = [n for n in pair.fwd_graph.nodes if n.op == "placeholder"]
     top_idx = tuple(i for i, top in enumerate(pair.top_level) if top)
     nested_idx = tuple(i for i, top in enumerate(pair.top_level) if not top)

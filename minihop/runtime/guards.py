@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..spec import STRICT_MARKS, marks
-from ..structure import PLAIN_CALLABLES, attributes
+from ..structure import PLAIN_CALLABLES, argname, attributes
 
 __all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
@@ -30,7 +30,8 @@ _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum,
                    torch.device, torch.layout, torch.memory_format, type)
 
 
-def _key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
+def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
+    """The key of one value (a tensor's properties, a constant's value, ...)."""
     if isinstance(value, torch.Tensor):
         return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
                 value.requires_grad)
@@ -40,30 +41,25 @@ def _key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("cycle", type(value), id(value))  # an object that contains itself
     if isinstance(value, (tuple, list)):
         inner = _open | {id(value)}
-        return (type(value), tuple(_key(v, inner) for v in value))
+        return (type(value), tuple(value_key(v, inner) for v in value))
     if isinstance(value, dict):
         inner = _open | {id(value)}
-        return (dict, tuple((k, _key(v, inner)) for k, v in value.items()))
+        return (dict, tuple((k, value_key(v, inner)) for k, v in value.items()))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         return ("M", type(value), id(value), tuple(
-            (name, _key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
+            (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
     attrs = attributes(value)
     if attrs:
         inner = _open | {id(value)}
-        return ("O", type(value), tuple((k, _key(v, inner)) for k, v in attrs.items()))
+        return ("O", type(value), tuple((k, value_key(v, inner)) for k, v in attrs.items()))
     try:
         hash(value)
     except TypeError:
         return ("id", type(value), id(value))
     return ("V", type(value), value)
-
-
-def value_key(value: Any) -> Any:
-    """The key of one value (a tensor's properties, a constant's value, ...)."""
-    return _key(value)
 
 
 def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -72,6 +68,7 @@ def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
                  for a in args)
 
 
+_PLAIN = (int, float, bool, str, type(None))  # compared directly by the generated checks
 _any_autocast = torch._C._is_any_autocast_enabled
 # The devices whose autocast state a key records (where an enabled autocast changes op dtypes).
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
@@ -101,8 +98,8 @@ def masked_key(value: Any, masked: frozenset[str]) -> Any:
     them as eager does; see ``tracer.pystate.arg_masks``)."""
     attrs = attributes(value)
     if not attrs or isinstance(value, (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
-        return _key(value)
-    return ("O", type(value), tuple((k, _key(v)) for k, v in attrs.items() if k not in masked))
+        return value_key(value)
+    return ("O", type(value), tuple((k, value_key(v)) for k, v in attrs.items() if k not in masked))
 
 
 def unmet_marks(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]]) -> tuple[int, int] | None:
@@ -127,11 +124,11 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
     position to attributes left out of its key (``masked_key``).
     """
     if not dynamic and not masks:
-        return (torch.is_grad_enabled(), tuple(_key(a) for a in args), autocast_key())
+        return (torch.is_grad_enabled(), tuple(value_key(a) for a in args), autocast_key())
     keys = []
+    dynamic = dynamic or {}
     for i, a in enumerate(args):
-        k = masked_key(a, masks[i]) if masks and i in masks else _key(a)
-        dynamic = dynamic or {}
+        k = masked_key(a, masks[i]) if masks and i in masks else value_key(a)
         dims = dynamic.get(i)
         if dims and k[0] == "T":
             k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
@@ -154,8 +151,7 @@ def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
         return f"number of arguments: captured {len(exp_args)}, called with {len(found_args)}"
     for i, (e, f) in enumerate(zip(exp_args, found_args, strict=True)):
         if e != f:
-            name = argnames[i] if i < len(argnames) else f"args[{i}]"
-            return f"argument {i} ({name}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
+            return f"argument {i} ({argname(i, argnames)}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
     return "no difference"
 
 
@@ -183,6 +179,14 @@ def _compiled(source: str) -> types.CodeType:
     return compile(source, "<minihop guard>", "exec")
 
 
+def _generated(lines: list[str], consts: dict[str, Any]) -> Callable[[tuple[Any, ...]], bool]:
+    """``args -> bool``: ``lines`` (its body, each failed test returning False) over ``consts``."""
+    namespace = dict(consts)
+    exec(_compiled("\n".join(("def check(args):", *lines, "    return True"))), namespace)
+    check: Callable[[tuple[Any, ...]], bool] = namespace["check"]
+    return check
+
+
 def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None = None) -> Callable[[tuple[Any, ...]], bool]:
     """A function ``args -> bool`` equal to ``call_key(args, dynamic) == key``, generated once.
 
@@ -192,13 +196,13 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
     """
     grad_mode, arg_keys = key[:2]
     autocast = key[2] if len(key) > 2 else None
-    lines = [f"def guard(args):", f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode}:",
+    lines = [f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode}:",
              "        return False"]
     if autocast is None:
         lines += ["    if any_autocast():", "        return False"]
     else:
         lines += ["    if autocast_key() != autocast:", "        return False"]
-    consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": _key, "autocast": autocast,
+    consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": value_key, "autocast": autocast,
                               "no_marks": frozenset(),
                               "any_autocast": _any_autocast, "autocast_key": autocast_key,
                               "masked_key": masked_key}
@@ -229,20 +233,13 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
             lines.append(f"    if not ({' and '.join(checks)}):")
         elif isinstance(k, tuple) and k and k[0] == "V" and k[1] is int and k[2] is None:
             lines.append(f"    if type({a}) is not int:")  # a dynamic int (shape guards check it)
-        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in (int, float, bool, str, type(None)):
+        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in _PLAIN:
             consts[f"t{i}"] = k[1]
             lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")
         else:
             lines.append(f"    if key_of({a}) != k{i}:")
         lines.append("        return False")
-    lines.append("    return True")
-    namespace = dict(consts)
-    exec(_compiled("\n".join(lines)), namespace)
-    guard: Callable[[tuple[Any, ...]], bool] = namespace["guard"]
-    return guard
-
-
-_PLAIN = (int, float, bool, str, type(None))
+    return _generated(lines, consts)
 
 
 def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
@@ -250,8 +247,8 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
     """``args -> bool``: whether each value ``fetchers`` read now has the key it had at capture
     (``captured``, from ``value_key``), generated once. A plain number, string, bool or None
     is compared directly (no key built per call); anything else by its key."""
-    lines = ["def live_ok(args):"]
-    consts: dict[str, Any] = {"key_of": _key}
+    lines: list[str] = []
+    consts: dict[str, Any] = {"key_of": value_key}
     for i, (fetch, key) in enumerate(zip(fetchers, captured, strict=True)):
         consts[f"f{i}"] = fetch
         consts[f"k{i}"] = key
@@ -260,8 +257,4 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
-    lines.append("    return True")
-    namespace = dict(consts)
-    exec(_compiled("\n".join(lines)), namespace)
-    check: Callable[[tuple[Any, ...]], bool] = namespace["live_ok"]
-    return check
+    return _generated(lines, consts)

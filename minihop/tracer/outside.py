@@ -119,15 +119,12 @@ def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
             _walk(item, root, path + (("item", i),), fetch, found, seen, depth + 1)
         return
     if isinstance(value, list):
-        kind, items = "list", list(enumerate(value))
-        step = "item"
+        kind, step, items = "list", "item", list(enumerate(value))
     elif isinstance(value, dict):
-        kind, items = "dict", list(value.items())
-        step = "key"
+        kind, step, items = "dict", "key", list(value.items())
     elif _is_object_container(value) or isinstance(value, torch.nn.Module):
         # A module argument too: ``mod.last = y`` is a plain attribute, as on any object.
-        kind, items = "object", list(attributes(value).items())
-        step = "attr"
+        kind, step, items = "object", "attr", list(attributes(value).items())
     else:
         return
     seen.add(id(value))
@@ -164,7 +161,7 @@ def _restore(c: _Container) -> None:
         c.value.clear()
         c.value.update(c.before)
     else:
-        now = tensor_attributes(c.value) if c.kind == "tensor" else attributes(c.value)
+        now = _contents(c)
         for name in now:
             if name not in c.before:
                 object.__delattr__(c.value, name)

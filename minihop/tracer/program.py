@@ -162,11 +162,8 @@ class _Program:
                 inputs.append(rec.node_for(self.mode._fakeify(source.live() if source.live else source.constant)))
         fwd_node = rec.create_node("get_attr", fwd_name, (), {}, name=fwd_name)
         bwd_node = rec.create_node("get_attr", bwd_name, (), {}, name=bwd_name)
-        kw: dict[str, Any] = {"non_differentiable_idx": list(pair.non_differentiable_idx),
-                              "saved_for_backward_idx": list(pair.saved_for_backward_idx)}
-        if pair.dirty_idx:
-            kw["dirty_idx"] = list(pair.dirty_idx)
-        call = rec.create_node("call_function", autograd_function_apply, (fwd_node, bwd_node, *inputs), kw)
+        call = rec.create_node("call_function", autograd_function_apply, (fwd_node, bwd_node, *inputs),
+                               pair.apply_kwargs())
         for node in (fwd_node, bwd_node, call):
             node.meta["stack_trace"] = where  # one source line: printed as one block, as Dynamo's
         # Fresh fake outputs with eager's requires_grad (the traced ones were made under no_grad).
@@ -188,8 +185,7 @@ class _Program:
                 rec.bind(fresh, item)
                 flat.append(fresh)
         self.mode.recorder = recorder
-        result = pair.output_spec.rebuild(flat)
-        return result
+        return pair.output_spec.rebuild(flat)
 
 
 def trace_program(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -199,8 +195,7 @@ def trace_program(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     import inspect
 
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
-    params = inspect.signature(target).parameters
-    argnames = tuple(params)
+    argnames = tuple(inspect.signature(target).parameters)
     if kwargs:
         bound = inspect.signature(target).bind(*args, **kwargs)
         bound.apply_defaults()

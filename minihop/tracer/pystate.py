@@ -43,7 +43,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
-from ..structure import attributes
+from ..structure import argname, attributes
 from .names import code_of
 
 __all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
@@ -597,7 +597,7 @@ class StateTracker:
                 found.setdefault(id(cell), _Seen(cell, root, (), "cell", _cell_value(cell)))
             queue.append((value, root, (), 0))
         for i, a in enumerate(self.args):
-            queue.append((a, _Root(self.parts.argnames[i] if i < len(self.parts.argnames) else f"args[{i}]",
+            queue.append((a, _Root(argname(i, self.parts.argnames),
                                    lambda args, i=i: args[i] if i < len(args) else MISSING, True), (), 0))
         for gid, (g, names) in globals_seen.items():
             found[gid] = _Seen(g, _Root("globals", lambda args, g=g: g, False), (), "globals", dict(names))
@@ -681,8 +681,7 @@ class StateTracker:
         elif was.kind == "cell":
             place = Place(f"closure variable {was.root.description}", lambda args, c=was.obj: c, ("cell", None))
         else:
-            place = _place(was.root, (*was.steps, step)) if step != ("extend", None) else \
-                _place_of_object(was)
+            place = _place(was.root, was.steps if step == ("extend", None) else (*was.steps, step))
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
         where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))
         symbolic = [v.node.expr for v in (after if isinstance(after, (tuple, list)) else (after,))
@@ -711,9 +710,7 @@ class StateTracker:
         return self._refuse(place, phase, where, "changes")
 
     def _refuse(self, place: Place, phase: str, where: str | None, what: str, *, tensor: bool = False) -> StateWrite:
-        _restore(self.before)
-        self._unmark()
-        self.stop()
+        self.abort()  # Python state put back before the error reaches the user
         todo = ("Return the tensor from forward instead, or run it eagerly with "
                 "minihop.function(F, fallback='eager')." if tensor else
                 "Keep such state out of the Function, make it a counter, an append of Python "
@@ -724,13 +721,6 @@ class StateTracker:
             "increments, appends of Python values, constants set); this one would happen once, "
             "while tracing, and never again when the graphs run.",
             todo, where=where)
-
-
-def _place_of_object(was: _Seen) -> Place:
-    if not was.steps:
-        return Place(was.root.description, lambda args, r=was.root: _RootBox(r.fetch(args)),
-                     ("attr", "value"), was.root.uses_args)
-    return _place(was.root, was.steps)
 
 
 def _atom_tuple(value: Any) -> bool:
@@ -815,14 +805,10 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
             elif seen.kind == "cell":
                 if old is not MISSING and _cell_value(obj) is not old:
                     obj.cell_contents = old
-            elif seen.kind in ("list", "dict"):
+            elif seen.kind in ("list", "dict", "set"):
                 if not _same(seen.kind, old, obj):
                     obj.clear()
                     (obj.extend if seen.kind == "list" else obj.update)(old)
-            elif seen.kind == "set":
-                if obj != old:
-                    obj.clear()
-                    obj.update(old)
             elif seen.kind == "attrs":
                 now = _contents(obj)[1] or {}
                 for k in now:

@@ -102,7 +102,7 @@ class UnbackedValues:
             return t.values.read(func, args, kwargs, where)
         op = func.__name__
         if t.fake_mode.shape_env is None:
-            raise self._retrace(dataclasses.replace(self.plan, unbacked=True), op, where)
+            raise self.missing_shape_env(func, where)
         result = func(*args, **kwargs)
         rec = self.t.recorder()
         node = rec.record(func, args, kwargs, result)
