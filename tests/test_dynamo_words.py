@@ -189,7 +189,8 @@ def bits_bwd(g: torch.Tensor, gk: torch.Tensor, x: torch.Tensor, m: torch.Tensor
     return g * k, None
 
 
-def inplace_bits(x: torch.Tensor, m: torch.Tensor) -> Any:
+def every_inplace_bit_op(m: torch.Tensor) -> torch.Tensor:
+    # Called from forward and from backward (Dynamo inlines it in each, as minihop traces it).
     k = m.clone()
     k &= 6
     k |= 1
@@ -198,19 +199,16 @@ def inplace_bits(x: torch.Tensor, m: torch.Tensor) -> Any:
     k >>= 1
     k //= 2
     k %= 5
+    return k
+
+
+def inplace_bits(x: torch.Tensor, m: torch.Tensor) -> Any:
+    k = every_inplace_bit_op(m)
     return x * k, k
 
 
 def inplace_bits_bwd(g: torch.Tensor, gk: torch.Tensor, x: torch.Tensor, m: torch.Tensor) -> Any:
-    k = m.clone()
-    k &= 6
-    k |= 1
-    k ^= 2
-    k <<= 1
-    k >>= 1
-    k //= 2
-    k %= 5
-    return g * k, None
+    return g * every_inplace_bit_op(m), None
 
 
 def inplace_methods(x: torch.Tensor) -> torch.Tensor:
