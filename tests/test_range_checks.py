@@ -183,3 +183,32 @@ def test_one_capture_serves_every_mask() -> None:
         TriangularSpike.apply(theirs, 1.0).sum().backward()
         torch.testing.assert_close(mine.grad, theirs.grad)
     assert fn.stats.captures == 1
+
+
+class SizeOfSelected(Function):
+    """Backward reads ``.shape`` of a masked tensor: a size that comes from the data."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        picked = g[x > 0]
+        z = torch.zeros(picked.shape[0])
+        return g + z.sum() + picked.sum()
+
+
+def test_shape_of_a_data_size_is_a_listed_difference() -> None:
+    """README's known difference: Dynamo keeps an unused ``picked.size()`` call, minihop does
+    not; the bodies are otherwise the same, and the results eager's."""
+    x = torch.randn(4, 5, requires_grad=True)
+    assert_matches_eager(SizeOfSelected, x)
+    cap, dynamo = minihop.capture(SizeOfSelected, x), dynamo_graphs(SizeOfSelected, x)
+    mine = [n for n in cap.bwd.graph.nodes if n.op != "placeholder" and n.target != "size"]
+    theirs = [n for n in dynamo.bwd.graph.nodes if n.op != "placeholder" and n.target != "size"]
+    assert [n.target for n in mine] == [n.target for n in theirs]
+    assert [n.target for n in dynamo.bwd.graph.nodes].count("size") == 1
+    assert not any(n.target == "size" for n in cap.bwd.graph.nodes)
