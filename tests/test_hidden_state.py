@@ -183,3 +183,31 @@ def test_a_draw_the_code_does_not_name_is_found_by_the_generators_state() -> Non
     with pytest.raises(SideEffectError, match=r"backward draws from Python's random module \(in a function it calls\)"):
         minihop.capture(scaled_by(lambda: NOISE["uniform"](), in_backward=True), torch.randn(3, requires_grad=True))
     assert random.getstate() == before
+
+
+class Reseeded(Function):
+    """Seeds torch in forward, then draws: eager gives the same noise on every call."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(1)
+        return x + torch.rand_like(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+def test_seeding_torch_is_refused_and_undone() -> None:
+    """``torch.manual_seed`` is no tensor op: refused (MH106), torch's generator put back."""
+    x = torch.randn(3, requires_grad=True)
+    before = torch.get_rng_state()
+    with pytest.raises(SideEffectError, match=r"Reseeded\.forward seeds torch's random generator "
+                                              r"\(`torch\.manual_seed`, line \d+\)"):
+        minihop.capture(Reseeded, x)
+    assert torch.equal(torch.get_rng_state(), before)
+    with pytest.warns(UserWarning, match="MH106"):
+        fn = minihop.function(Reseeded, fallback="eager")
+        first, second = (fn.apply(torch.zeros(3, requires_grad=True)) for _ in range(2))
+    torch.testing.assert_close(first, second)  # reseeded on every call, as eager does
+    torch.testing.assert_close(first, Reseeded.apply(torch.zeros(3)))

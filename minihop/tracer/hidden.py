@@ -18,6 +18,7 @@ iterator cannot be wound back: the value tracing took from it is gone.
 from __future__ import annotations
 
 import functools
+import importlib
 import pickle
 import random
 import sys
@@ -26,12 +27,19 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 __all__ = ["ReadWatch", "describe_global", "fingerprint", "restore", "taking", "watched"]
 
 # Reads of the clock and of the system's entropy: a value that differs on every call.
 _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
                     "monotonic_ns", "process_time", "process_time_ns"),
            "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4")}
+# Seeding torch's generators: not a tensor operation, so it would run once, while tracing.
+_SEEDS = {"torch": ("manual_seed", "seed", "set_rng_state"),
+          "torch.random": ("manual_seed", "seed", "set_rng_state"),
+          "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+                         "set_rng_state_all")}
 _ATOMS = (int, float, bool, str, bytes, complex, type(None))
 
 
@@ -94,20 +102,22 @@ _GLOBAL = {"random": "Python's random module", "numpy": "numpy's global random s
 
 
 def watched(value: Any) -> tuple[str, str] | None:
-    """(kind, name) when ``value`` is a clock or entropy read (kind "clock") or a function of
-    Python's or numpy's process-wide generator ("random", "numpy"): ``random.random``,
-    ``np.random.rand`` and the like, bound methods of one generator hidden in the module."""
+    """(kind, name) when ``value`` is a clock or entropy read (kind "clock"), a function of
+    Python's or numpy's process-wide generator ("random", "numpy": ``random.random``,
+    ``np.random.rand`` and the like, bound methods of one generator hidden in the module), or
+    one that seeds torch's generators ("seed": ``torch.manual_seed``)."""
     return _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
 
 
 @functools.lru_cache(maxsize=2)
 def _watched_functions(mtrand: Any) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
-    for module_name, names in _CLOCKS.items():
-        module = sys.modules.get(module_name) or __import__(module_name)
-        for name in names:
-            if hasattr(module, name):
-                found[id(getattr(module, name))] = ("clock", f"{module_name}.{name}")
+    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS)):
+        for module_name, names in table.items():
+            module = importlib.import_module(module_name)
+            for name in names:
+                if hasattr(module, name):
+                    found.setdefault(id(getattr(module, name)), (kind, f"{module_name}.{name}"))
     shared = (("random", random, random._inst),  # type: ignore[attr-defined]
               ("numpy", sys.modules.get("numpy.random"), getattr(mtrand, "_rand", None)))
     for kind, module, generator in shared:
@@ -147,8 +157,8 @@ class ReadWatch:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
                 if kind != "clock" or self.is_user(frame):
-                    if kind == "numpy" and kind not in self.states:
-                        self.states[kind] = sys.modules["numpy.random.mtrand"]._rand.get_state()
+                    if kind in ("numpy", "seed") and kind not in self.states:
+                        self.states[kind] = _global_state(kind)
                     self.reads.append((self.phase, kind, what, frame.f_lineno,
                                        f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
             return fn(*args, **kwargs)
@@ -183,12 +193,26 @@ class ReadWatch:
         self.swapped.clear()
         self.check_generator()
         before = self.states.pop("random", None)
-        if before is not None:
+        if before is not None and any(read[1] == "random" for read in self.reads):
             random._inst.setstate(before)  # type: ignore[attr-defined]
-        if "numpy" in self.states:
-            sys.modules["numpy.random.mtrand"]._rand.set_state(self.states.pop("numpy"))
+        for kind, state in self.states.items():
+            _set_global_state(kind, state)
+        self.states.clear()
 
 
 def describe_global(kind: str) -> str:
     """A process-wide generator's name, for an error."""
     return _GLOBAL[kind]
+
+
+def _global_state(kind: str) -> Any:
+    if kind == "numpy":
+        return sys.modules["numpy.random.mtrand"]._rand.get_state()
+    return torch.random.get_rng_state()  # "seed": torch's CPU generator, reseeded by tracing
+
+
+def _set_global_state(kind: str, state: Any) -> None:
+    if kind == "numpy":
+        sys.modules["numpy.random.mtrand"]._rand.set_state(state)
+    else:
+        torch.random.set_rng_state(state)

@@ -697,6 +697,16 @@ class StateTracker:
                         "Read it outside the Function and pass it in as an argument, or run it "
                         "eagerly with minihop.function(F, fallback='eager').",
                         where=where)
+                if kind == "seed":
+                    raise SideEffectError(
+                        f"{self.name}.{phase} seeds torch's random generator (`{what}`, line {line}).",
+                        "A capture records tensor operations, and seeding is none: it would run "
+                        "once, while tracing, so later calls' random ops would draw other numbers "
+                        "than eager's, which reseeds on every call.",
+                        "Seed outside the Function (before each call, if every call needs the same "
+                        "numbers), pass a torch.Generator seeded outside as an argument, or run it "
+                        "eagerly with minihop.function(F, fallback='eager').",
+                        where=where)
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             self.read_ctx_chains(ctx)
