@@ -9,7 +9,10 @@ user's program would (a scale set on the class, a config object, a global, a clo
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -758,3 +761,98 @@ class TestRealPackageStyles:
         reset()
         sequence(_strict)
         assert minihop.counters()["captures"] == 1 and STATS == {"forward": 3, "backward": 3}
+
+
+# ---- state in library objects that only hold the user's values, and the environment -------
+
+LOCAL = threading.local()
+OPTIONS = argparse.Namespace(scale=2.0, calls=0)
+
+
+class ThreadLocalCounter(torch.autograd.Function):
+    """Counts its calls on a ``threading.local`` (per-thread state a training loop keeps)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        LOCAL.calls += 1
+        return x * LOCAL.calls
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+class OptionsCounter(torch.autograd.Function):
+    """Reads a scale from parsed command-line options and counts its calls there."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        OPTIONS.calls += 1
+        return x * OPTIONS.scale + OPTIONS.calls
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * OPTIONS.scale
+
+
+class EnvironmentScale(torch.autograd.Function):
+    """Reads a setting from the environment, the way a config flag is often read."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.scale = float(os.environ.get("MINIHOP_TEST_SCALE", "1"))
+        return x * ctx.scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.scale
+
+
+def _set_environ(value: str) -> Callable[[], None]:
+    return lambda: os.environ.__setitem__("MINIHOP_TEST_SCALE", value)
+
+
+class TestLibraryHolders:
+    def test_thread_local_counter(self) -> None:
+        """A counter on a ``threading.local``: counted on every call, as eager does (tracing
+        used to leave its own increment behind, and the capture never counted again)."""
+
+        def sequence(apply: Apply) -> list[Any]:
+            LOCAL.calls = 0
+            out = steps(ThreadLocalCounter, apply, [(nothing, nothing)] * 3, lambda: (x(),))
+            return [*out, LOCAL.calls]
+
+        runs = run_three_ways(sequence)
+        assert runs["strict"][-1] == 3
+
+    def test_argparse_namespace_read_and_counter(self) -> None:
+        """Options in an ``argparse.Namespace``: a changed scale is seen, calls are counted."""
+
+        def sequence(apply: Apply) -> list[Any]:
+            OPTIONS.calls = 0
+            values = [(setter(OPTIONS, "scale", v), nothing) for v in (2.0, 3.0, 2.0)]
+            return [*steps(OptionsCounter, apply, values, lambda: (x(),)), OPTIONS.calls]
+
+        runs = run_three_ways(sequence)
+        assert runs["strict"][-1] == 3
+
+    def test_capture_leaves_thread_local_as_it_was(self) -> None:
+        """Tracing's own increment is taken back (a thread-local needs its own setattr)."""
+        LOCAL.calls = 5
+        minihop.capture(ThreadLocalCounter, x())
+        assert LOCAL.calls == 5
+
+
+class TestEnvironment:
+    def test_environment_changed_between_calls(self) -> None:
+        """``os.environ.get`` is a read like a global's: a changed variable is seen."""
+        values = [(_set_environ(v), nothing) for v in ("2", "3", "2")]
+        try:
+            run_three_ways(lambda apply: steps(EnvironmentScale, apply, values, lambda: (x(),)))
+        finally:
+            os.environ.pop("MINIHOP_TEST_SCALE", None)
+
+    def test_environment_read_is_a_listed_guard(self) -> None:
+        """``explain`` lists the environment among the reads a call must match."""
+        text = str(minihop.explain(EnvironmentScale, x()))
+        assert "the environment (os.environ) read by forward" in text

@@ -32,6 +32,7 @@ import dataclasses
 import dis
 import functools
 import inspect
+import os
 import sys
 import sysconfig
 import threading
@@ -321,6 +322,14 @@ def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
                  root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s))
 
 
+def _environment(args: tuple[Any, ...]) -> dict[Any, Any]:
+    return dict(getattr(os.environ, "_data", os.environ))  # the raw bytes: no decoding per call
+
+
+_ENVIRONMENT = Place("the environment (os.environ)", lambda args: _RootBox(_environment(args)),
+                     ("attr", "value"), False, _environment)
+
+
 class _RootBox:
     """A root value seen as a place (its ``value`` attribute), for reads of a whole global."""
 
@@ -505,8 +514,9 @@ class StateTracker:
                 if root is None:
                     continue
                 value = root.fetch(self.args)
-                self._find_hidden_read(root, value, chain.steps if chain.method is None
-                                       else (*chain.steps, ("attr", chain.method)))
+                named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
+                self._find_hidden_read(root, value, named)
+                self._find_environment_read(value, named, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: not the user's state
                 if root.description not in seen_roots:
@@ -534,6 +544,19 @@ class StateTracker:
             self.hidden_sites[(id(end), steps[-1][1])] = (_walk(value, steps[:-1]), steps[-1][1], end, *found)
         elif not steps and root.home is not None and root.home[0] == "globals":
             self.hidden_sites[(id(end), root.home[2])] = (root.home[1], root.home[2], end, *found)
+
+    def _find_environment_read(self, value: Any, steps: tuple[tuple[str, Any], ...], phase: str,
+                               code: types.CodeType, line: int | None) -> None:
+        """``os.environ[...]``, ``os.environ.get``, ``os.getenv`` (or those bound by name): the
+        environment is a read like any global, guarded whole (it is small, and which key the
+        code reads is an argument the bytecode chain does not hold)."""
+        for k in range(len(steps) + 1):
+            found = value if k == 0 else _walk(value, steps[:k])
+            if found is os.environ or found is os.getenv:
+                self._add_read(_ENVIRONMENT, phase, code, line)
+                return
+            if found is MISSING or isinstance(found, types.ModuleType) and found is not os:
+                return
 
     def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
         """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
@@ -831,12 +854,21 @@ def _contents(value: Any) -> tuple[str | None, Any]:
             return None, None
         return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("__") and not k.startswith("_minihop")
                          and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
-    if is_library(type(value)) and not isinstance(value, (types.SimpleNamespace,)):
+    if is_library(type(value)) and not _plain_holder(value):
         return None, None
     try:
         return "attrs", attributes(value)
     except Exception:
         return None, None
+
+
+def _plain_holder(value: Any) -> bool:
+    """A library object that only holds the user's values as attributes (``SimpleNamespace``,
+    ``argparse.Namespace``, ``threading.local``): watched like the user's own objects. Other
+    library objects keep their own bookkeeping (a logger's cache), which is not the user's."""
+    cls = type(value)
+    return isinstance(value, (types.SimpleNamespace, threading.local)) or \
+        (cls.__module__ == "argparse" and cls.__name__ == "Namespace")
 
 
 def _same(kind: str, old: Any, new: Any) -> bool:
@@ -900,8 +932,11 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
 
 
 def _setattr(obj: Any, name: str, value: Any) -> None:
-    (type.__setattr__ if isinstance(obj, type) else object.__setattr__)(obj, name, value)
+    # object.__setattr__ past a user's own __setattr__; a thread-local's needs its own.
+    setter = type.__setattr__ if isinstance(obj, type) else setattr if _plain_holder(obj) else object.__setattr__
+    setter(obj, name, value)
 
 
 def _delattr(obj: Any, name: str) -> None:
-    (type.__delattr__ if isinstance(obj, type) else object.__delattr__)(obj, name)
+    deleter = type.__delattr__ if isinstance(obj, type) else delattr if _plain_holder(obj) else object.__delattr__
+    deleter(obj, name)
