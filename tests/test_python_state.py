@@ -856,3 +856,75 @@ class TestEnvironment:
         """``explain`` lists the environment among the reads a call must match."""
         text = str(minihop.explain(EnvironmentScale, x()))
         assert "the environment (os.environ) read by forward" in text
+
+
+# ---- reads and writes inside nested code, and a mutable default ------------------------------
+
+class ScaleInGenerator(torch.autograd.Function):
+    """The global is read only inside a generator expression (its own code object)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * sum(SCALE for _ in range(2))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * sum(SCALE for _ in range(2))
+
+
+class ScaleInComprehension(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * [SCALE for _ in range(1)][0]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * [SCALE for _ in range(1)][0]
+
+
+class ScaleInInnerFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        def scale() -> float:
+            return SCALE
+
+        get = lambda: scale()  # noqa: E731
+        return x * get()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * (lambda: SCALE)()
+
+
+class CountsInDefault(torch.autograd.Function):
+    """A mutable default argument as a call counter (``seen=[]``): the same list every call."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seen: list[float] = []) -> torch.Tensor:  # noqa: B006
+        seen.append(1.0)
+        return x * len(seen)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+class TestNestedCode:
+    @pytest.mark.parametrize("fn_cls", [ScaleInGenerator, ScaleInComprehension, ScaleInInnerFunction],
+                             ids=lambda c: c.__name__)
+    def test_global_read_in_nested_code(self, fn_cls: type) -> None:
+        """A global read inside a generator expression, comprehension, lambda or inner def
+        (code objects of their own) is guarded like one read directly, forward and backward."""
+        values = [(set_global("SCALE", v), set_global("SCALE", v + 0.5)) for v in (2.0, 3.0, 2.0)]
+        run_three_ways(lambda apply: steps(fn_cls, apply, values, lambda: (x(),)))
+
+    def test_mutable_default_counts(self) -> None:
+        """A default list the call does not pass is state: appended to and read on every call."""
+        seen = CountsInDefault.forward.__defaults__[0]
+
+        def sequence(apply: Apply) -> list[Any]:
+            seen.clear()
+            return [*steps(CountsInDefault, apply, [(nothing, nothing)] * 3, lambda: (x(),)), len(seen)]
+
+        runs = run_three_ways(sequence)
+        assert runs["strict"][-1] == 3

@@ -176,6 +176,17 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     # A chain from a local that is not a parameter reads what the code itself made.
     params = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     chains = [c for c in chains if c.root_kind != "fast" or c.root in params]
+    # A parameter an inner function or comprehension captures escapes into it.
+    escaping |= params & set(code.co_cellvars)
+    # Code nested in this one (a generator expression, a comprehension, a lambda, an inner
+    # def) runs as part of it: what it reads of globals and closures is read here too. Its
+    # own parameters and locals are not the Function's, so its chains from those are left out.
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            inner = code_facts(const)
+            chains += [c for c in inner.chains if c.root_kind != "fast"]
+            stores += inner.stores
+            targets += [t for t in inner.targets if t.root_kind != "fast"]
     return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned),
                      tuple(targets))
 
@@ -263,9 +274,10 @@ def _function(fn: Any) -> Any:
     return inspect.unwrap(getattr(fn, "__func__", fn))
 
 
-def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root | None:
+def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str], passed: int | None = None) -> _Root | None:
     """Where ``chain``'s root lives, for ``fn``'s code: a global, a closure cell, or one of
-    the call's arguments (``params``: parameter name -> argument index, or "ctx")."""
+    the call's arguments (``params``: parameter name -> argument index, or "ctx"); a
+    parameter past the ``passed`` arguments is its default, state like a global."""
     fn = _function(fn)
     code = fn.__code__
     if chain.root_kind == "global":
@@ -281,7 +293,14 @@ def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str]) -> _Root 
         return _Root(chain.root, lambda args, c=cell: _cell_value(c), False, ("cell", cell))
     where = params.get(chain.root)
     if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
-        return _Root(chain.root, lambda args, i=where: args[i] if i < len(args) else MISSING, True)
+        # A parameter left out of the call holds its default: the same object every call
+        # (``cache=[]``), state like a global's.
+        default = inspect.signature(fn).parameters[chain.root].default
+        default = MISSING if default is inspect.Parameter.empty else default
+        if passed is not None and where >= passed and default is not MISSING:
+            # Not in the call key (no argument was passed for it): read and written as state.
+            return _Root(f"{fn.__name__}'s default {chain.root}", lambda args, d=default: d, False)
+        return _Root(chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d, True)
     return None
 
 
@@ -510,7 +529,7 @@ class StateTracker:
                 if chain.use == "increment":
                     self.increments.add((phase, chain.root, str(chain.steps[-1][1]) if chain.steps else chain.root))
             for chain in facts.chains:
-                root = _resolve_root(fn, chain, params)
+                root = _resolve_root(fn, chain, params, len(self.args))
                 if root is None:
                     continue
                 value = root.fetch(self.args)
