@@ -928,3 +928,74 @@ class TestNestedCode:
 
         runs = run_three_ways(sequence)
         assert runs["strict"][-1] == 3
+
+
+# ---- reads through the user's methods and globals() -----------------------------------------
+
+class Settings:
+    """Settings read through a classmethod and a method, the way config classes are used."""
+
+    slope = 2.0
+
+    def __init__(self) -> None:
+        self.gain = 2.0
+
+    @classmethod
+    def current_slope(cls) -> float:
+        return cls.slope
+
+    def current_gain(self) -> float:
+        return self.gain
+
+
+SETTINGS = Settings()
+
+
+class SlopeFromClassmethod(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * Settings.current_slope()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * Settings.current_slope()
+
+
+class GainFromMethod(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * SETTINGS.current_gain()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * SETTINGS.current_gain()
+
+
+class ScaleFromGlobalsDict(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * globals()["SCALE"]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * globals()["SCALE"]
+
+
+class TestIndirectReads:
+    def test_classmethod_reads_class_attribute(self) -> None:
+        """``cls.slope`` read inside a classmethod the Function calls is guarded."""
+        values = [(setter(Settings, "slope", v), setter(Settings, "slope", v + 1)) for v in (2.0, 3.0, 2.0)]
+        try:
+            run_three_ways(lambda apply: steps(SlopeFromClassmethod, apply, values, lambda: (x(),)))
+        finally:
+            Settings.slope = 2.0
+
+    def test_method_reads_global_object_attribute(self) -> None:
+        """``self.gain`` read inside a method of a global object is guarded."""
+        values = [(setter(SETTINGS, "gain", v), setter(SETTINGS, "gain", v + 1)) for v in (2.0, 3.0, 2.0)]
+        run_three_ways(lambda apply: steps(GainFromMethod, apply, values, lambda: (x(),)))
+
+    def test_globals_subscript(self) -> None:
+        """``globals()["SCALE"]`` is a read of ``SCALE``."""
+        values = [(set_global("SCALE", v), set_global("SCALE", v + 1)) for v in (2.0, 3.0, 2.0)]
+        run_three_ways(lambda apply: steps(ScaleFromGlobalsDict, apply, values, lambda: (x(),)))

@@ -112,6 +112,11 @@ def code_facts(code: types.CodeType) -> CodeFacts:
             i += 1
             continue
         root = str(op.argval)
+        if op.opname == "LOAD_GLOBAL" and root == "globals" and _constant_global(ins, i + 1):
+            # ``globals()["SCALE"]``: a read of that global, as ``SCALE`` is.
+            chains.append(Chain("global", str(ins[i + 3].argval), (), "value", line))
+            i += 5
+            continue
         steps: list[tuple[str, Any]] = []
         j = i + 1
         use = "value"
@@ -189,6 +194,13 @@ def code_facts(code: types.CodeType) -> CodeFacts:
             targets += [t for t in inner.targets if t.root_kind != "fast"]
     return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned),
                      tuple(targets))
+
+
+def _constant_global(ins: list[Any], k: int) -> bool:
+    """``PRECALL 0; CALL 0; LOAD_CONST name; BINARY_SUBSCR`` at ``k``: ``globals()[name]``."""
+    return (k + 3 < len(ins) and ins[k].opname == "PRECALL" and ins[k + 1].opname == "CALL"
+            and ins[k + 1].arg == 0 and ins[k + 2].opname == "LOAD_CONST"
+            and isinstance(ins[k + 2].argval, str) and ins[k + 3].opname == "BINARY_SUBSCR")
 
 
 def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
@@ -274,7 +286,7 @@ def _function(fn: Any) -> Any:
     return inspect.unwrap(getattr(fn, "__func__", fn))
 
 
-def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str], passed: int | None = None) -> _Root | None:
+def _resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | None = None) -> _Root | None:
     """Where ``chain``'s root lives, for ``fn``'s code: a global, a closure cell, or one of
     the call's arguments (``params``: parameter name -> argument index, or "ctx"); a
     parameter past the ``passed`` arguments is its default, state like a global."""
@@ -292,6 +304,8 @@ def _resolve_root(fn: Any, chain: Chain, params: dict[str, int | str], passed: i
         cell = fn.__closure__[code.co_freevars.index(chain.root)]
         return _Root(chain.root, lambda args, c=cell: _cell_value(c), False, ("cell", cell))
     where = params.get(chain.root)
+    if isinstance(where, _Bound) and chain.root not in code_facts(code).reassigned:
+        return _Root(where.description, lambda args, o=where.obj: o, False)
     if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
         # A parameter left out of the call holds its default: the same object every call
         # (``cache=[]``), state like a global's.
@@ -349,6 +363,14 @@ _ENVIRONMENT = Place("the environment (os.environ)", lambda args: _RootBox(_envi
                      ("attr", "value"), False, _environment)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Bound:
+    """A method's first parameter, bound to the user's object or class it was called on."""
+
+    obj: Any
+    description: str
+
+
 class _RootBox:
     """A root value seen as a place (its ``value`` attribute), for reads of a whole global."""
 
@@ -369,7 +391,7 @@ def _guarded_value(value: Any) -> bool:
     return True
 
 
-def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
+def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
     """Parameter name -> argument index (or "ctx") for one of the user's methods."""
     code = code_of(fn)
     if code is None:
@@ -377,14 +399,14 @@ def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, int | str]:
     names = code.co_varnames[:code.co_argcount]
     if method == "forward":
         offset = 0 if uses_setup else 1
-        found: dict[str, int | str] = {n: i - offset for i, n in enumerate(names) if i >= offset}
+        found: dict[str, Any] = {n: i - offset for i, n in enumerate(names) if i >= offset}
         if not uses_setup and names:
             found[names[0]] = "ctx"
         return found
     return {names[0]: "ctx"} if names else {}
 
 
-def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, int | str]]]:
+def _analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, Any]]]:
     """Each method, and each user helper function it reaches through globals or closures
     (their parameters are not the Function's arguments), with its code's facts."""
     seen: set[int] = set()
@@ -404,13 +426,21 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, int | str]], ...]) -> Ite
             root = _resolve_root(fn, chain, {})
             if root is None or root.uses_args:
                 continue
-            value = _walk(root.fetch(()), chain.steps)
+            steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
+            value = _walk(root.fetch(()), steps)
             value = value.__func__ if isinstance(value, staticmethod) else value
             if _is_user_function(value):
                 todo.append((phase, value, {}, depth + 1))
+            elif isinstance(value, types.MethodType) and _is_user_function(value.__func__) \
+                    and value.__func__.__code__.co_argcount:
+                # ``Config.scale_for(x)``, ``CFG.scale()``: a method of the user's class or
+                # object; its ``cls``/``self`` is that object, state like the root it hangs from.
+                holder = _place(root, steps[:-1]).description if steps else root.description
+                first = value.__func__.__code__.co_varnames[0]
+                todo.append((phase, value.__func__, {first: _Bound(value.__self__, holder)}, depth + 1))
 
 
-def _methods(parts: Any) -> tuple[tuple[str, Any, dict[str, int | str]], ...]:
+def _methods(parts: Any) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
     uses_setup = parts.setup_context is not None
     found = [("forward", parts.forward, _params(parts.forward, "forward", uses_setup))]
     if parts.setup_context is not None:
@@ -511,7 +541,7 @@ class StateTracker:
         self.finished = False
 
     # reads: every chain of the code whose value is the user's state
-    def _methods(self) -> tuple[tuple[str, Any, dict[str, int | str]], ...]:
+    def _methods(self) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
         """The Function's methods, and the user functions passed to it as arguments (a
         surrogate-gradient function ``backward`` calls, as snntorch's ``CustomSurrogate``
         takes): what they read is read by forward or backward, whichever calls them."""
