@@ -184,9 +184,10 @@ def _describe_value(val: Any) -> str:
 
 def _show_key(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] == "T":
-        _, cls, shape, dtype, device, _layout, rg = key
+        _, cls, shape, dtype, device, _layout, rg, attrs = key
         dims = ", ".join("*" if d is None else str(d) for d in shape)
-        return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}"
+        extra = "".join(f", .{name} {_show_key(v)}" for name, v in attrs)
+        return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}{extra}"
     if isinstance(key, tuple) and key and key[0] == "V":
         return "any int (a SymInt: see dynamic sizes)" if key[1] is int and key[2] is None else f"== {key[2]!r}"
     if isinstance(key, tuple) and key and key[0] == "M":

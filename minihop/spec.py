@@ -20,7 +20,7 @@ import torch.fx as fx
 from .structure import OutputSpec, Path, Step, format_path
 
 __all__ = ["DataRead", "GRAD_TOGGLE", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair", "Place",
-           "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "marks",
+           "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "is_dynamo_mark", "marks",
            "same_value", "uses_setup_context"]
 
 
@@ -345,6 +345,12 @@ RANGE_CHECK = "minihop_range_check"
 
 # The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
 STRICT_MARKS = "_dynamo_dynamic_indices"
+
+
+def is_dynamo_mark(name: str) -> bool:
+    """A tensor attribute ``torch._dynamo.mark_dynamic`` and its kin set (read on their own:
+    not one of the Python attributes a capture carries and keys)."""
+    return name.startswith("_dynamo") or name in ("_specialize_on", "_specialized_on", "_has_dynamo_dim_marking")
 _MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")
 
 

@@ -999,3 +999,85 @@ class TestIndirectReads:
         """``globals()["SCALE"]`` is a read of ``SCALE``."""
         values = [(set_global("SCALE", v), set_global("SCALE", v + 1)) for v in (2.0, 3.0, 2.0)]
         run_three_ways(lambda apply: steps(ScaleFromGlobalsDict, apply, values, lambda: (x(),)))
+
+
+# ---- Python attributes set on tensors --------------------------------------------------------
+
+SCALED = torch.ones(3)
+SCALED.gain = 2.0
+
+
+class AttributeScale(torch.autograd.Function):
+    """Reads a Python attribute its input tensor carries (as frameworks tag parameters)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.scale = x.scale
+        return x * x.scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.scale
+
+
+class AttributeScaleOrOne(torch.autograd.Function):
+    """The same through ``getattr`` with a default: a tensor without the attribute is 1."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.scale = getattr(x, "scale", 1.0)
+        return x * ctx.scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.scale
+
+
+class GlobalTensorAttribute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * SCALED.gain
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * SCALED.gain
+
+
+def tagged(scale: float | None) -> Callable[[], tuple[Any, ...]]:
+    def make() -> tuple[Any, ...]:
+        t = x()
+        if scale is not None:
+            t.scale = scale
+        return (t,)
+
+    return make
+
+
+class TestTensorAttributes:
+    @pytest.mark.parametrize("fn_cls", [AttributeScale, AttributeScaleOrOne], ids=lambda c: c.__name__)
+    def test_argument_attribute_changed_between_calls(self, fn_cls: type) -> None:
+        """A Python attribute on an input tensor is seen by the trace and is part of the key:
+        a new value is a new capture (it used to be missing on the fake copy: the default,
+        or an AttributeError)."""
+
+        def sequence(apply: Apply) -> list[Any]:
+            out: list[Any] = []
+            for scale in (2.0, 3.0, 2.0, *((None,) if fn_cls is AttributeScaleOrOne else ())):
+                out += steps(fn_cls, apply, [(nothing, nothing)], tagged(scale))
+            return out
+
+        run_three_ways(sequence)
+
+    def test_global_tensor_attribute_changed_between_calls(self) -> None:
+        """An attribute of a global tensor is a read like a global's, guarded."""
+        values = [(setter(SCALED, "gain", v), setter(SCALED, "gain", v + 1)) for v in (2.0, 3.0, 2.0)]
+        try:
+            run_three_ways(lambda apply: steps(GlobalTensorAttribute, apply, values, lambda: (x(),)))
+        finally:
+            SCALED.gain = 2.0
+
+    def test_mismatch_names_the_attribute(self) -> None:
+        """A capture called with another attribute value says which attribute differs."""
+        cap = minihop.capture(AttributeScale, *tagged(2.0)())
+        with pytest.raises(minihop.GuardMismatchError, match=r"captured: Tensor\(shape=\[3\].*\.scale=2\.0\)"):
+            cap(*tagged(3.0)())

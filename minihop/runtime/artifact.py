@@ -294,5 +294,8 @@ def read_capture(path: str) -> SavedCapture:
 
 
 def _key_of_v1(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Keys written before the autocast state was part of them: made without autocast."""
-    return key if len(key) > 2 else (*key, None)
+    """Keys written before the autocast state was part of them: made without autocast; and
+    before tensors' Python attributes were: tensors without any."""
+    key = key if len(key) > 2 else (*key, None)
+    args = tuple((*k, ()) if isinstance(k, tuple) and len(k) == 7 and k[0] == "T" else k for k in key[1])
+    return (key[0], args, *key[2:])

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..spec import STRICT_MARKS, marks
+from ..spec import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
 __all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
@@ -30,11 +30,20 @@ _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum,
                    torch.device, torch.layout, torch.memory_format, type)
 
 
+def python_attributes(tensor: torch.Tensor) -> tuple[tuple[str, Any], ...]:
+    """The Python attributes set on a tensor (``x.scale = 2.0``), as keys: code may read
+    them, and a fake copy carries them. Dynamo's marks are left out (checked on their own)."""
+    found = tensor.__dict__
+    if not found:
+        return ()
+    return tuple(sorted((k, value_key(v)) for k, v in found.items() if not is_dynamo_mark(k)))
+
+
 def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     """The key of one value (a tensor's properties, a constant's value, ...)."""
     if isinstance(value, torch.Tensor):
         return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
-                value.requires_grad)
+                value.requires_grad, python_attributes(value))
     if isinstance(value, _HASHABLE_ATOMS):
         return ("V", type(value), value)
     if id(value) in _open:
@@ -164,9 +173,10 @@ def describe_autocast(rest: tuple[Any, ...]) -> str:
 
 def _show(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] == "T":
-        _, cls, shape, dtype, device, _layout, rg = key
+        _, cls, shape, dtype, device, _layout, rg, attrs = key
+        extra = "".join(f", .{name}={_show(v)}" for name, v in attrs)
         return (f"{cls.__name__}(shape={list(shape)}, dtype={dtype}, device={device}, "
-                f"requires_grad={rg})")
+                f"requires_grad={rg}{extra})")
     if isinstance(key, tuple) and key and key[0] == "V":
         return repr(key[2])
     return repr(key)
@@ -214,8 +224,9 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
             lines += [f"    if masked_key({a}, m{i}) != k{i}:", "        return False"]
             continue
         if isinstance(k, tuple) and k and k[0] == "T":
-            _, cls, shape, dtype, device, layout, rg = k
-            consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout})
+            _, cls, shape, dtype, device, layout, rg, attrs = k
+            consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout,
+                           f"a{i}": attrs, "attrs_of": python_attributes})
             # Cheapest first; a CPU tensor's device is always plain "cpu", so is_cpu decides it.
             device_check = f"{a}.is_cpu" if device == torch.device("cpu") else f"{a}.device == v{i}"
             checks = [f"type({a}) is c{i}", f"{a}.dtype is d{i}", f"{a}.requires_grad is {rg}",
@@ -224,6 +235,8 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
             consts[f"y{i}"] = frozenset(d for d, n in enumerate(shape) if n is None) | frozenset(
                 d - len(shape) for d, n in enumerate(shape) if n is None)
             checks.append(f"getattr({a}, '{STRICT_MARKS}', no_marks) <= y{i}")
+            # Python attributes set on the tensor (``x.scale = 2.0``): usually none at all.
+            checks.append(f"(not {a}.__dict__ and not a{i} or attrs_of({a}) == a{i})")
             if None in shape:
                 checks.append(f"{a}.dim() == {len(shape)}")
                 checks += [f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None]

@@ -330,7 +330,7 @@ def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
         if value is MISSING:
             return MISSING
         if kind == "attr":
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
             try:
                 value = getattr(value, key)

@@ -48,7 +48,8 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, uses_setup_context
+from ..spec import (DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
+                    uses_setup_context)
 from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker
@@ -333,13 +334,20 @@ class _Tracing:
 
     def _fake(self, real: torch.Tensor, dims: tuple[int, ...] = (), name: str | None = None) -> torch.Tensor:
         """A fake whose sizes ``dims`` are symbolic (named ``name``), the others concrete, also
-        when this capture has dynamic ones elsewhere."""
+        when this capture has dynamic ones elsewhere; it carries the real tensor's Python
+        attributes (``x.scale``: the call key holds them, so the graphs may use them)."""
         if self.fake_mode.shape_env is None:
-            return self.fake_mode.from_tensor(real)
-        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
-        context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=[None] * real.dim())
-        return self.fake_mode.from_tensor(real, symbolic_context=context,
-                                          source=None if name is None else ArgSource(name))
+            fake = self.fake_mode.from_tensor(real)
+        else:
+            sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(real.dim())]
+            context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=[None] * real.dim())
+            fake = self.fake_mode.from_tensor(real, symbolic_context=context,
+                                              source=None if name is None else ArgSource(name))
+        if real.__dict__:
+            fake.__dict__.update((k, v) for k, v in real.__dict__.items()
+                                 if not is_dynamo_mark(k)
+                                 and not any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(v)))
+        return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
         fake = self.real_to_fake.get(id(real))
