@@ -1081,3 +1081,54 @@ class TestTensorAttributes:
         cap = minihop.capture(AttributeScale, *tagged(2.0)())
         with pytest.raises(minihop.GuardMismatchError, match=r"captured: Tensor\(shape=\[3\].*\.scale=2\.0\)"):
             cap(*tagged(3.0)())
+
+
+# ---- tensors held in global containers and objects -------------------------------------------
+
+class Weights:
+    """A plain object holding a tensor, as a model-less training script keeps its weights."""
+
+    def __init__(self) -> None:
+        self.w = torch.ones(3)
+
+
+HELD_LIST = [torch.ones(3)]
+HELD_DICT = {"w": torch.ones(3)}
+HELD_OBJECT = Weights()
+
+
+class ScalesByHeld(torch.autograd.Function):
+    """Multiplies by tensors found in a global list, dict and object."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * HELD_LIST[0] * HELD_DICT["w"] * HELD_OBJECT.w.sum()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * HELD_LIST[0] * HELD_DICT["w"] * HELD_OBJECT.w.sum()
+
+
+def _replace_held(v: float, n: int) -> Callable[[], None]:
+    def replace() -> None:
+        HELD_LIST[0] = torch.full((3,), v)
+        HELD_DICT["w"] = torch.full((3,), v + 1)
+        HELD_OBJECT.w = torch.full((n,), v)
+
+    return replace
+
+
+class TestHeldTensors:
+    def test_replaced_between_calls(self) -> None:
+        """A tensor replaced in a global list, dict or object is the one the next call uses,
+        also at another shape (it used to keep using the tensor seen while tracing)."""
+        values = [(_replace_held(v, n), nothing) for v, n in ((2.0, 3), (3.0, 3), (2.0, 5))]
+        try:
+            run_three_ways(lambda apply: steps(ScalesByHeld, apply, values, lambda: (x(),)))
+        finally:
+            _replace_held(1.0, 3)()
+
+    def test_lifted_inputs_are_named_by_where_they_are_held(self) -> None:
+        """Each held tensor is a fwd input named by its route (``g_held_list_0_``, ...)."""
+        names = [n.name for n in minihop.capture(ScalesByHeld, x()).fwd.graph.nodes if n.op == "placeholder"]
+        assert names == ["l_x_", "g_held_list_0_", "g_held_dict_w_", "g_held_object_w_"]

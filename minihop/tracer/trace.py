@@ -50,9 +50,9 @@ from ..errors import (
 )
 from ..spec import (DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
                     uses_setup_context)
-from ..structure import OutputSpec, Path, describe_output, format_path, iter_leaves, replace_tensors
+from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
 from .ctx import ProxyCtx, check_ctx_arguments
-from .pystate import StateTracker
+from .pystate import StateTracker, is_library
 from .names import FrameSnapshot, capture_locals, code_of, free_values, input_name, name_hints
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
@@ -193,14 +193,58 @@ def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
 
 
 def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
-                fetch: Callable[[], Any]) -> None:
-    """Routes to a closed-over tensor, or to a closed-over module's parameters and buffers."""
+                fetch: Callable[[], Any], depth: int = 0) -> None:
+    """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
+    to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
+    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
     if isinstance(value, torch.Tensor):
         routes.setdefault(id(value), (f"{prefix}_", fetch))
     elif isinstance(value, torch.nn.Module):
         for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
             routes.setdefault(id(tensor), (f"{prefix}_{pname.replace('.', '_')}",
                                            lambda f=fetch, p=pname: _module_tensor(f(), p)))
+    elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
+        for step, child in _held(value):
+            if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
+                _add_routes(routes, child, f"{prefix}_{_route_name(step[1])}",
+                            lambda f=fetch, s=step: _step(f(), s), depth + 1)
+
+
+# How deep and how many tensors the routes into containers and objects go (cycles stop there).
+_ROUTE_DEPTH = 3
+_MAX_ROUTES = 256
+
+
+def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
+    """The (step, value) pairs a container or a user's object holds."""
+    if isinstance(value, (list, tuple)):
+        return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
+    if isinstance(value, dict):
+        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
+    if _is_user_object(value):
+        return [(("attr", k), v) for k, v in attributes(value).items()]
+    return []
+
+
+def _is_user_object(value: Any) -> bool:
+    """An instance of the user's own class (not a function, class or module): its attributes
+    hold the user's values."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.FunctionType, types.MethodType,
+                                                                   types.ModuleType, torch.nn.Module))
+            and not is_library(type(value)))
+
+
+def _step(owner: Any, step: tuple[str, Any]) -> Any:
+    """``owner[key]`` or ``owner.name`` now; None where it is gone (the live check sees it)."""
+    kind, key = step
+    try:
+        return owner[key] if kind == "item" else getattr(owner, key)
+    except (LookupError, AttributeError, TypeError):
+        return None
+
+
+def _route_name(key: Any) -> str:
+    return "".join(c if c.isalnum() else "_" for c in str(key))
 
 
 def _module_tensor(module: torch.nn.Module, name: str) -> Any:
