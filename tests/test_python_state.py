@@ -1132,3 +1132,50 @@ class TestHeldTensors:
         """Each held tensor is a fwd input named by its route (``g_held_list_0_``, ...)."""
         names = [n.name for n in minihop.capture(ScalesByHeld, x()).fwd.graph.nodes if n.op == "placeholder"]
         assert names == ["l_x_", "g_held_list_0_", "g_held_dict_w_", "g_held_object_w_"]
+
+
+# ---- process-wide torch settings the code asks for -------------------------------------------
+
+class DeterministicScale(torch.autograd.Function):
+    """Takes another path when deterministic algorithms are on (as kernels with a slow exact
+    fallback do)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if torch.are_deterministic_algorithms_enabled() else 3.0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * (2.0 if torch.are_deterministic_algorithms_enabled() else 3.0)
+
+
+class DefaultDtypeBias(torch.autograd.Function):
+    """Makes a bias of the default dtype and reports its size in the output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        width = torch.finfo(torch.get_default_dtype()).bits
+        return x * width
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * torch.finfo(torch.get_default_dtype()).bits
+
+
+class TestTorchSettings:
+    def test_deterministic_flag_changed_between_calls(self) -> None:
+        """``torch.are_deterministic_algorithms_enabled()`` is a guarded read."""
+        values = [(lambda v=v: torch.use_deterministic_algorithms(v), nothing) for v in (False, True, False)]
+        try:
+            run_three_ways(lambda apply: steps(DeterministicScale, apply, values, lambda: (x(),)))
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    def test_default_dtype_changed_between_calls(self) -> None:
+        """``torch.get_default_dtype()`` is a guarded read."""
+        values = [(lambda d=d: torch.set_default_dtype(d), nothing)
+                  for d in (torch.float32, torch.float64, torch.float32)]
+        try:
+            run_three_ways(lambda apply: steps(DefaultDtypeBias, apply, values, lambda: (x(),)))
+        finally:
+            torch.set_default_dtype(torch.float32)

@@ -371,6 +371,19 @@ class _Bound:
     description: str
 
 
+def _flag_place(fn: Callable[[], Any]) -> Place:
+    return Place(f"torch.{fn.__name__}()", lambda args: _RootBox(fn()), ("attr", "value"), False,
+                 lambda args: fn())
+
+
+# Settings that read the same inside forward/backward as at the call (grad mode does not:
+# autograd turns it off there, so it is not one of them).
+_FLAG_PLACES = {id(fn): _flag_place(fn) for fn in (
+    torch.get_default_dtype, torch.are_deterministic_algorithms_enabled,
+    torch.is_deterministic_algorithms_warn_only_enabled, torch.get_float32_matmul_precision,
+    torch.is_anomaly_enabled, torch.is_anomaly_check_nan_enabled)}
+
+
 class _RootBox:
     """A root value seen as a place (its ``value`` attribute), for reads of a whole global."""
 
@@ -566,6 +579,7 @@ class StateTracker:
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 self._find_hidden_read(root, value, named)
                 self._find_environment_read(value, named, phase, code, chain.line)
+                self._find_flag_read(value, named, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: not the user's state
                 if root.description not in seen_roots:
@@ -606,6 +620,16 @@ class StateTracker:
                 return
             if found is MISSING or isinstance(found, types.ModuleType) and found is not os:
                 return
+
+    def _find_flag_read(self, value: Any, steps: tuple[tuple[str, Any], ...], phase: str,
+                        code: types.CodeType, line: int | None) -> None:
+        """A process-wide torch setting the code asks for (``torch.get_default_dtype()``,
+        ``torch.are_deterministic_algorithms_enabled()``): a guarded read, so a call made
+        after it changed is traced again, as eager reads it anew."""
+        end = _walk(value, steps) if steps else value
+        place = _FLAG_PLACES.get(id(end))
+        if place is not None:
+            self._add_read(place, phase, code, line)
 
     def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
         """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
