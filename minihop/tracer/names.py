@@ -86,7 +86,11 @@ class FrameSnapshot:
 
 @contextlib.contextmanager
 def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
-    """While active, fill ``sink`` from ``fn``'s frame as its (outermost) call returns."""
+    """While active, fill ``sink`` from ``fn``'s frame as its (outermost) call returns.
+
+    The profile hook only waits for that call to start, keeps its frame and turns itself off:
+    left on, it ran for every Python and C call of every fake op (half of a capture). A frame
+    that has finished keeps its locals and last line, read when the block ends."""
     code = code_of(fn)
     previous = sys.getprofile()
     if code is None or previous is not None:
@@ -94,9 +98,20 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
         # then named after their ops instead of the user's variables.
         yield
         return
+    started: list[FrameType] = []
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "return" and frame.f_code is code and sink.stack_trace is None:
+        if event == "call" and frame.f_code is code:
+            started.append(frame)
+            sys.setprofile(None)
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        if started:
+            frame = started.pop()
             # Parameters name inputs, not the values an op returned in their place
             # (``y = y.contiguous()`` may return the same object).
             nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
@@ -104,12 +119,7 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
             sink.locals.update((k, v) for k, v in frame.f_locals.items() if k not in params)
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
             sink.stack_trace = "".join(traceback.format_list([summary]))
-
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
+            del frame
 
 
 def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any],
