@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from ..spec import GRAD_TOGGLE, Pair, RawCapture
+from ..spec import GRAD_TOGGLE, Pair, RawCapture, append_node
 from .contract import check_consistent
 
 __all__ = ["make_pair"]
@@ -47,8 +47,8 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
     for node in src.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        new = dst.create_node(node.op, node.target, fx.map_arg(node.args, env.__getitem__),
-                              fx.map_arg(node.kwargs, env.__getitem__), name=names.get(node, node.name))
+        new = append_node(dst, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
+                          fx.map_arg(node.kwargs, env.__getitem__), names.get(node, node.name))
         new.meta = dict(node.meta)
         env[node] = new
 

@@ -48,6 +48,7 @@ from . import operators
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
+from ..spec import append_node
 
 __all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
            "refusal_for", "user_frame_of"]
@@ -284,7 +285,7 @@ class GraphRecorder:
 
     def create_node(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     name: str | None = None) -> fx.Node:
-        return self.graph.create_node(op, target, args, kwargs, name)
+        return append_node(self.graph, op, target, args, kwargs, name)
 
     def bind(self, value: torch.Tensor, node: fx.Node) -> None:
         self.node_of[id(value)] = node
