@@ -23,7 +23,7 @@ from typing import Any
 
 from ..structure import Path
 
-__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints", "result_use",
+__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "instructions", "name_hints", "result_use",
            "STORE", "DISCARD", "UNPACK"]
 
 
@@ -143,10 +143,11 @@ _STORES = ("STORE_FAST", "STORE_DEREF")
 
 
 @functools.lru_cache(maxsize=1024)
-def _next_instructions(code: CodeType) -> dict[int, tuple[dis.Instruction, ...]]:
-    """offset -> the instructions after it (up to a few, enough to read an unpack's stores)."""
-    instructions = list(dis.get_instructions(code))
-    return {ins.offset: tuple(instructions[i + 1:i + 17]) for i, ins in enumerate(instructions)}
+def instructions(code: CodeType) -> tuple[tuple[dis.Instruction, ...], dict[int, int]]:
+    """``code``'s instructions (``dis``) and offset -> index among them, read once per code
+    object: ``result_use`` here and ``pystate``'s analysis both read them."""
+    found = tuple(dis.get_instructions(code))
+    return found, {ins.offset: i for i, ins in enumerate(found)}
 
 
 def result_use(frame: FrameType) -> tuple[str, Any] | None:
@@ -157,7 +158,11 @@ def result_use(frame: FrameType) -> tuple[str, Any] | None:
     None per item (``a, b = x.chunk(2)``); None: used in an expression. Read off the bytecode
     after the frame's current instruction, as Dynamo sees the store when it interprets it.
     """
-    following = _next_instructions(frame.f_code).get(frame.f_lasti)
+    found, index = instructions(frame.f_code)
+    at = index.get(frame.f_lasti)
+    if at is None:
+        return None
+    following = found[at + 1:at + 17]  # enough to read an unpack's stores
     if not following:
         return None
     first = following[0]

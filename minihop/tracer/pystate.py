@@ -44,7 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
-from .names import code_of
+from .names import code_of, instructions
 
 __all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
 
@@ -90,7 +90,7 @@ def _is_inplace(ins: dis.Instruction) -> bool:
 @functools.lru_cache(maxsize=2048)
 def code_facts(code: types.CodeType) -> CodeFacts:
     """Read ``code``'s bytecode for chains of loads, stores and escaping locals."""
-    ins = list(dis.get_instructions(code))
+    ins = instructions(code)[0]
     chains: list[Chain] = []
     targets: list[Chain] = []
     stores: list[tuple[str, int | None]] = []
@@ -175,7 +175,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                      tuple(targets))
 
 
-def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
+def _augmented_end(ins: tuple[dis.Instruction, ...], start: int, attr: str) -> int | None:
     """The index after ``SWAP 2; STORE_ATTR attr`` closing an augmented assignment."""
     for k in range(start, min(len(ins) - 2, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
@@ -186,7 +186,7 @@ def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | N
     return None
 
 
-def _subscript_augmented_end(ins: list[dis.Instruction], start: int) -> int | None:
+def _subscript_augmented_end(ins: tuple[dis.Instruction, ...], start: int) -> int | None:
     """The index after ``SWAP 3; SWAP 2; STORE_SUBSCR`` closing ``root[k] op= expr``."""
     for k in range(start, min(len(ins) - 3, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 1].arg == 3 \
@@ -197,7 +197,7 @@ def _subscript_augmented_end(ins: list[dis.Instruction], start: int) -> int | No
     return None
 
 
-def _global_increment_end(ins: list[dis.Instruction], start: int, name: str, store: str) -> int | None:
+def _global_increment_end(ins: tuple[dis.Instruction, ...], start: int, name: str, store: str) -> int | None:
     for k in range(start, min(len(ins) - 1, start + 40)):
         if _is_inplace(ins[k]) and ins[k].argrepr in ("+=", "-=") and ins[k + 1].opname == store \
                 and ins[k + 1].argval == name:
