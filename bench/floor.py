@@ -34,13 +34,16 @@ log-log plot of capture ms against ops into ``bench/capture_floor.png`` (with ma
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -65,6 +68,10 @@ SIZES = (1, 10, 100, 1000)
 FLOOR, MINIHOP, DYNAMO = "fake-only floor", "minihop capture", "Dynamo eager"
 REPO = Path(__file__).resolve().parent.parent
 PLOT = "capture_floor.png"
+# The chains' source files: a user's Function lives in a file, and minihop reads its lines
+# (names of results, stack traces) as it records each op.
+_SOURCES = tempfile.mkdtemp(prefix="minihop-bench-floor-")
+atexit.register(shutil.rmtree, _SOURCES, True)
 
 
 def fresh_function(fn_cls: type, tag: object) -> type:
@@ -102,7 +109,7 @@ def fake_only(fn_cls: Any, args: tuple[Any, ...]) -> None:
 def _cases(sizes: tuple[int, ...]) -> tuple[tuple[str, int, Callable[[], type], Callable[[], tuple[Any, ...]]], ...]:
     """(label, ops in forward and backward, a fresh Function, its arguments)."""
     x = lambda: (torch.randn(8, 8, requires_grad=True),)  # noqa: E731
-    rows = [(f"chain {n}", 2 * n, lambda n=n: make_chain(n), x) for n in sizes]
+    rows = [(f"chain {n}", 2 * n, lambda n=n: make_chain(n, _SOURCES), x) for n in sizes]
     for name, ops in (("MLP 8x8", 8), ("LayerNorm 8x8", 24)):
         case = case_named(name)
         rows.append((name, ops, lambda f=case.function: f, case.make_args))
@@ -340,7 +347,7 @@ def _shares(stats: dict[Any, Any]) -> str:
 def profile_floor(ops: int, reps: int) -> Profile:
     """cProfile of ``reps`` warm captures of a fresh ``ops``-op chain (each a fresh copy)."""
     x = torch.randn(8, 8, requires_grad=True)
-    base = make_chain(ops)
+    base = make_chain(ops, _SOURCES)
     minihop.capture(Warmup, x)
     fresh = [fresh_function(base, ("profile", i)) for i in range(reps)]
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import dis
-import functools
 import inspect
 import re
 import sys
@@ -22,8 +20,9 @@ from types import CodeType, FrameType
 from typing import Any
 
 from ..structure import Path
+from .bytecode import instructions
 
-__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "instructions", "name_hints", "result_use",
+__all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints", "result_use",
            "STORE", "DISCARD", "UNPACK"]
 
 
@@ -140,14 +139,6 @@ def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any],
 # What the instruction after a call does with its result: (kind, detail).
 STORE, DISCARD, UNPACK = "store", "discard", "unpack"
 _STORES = ("STORE_FAST", "STORE_DEREF")
-
-
-@functools.lru_cache(maxsize=1024)
-def instructions(code: CodeType) -> tuple[tuple[dis.Instruction, ...], dict[int, int]]:
-    """``code``'s instructions (``dis``) and offset -> index among them, read once per code
-    object: ``result_use`` here and ``pystate``'s analysis both read them."""
-    found = tuple(dis.get_instructions(code))
-    return found, {ins.offset: i for i, ins in enumerate(found)}
 
 
 def result_use(frame: FrameType) -> tuple[str, Any] | None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import builtins
 import collections
 import dataclasses
-import dis
 import functools
 import inspect
 import sys
@@ -44,7 +43,8 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
-from .names import code_of, instructions
+from .bytecode import Instruction, instructions
+from .names import code_of
 
 __all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
 
@@ -83,7 +83,7 @@ class CodeFacts:
     targets: tuple[Chain, ...] = ()  # ``root.a.b = ...``: the attributes stored, as chains
 
 
-def _is_inplace(ins: dis.Instruction) -> bool:
+def _is_inplace(ins: Instruction) -> bool:
     return ins.opname == "BINARY_OP" and ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=")
 
 
@@ -100,8 +100,8 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     i = 0
     while i < len(ins):
         op = ins[i]
-        if op.positions is not None and op.positions.lineno is not None:
-            line = op.positions.lineno
+        if op.lineno is not None:
+            line = op.lineno
         if op.opname in ("STORE_ATTR", "STORE_GLOBAL", "STORE_DEREF", "DELETE_ATTR", "DELETE_GLOBAL"):
             stores.append((str(op.argval), line))
         kind = _ROOTS.get(op.opname)
@@ -175,7 +175,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                      tuple(targets))
 
 
-def _augmented_end(ins: tuple[dis.Instruction, ...], start: int, attr: str) -> int | None:
+def _augmented_end(ins: tuple[Instruction, ...], start: int, attr: str) -> int | None:
     """The index after ``SWAP 2; STORE_ATTR attr`` closing an augmented assignment."""
     for k in range(start, min(len(ins) - 2, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
@@ -186,7 +186,7 @@ def _augmented_end(ins: tuple[dis.Instruction, ...], start: int, attr: str) -> i
     return None
 
 
-def _subscript_augmented_end(ins: tuple[dis.Instruction, ...], start: int) -> int | None:
+def _subscript_augmented_end(ins: tuple[Instruction, ...], start: int) -> int | None:
     """The index after ``SWAP 3; SWAP 2; STORE_SUBSCR`` closing ``root[k] op= expr``."""
     for k in range(start, min(len(ins) - 3, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 1].arg == 3 \
@@ -197,7 +197,7 @@ def _subscript_augmented_end(ins: tuple[dis.Instruction, ...], start: int) -> in
     return None
 
 
-def _global_increment_end(ins: tuple[dis.Instruction, ...], start: int, name: str, store: str) -> int | None:
+def _global_increment_end(ins: tuple[Instruction, ...], start: int, name: str, store: str) -> int | None:
     for k in range(start, min(len(ins) - 1, start + 40)):
         if _is_inplace(ins[k]) and ins[k].argrepr in ("+=", "-=") and ins[k + 1].opname == store \
                 and ins[k + 1].argval == name:
