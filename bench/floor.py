@@ -117,7 +117,7 @@ def _cases(sizes: tuple[int, ...]) -> tuple[tuple[str, int, Callable[[], type], 
 
 
 def _reps(ops: int, reps: int) -> int:
-    return max(3, reps if ops < 200 else reps // 2 if ops < 1000 else reps // 4)
+    return max(min(reps, 3), reps if ops < 200 else reps // 2 if ops < 1000 else reps // 4)
 
 
 def _dynamo_reps(ops: int, reps: int) -> int:
