@@ -60,7 +60,7 @@ from .per_call import APPLY, CAP, EAGER, measure_per_call
 from .timing import Profile, Table, Timing, collected_ns, heap_frozen, profile
 
 __all__ = ["COLD", "FLOOR", "DYNAMO", "MARKER", "MINIHOP", "SIZES", "ColdStart", "Floor", "fake_only",
-           "fresh_function", "measure_cold_start", "measure_floor", "plot_floor", "profile_floor", "section",
+           "fresh_function", "measure_cold_start", "measure_floor", "misses", "plot_floor", "profile_floor", "section",
            "targets"]
 
 MARKER = "floor"
@@ -275,7 +275,12 @@ def measure_cold_start(reps: int = 5, *, dynamo: bool = True, timeout_s: float =
     cold = ColdStart(Table("(g) Cold start: a fresh process, after `import torch`",
                            ("who", "median s", "min s", "vs FakeTensorMode's own"), rows,
                            (f"Median of {reps} fresh processes each, run alternately; timed from after "
-                            "`import torch` and the Function's definition to the end of the body.",)), seconds)
+                            "`import torch` and the Function's definition to the end of the body.",
+                            "Most of each is the import of `torch._dynamo` (FakeTensorMode's constructor "
+                            "imports it; minihop never does). minihop's own share is the import of its "
+                            "modules (about 0.3 s on this machine: module and dataclass set-up) and the "
+                            "first capture's one-off work; the process-to-process spread is of the same "
+                            "size on a shared machine, hence the paired ratio below.")), seconds)
     pairs = f"paired median minihop / FakeTensorMode: {cold.ratio:.2f}x"
     return dataclasses.replace(cold, table=dataclasses.replace(cold.table, notes=(*cold.table.notes, pairs + ".")))
 
@@ -430,11 +435,48 @@ def run(*, quick: bool, write: Path | None, command: str, dynamo: bool = True, c
         plot_note = plot_floor(floor, write.parent / PLOT)
         text = section(command=command, seconds=time.perf_counter() - start, floor=floor,
                        target_table=target_table, cold=cold_start, per_call=per_call_table,
-                       profiles=profiles, plot_note=plot_note, misses=MISSES if capture_missed else "")
+                       profiles=profiles, plot_note=plot_note, misses=misses(floor) if capture_missed else "")
         write.write_text(update_section(write.read_text() if write.exists() else None, text, MARKER))
         print(f"wrote the {MARKER} section of {write} ({plot_note})")
     return 0
 
 
-# What a missed capture target means and what would close it (see the profile under it).
-MISSES = ""
+def misses(floor: Floor) -> str:
+    """Why a capture target is missed and what would close it, with this run's numbers (the
+    profiles printed under it show the shares)."""
+    def per_op_us(label: str, who: str) -> float:
+        return 1e3 * floor.ms[label][who] / floor.ops[label]
+
+    parts = ["**Why the capture targets are missed, and what would close them.**"]
+    if "chain 1" in floor.ms:
+        m = floor.ms["chain 1"]
+        parts.append(
+            f"At one op the floor is {m[FLOOR]:.1f} ms (a FakeTensorMode, a `from_tensor` copy, three fake "
+            f"ops) and minihop {m[MINIHOP]:.1f} ms: the {m[MINIHOP] - m[FLOOR]:.1f} ms between them is "
+            "fixed per capture and spread thin (profile below): the Python-state analysis of forward "
+            "and backward (their bytecode, the globals and closures they read), resolving a Function "
+            "seen for the first time (`inspect.signature`), the snapshot of objects forward could "
+            "write to, the pair's two graphs (rewire), the runtime's `autograd.Function` class and "
+            "generated code, the call guard; each 0.1-0.5 ms. 1.5x needs them under half the floor "
+            "in all: remembering the analysis and the runtime class per code object helps only a "
+            "Function captured again (not the fresh copies measured here); building the pair's "
+            "graphs and the runtime code in one pass over the recorded ops would remove one of the "
+            "two graph builds.")
+    if "chain 100" in floor.ms:
+        added = per_op_us("chain 100", MINIHOP) - per_op_us("chain 100", FLOOR)
+        parts.append(
+            f"Per op (100-op chain) the floor is {per_op_us('chain 100', FLOOR):.0f} µs and minihop adds "
+            f"{added:.0f} µs: the recording mode's Python `__torch_function__` and the operator slot's "
+            "note of which operator the user wrote, one fx node recorded and one copied into the pair "
+            "under the user's names, the op's source line (stack trace) and the bytecode look-up of "
+            "where its result is stored, one line of generated code. 1.5x needs that under half the "
+            "floor per op: recording into a plain list and building each named graph once (no second "
+            "node per op), and the names and lines read once per source line instead of per op.")
+    parts.append(
+        "Done in this round (each measured against the floor in one process): the profile hook that "
+        "names results now turns itself off once the user's frame starts (it ran on every Python "
+        "and C call of every fake op: about half of a 100-op capture); fx nodes appended without "
+        "fx's per-node pytree walk; stack-trace text written directly; bytecode decoded once per "
+        "code object by a decoder three times faster than `dis`; the import of `minihop.testing`, "
+        "the artifact reader and the whole-function tracer deferred to first use.")
+    return "\n\n".join(parts) + "\n"

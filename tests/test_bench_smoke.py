@@ -199,5 +199,6 @@ def test_floor_rows_targets_and_section(tmp_path: Path) -> None:
     text = floor.section(command="python -m bench floor", seconds=1.0, floor=found, target_table=table,
                          cold=None, per_call=None, profiles=(profile_,), plot_note="")
     assert text.startswith("## Capture against its floor") and "(g) Targets" in text and "share of capture" in text
+    assert floor.misses(found).startswith("**Why the capture targets are missed")
     fresh = floor.fresh_function(case_named("MySin 8x8").function, "smoke")
     assert fresh.forward.__code__ != case_named("MySin 8x8").function.forward.__code__
