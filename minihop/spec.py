@@ -20,7 +20,7 @@ import torch.fx as fx
 from .structure import OutputSpec, Path, Step, format_path
 
 __all__ = ["DataRead", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair", "Place",
-           "PythonState", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "marks",
+           "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "marks",
            "same_value", "uses_setup_context"]
 
 
@@ -369,6 +369,12 @@ _EMPTY_KWARGS = fx.immutable_collections.immutable_dict()
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"
+
+# The meta key of the nodes the tracer adds to check an unbacked size's value range (its size
+# read, each bound's comparison and assert: what torch.fx's ``insert_deferred_runtime_asserts``
+# adds once a body is traced). Rewire names them after the rest of the body, as that pass
+# does; on an assert it holds the checked expression (the message names the comparison node).
+RANGE_CHECK = "minihop_range_check"
 
 # The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
 STRICT_MARKS = "_dynamo_dynamic_indices"

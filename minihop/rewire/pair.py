@@ -12,12 +12,13 @@ Postcondition: ``check_consistent(pair.fwd, pair.bwd)`` holds (checked before re
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 import torch.fx as fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from ..spec import GRAD_TOGGLE, Pair, RawCapture, append_node
+from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture, append_node
 from .contract import check_consistent
 
 __all__ = ["make_pair"]
@@ -43,14 +44,27 @@ def _eliminate_dead_code(graph: fx.Graph) -> None:
 
 
 def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names: dict[fx.Node, str]) -> None:
-    """Copy every non-placeholder node of ``src`` into ``dst`` in order, renaming by hint."""
+    """Copy every non-placeholder node of ``src`` into ``dst`` in order, renaming by hint.
+
+    A range check's nodes (``RANGE_CHECK``) are named last, among the names the rest of the
+    body took, as Dynamo's runtime-assert pass names the nodes it adds to a finished body."""
+    late: list[fx.Node] = []
     for node in src.nodes:
         if node.op in ("placeholder", "output"):
             continue
+        name = f"_minihop_late_{len(late)}" if RANGE_CHECK in node.meta else names.get(node, node.name)
         new = append_node(dst, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
-                          fx.map_arg(node.kwargs, env.__getitem__), names.get(node, node.name))
+                          fx.map_arg(node.kwargs, env.__getitem__), name)
         new.meta = dict(node.meta)
         env[node] = new
+        if RANGE_CHECK in node.meta:
+            late.append(node)
+    for node in late:
+        new = env[node]
+        new._rename(re.sub(r"_\d+$", "", node.name))
+        if new.target is _ASSERT:  # its message names the comparison as this body does
+            new.args = (new.args[0], f"Runtime assertion failed for expression "
+                                     f"{node.meta[RANGE_CHECK]} on node '{new.args[0]}'")
 
 
 def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:

@@ -43,6 +43,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
+from . import hidden
 from .bytecode import Instruction, instructions
 from .names import code_of
 
@@ -70,6 +71,7 @@ class Chain:
     steps: tuple[tuple[str, Any], ...]
     use: str  # "value", "receiver" (of a store or a mutating call), "increment" (of +=)
     line: int | None
+    method: str | None = None  # the method called on the chain's value (``np.random.rand()``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +114,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
         steps: list[tuple[str, Any]] = []
         j = i + 1
         use = "value"
+        method = None
         while j < len(ins):
             nxt = ins[j]
             if nxt.opname == "LOAD_ATTR":
@@ -119,6 +122,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 j += 1
             elif nxt.opname == "LOAD_METHOD":
                 use = "receiver" if nxt.argval in _MUTATORS else "value"
+                method = str(nxt.argval)
                 if use == "receiver":  # ``LOG.append(...)``: a write to the container
                     stores.append((str(steps[-1][1]) if steps else root, line))
                 j += 1
@@ -166,7 +170,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
         if use != "done":
             if kind == "fast" and not steps and use == "value":
                 escaping.add(root)
-            chains.append(Chain(kind, root, tuple(steps), use, line))
+            chains.append(Chain(kind, root, tuple(steps), use, line, method))
         i = j if j > i + 1 else i + 1
     # A chain from a local that is not a parameter reads what the code itself made.
     params = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
@@ -464,6 +468,9 @@ class StateTracker:
         # (phase, root, name) written by ``+=``/``-=``: ``F.calls += 1`` is (.., "F", "calls")
         self.increments: set[tuple[str, str, str]] = set()
         self.watch: _PrintWatch | None = None
+        self.hidden_reads: hidden.ReadWatch | None = None
+        # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
+        self.hidden_sites: dict[tuple[int, str], tuple[Any, str, Any, str, str]] = {}
         self.fn_cls = fn_cls
         # ``(expr, where, how) -> error`` for a symbolic number written out (see unbacked).
         self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
@@ -498,6 +505,8 @@ class StateTracker:
                 if root is None:
                     continue
                 value = root.fetch(self.args)
+                self._find_hidden_read(root, value, chain.steps if chain.method is None
+                                       else (*chain.steps, ("attr", chain.method)))
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: not the user's state
                 if root.description not in seen_roots:
@@ -513,6 +522,18 @@ class StateTracker:
                 self._add_read(_place(root, chain.steps), phase, code, chain.line)
         # The Function class itself is watched when its code names it (``MyFn.calls += 1``):
         # then it is one of the roots above.
+
+    def _find_hidden_read(self, root: _Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> None:
+        """A clock read or a process-wide generator's function that the code names (``time.time``,
+        ``np.random.rand``, a global ``perf_counter``): where to watch it (hidden.ReadWatch)."""
+        end = _walk(value, steps) if steps else value
+        found = hidden.watched(end)
+        if found is None:
+            return
+        if steps and steps[-1][0] == "attr":
+            self.hidden_sites[(id(end), steps[-1][1])] = (_walk(value, steps[:-1]), steps[-1][1], end, *found)
+        elif not steps and root.home is not None and root.home[0] == "globals":
+            self.hidden_sites[(id(end), root.home[2])] = (root.home[1], root.home[2], end, *found)
 
     def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
         """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
@@ -591,7 +612,8 @@ class StateTracker:
             if root.home is not None and root.home[0] == "globals":
                 _, g, name = root.home
                 entry = globals_seen.setdefault(id(g), (g, {}))
-                entry[1][name] = g.get(name, MISSING)
+                bound = g.get(name, MISSING)
+                entry[1][name] = bound if self.hidden_reads is None else self.hidden_reads.real_of(bound)
             elif root.home is not None:
                 cell = root.home[1]
                 found.setdefault(id(cell), _Seen(cell, root, (), "cell", _cell_value(cell)))
@@ -617,13 +639,18 @@ class StateTracker:
         return found
 
     def start(self) -> None:
-        """Before the user's code runs: watch ``print``."""
+        """Before the user's code runs: watch ``print`` and the clock."""
         self.watch = _PrintWatch()
         builtins.print = self.watch
+        codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
+        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), lambda frame: frame.f_code in codes
+                                             or not _library_module(frame.f_globals.get("__name__") or ""))
 
     def stop(self) -> None:
         if self.watch is not None:
             builtins.print = self.watch.real
+        if self.hidden_reads is not None:
+            self.hidden_reads.stop()
 
     def abort(self) -> None:
         """After tracing, however it ended: ``print`` restored, Python state put back."""
@@ -635,6 +662,9 @@ class StateTracker:
 
     def forward_done(self) -> None:
         self.after_forward = self._snapshot()
+        if self.hidden_reads is not None:
+            self.hidden_reads.check_generator()
+            self.hidden_reads.phase = "backward"
 
     def finish(self, ctx: Any) -> PythonState:
         """Undo what tracing did to Python state; return what it read and the writes each
@@ -655,6 +685,30 @@ class StateTracker:
                     "Print outside the Function, or behind a flag that is off (if DEBUG: ...), "
                     "or run it eagerly with minihop.function(F, fallback='eager').",
                     where=where)
+            if self.hidden_reads is not None and self.hidden_reads.reads:
+                phase, kind, what, line, where = self.hidden_reads.reads[0]
+                if kind == "clock":
+                    raise SideEffectError(
+                        f"{self.name}.{phase} reads the clock or the system's entropy "
+                        f"(`{what}`, line {line}).",
+                        "A capture records tensor operations: the value read while tracing would "
+                        "be a constant in the graphs, and every call would reuse it where eager "
+                        "reads a new one.",
+                        "Read it outside the Function and pass it in as an argument, or run it "
+                        "eagerly with minihop.function(F, fallback='eager').",
+                        where=where)
+                if kind == "seed":
+                    raise SideEffectError(
+                        f"{self.name}.{phase} seeds torch's random generator (`{what}`, line {line}).",
+                        "A capture records tensor operations, and seeding is none: it would run "
+                        "once, while tracing, so later calls' random ops would draw other numbers "
+                        "than eager's, which reseeds on every call.",
+                        "Seed outside the Function (before each call, if every call needs the same "
+                        "numbers), pass a torch.Generator seeded outside as an argument, or run it "
+                        "eagerly with minihop.function(F, fallback='eager').",
+                        where=where)
+                named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
+                self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             self.read_ctx_chains(ctx)
         finally:
             self.abort()
@@ -676,6 +730,8 @@ class StateTracker:
 
     def _write(self, was: _Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
                read_places: set[str]) -> StateWrite:
+        if was.kind == "hidden":
+            self._refuse_hidden(was, phase)
         if was.kind == "globals":
             place = Place(f"global {step[1]}", lambda args, g=was.obj: g, ("item", step[1]))
         elif was.kind == "cell":
@@ -723,6 +779,22 @@ class StateTracker:
             todo, where=where)
 
 
+    def _refuse_hidden(self, was: _Seen, phase: str) -> None:
+        place = was.root.description if not was.steps else _place(was.root, was.steps).description
+        self._refuse_draw(f"{phase} {hidden.taking(was.obj)} {place}", None)
+
+    def _refuse_draw(self, what: str, where: str | None) -> None:
+        self.abort()  # generators put back before the error reaches the user
+        raise SideEffectError(
+            f"{self.name}.{what}, state Python keeps out of sight.",
+            "A capture records tensor operations: a number drawn from a Python or numpy random "
+            "generator, or taken from an iterator, while tracing would be a constant in the "
+            "graphs, and every call would reuse it where eager draws a new one.",
+            "Draw with torch instead (torch.rand(()) is recorded and drawn again on every "
+            "call), pass the number in as an argument, or run it eagerly with "
+            "minihop.function(F, fallback='eager').", where=where)
+
+
 def _atom_tuple(value: Any) -> bool:
     return isinstance(value, tuple) and all(isinstance(v, _ATOMS) or _atom_tuple(v) for v in value)
 
@@ -740,6 +812,9 @@ def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
     if type(value) in _UNWATCHED:
         return None, None
+    state = hidden.fingerprint(value)
+    if state is not None:
+        return "hidden", state  # a random generator or an iterator: refused if it moves
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,
@@ -805,6 +880,9 @@ def _restore(snapshot: dict[int, _Seen]) -> None:
             elif seen.kind == "cell":
                 if old is not MISSING and _cell_value(obj) is not old:
                     obj.cell_contents = old
+            elif seen.kind == "hidden":
+                if hidden.fingerprint(obj) != old:
+                    hidden.restore(obj, old)
             elif seen.kind in ("list", "dict", "set"):
                 if not _same(seen.kind, old, obj):
                     obj.clear()

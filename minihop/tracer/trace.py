@@ -617,6 +617,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         outside.restore()  # no fake tensor stays in the caller's objects
         raise
     t.unbacked.flush(t.fwd)
+    t.unbacked.check_ranges(t.fwd)
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     check_ctx_arguments(ctx, grad_can_flow)
 
@@ -761,6 +762,7 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
         result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)
+        t.unbacked.check_ranges(t.bwd)
     except Exception:
         if grad_can_flow and num_outputs:
             raise

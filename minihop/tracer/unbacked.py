@@ -27,6 +27,8 @@ as a saved forward value; an assert whose symbols a graph cannot compute is torc
 from __future__ import annotations
 
 import dataclasses
+import operator
+import sys
 from typing import Any
 
 import sympy
@@ -36,7 +38,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, f
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..errors import DataDependentError
-from ..spec import DataRead
+from ..spec import RANGE_CHECK, DataRead
 from .recorder import format_frame, user_frame
 from .values import ancestors, refuse_data_read
 
@@ -193,6 +195,49 @@ class UnbackedValues:
                 rec.create_node("call_function", torch.ops.aten._assert_scalar.default,
                                 (cond, f"Runtime assertion failed for expression {ra.expr}"), {})
 
+    def check_ranges(self, rec: Any) -> None:
+        """Each size symbol ``rec``'s graph makes (``x[mask]``, ``nonzero``) is checked against
+        its value range right where it is made: its ``aten.sym_size.int`` node (the one every
+        use reads) moves there, then an assert per finite bound (``u0 >= 0``, ``u0 <= 20``).
+        Dynamo's graphs carry these (torch.fx's ``insert_deferred_runtime_asserts``, which it
+        runs on every body once traced), so the bodies agree strictly; the op cannot break
+        them, so they change no result. Run once, when the phase's trace is done, so that the
+        nodes' names are picked among the whole graph's, as that pass's are."""
+        env = self.t.fake_mode.shape_env
+        if env is None:
+            return
+        order = {node: i for i, node in enumerate(rec.graph.nodes)}
+        made = sorted(((s, node, path) for s, (node, path) in rec.defs.items()
+                       if path and path[0] == "size"), key=lambda d: order[d[1]])
+        for symbol, node, path in made:
+            bounds = env.var_to_range[symbol]
+            upper = None if bounds.upper >= sys.maxsize - 1 else _finite(bounds.upper)
+            lower = _finite(bounds.lower)
+            if env._default_unspecified_value_range().issubset(bounds) or (lower, upper) == (None, None):
+                continue
+            size = rec.expr_nodes.get(symbol)
+            if size is None:
+                with rec.graph.inserting_after(node):
+                    size = rec.node_for_expr(symbol)
+            else:
+                node.append(size)  # read once, where it is made (later uses keep reading it)
+            size.meta[RANGE_CHECK] = True
+            last = size
+            for op, bound in ((operator.ge, lower), (operator.le, upper)):
+                if bound is None:
+                    continue
+                expr = op(symbol, bound)
+                with rec.graph.inserting_after(last):
+                    cond = rec.create_node("call_function", op, (size, bound), {})
+                with rec.graph.inserting_after(cond):
+                    last = rec.create_node(
+                        "call_function", torch.ops.aten._assert_scalar.default,
+                        (cond, f"Runtime assertion failed for expression {expr} on node '{cond}'"), {})
+                cond.meta.update(val=op(size.meta["val"], bound), stack_trace=node.meta.get("stack_trace"))
+                cond.meta[RANGE_CHECK] = True
+                last.meta.update(stack_trace=node.meta.get("stack_trace"))
+                last.meta[RANGE_CHECK] = str(expr)
+
     def _can_compute(self, rec: Any, symbol: sympy.Symbol) -> bool:
         t = self.t
         if symbol in rec.defs or symbol in rec.expr_nodes or symbol in t.symbol_sources:
@@ -230,6 +275,11 @@ class UnbackedValues:
             if fwd_node is None or self._graph_reads(self.t.fwd, fwd_node):
                 return True
         return False
+
+
+def _finite(bound: Any) -> int | None:
+    """A value range's bound as an int, None where it is infinite (no assert to write)."""
+    return None if not bound.is_finite else int(bound)
 
 
 def _leaves(value: Any, path: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:

@@ -1,0 +1,218 @@
+"""Python state kept out of sight: random generators, iterators and clocks.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker``. A number the user's code
+takes from one of these while it is traced (``random.random()``, ``np.random.rand()``,
+``next(counter)`` on an ``itertools.count``, ``time.time()``) would be a constant in the
+graphs: every call would reuse the traced draw, where eager draws again. pystate finds
+changes by comparing attributes and containers, which these objects do not have, so this
+module gives it their state as a value to compare (``fingerprint``: a generator's state, an
+iterator's position), names the process-wide generators everyone reaches through a library
+module (``global_generators``), and watches clock and entropy reads while the user's code
+runs (``ClockWatch``). pystate refuses any change (MH106); none is ever replayed.
+
+Invariant: after tracing, every random generator is as it was before (``restore``), so a
+refused capture followed by an eager run (``fallback="eager"``) draws what eager would. An
+iterator cannot be wound back: the value tracing took from it is gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pickle
+import random
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["ReadWatch", "describe_global", "fingerprint", "restore", "taking", "watched"]
+
+# Reads of the clock and of the system's entropy: a value that differs on every call.
+_CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
+                    "monotonic_ns", "process_time", "process_time_ns"),
+           "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4")}
+# Seeding torch's generators: not a tensor operation, so it would run once, while tracing.
+_SEEDS = {"torch": ("manual_seed", "seed", "set_rng_state"),
+          "torch.random": ("manual_seed", "seed", "set_rng_state"),
+          "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+                         "set_rng_state_all")}
+_ATOMS = (int, float, bool, str, bytes, complex, type(None))
+
+
+def _numpy_generator(value: Any) -> Any:
+    """The object holding a numpy random generator's state, or None for anything else."""
+    if not (type(value).__module__ or "").startswith("numpy.random"):
+        return None
+    holder = getattr(value, "bit_generator", value)  # Generator -> its BitGenerator
+    return holder if hasattr(holder, "get_state") or hasattr(holder, "state") else None
+
+
+def fingerprint(value: Any) -> Any:
+    """A comparable copy of the state ``value`` keeps out of its attributes, or None when it
+    is not such an object: a ``random.Random``, a numpy generator, an iterator of the
+    standard library or a generator."""
+    if isinstance(value, random.Random):
+        try:
+            return value.getstate()
+        except NotImplementedError:  # SystemRandom: the OS's entropy, read fresh each time
+            return None
+    holder = _numpy_generator(value)
+    if holder is not None:
+        state = holder.get_state(legacy=False) if hasattr(holder, "get_state") else holder.state
+        return pickle.dumps(state)
+    if isinstance(value, types.GeneratorType):
+        frame = value.gi_frame
+        if frame is None:
+            return ()  # finished: it cannot change any more
+        return (frame.f_lasti, tuple((k, id(v), v if isinstance(v, _ATOMS) else None)
+                                     for k, v in frame.f_locals.items()))
+    if type(value).__module__ in ("itertools", "builtins") and hasattr(type(value), "__next__"):
+        try:
+            return value.__reduce__()  # (class, args, position): moves as it is advanced
+        except Exception:
+            return None
+    return None
+
+
+def taking(value: Any) -> str:
+    """How code takes a value out of ``value``, for an error: a draw or an iterator's next."""
+    if isinstance(value, random.Random) or _numpy_generator(value) is not None:
+        return "draws from"
+    return "takes the next value of"
+
+
+def restore(value: Any, state: Any) -> None:
+    """Put a random generator back to a ``fingerprint`` taken of it (iterators cannot be)."""
+    if isinstance(value, random.Random):
+        value.setstate(state)
+        return
+    holder = _numpy_generator(value)
+    if holder is not None:
+        if hasattr(holder, "set_state"):
+            holder.set_state(pickle.loads(state))
+        else:
+            holder.state = pickle.loads(state)
+
+
+_GLOBAL = {"random": "Python's random module", "numpy": "numpy's global random state"}
+
+
+def watched(value: Any) -> tuple[str, str] | None:
+    """(kind, name) when ``value`` is a clock or entropy read (kind "clock"), a function of
+    Python's or numpy's process-wide generator ("random", "numpy": ``random.random``,
+    ``np.random.rand`` and the like, bound methods of one generator hidden in the module), or
+    one that seeds torch's generators ("seed": ``torch.manual_seed``)."""
+    return _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
+
+
+@functools.lru_cache(maxsize=2)
+def _watched_functions(mtrand: Any) -> dict[int, tuple[str, str]]:
+    found: dict[int, tuple[str, str]] = {}
+    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS)):
+        for module_name, names in table.items():
+            module = importlib.import_module(module_name)
+            for name in names:
+                if hasattr(module, name):
+                    found.setdefault(id(getattr(module, name)), (kind, f"{module_name}.{name}"))
+    shared = (("random", random, random._inst),  # type: ignore[attr-defined]
+              ("numpy", sys.modules.get("numpy.random"), getattr(mtrand, "_rand", None)))
+    for kind, module, generator in shared:
+        for name in dir(module) if generator is not None else ():
+            fn = getattr(module, name)
+            if getattr(fn, "__self__", None) is generator:
+                found[id(fn)] = (kind, f"{module.__name__}.{name}")
+    return found
+
+
+class ReadWatch:
+    """Reads of a clock, the system's entropy or a process-wide random generator while the
+    user's code is traced, in the tracing thread.
+
+    ``sites`` are the places the user's code names such a function from (``(holder, name)``:
+    the ``time`` module's ``time``, the user's global ``perf_counter``), found in its bytecode;
+    each is swapped for a recorder, then put back. A clock read from a library (torch's own
+    timers; ``is_user`` says which frames are the user's) is passed through unrecorded; a draw
+    is recorded whoever makes it. Python's generator is also compared before and after, which
+    finds a draw made where the code does not name it (inside a library function); each
+    generator drawn from is put back as it was (``stop``)."""
+
+    def __init__(self, sites: list[tuple[Any, str, Any, str, str]],
+                 is_user: Callable[[types.FrameType], bool]) -> None:
+        self.reads: list[tuple[str, str, str | None, int, str | None]] = []  # (phase, kind, what, line, where)
+        self.phase = "forward"  # pystate moves it on when forward is done
+        self.thread = threading.get_ident()
+        self.is_user = is_user
+        self.swapped: list[tuple[Any, str, Any]] = []
+        self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
+        self.states: dict[str, Any] = {"random": random._inst.getstate()}  # type: ignore[attr-defined]
+        for holder, name, fn, kind, what in sites:
+            self._swap(holder, name, fn, kind, what)
+
+    def _swap(self, home: Any, name: str, fn: Any, kind: str, what: str) -> None:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == self.thread:
+                frame = sys._getframe(1)
+                if kind != "clock" or self.is_user(frame):
+                    if kind in ("numpy", "seed") and kind not in self.states:
+                        self.states[kind] = _global_state(kind)
+                    self.reads.append((self.phase, kind, what, frame.f_lineno,
+                                       f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
+            return fn(*args, **kwargs)
+
+        self.swapped.append((home, name, fn))
+        self.real[id(read)] = fn
+        if isinstance(home, dict):
+            home[name] = read
+        else:
+            setattr(home, name, read)
+
+    def check_generator(self) -> None:
+        """A draw from Python's generator the code does not name (a library function draws):
+        found by its state, once per phase."""
+        before = self.states.get("random")
+        drawn = any(read[1] == "random" for read in self.reads)
+        if before is not None and not drawn and random._inst.getstate() != before:  # type: ignore[attr-defined]
+            self.reads.append((self.phase, "random", None, 0, None))
+
+    def real_of(self, value: Any) -> Any:
+        """``value``, or the function it stands in for while swapped (a snapshot of the
+        user's globals sees the user's own binding, not minihop's)."""
+        return self.real.get(id(value), value)
+
+    def stop(self) -> None:
+        """Every function back, and each drawn-from generator as it was before tracing drew."""
+        for home, name, fn in reversed(self.swapped):
+            if isinstance(home, dict):
+                home[name] = fn
+            else:
+                setattr(home, name, fn)
+        self.swapped.clear()
+        self.check_generator()
+        before = self.states.pop("random", None)
+        if before is not None and any(read[1] == "random" for read in self.reads):
+            random._inst.setstate(before)  # type: ignore[attr-defined]
+        for kind, state in self.states.items():
+            _set_global_state(kind, state)
+        self.states.clear()
+
+
+def describe_global(kind: str) -> str:
+    """A process-wide generator's name, for an error."""
+    return _GLOBAL[kind]
+
+
+def _global_state(kind: str) -> Any:
+    if kind == "numpy":
+        return sys.modules["numpy.random.mtrand"]._rand.get_state()
+    return torch.random.get_rng_state()  # "seed": torch's CPU generator, reseeded by tracing
+
+
+def _set_global_state(kind: str, state: Any) -> None:
+    if kind == "numpy":
+        sys.modules["numpy.random.mtrand"]._rand.set_state(state)
+    else:
+        torch.random.set_rng_state(state)
