@@ -8,6 +8,8 @@ against eager ``F.apply`` and ``torch.compile`` in the same process. One module 
   saved        (c) bytes saved for backward
   guard_cost   (e) per-call cost of value guards (a marked section of RESULTS.md)
   sizes        (f) the 20-size loop: automatic dynamic shapes vs torch.compile
+  floor        (g) capture against fake-tensor propagation alone, and Dynamo; cold start (a marked
+               section of RESULTS.md)
   fuzz         the differential fuzzer's long budget (marked sections)
   parity_data  README's data-dependent parity rows: eager, Dynamo, minihop (no timing)
   gpu          minihop on CUDA against eager, streams included

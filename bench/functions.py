@@ -26,6 +26,7 @@ the leaf arguments cleared, so that only the call itself differs between variant
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -172,9 +173,11 @@ class Warmup(torch.autograd.Function):
         return -grad * x.sin()
 
 
-def make_chain(n: int) -> type[torch.autograd.Function]:
+def make_chain(n: int, directory: str | None = None) -> type[torch.autograd.Function]:
     """A Function whose forward is n elementwise ops in a row (alternately ``* c`` and
-    ``neg``), written out line by line, and whose backward is the matching n ops reversed."""
+    ``neg``), written out line by line, and whose backward is the matching n ops reversed.
+    With ``directory``, its source is a file there (as a user's code is: tracebacks and
+    graphs then point at its lines); otherwise it has none."""
     fwd = ["    @staticmethod", "    def forward(ctx, x):", "        y = x"]
     bwd = ["    @staticmethod", "    def backward(ctx, g):"]
     for i in range(n):
@@ -186,7 +189,12 @@ def make_chain(n: int) -> type[torch.autograd.Function]:
     name = f"Chain{n}"
     source = "\n".join([f"class {name}(torch.autograd.Function):", *fwd, *bwd]) + "\n"
     namespace: dict[str, Any] = {"torch": torch}
-    exec(compile(source, f"<bench chain {n}>", "exec"), namespace)
+    filename = f"<bench chain {n}>"
+    if directory is not None:
+        filename = os.path.join(directory, f"chain_{n}.py")
+        with open(filename, "w") as f:
+            f.write(source)
+    exec(compile(source, filename, "exec"), namespace)
     cls: type[torch.autograd.Function] = namespace[name]
     return cls
 

@@ -12,6 +12,8 @@ nothing unless ``--output``. The questions run on their own:
   fuzz         the differential fuzzer's long budget, into its marked section (bench/fuzz.py)
   parity-data  README's data-dependent parity rows (bench/parity_data.py), ``--write`` into README
   gpu          minihop on CUDA against eager, streams included, and its per-call cost (bench/gpu.py)
+  floor        (g) capture against its floor (fake-tensor propagation alone) and Dynamo, warm at
+               1 to 1,000 ops and cold, into its marked section (bench/floor.py)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import gpu, guard_cost, parity_data
+from . import floor, gpu, guard_cost, parity_data
 from .capture import measure_cold, measure_scaling, measure_warm, plot_scaling, profile_capture
 from .functions import CASES, GUARDED_CASES, SAVED_EXTRA_CASES, Case, case_named, make_chain
 from .per_call import measure_per_call, per_call_breakdown, profile_per_call
@@ -180,6 +182,12 @@ def _fuzz(options: argparse.Namespace, command: str) -> int:
     return fuzz.main(options)
 
 
+def _floor(options: argparse.Namespace, command: str) -> int:
+    write = None if options.no_write else options.output
+    return floor.run(quick=options.quick, write=write, command=command, dynamo=not options.no_dynamo,
+                     cold=not options.no_cold)
+
+
 def _gpu(options: argparse.Namespace, command: str) -> int:
     return gpu.main(options.device, options.budget)
 
@@ -214,6 +222,13 @@ def _parser() -> argparse.ArgumentParser:
     parity.set_defaults(run=_parity_data)
     parity.add_argument("--write", action="store_true", help="put the table into README.md")
     parity.add_argument("--no-dynamo", action="store_true", help="minihop cells only (fast)")
+    floor_ = questions.add_parser("floor", help="(g) capture against fake-tensor propagation alone, and Dynamo")
+    floor_.set_defaults(run=_floor)
+    floor_.add_argument("--quick", action="store_true", help="sizes 1-100, few repetitions, one cold run")
+    floor_.add_argument("--no-dynamo", action="store_true", help="floor and minihop only")
+    floor_.add_argument("--no-cold", action="store_true", help="skip the fresh-process runs")
+    floor_.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    floor_.add_argument("--output", type=Path, default=RESULTS)
     gpu = questions.add_parser("gpu", help="minihop on CUDA against eager, and its per-call cost")
     gpu.set_defaults(run=_gpu)
     gpu.add_argument("--device", default="cuda", help="cuda (default) or cpu, to try the checks")

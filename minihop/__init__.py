@@ -36,7 +36,6 @@ from .errors import (
 )
 from .explain import Explanation, explain
 from .pipeline import Capture, capture, check_consistent, load, trace
-from . import testing  # the oracle toolkit: ``minihop.testing.assert_matches_eager`` after ``import minihop``
 
 __all__ = [
     "BackwardOutputError",
@@ -70,3 +69,14 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``minihop.testing`` (the oracle toolkit: ``minihop.testing.assert_matches_eager`` after
+    ``import minihop``) loads on first use: a capture does not need it, and a fresh process
+    pays for every module it imports."""
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)  # sets ``minihop.testing``
+    raise AttributeError(f"module 'minihop' has no attribute {name!r}")

@@ -31,7 +31,6 @@ from .errors import UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.contract import check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
-from .runtime.artifact import read_capture
 from .runtime.capture import Capture, make_capture
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
@@ -39,7 +38,6 @@ from .runtime.guards import call_key, describe_autocast, layout_key, value_key
 from .runtime.streams import run_on_stream
 from .spec import DataRead, Pair, RawCapture, bind_arguments, marks
 from .structure import argname, replace_tensors
-from .tracer.program import trace_program
 from .tracer.pystate import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
@@ -97,6 +95,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
 def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
     """Trace ``fn(*args, **kwargs)`` (a function or ``nn.Module``) into one GraphModule, each
     ``F.apply`` it makes captured into ``fwd_body_N``/``bwd_body_N`` (``tracer.program``)."""
+    from .tracer.program import trace_program  # on first use: a capture does not need it
+
     return trace_program(fn, args, kwargs, _pair_for_apply)
 
 
@@ -107,6 +107,8 @@ def _pair_for_apply(fn_cls: type, inputs: TraceInputs) -> Pair:
 
 def load(path: str) -> Capture:
     """Load a capture saved by ``Capture.save``: runnable and differentiable as before."""
+    from .runtime.artifact import read_capture  # on first use: a capture does not need it
+
     saved = read_capture(path)
     return make_capture(saved.pair, functools.partial(make_outer_graph, saved.pair), None, saved.key, 0.0,
                         dynamic_dims=saved.dynamic_dims, shape_guards=saved.shape_guards)

@@ -19,8 +19,9 @@ import torch.fx as fx
 
 from .structure import OutputSpec, Path, Step, format_path
 
-__all__ = ["DataRead", "GRAD_TOGGLE", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair", "Place",
-           "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments", "is_dynamo_mark", "marks",
+__all__ = ["DataRead", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments",
+           "is_dynamo_mark", "marks",
            "same_value", "uses_setup_context"]
 
 
@@ -331,6 +332,39 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, (float, complex)):
         return bool(a == b or (a != a and b != b))
     return bool(a == b)
+
+
+# (the target's name, whether the target is that name) -> fx's default node name for it.
+_NODE_NAMES: dict[tuple[str, bool], str] = {}
+
+
+def append_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                name: str | None = None) -> fx.Node:
+    """``graph.create_node(op, target, args, kwargs, name)`` for the graphs tracer and rewire
+    build node by node: the same node, name and place, without what costs most of fx's own
+    per node (a pytree walk of the arguments that warns of a raw SymInt, which minihop never
+    passes, and reading the default name off the target anew each time). A graph owned by
+    a module (which may have node hooks) goes through fx's own."""
+    if graph.owning_module is not None:
+        return graph.create_node(op, target, args, kwargs, name)
+    if name is None:
+        text = target if isinstance(target, str) else getattr(target, "__name__", None)
+        key = (text, isinstance(target, str))  # a method's "__add__" reads "add", a function's not
+        name = _NODE_NAMES.get(key) if isinstance(text, str) else None
+        if name is None:
+            name = graph._target_to_str(target)
+            if isinstance(text, str):
+                _NODE_NAMES[key] = name
+    name = graph._graph_namespace.create_name(name, None)
+    node = fx.Node(graph, name, op, target, args, kwargs or _EMPTY_KWARGS)
+    graph._graph_namespace.associate_name_with_obj(name, node)
+    graph._insert(node)
+    graph._find_nodes_lookup_table.insert(node)
+    graph._len += 1
+    return node
+
+
+_EMPTY_KWARGS = fx.immutable_collections.immutable_dict()
 
 
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the

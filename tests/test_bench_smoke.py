@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an
     sys.path.insert(0, str(ROOT))
 
 import bench  # noqa: E402
-from bench import fuzz, gpu, guard_cost, parity_data, run  # noqa: E402
+from bench import floor, fuzz, gpu, guard_cost, parity_data, run  # noqa: E402
 from bench.capture import measure_cold, measure_scaling, measure_warm, plot_scaling, profile_capture  # noqa: E402
 from bench.functions import CASES, SAVED_EXTRA_CASES, case_named, make_chain  # noqa: E402
 from bench.per_call import (AA, APPLY, AOT, CAP, EAGER, FLOOR, RUN, measure_per_call,  # noqa: E402
@@ -137,6 +137,7 @@ def test_command_line_names_each_question(capsys: pytest.CaptureFixture[str]) ->
     assert [parse(["fuzz", "--generator", g]).generator for g in fuzz.GENERATORS] == list(fuzz.GENERATORS)
     assert parse(["parity-data", "--write"]).run is run._parity_data
     assert parse(["gpu", "--device", "cpu"]).run is run._gpu
+    assert parse(["floor", "--quick", "--no-write"]).run is run._floor
     with pytest.raises(SystemExit):
         parse(["fuzz", "--generator", "nope"])
     assert "invalid choice" in capsys.readouterr().err
@@ -180,3 +181,24 @@ def test_gpu_check_skips_without_cuda(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().out.strip() == "no CUDA device; skipped"
     assert all(r[2] == "ok" for r in gpu.check_case(SMALL[0], "cpu"))
     assert gpu.overhead_table(SMALL, "cpu", budget_s=0.002).labels == ("MySin 8x8",)
+
+
+def test_floor_rows_targets_and_section(tmp_path: Path) -> None:
+    """(g) at two small sizes, without Dynamo or fresh processes: floor and minihop per case,
+    the issue's targets (PASS or MISS by how much), the plot and the marked section."""
+    found = floor.measure_floor((1, 2), reps=1, dynamo=False)
+    assert found.table.labels == ("chain 1", "chain 2", "MLP 8x8", "LayerNorm 8x8")
+    assert set(found.ms["chain 1"]) == {floor.FLOOR, floor.MINIHOP}
+    table, _ = floor.targets(found, None, (1.0, 2.0))
+    assert [row[:2] for row in table.rows] == [
+        ("minihop capture / fake-only floor", "chain 1"), ("cap(*args) fwd+bwd / eager F.apply", "MySin 8x8"),
+        ("minihop.apply hit / eager F.apply", "MySin 8x8")]
+    assert table.rows[-1][-1].startswith("MISS (1.54x over") and table.rows[-2][-1] == "PASS"
+    assert floor.plot_floor(found, tmp_path / "floor.png")
+    profile_ = floor.profile_floor(1, 1)
+    text = floor.section(command="python -m bench floor", seconds=1.0, floor=found, target_table=table,
+                         cold=None, per_call=None, profiles=(profile_,), plot_note="")
+    assert text.startswith("## Capture against its floor") and "(g) Targets" in text and "share of capture" in text
+    assert floor.misses(found).startswith("**Why the capture targets are missed")
+    fresh = floor.fresh_function(case_named("MySin 8x8").function, "smoke")
+    assert fresh.forward.__code__ != case_named("MySin 8x8").function.forward.__code__

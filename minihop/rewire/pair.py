@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture
+from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture, append_node
 from .contract import check_consistent
 
 __all__ = ["make_pair"]
@@ -53,8 +53,8 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
         if node.op in ("placeholder", "output"):
             continue
         name = f"_minihop_late_{len(late)}" if RANGE_CHECK in node.meta else names.get(node, node.name)
-        new = dst.create_node(node.op, node.target, fx.map_arg(node.args, env.__getitem__),
-                              fx.map_arg(node.kwargs, env.__getitem__), name=name)
+        new = append_node(dst, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
+                          fx.map_arg(node.kwargs, env.__getitem__), name)
         new.meta = dict(node.meta)
         env[node] = new
         if RANGE_CHECK in node.meta:
@@ -68,7 +68,7 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
 
 
 def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
-    node = graph.call_function(_SET_GRAD, (enabled,))
+    node = append_node(graph, "call_function", _SET_GRAD, (enabled,), {})
     node.meta[GRAD_TOGGLE] = True
 
 
@@ -77,7 +77,7 @@ def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:
     val = grad.meta.get("val")
     if not (isinstance(val, torch.Tensor) and isinstance(input_val, torch.Tensor)) or val.shape == input_val.shape:
         return grad
-    reduced = graph.call_method("sum_to_size", (grad, tuple(input_val.shape)))
+    reduced = append_node(graph, "call_method", "sum_to_size", (grad, tuple(input_val.shape)), {})
     reduced.meta = {"val": input_val}
     return reduced
 
@@ -113,7 +113,7 @@ def make_pair(raw: RawCapture) -> Pair:
     fwd = fx.Graph()
     fenv: dict[fx.Node, fx.Node] = {}
     for node, source in raw.fwd_inputs:
-        fenv[node] = fwd.placeholder(source.name)
+        fenv[node] = append_node(fwd, "placeholder", source.name, (), {})
         fenv[node].meta = dict(node.meta)
     _grad_toggle(fwd, False)
     _copy_body(raw.fwd_graph, fwd, fenv, raw.names)
@@ -125,12 +125,12 @@ def make_pair(raw: RawCapture) -> Pair:
             # Eager returns an input passed straight through as a view of it (y is not x),
             # or, when it is marked non-differentiable, as a detached alias of it.
             method = "detach" if i in raw.non_differentiable_idx else "view_as"
-            view = fwd.call_method(method, (new,) if method == "detach" else (new, new))
+            view = append_node(fwd, "call_method", method, (new,) if method == "detach" else (new, new), {})
             view.meta = {"val": new.meta.get("val"), "stack_trace": raw.return_trace}
             new = view
         outs.append(new)
     saved_fwd = list(dict.fromkeys(fwd_node for _, fwd_node in raw.bwd_saved))  # in first-read order
-    fwd.output((tuple(outs), tuple(fenv[n] for n in saved_fwd)))
+    append_node(fwd, "output", "output", ((tuple(outs), tuple(fenv[n] for n in saved_fwd)),), {})
     _eliminate_dead_code(fwd)
 
     # ---- backward: grads (unused_N where never read), saved, body, per-input grads ------
@@ -139,7 +139,7 @@ def make_pair(raw: RawCapture) -> Pair:
     unused = 0
     for i, node in enumerate(raw.grad_inputs):
         if node is None:
-            placeholder = bwd.placeholder(f"unused_{unused}")
+            placeholder = append_node(bwd, "placeholder", f"unused_{unused}", (), {})
             # A grad backward was handed as a tensor (a top-level output's, materialized) says
             # what it would be, shape and dtype, as Dynamo's placeholder does; one handed as
             # None (an output inside a container) says nothing, as Dynamo's.
@@ -147,12 +147,12 @@ def make_pair(raw: RawCapture) -> Pair:
                 placeholder.meta["val"] = outs[i].meta["val"]
             unused += 1
             continue
-        placeholder = bwd.placeholder(raw.grad_names[i] or f"grad_{i}")
+        placeholder = append_node(bwd, "placeholder", raw.grad_names[i] or f"grad_{i}", (), {})
         placeholder.meta = dict(node.meta)
         benv[node] = placeholder
     saved_placeholder: dict[fx.Node, fx.Node] = {}
     for fwd_node in saved_fwd:
-        placeholder = bwd.placeholder(fenv[fwd_node].name)
+        placeholder = append_node(bwd, "placeholder", fenv[fwd_node].name, (), {})
         placeholder.meta = dict(fenv[fwd_node].meta)
         saved_placeholder[fwd_node] = placeholder
     for bnode, fwd_node in raw.bwd_saved:
@@ -178,11 +178,11 @@ def make_pair(raw: RawCapture) -> Pair:
             parts = [_sum_to_input(bwd, p, val) for p in parts]
         total = parts[0]
         for extra in parts[1:]:
-            total = bwd.call_function(operator.add, (total, extra))
+            total = append_node(bwd, "call_function", operator.add, (total, extra), {})
             total.meta = dict(extra.meta)
         results.append(total)
     _grad_toggle(bwd, True)
-    bwd.output(tuple(results))
+    append_node(bwd, "output", "output", (tuple(results),), {})
     _eliminate_dead_code(bwd)
 
     ctx_saved = _ctx_saved_refs(raw, fenv, fwd, saved_fwd)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import dis
-import functools
 import inspect
 import re
 import sys
@@ -22,6 +20,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from ..structure import Path
+from .bytecode import instructions
 
 __all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints", "result_use",
            "STORE", "DISCARD", "UNPACK"]
@@ -86,7 +85,11 @@ class FrameSnapshot:
 
 @contextlib.contextmanager
 def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
-    """While active, fill ``sink`` from ``fn``'s frame as its (outermost) call returns."""
+    """While active, fill ``sink`` from ``fn``'s frame as its (outermost) call returns.
+
+    The profile hook only waits for that call to start, keeps its frame and turns itself off:
+    left on, it ran for every Python and C call of every fake op (half of a capture). A frame
+    that has finished keeps its locals and last line, read when the block ends."""
     code = code_of(fn)
     previous = sys.getprofile()
     if code is None or previous is not None:
@@ -94,9 +97,20 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
         # then named after their ops instead of the user's variables.
         yield
         return
+    started: list[FrameType] = []
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "return" and frame.f_code is code and sink.stack_trace is None:
+        if event == "call" and frame.f_code is code:
+            started.append(frame)
+            sys.setprofile(None)
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        if started:
+            frame = started.pop()
             # Parameters name inputs, not the values an op returned in their place
             # (``y = y.contiguous()`` may return the same object).
             nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
@@ -104,12 +118,7 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
             sink.locals.update((k, v) for k, v in frame.f_locals.items() if k not in params)
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
             sink.stack_trace = "".join(traceback.format_list([summary]))
-
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
+            del frame
 
 
 def name_hints(locals_: dict[str, Any], node_of: Callable[[Any], Any],
@@ -132,13 +141,6 @@ STORE, DISCARD, UNPACK = "store", "discard", "unpack"
 _STORES = ("STORE_FAST", "STORE_DEREF")
 
 
-@functools.lru_cache(maxsize=1024)
-def _next_instructions(code: CodeType) -> dict[int, tuple[dis.Instruction, ...]]:
-    """offset -> the instructions after it (up to a few, enough to read an unpack's stores)."""
-    instructions = list(dis.get_instructions(code))
-    return {ins.offset: tuple(instructions[i + 1:i + 17]) for i, ins in enumerate(instructions)}
-
-
 def result_use(frame: FrameType) -> tuple[str, Any] | None:
     """How the user's code at ``frame`` uses the value the call now running returns.
 
@@ -147,7 +149,11 @@ def result_use(frame: FrameType) -> tuple[str, Any] | None:
     None per item (``a, b = x.chunk(2)``); None: used in an expression. Read off the bytecode
     after the frame's current instruction, as Dynamo sees the store when it interprets it.
     """
-    following = _next_instructions(frame.f_code).get(frame.f_lasti)
+    found, index = instructions(frame.f_code)
+    at = index.get(frame.f_lasti)
+    if at is None:
+        return None
+    following = found[at + 1:at + 17]  # enough to read an unpack's stores
     if not following:
         return None
     first = following[0]

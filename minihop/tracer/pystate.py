@@ -29,7 +29,6 @@ from __future__ import annotations
 import builtins
 import collections
 import dataclasses
-import dis
 import functools
 import inspect
 import os
@@ -46,6 +45,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
 from . import hidden
+from .bytecode import Instruction, instructions
 from .names import code_of
 
 __all__ = ["CodeFacts", "StateTracker", "code_facts", "arg_masks", "is_library"]
@@ -86,14 +86,14 @@ class CodeFacts:
     targets: tuple[Chain, ...] = ()  # ``root.a.b = ...``: the attributes stored, as chains
 
 
-def _is_inplace(ins: dis.Instruction) -> bool:
+def _is_inplace(ins: Instruction) -> bool:
     return ins.opname == "BINARY_OP" and ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=")
 
 
 @functools.lru_cache(maxsize=2048)
 def code_facts(code: types.CodeType) -> CodeFacts:
     """Read ``code``'s bytecode for chains of loads, stores and escaping locals."""
-    ins = list(dis.get_instructions(code))
+    ins = instructions(code)[0]
     chains: list[Chain] = []
     targets: list[Chain] = []
     stores: list[tuple[str, int | None]] = []
@@ -103,8 +103,8 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     i = 0
     while i < len(ins):
         op = ins[i]
-        if op.positions is not None and op.positions.lineno is not None:
-            line = op.positions.lineno
+        if op.lineno is not None:
+            line = op.lineno
         if op.opname in ("STORE_ATTR", "STORE_GLOBAL", "STORE_DEREF", "DELETE_ATTR", "DELETE_GLOBAL"):
             stores.append((str(op.argval), line))
         kind = _ROOTS.get(op.opname)
@@ -196,14 +196,14 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                      tuple(targets))
 
 
-def _constant_global(ins: list[Any], k: int) -> bool:
+def _constant_global(ins: tuple[Instruction, ...], k: int) -> bool:
     """``PRECALL 0; CALL 0; LOAD_CONST name; BINARY_SUBSCR`` at ``k``: ``globals()[name]``."""
     return (k + 3 < len(ins) and ins[k].opname == "PRECALL" and ins[k + 1].opname == "CALL"
             and ins[k + 1].arg == 0 and ins[k + 2].opname == "LOAD_CONST"
             and isinstance(ins[k + 2].argval, str) and ins[k + 3].opname == "BINARY_SUBSCR")
 
 
-def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | None:
+def _augmented_end(ins: tuple[Instruction, ...], start: int, attr: str) -> int | None:
     """The index after ``SWAP 2; STORE_ATTR attr`` closing an augmented assignment."""
     for k in range(start, min(len(ins) - 2, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 2].opname == "STORE_ATTR" \
@@ -214,7 +214,7 @@ def _augmented_end(ins: list[dis.Instruction], start: int, attr: str) -> int | N
     return None
 
 
-def _subscript_augmented_end(ins: list[dis.Instruction], start: int) -> int | None:
+def _subscript_augmented_end(ins: tuple[Instruction, ...], start: int) -> int | None:
     """The index after ``SWAP 3; SWAP 2; STORE_SUBSCR`` closing ``root[k] op= expr``."""
     for k in range(start, min(len(ins) - 3, start + 40)):
         if _is_inplace(ins[k]) and ins[k + 1].opname == "SWAP" and ins[k + 1].arg == 3 \
@@ -225,7 +225,7 @@ def _subscript_augmented_end(ins: list[dis.Instruction], start: int) -> int | No
     return None
 
 
-def _global_increment_end(ins: list[dis.Instruction], start: int, name: str, store: str) -> int | None:
+def _global_increment_end(ins: tuple[Instruction, ...], start: int, name: str, store: str) -> int | None:
     for k in range(start, min(len(ins) - 1, start + 40)):
         if _is_inplace(ins[k]) and ins[k].argrepr in ("+=", "-=") and ins[k + 1].opname == store \
                 and ins[k + 1].argval == name:

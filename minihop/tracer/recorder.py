@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import operator
 import threading
 import os
@@ -48,6 +49,7 @@ from . import operators
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
+from ..spec import append_node
 
 __all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
            "refusal_for", "user_frame_of"]
@@ -211,6 +213,15 @@ def user_frame() -> traceback.FrameSummary | None:
     return None if f is None else traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
 
 
+def _stack_trace(frame: FrameType) -> str:
+    """``traceback.format_list`` of the frame's summary, written directly (once per recorded
+    op: building the summary and the stack of one frame cost more than the text)."""
+    code, lineno = frame.f_code, frame.f_lineno
+    line = linecache.getline(code.co_filename, lineno).strip() if lineno is not None else ""
+    head = f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n'
+    return f"{head}    {line}\n" if line else head
+
+
 def format_frame(frame: traceback.FrameSummary | None) -> str | None:
     if frame is None:
         return None
@@ -284,7 +295,7 @@ class GraphRecorder:
 
     def create_node(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     name: str | None = None) -> fx.Node:
-        return self.graph.create_node(op, target, args, kwargs, name)
+        return append_node(self.graph, op, target, args, kwargs, name)
 
     def bind(self, value: torch.Tensor, node: fx.Node) -> None:
         self.node_of[id(value)] = node
@@ -400,8 +411,7 @@ class GraphRecorder:
         frame, direct = _user_frame_object()
         use = None
         if frame is not None:
-            node.meta["stack_trace"] = "".join(traceback.format_list([traceback.FrameSummary(
-                frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)]))
+            node.meta["stack_trace"] = _stack_trace(frame)
             if direct:
                 use = result_use(frame)
         if isinstance(result, torch.Tensor):
