@@ -413,6 +413,32 @@ def test_strict_is_the_default_and_normalize_is_documented() -> None:
     assert "normalize=True" in (assert_same_graph.__doc__ or "")
 
 
+def test_unused_grad_placeholder_without_materialized_grads() -> None:
+    """With ``set_materialize_grads(False)`` backward is still traced with a tensor for each
+    grad (as Dynamo traces it); one it only tests against None carries the output's shape and
+    dtype, as Dynamo's placeholder does."""
+
+    class SeesNone(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> Any:
+            ctx.set_materialize_grads(False)
+            idx = x.argmax()
+            ctx.mark_non_differentiable(idx)
+            return x * 2, idx
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor, g_idx: Any) -> torch.Tensor:
+            return g * 2 if g_idx is None else g * 2 + 1
+
+    x = x8()
+    assert_matches_eager(SeesNone, x)
+    cap = minihop.capture(SeesNone, x)
+    dg = dynamo_graphs(SeesNone, x)
+    assert_same_graph(cap.bwd, dg.bwd, check_meta=True)
+    unused = [n for n in cap.bwd.graph.nodes if n.op == "placeholder"][1]
+    assert unused.name == "unused_0" and unused.meta["val"].dtype == torch.int64
+
+
 # --- every Function of test_capture_cases against Dynamo ----------------------------------
 
 # Where minihop's words still differ from Dynamo's for a Function of the suite, with the

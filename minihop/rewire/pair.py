@@ -109,10 +109,11 @@ def make_pair(raw: RawCapture) -> Pair:
     for i, node in enumerate(raw.grad_inputs):
         if node is None:
             placeholder = bwd.placeholder(f"unused_{unused}")
-            # A grad backward was handed as a tensor (a top-level output's, materialized) says
-            # what it would be, shape and dtype, as Dynamo's placeholder does; one handed as
-            # None (an output inside a container) says nothing, as Dynamo's.
-            if raw.materialize_grads and raw.top_level[i] and "val" in outs[i].meta:
+            # A grad backward was handed as a tensor (a top-level output's; with
+            # set_materialize_grads(False) too, as this trace hands it) says what it would be,
+            # shape and dtype, as Dynamo's placeholder does; one handed as None (an output
+            # inside a container, or a retrace for a call whose grad was None) says nothing.
+            if raw.grad_handed[i] and "val" in outs[i].meta:
                 placeholder.meta["val"] = outs[i].meta["val"]
             unused += 1
             continue
