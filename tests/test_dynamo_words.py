@@ -537,6 +537,84 @@ def test_readme_known_differences_in_words(name: str, fwd: Body, bwd: Body) -> N
         assert_same_graph(cap.fwd, dg.fwd, normalize=True)
 
 
+def property_in_backward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a @ b
+
+
+def property_in_backward_bwd(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> Any:
+    return g @ b.mT, a.mT @ g
+
+
+def test_readme_known_difference_property_of_a_saved_input() -> None:
+    """``b.mT`` in backward on a saved input: Dynamo computes it in its outer graph from the
+    argument and hands it to both bodies as an extra input (saved by fwd, grad None); minihop
+    computes it in backward from the saved tensor, as eager's backward does."""
+    fn_cls = make_function("property_in_backward", property_in_backward, property_in_backward_bwd)
+    args = two()
+    assert_matches_eager(fn_cls, *args)
+    cap = minihop.capture(fn_cls, *args)
+    dg = dynamo_graphs(fn_cls, *args)
+
+    def placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+        return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+    assert len(placeholders(dg.fwd)) == len(placeholders(cap.fwd)) + 2
+    assert [n.target for n in dg.outer.graph.nodes if n.target is getattr] == [getattr, getattr]
+    assert [n.args[1] for n in cap.bwd.graph.nodes if n.target is getattr] == ["mT", "mT"]
+    assert len(dg.bwd.graph.output_node().args[0]) == len(cap.bwd.graph.output_node().args[0]) + 2
+
+
+def integer_argument(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return x * m
+
+
+def integer_argument_bwd(g: torch.Tensor, x: torch.Tensor, m: torch.Tensor) -> Any:
+    return g * m, torch.zeros(g.shape)
+
+
+def test_readme_known_difference_grad_for_an_integer_argument() -> None:
+    """backward returns a tensor for an integer argument: eager drops it, and DESIGN's contract
+    (a) has bwd give None there; Dynamo's bwd returns the user's tensor. Both compute it."""
+    fn_cls = make_function("integer_argument", integer_argument, integer_argument_bwd)
+    args = with_ints()
+    assert_matches_eager(fn_cls, *args)
+    cap = minihop.capture(fn_cls, *args)
+    dg = dynamo_graphs(fn_cls, *args)
+    assert_same_graph(cap.fwd, dg.fwd, check_meta=True)
+    mine, theirs = (gm.graph.output_node().args[0] for gm in (cap.bwd, dg.bwd))
+    assert mine[1] is None and isinstance(theirs[1], fx.Node) and theirs[1].target is torch.zeros
+    assert [n.target for n in cap.bwd.graph.nodes if n.op == "call_function"] == \
+        [n.target for n in dg.bwd.graph.nodes if n.op == "call_function"]
+
+
+NO_SOURCE = """
+class NoSource(Function):
+    @staticmethod
+    def forward(ctx, x):
+        r = x.clone()
+        r.mul_(2)
+        return r + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+"""
+
+
+def test_readme_known_difference_code_without_a_source_file() -> None:
+    """A Function exec'd from a string: minihop cannot read the statement ``r.mul_(2)``, so the
+    in-place result rebinds ``r`` (``r + 1`` reads the write's node; Dynamo's reads the clone)."""
+    namespace: dict[str, Any] = {"__name__": "no_source_file", "Function": Function}
+    exec(compile(NO_SOURCE, "<no source file>", "exec"), namespace)  # noqa: S102
+    fn_cls, args = namespace["NoSource"], one()
+    assert_matches_eager(fn_cls, *args)
+    cap = minihop.capture(fn_cls, *args)
+    dg = dynamo_graphs(fn_cls, *args)
+    with pytest.raises(AssertionError, match=r"\n-%4 = _operator.add\(%3, 1\)\n\+%4 = _operator.add\(%2, 1\)\n"):
+        assert_same_graph(cap.fwd, dg.fwd)
+    assert_same_graph(cap.bwd, dg.bwd, check_meta=True)
+
+
 def test_operator_slots_outside_a_trace_are_torchs() -> None:
     """After a capture, torch.Tensor's operators (which carry minihop's thin wrapper from the
     first trace on) give eager's results, errors and NotImplemented fallbacks unchanged."""
