@@ -439,67 +439,9 @@ def test_unused_grad_placeholder_without_materialized_grads() -> None:
     assert unused.name == "unused_0" and unused.meta["val"].dtype == torch.int64
 
 
-# --- every Function of test_capture_cases against Dynamo ----------------------------------
-
-# Where minihop's words still differ from Dynamo's for a Function of the suite, with the
-# reason (README, "Where minihop's graphs differ from Dynamo's"). Fixing one fails its check.
-KNOWN_DIFFERENCES = {
-    # torch.nn.grad.conv1d_input/_weight are Python functions with no __torch_function__
-    # dispatch: a function mode sees only the aten ops they call (convolution_backward), while
-    # Dynamo keeps them as calls in its graph.
-    "TestOps.test_conv1d_with_nn_grad.<locals>.Conv",
-}
-
-
-def _suite_functions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[type, tuple[Any, ...]]]:
-    """(Function, arguments) for each ``check(F, *args)`` test_capture_cases makes."""
-    import test_capture_cases as cases
-    from minihop.testing import clone_args
-
-    seen: list[tuple[type, tuple[Any, ...]]] = []
-    check = cases.check
-
-    def spy(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
-        seen.append((fn_cls, clone_args(args)))
-        return check(fn_cls, *args, **kwargs)
-
-    monkeypatch.setattr(cases, "check", spy)
-    for group in (cases.TestInputs, cases.TestOutputs, cases.TestOps):
-        for name in sorted(vars(group)):
-            test = getattr(group, name)
-            if name.startswith("test_") and callable(test) and test.__code__.co_argcount == 1:
-                torch.manual_seed(0)
-                test(group())
-    return seen
-
-
-def test_suite_functions_agree_with_dynamo_strictly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each Function test_capture_cases checks against eager, where Dynamo captures it as one
-    HOP (fullgraph), has Dynamo's bodies strictly, shapes and dtypes included; the ones it
-    does not are the README's known differences."""
-    from minihop.testing import clone_args
-
-    functions = _suite_functions(monkeypatch)
-    assert len(functions) > 80
-    agree, differ, dynamo_refuses = [], [], []
-    for fn_cls, args in functions:
-        try:
-            dg = dynamo_graphs(fn_cls, *clone_args(args))
-        except Exception:  # a graph break or an unsupported construct: not one HOP
-            dynamo_refuses.append(fn_cls.__qualname__)
-            continue
-        cap = minihop.capture(fn_cls, *clone_args(args))
-        try:
-            assert_same_graph(cap.fwd, dg.fwd, check_meta=True)
-            assert_same_graph(cap.bwd, dg.bwd, check_meta=True)
-            agree.append(fn_cls.__qualname__)
-        except AssertionError as e:
-            differ.append((fn_cls.__qualname__, str(e)))
-    unexplained = [(name, diff) for name, diff in differ if name not in KNOWN_DIFFERENCES]
-    assert not unexplained, "\n\n".join(f"{name}:\n{diff}" for name, diff in unexplained)
-    assert {name for name, _ in differ} == KNOWN_DIFFERENCES, "a known difference is gone: update README"
-    assert len(agree) >= 80 and len(dynamo_refuses) < 10, (len(agree), dynamo_refuses)
-
+# --- where minihop's words still differ from Dynamo's (README) ------------------------------
+# Every Function the suite hands to assert_matches_eager is compared with Dynamo's bodies by the
+# sweep (tests/dynamo_sweep.py); these pin README's listed differences one by one.
 
 def two_names(x: torch.Tensor) -> torch.Tensor:
     r = x.clone()
