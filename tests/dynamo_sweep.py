@@ -35,6 +35,7 @@ import functools
 import pathlib
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +81,7 @@ class Tally:
     stale: set[str] = dataclasses.field(default_factory=set)  # listed, yet agrees
     not_one_hop: dict[str, str] = dataclasses.field(default_factory=dict)
     skipped: set[str] = dataclasses.field(default_factory=set)
+    seconds: float = 0.0  # spent in Dynamo and the comparison: the sweep's cost to the suite
 
 
 TALLY = Tally()
@@ -196,7 +198,9 @@ def checked(original: Callable[..., Any], known: dict[str, str] = KNOWN_DIFFEREN
             failure = seen_before[seen]
         else:
             call_kwargs = {k: v for k, v in kw_snapshot.items() if k != "dynamic"}
+            start = time.perf_counter()
             failure = compare(fn_cls, result.capture, snapshot, call_kwargs, known, tally)
+            tally.seconds += time.perf_counter() - start
             if seen is not None:
                 seen_before[seen] = failure
         if failure is not None:
@@ -230,7 +234,7 @@ class SweepPlugin:
             f"{len(t.agree)} Functions agree strictly with torch.compile(fullgraph=True), "
             f"{len(t.known)} are README-listed differences, {len(t.differ)} differ unexplained, "
             f"{len(t.not_one_hop)} are not one HOP in Dynamo, {len(t.skipped)} skipped "
-            "(dynamic shapes, transforms, threads)")
+            f"(dynamic shapes, transforms, threads); {t.seconds:.0f} s in Dynamo and the comparisons")
         for key, why in sorted(t.not_one_hop.items()):
             terminalreporter.write_line(f"  not one HOP: {key}: {why}")
         for key in sorted(t.differ):
