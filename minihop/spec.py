@@ -416,6 +416,7 @@ class RawCapture:
     bwd_graph: fx.Graph
     grad_inputs: tuple[fx.Node | None, ...]
     grad_names: tuple[str | None, ...]
+    grad_handed: tuple[bool, ...]  # per fwd output: backward was handed a tensor, not None
     bwd_saved: tuple[tuple[fx.Node, fx.Node], ...]
     arg_grads: tuple[fx.Node | None, ...]
     arg_inputs: tuple[fx.Node | None, ...]

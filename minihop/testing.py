@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import operator
+import types
 from typing import Any
 
 import torch.fx as fx
@@ -192,10 +193,18 @@ class DynamoGraphs:
     bwd: fx.GraphModule
 
 
+class _Recorded(Exception):
+    """Raised in place of running Dynamo's compiled code: the graphs are all ``dynamo_graphs`` wants."""
+
+
 def dynamo_graphs(fn_cls: type, *args: Any, **kwargs: Any) -> DynamoGraphs:
     """Dynamo's graphs for ``fn_cls.apply(*args, **kwargs)`` (uses the public torch.compile).
 
-    minihop never needs Dynamo; this helper exists so a test can compare both systems.
+    minihop never needs Dynamo; this helper exists so a test can compare both systems. It
+    leaves the caller's state alone: the arguments are cloned, the compiled code never runs
+    (so a Function's Python side effects, which Dynamo replays after its graph, do not happen
+    a second time), and nothing is reset (each call compiles its own fresh code object, so the
+    caller's own ``torch.compile`` caches and recompile limits are untouched).
     """
     import torch.compiler  # public API; imported here so minihop's import stays light
 
@@ -203,13 +212,30 @@ def dynamo_graphs(fn_cls: type, *args: Any, **kwargs: Any) -> DynamoGraphs:
 
     def record(gm: fx.GraphModule, example_inputs: Any) -> Any:
         graphs.append(gm)
-        return gm.forward
 
-    torch.compiler.reset()
-    compiled = torch.compile(lambda *a, **k: fn_cls.apply(*a, **k), backend=record, fullgraph=True)
-    compiled(*clone_args(args), **kwargs)
+        def stop(*_: Any) -> Any:
+            raise _Recorded
+        return stop
+
+    def call(*a: Any, **k: Any) -> Any:
+        return fn_cls.apply(*a, **k)
+
+    # Dynamo caches per code object: a fresh one per call is a fresh compile for this class.
+    # dynamic=False: static shapes, as a first compile after a reset has (automatic dynamic
+    # remembers earlier sizes by source location, which every call here shares).
+    fresh = types.FunctionType(call.__code__.replace(), call.__globals__, "call", None, call.__closure__)
+    compiled = torch.compile(fresh, backend=record, fullgraph=True, dynamic=False)
+    try:
+        compiled(*clone_args(args), **dict(zip(kwargs, clone_args(tuple(kwargs.values())), strict=True)))
+    except _Recorded:
+        pass
     outer = graphs[-1]
     bodies = dict(outer.named_children())
-    fwd_name = next(n for n in bodies if n.startswith("fwd_body"))
-    bwd_name = next(n for n in bodies if n.startswith("bwd_body"))
+    fwd_name = next((n for n in bodies if n.startswith("fwd_body")), None)
+    bwd_name = next((n for n in bodies if n.startswith("bwd_body")), None)
+    if fwd_name is None or bwd_name is None:
+        raise ValueError(
+            f"Dynamo did not capture {fn_cls.__qualname__}.apply as an autograd_function_apply: its "
+            "graph has no fwd_body/bwd_body.\nDynamo inlines forward when no tensor argument "
+            "requires grad or grad mode is off; pass an argument with requires_grad=True.")
     return DynamoGraphs(outer, bodies[fwd_name], bodies[bwd_name])

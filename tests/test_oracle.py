@@ -1020,6 +1020,59 @@ def write_cli_module(directory: Path) -> str:
     return f"{directory / 'oracle_cli_fn.py'}:Mul"
 
 
+class TestDynamoGraphs:
+    """``dynamo_graphs`` leaves the caller's state alone, so any test (and the suite's sweep)
+    may call it."""
+
+    def test_the_function_never_runs(self) -> None:
+        """Dynamo traces the Function; its compiled code (which would replay forward's Python
+        side effects after the graph) never runs."""
+        log: list[int] = []
+
+        class Logs(Function):
+            @staticmethod
+            def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+                log.append(1)
+                return x * 2
+
+            @staticmethod
+            def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+                return g * 2
+
+        x = torch.rand(3, requires_grad=True)
+        dg = dynamo_graphs(Logs, x)
+        assert log == [] and x.grad is None and x._version == 0
+        assert [n.target for n in dg.fwd.graph.nodes if n.op == "call_function"][1] is operator.mul
+
+    def test_the_callers_compiled_functions_are_not_compiled_again(self) -> None:
+        """Nothing is reset: a function the caller compiled keeps its compiled code."""
+        compiles: list[int] = []
+
+        def counting(gm: fx.GraphModule, example_inputs: Any) -> Any:
+            compiles.append(1)
+            return gm.forward
+
+        compiled = torch.compile(lambda x: x.sin() + 1, backend=counting)
+        x = torch.rand(3)
+        compiled(x)
+        dynamo_graphs(MySin, torch.rand(3, requires_grad=True))
+        compiled(x)
+        assert len(compiles) == 1
+
+    def test_shapes_stay_static_across_calls(self) -> None:
+        """Each call is a first compile: sizes seen by earlier calls do not make dims dynamic."""
+        for n in (3, 5, 7):
+            dg = dynamo_graphs(MySin, torch.rand(n, requires_grad=True))
+            first = next(iter(dg.fwd.graph.nodes))
+            assert list(first.meta["example_value"].shape) == [n]
+
+    def test_no_hop_is_a_clear_error(self) -> None:
+        """Without an argument that requires grad Dynamo inlines forward: there are no bodies."""
+        with pytest.raises(ValueError, match=r"Dynamo did not capture MySin.apply as an "
+                           r"autograd_function_apply.*\n.*requires_grad=True"):
+            dynamo_graphs(MySin, torch.rand(3))
+
+
 @dataclasses.dataclass(frozen=True)
 class Started:
     """A subprocess already running, its output going to files; ``result()`` waits for it."""

@@ -14,6 +14,7 @@ its test here or in ``tests/test_dynamic.py``.
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -1078,6 +1079,54 @@ class LinearFn(Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         return g @ w, g.t() @ x, g.sum(0)
+
+
+class TestUnusedValues:
+    def test_unused_random_draw_advances_the_generator(self) -> None:
+        """A random draw forward and backward never use still runs, as in eager: the global
+        generator is where eager leaves it after the call and after backward."""
+
+        class Noisy(Function):
+            @staticmethod
+            def forward(ctx, x):
+                noise = torch.rand(3)  # drawn, then not used
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                jitter = torch.randn(2)  # drawn, then not used
+                return g * 2
+
+        cap = captured(Noisy, r(3))
+        after: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for run in (Noisy.apply, cap):
+            torch.manual_seed(0)
+            out = run(r(3))
+            after_forward = torch.rand(2)
+            out.sum().backward()
+            after.append((after_forward, torch.rand(2)))
+        torch.testing.assert_close(after[1], after[0])
+
+    def test_unused_values_stay_in_the_bodies(self) -> None:
+        """Values computed and never used stay in both bodies, as eager runs them."""
+
+        class Unused(Function):
+            @staticmethod
+            def forward(ctx, x, y):
+                ctx.save_for_backward(x)
+                total = x * y  # not used
+                return torch.sin(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                c = torch.cos(x)
+                twice = c * 2  # not used
+                return g * c, None
+
+        cmp = check(Unused, r(3), r(3))
+        assert operator.mul in targets(cmp.capture.fwd)
+        assert [t for t in targets(cmp.capture.bwd) if t is operator.mul] == [operator.mul, operator.mul]
 
 
 class TestComposition:

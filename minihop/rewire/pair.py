@@ -16,7 +16,6 @@ import re
 
 import torch
 import torch.fx as fx
-from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture, append_node
 from .contract import check_consistent
@@ -25,22 +24,6 @@ __all__ = ["make_pair"]
 
 _SET_GRAD = torch._C._set_grad_enabled
 _ASSERT = torch.ops.aten._assert_scalar.default
-
-
-def _is_impure(node: fx.Node) -> bool:
-    if node.op in ("placeholder", "output"):
-        return True
-    if node.target in (_SET_GRAD, operator.setitem, _enter_autocast, _exit_autocast, _ASSERT):
-        return True  # _ASSERT: a fact the trace relied on about a data-dependent value
-    if node.meta.get("minihop_mutates"):
-        return True  # an in-place write (into an input, say) whose result nobody reads
-    return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).endswith("__")
-
-
-def _eliminate_dead_code(graph: fx.Graph) -> None:
-    for node in reversed(list(graph.nodes)):
-        if not node.users and not _is_impure(node):
-            graph.erase_node(node)
 
 
 def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names: dict[fx.Node, str]) -> None:
@@ -130,8 +113,9 @@ def make_pair(raw: RawCapture) -> Pair:
             new = view
         outs.append(new)
     saved_fwd = list(dict.fromkeys(fwd_node for _, fwd_node in raw.bwd_saved))  # in first-read order
+    # Every call the user made stays, used or not, as in Dynamo's bodies and as eager runs it
+    # (a random draw nobody reads still advances the generator).
     append_node(fwd, "output", "output", ((tuple(outs), tuple(fenv[n] for n in saved_fwd)),), {})
-    _eliminate_dead_code(fwd)
 
     # ---- backward: grads (unused_N where never read), saved, body, per-input grads ------
     bwd = fx.Graph()
@@ -140,10 +124,11 @@ def make_pair(raw: RawCapture) -> Pair:
     for i, node in enumerate(raw.grad_inputs):
         if node is None:
             placeholder = append_node(bwd, "placeholder", f"unused_{unused}", (), {})
-            # A grad backward was handed as a tensor (a top-level output's, materialized) says
-            # what it would be, shape and dtype, as Dynamo's placeholder does; one handed as
-            # None (an output inside a container) says nothing, as Dynamo's.
-            if raw.materialize_grads and raw.top_level[i] and "val" in outs[i].meta:
+            # A grad backward was handed as a tensor (a top-level output's; with
+            # set_materialize_grads(False) too, as this trace hands it) says what it would be,
+            # shape and dtype, as Dynamo's placeholder does; one handed as None (an output
+            # inside a container, or a retrace for a call whose grad was None) says nothing.
+            if raw.grad_handed[i] and "val" in outs[i].meta:
                 placeholder.meta["val"] = outs[i].meta["val"]
             unused += 1
             continue
@@ -183,7 +168,6 @@ def make_pair(raw: RawCapture) -> Pair:
         results.append(total)
     _grad_toggle(bwd, True)
     append_node(bwd, "output", "output", (tuple(results),), {})
-    _eliminate_dead_code(bwd)
 
     ctx_saved = _ctx_saved_refs(raw, fenv, fwd, saved_fwd)
     pair = Pair(

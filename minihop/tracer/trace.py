@@ -757,8 +757,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         saved_for_backward=tuple(_saved_node(t, v) for v in (record.saved or ())),
         bwd_graph=t.bwd.graph,
         grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
-        grad_names=bwd.grad_names, bwd_saved=tuple(t.bwd_saved), arg_grads=bwd.arg_grads,
-        names=names, materialize_grads=record.materialize_grads,
+        grad_names=bwd.grad_names, grad_handed=bwd.grad_handed, bwd_saved=tuple(t.bwd_saved),
+        arg_grads=bwd.arg_grads, names=names, materialize_grads=record.materialize_grads,
         return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
@@ -779,6 +779,7 @@ class _Backward:
     arg_grads: tuple[fx.Node | None, ...]
     names: dict[fx.Node, str]
     grad_names: tuple[str | None, ...]
+    grad_handed: tuple[bool, ...]  # per fwd output: backward received a tensor (not None)
 
 
 def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, num_outputs: int,
@@ -789,6 +790,7 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
     top_items = list(out) if isinstance(out, tuple) else [out]
     grads: list[Any] = []
     grad_names: list[str | None] = [None] * num_outputs
+    grad_handed = [False] * num_outputs
     with t.fake_mode:
         flat_index = 0
         for item_index, item in enumerate(top_items):
@@ -800,6 +802,7 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
                 if grad_spec is not None:
                     g = _fake_grad(item, grad_spec)
                     t.grad_of[id(g)] = flat_index
+                    grad_handed[flat_index] = True
                     t.bwd.alive.append(g)
             grads.append(g)
             flat_index += len(_tensor_leaves(item))
@@ -825,7 +828,7 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
         arg_grads = (None,) * len(fake_args)
     names = name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None,
                        t.bwd.stored)
-    return _Backward(arg_grads, names, tuple(grad_names))
+    return _Backward(arg_grads, names, tuple(grad_names), tuple(grad_handed))
 
 
 def _save_everything(t: "_Tracing", ctx: ProxyCtx) -> None:
@@ -881,8 +884,8 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
         return dataclasses.replace(
             made[0], bwd_graph=t.bwd.graph,
             grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
-            grad_names=bwd.grad_names, bwd_saved=tuple(t.bwd_saved), arg_grads=bwd.arg_grads,
-            names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),
+            grad_names=bwd.grad_names, grad_handed=bwd.grad_handed, bwd_saved=tuple(t.bwd_saved),
+            arg_grads=bwd.arg_grads, names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),
             python_state=python_state, data_reads=tuple(t.values.reads))
 
 
