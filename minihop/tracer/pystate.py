@@ -309,13 +309,24 @@ def _resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | N
     if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
         # A parameter left out of the call holds its default: the same object every call
         # (``cache=[]``), state like a global's.
-        default = inspect.signature(fn).parameters[chain.root].default
-        default = MISSING if default is inspect.Parameter.empty else default
+        default = _default_of(fn, chain.root)
         if passed is not None and where >= passed and default is not MISSING:
             # Not in the call key (no argument was passed for it): read and written as state.
             return _Root(f"{fn.__name__}'s default {chain.root}", lambda args, d=default: d, False)
         return _Root(chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d, True)
     return None
+
+
+def _default_of(fn: Any, name: str) -> Any:
+    """Parameter ``name``'s default value in ``fn``, or MISSING (read off the code: a
+    signature object per chain costs more than the rest of the analysis)."""
+    code = fn.__code__
+    positional = code.co_varnames[:code.co_argcount]
+    if name in positional:
+        defaults = fn.__defaults__ or ()
+        i = positional.index(name) - (len(positional) - len(defaults))
+        return defaults[i] if i >= 0 else MISSING
+    return (fn.__kwdefaults__ or {}).get(name, MISSING)
 
 
 def _cell_value(cell: Any) -> Any:
