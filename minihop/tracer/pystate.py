@@ -382,6 +382,11 @@ class _Bound:
     description: str
 
 
+# Library packages whose functions never draw from Python's random generator.
+_NEVER_DRAW = frozenset({"torch", "math", "operator", "builtins", "functools", "itertools", "typing",
+                         "minihop", "numbers", "cmath", "_operator"})
+
+
 def _flag_place(fn: Callable[[], Any]) -> Place:
     return Place(f"torch.{fn.__name__}()", lambda args: _RootBox(fn()), ("attr", "value"), False,
                  lambda args: fn())
@@ -551,6 +556,8 @@ class StateTracker:
         self.increments: set[tuple[str, str, str]] = set()
         self.watch: _PrintWatch | None = None
         self.hidden_reads: hidden.ReadWatch | None = None
+        # Whether Python's generator may be drawn from where the code does not name it.
+        self.may_draw = False
         # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
         self.hidden_sites: dict[tuple[int, str], tuple[Any, str, Any, str, str]] = {}
         self.fn_cls = fn_cls
@@ -613,7 +620,15 @@ class StateTracker:
         end = _walk(value, steps) if steps else value
         found = hidden.watched(end)
         if found is None:
+            # A library function outside torch and math may draw from Python's generator
+            # where the code cannot see it: then the generator's state is compared too.
+            if callable(end) and not isinstance(end, type) and is_library(end) and \
+                    (getattr(end, "__module__", None) or "").split(".")[0] not in _NEVER_DRAW:
+                self.may_draw = True
             return
+        if found[0] == "random" and not (steps and steps[-1][0] == "attr") and \
+                not (not steps and root.home is not None and root.home[0] == "globals"):
+            self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
         if steps and steps[-1][0] == "attr":
             self.hidden_sites[(id(end), steps[-1][1])] = (_walk(value, steps[:-1]), steps[-1][1], end, *found)
         elif not steps and root.home is not None and root.home[0] == "globals":
@@ -750,7 +765,8 @@ class StateTracker:
         self.watch = _PrintWatch()
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
-        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), lambda frame: frame.f_code in codes
+        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
+                                             lambda frame: frame.f_code in codes
                                              or not _library_module(frame.f_globals.get("__name__") or ""))
 
     def stop(self) -> None:
@@ -919,14 +935,14 @@ def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
     if type(value) in _UNWATCHED:
         return None, None
-    state = hidden.fingerprint(value)
-    if state is not None:
-        return "hidden", state  # a random generator or an iterator: refused if it moves
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,
                                                        frozenset, torch.nn.Module)) or value is MISSING:
         return None, None
+    state = hidden.fingerprint(value)
+    if state is not None:
+        return "hidden", state  # a random generator or an iterator: refused if it moves
     if isinstance(value, (list, collections.deque)):
         return "list", list(value)
     if isinstance(value, dict):
