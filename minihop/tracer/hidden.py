@@ -55,7 +55,8 @@ def fingerprint(value: Any) -> Any:
     """A comparable copy of the state ``value`` keeps out of its attributes, or None when it
     is not such an object: a ``random.Random``, a numpy generator, an iterator of the
     standard library or a generator."""
-    if isinstance(value, random.Random):
+    cls = type(value)  # by type: isinstance on a traced tensor would ask its __class__
+    if issubclass(cls, random.Random):
         try:
             return value.getstate()
         except NotImplementedError:  # SystemRandom: the OS's entropy, read fresh each time
@@ -64,13 +65,13 @@ def fingerprint(value: Any) -> Any:
     if holder is not None:
         state = holder.get_state(legacy=False) if hasattr(holder, "get_state") else holder.state
         return pickle.dumps(state)
-    if isinstance(value, types.GeneratorType):
+    if cls is types.GeneratorType:
         frame = value.gi_frame
         if frame is None:
             return ()  # finished: it cannot change any more
         return (frame.f_lasti, tuple((k, id(v), v if isinstance(v, _ATOMS) else None)
                                      for k, v in frame.f_locals.items()))
-    if type(value).__module__ in ("itertools", "builtins") and hasattr(type(value), "__next__"):
+    if cls.__module__ in ("itertools", "builtins") and hasattr(cls, "__next__"):
         try:
             return value.__reduce__()  # (class, args, position): moves as it is advanced
         except Exception:
@@ -140,7 +141,7 @@ class ReadWatch:
     finds a draw made where the code does not name it (inside a library function); each
     generator drawn from is put back as it was (``stop``)."""
 
-    def __init__(self, sites: list[tuple[Any, str, Any, str, str]],
+    def __init__(self, sites: list[tuple[Any, str, Any, str, str]], compare_generator: bool,
                  is_user: Callable[[types.FrameType], bool]) -> None:
         self.reads: list[tuple[str, str, str | None, int, str | None]] = []  # (phase, kind, what, line, where)
         self.phase = "forward"  # pystate moves it on when forward is done
@@ -148,7 +149,9 @@ class ReadWatch:
         self.is_user = is_user
         self.swapped: list[tuple[Any, str, Any]] = []
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
-        self.states: dict[str, Any] = {"random": random._inst.getstate()}  # type: ignore[attr-defined]
+        # Python's generator compared before and after only where the code may draw unseen
+        # (its state costs a 625-number copy to read); a named draw saves it when made.
+        self.states: dict[str, Any] = {"random": random._inst.getstate()} if compare_generator else {}  # type: ignore[attr-defined]
         for holder, name, fn, kind, what in sites:
             self._swap(holder, name, fn, kind, what)
 
@@ -157,7 +160,7 @@ class ReadWatch:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
                 if kind != "clock" or self.is_user(frame):
-                    if kind in ("numpy", "seed") and kind not in self.states:
+                    if kind != "clock" and kind not in self.states:
                         self.states[kind] = _global_state(kind)
                     self.reads.append((self.phase, kind, what, frame.f_lineno,
                                        f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
@@ -192,9 +195,8 @@ class ReadWatch:
                 setattr(home, name, fn)
         self.swapped.clear()
         self.check_generator()
-        before = self.states.pop("random", None)
-        if before is not None and any(read[1] == "random" for read in self.reads):
-            random._inst.setstate(before)  # type: ignore[attr-defined]
+        if not any(read[1] == "random" for read in self.reads):
+            self.states.pop("random", None)  # not drawn from: nothing to put back
         for kind, state in self.states.items():
             _set_global_state(kind, state)
         self.states.clear()
@@ -206,13 +208,17 @@ def describe_global(kind: str) -> str:
 
 
 def _global_state(kind: str) -> Any:
+    if kind == "random":
+        return random._inst.getstate()  # type: ignore[attr-defined]  # the module's getstate is swapped
     if kind == "numpy":
         return sys.modules["numpy.random.mtrand"]._rand.get_state()
     return torch.random.get_rng_state()  # "seed": torch's CPU generator, reseeded by tracing
 
 
 def _set_global_state(kind: str, state: Any) -> None:
-    if kind == "numpy":
+    if kind == "random":
+        random._inst.setstate(state)  # type: ignore[attr-defined]
+    elif kind == "numpy":
         sys.modules["numpy.random.mtrand"]._rand.set_state(state)
     else:
         torch.random.set_rng_state(state)

@@ -309,13 +309,24 @@ def _resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | N
     if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
         # A parameter left out of the call holds its default: the same object every call
         # (``cache=[]``), state like a global's.
-        default = inspect.signature(fn).parameters[chain.root].default
-        default = MISSING if default is inspect.Parameter.empty else default
+        default = _default_of(fn, chain.root)
         if passed is not None and where >= passed and default is not MISSING:
             # Not in the call key (no argument was passed for it): read and written as state.
             return _Root(f"{fn.__name__}'s default {chain.root}", lambda args, d=default: d, False)
         return _Root(chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d, True)
     return None
+
+
+def _default_of(fn: Any, name: str) -> Any:
+    """Parameter ``name``'s default value in ``fn``, or MISSING (read off the code: a
+    signature object per chain costs more than the rest of the analysis)."""
+    code = fn.__code__
+    positional = code.co_varnames[:code.co_argcount]
+    if name in positional:
+        defaults = fn.__defaults__ or ()
+        i = positional.index(name) - (len(positional) - len(defaults))
+        return defaults[i] if i >= 0 else MISSING
+    return (fn.__kwdefaults__ or {}).get(name, MISSING)
 
 
 def _cell_value(cell: Any) -> Any:
@@ -369,6 +380,11 @@ class _Bound:
 
     obj: Any
     description: str
+
+
+# Library packages whose functions never draw from Python's random generator.
+_NEVER_DRAW = frozenset({"torch", "math", "operator", "builtins", "functools", "itertools", "typing",
+                         "minihop", "numbers", "cmath", "_operator"})
 
 
 def _flag_place(fn: Callable[[], Any]) -> Place:
@@ -540,6 +556,8 @@ class StateTracker:
         self.increments: set[tuple[str, str, str]] = set()
         self.watch: _PrintWatch | None = None
         self.hidden_reads: hidden.ReadWatch | None = None
+        # Whether Python's generator may be drawn from where the code does not name it.
+        self.may_draw = False
         # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
         self.hidden_sites: dict[tuple[int, str], tuple[Any, str, Any, str, str]] = {}
         self.fn_cls = fn_cls
@@ -602,7 +620,15 @@ class StateTracker:
         end = _walk(value, steps) if steps else value
         found = hidden.watched(end)
         if found is None:
+            # A library function outside torch and math may draw from Python's generator
+            # where the code cannot see it: then the generator's state is compared too.
+            if callable(end) and not isinstance(end, type) and is_library(end) and \
+                    (getattr(end, "__module__", None) or "").split(".")[0] not in _NEVER_DRAW:
+                self.may_draw = True
             return
+        if found[0] == "random" and not (steps and steps[-1][0] == "attr") and \
+                not (not steps and root.home is not None and root.home[0] == "globals"):
+            self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
         if steps and steps[-1][0] == "attr":
             self.hidden_sites[(id(end), steps[-1][1])] = (_walk(value, steps[:-1]), steps[-1][1], end, *found)
         elif not steps and root.home is not None and root.home[0] == "globals":
@@ -739,7 +765,8 @@ class StateTracker:
         self.watch = _PrintWatch()
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
-        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), lambda frame: frame.f_code in codes
+        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
+                                             lambda frame: frame.f_code in codes
                                              or not _library_module(frame.f_globals.get("__name__") or ""))
 
     def stop(self) -> None:
@@ -908,14 +935,14 @@ def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
     if type(value) in _UNWATCHED:
         return None, None
-    state = hidden.fingerprint(value)
-    if state is not None:
-        return "hidden", state  # a random generator or an iterator: refused if it moves
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,
                                                        frozenset, torch.nn.Module)) or value is MISSING:
         return None, None
+    state = hidden.fingerprint(value)
+    if state is not None:
+        return "hidden", state  # a random generator or an iterator: refused if it moves
     if isinstance(value, (list, collections.deque)):
         return "list", list(value)
     if isinstance(value, dict):
