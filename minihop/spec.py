@@ -382,7 +382,7 @@ STRICT_MARKS = "_dynamo_dynamic_indices"
 
 
 def is_dynamo_mark(name: str) -> bool:
-    """A tensor attribute ``torch._dynamo.mark_dynamic`` and its kin set (read on their own:
+    """A tensor attribute Dynamo's ``mark_dynamic`` and its kin set (read on their own:
     not one of the Python attributes a capture carries and keys)."""
     return name.startswith("_dynamo") or name in ("_specialize_on", "_specialized_on", "_has_dynamo_dim_marking")
 _MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")

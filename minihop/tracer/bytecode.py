@@ -1,7 +1,7 @@
 """The user's bytecode, read once per code object.
 
 Place in the pipeline: tracer. ``names.result_use`` (how a call's result is stored) and
-``pystate.code_facts`` (what a function reads and writes) both walk a code object's
+``chains.code_facts`` (what a function reads and writes) both walk a code object's
 instructions; ``instructions`` decodes them once and remembers them per code object.
 
 Invariant: for every instruction, ``opname``, ``arg``, ``argval`` and ``offset`` are what
