@@ -10,6 +10,7 @@ user's program would (a scale set on the class, a config object, a global, a clo
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import threading
@@ -1179,3 +1180,60 @@ class TestTorchSettings:
             run_three_ways(lambda apply: steps(DefaultDtypeBias, apply, values, lambda: (x(),)))
         finally:
             torch.set_default_dtype(torch.float32)
+
+
+# ---- functools.partial: the surrogate built with its parameters --------------------------------
+
+def _surrogate(x: torch.Tensor, slope: float) -> torch.Tensor:
+    return x * slope * SCALE
+
+
+SURROGATE = functools.partial(_surrogate, slope=2.0)
+
+
+class PartialGlobal(torch.autograd.Function):
+    """Calls a global ``partial`` (its keywords may be changed in place between calls)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return SURROGATE(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return SURROGATE(g)
+
+
+class PartialArgument(torch.autograd.Function):
+    """Takes the surrogate as an argument, as spiking packages pass ``spike_grad``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fn: Any) -> torch.Tensor:
+        ctx.fn = fn
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        return ctx.fn(g), None
+
+
+class TestPartials:
+    def test_global_partial_keywords_changed_in_place(self) -> None:
+        """A global partial's keywords, changed in place, and the global its function reads,
+        are guarded."""
+        values = [(lambda v=v: SURROGATE.keywords.__setitem__("slope", v), nothing) for v in (2.0, 3.0, 2.0)]
+        values.append((set_global("SCALE", 4.0), nothing))
+        try:
+            run_three_ways(lambda apply: steps(PartialGlobal, apply, values, lambda: (x(),)))
+        finally:
+            SURROGATE.keywords["slope"] = 2.0
+
+    def test_partial_argument_with_other_keywords(self) -> None:
+        """A partial argument is keyed by what it passes, not only by which object it is: the
+        same partial with its keywords changed in place is a new capture."""
+
+        def sequence(apply: Apply) -> list[Any]:
+            fn = functools.partial(_surrogate, slope=2.0)
+            values = [(lambda v=v: fn.keywords.__setitem__("slope", v), nothing) for v in (2.0, 3.0, 2.0)]
+            return steps(PartialArgument, apply, values, lambda: (x(), fn))
+
+        run_three_ways(sequence)

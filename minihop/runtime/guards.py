@@ -58,6 +58,10 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         return ("M", type(value), id(value), tuple(
             (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
+    if isinstance(value, functools.partial):
+        # What it is called with is part of what it computes (``partial(surrogate, alpha=2.0)``).
+        inner = _open | {id(value)}
+        return ("partial", id(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
     attrs = attributes(value)

@@ -279,6 +279,8 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]) -> Iterator[
             steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
             value = _walk(root.fetch(()), steps)
             value = value.__func__ if isinstance(value, staticmethod) else value
+            if isinstance(value, functools.partial):
+                value = value.func  # what a partial calls reads what it reads
             if _is_user_function(value):
                 todo.append((phase, value, {}, depth + 1))
             elif isinstance(value, types.MethodType) and _is_user_function(value.__func__) \
@@ -432,6 +434,10 @@ class StateTracker:
                 if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)):
                     continue
                 self._add_read(_place(root, chain.steps), phase, code, chain.line)
+                if isinstance(end, functools.partial):
+                    # What the partial passes is read too (its keywords may change in place).
+                    for part in ("args", "keywords"):
+                        self._add_read(_place(root, (*chain.steps, ("attr", part))), phase, code, chain.line)
         # The Function class itself is watched when its code names it (``MyFn.calls += 1``):
         # then it is one of the roots above.
 
