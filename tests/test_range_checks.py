@@ -66,13 +66,17 @@ class LogTailedSpike(Function):
         return log_tailed_backward(grad_output, ctx.saved_tensors[0], ctx.alpha)
 
 
-class TwoMasks(Function):
-    """Both masks written inline: the user's own ``x <= 0`` takes the name ``le`` first."""
+class SavesInput(Function):
+    """Forward saves its input and returns a copy; the subclasses' backwards use masks."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
         return x.clone()
+
+
+class TwoMasks(SavesInput):
+    """Both masks written inline: the user's own ``x <= 0`` takes the name ``le`` first."""
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
@@ -185,13 +189,8 @@ def test_one_capture_serves_every_mask() -> None:
     assert fn.stats.captures == 1
 
 
-class SizeOfSelected(Function):
+class SizeOfSelected(SavesInput):
     """Backward reads ``.shape`` of a masked tensor: a size that comes from the data."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x.clone()
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:

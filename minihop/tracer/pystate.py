@@ -187,6 +187,15 @@ def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
                  root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s))
 
 
+def _reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
+    """``os.environ[...]``, ``os.environ.get``, ``os.getenv`` (or those bound by name): the
+    environment is a read like any global, guarded whole (it is small, and which key the code
+    reads is an argument the bytecode chain does not hold)."""
+    if value is os:
+        return bool(steps) and steps[0] == ("attr", "environ") or steps[:1] == (("attr", "getenv"),)
+    return value is os.environ or value is os.getenv
+
+
 def _environment(args: tuple[Any, ...]) -> dict[Any, Any]:
     return dict(getattr(os.environ, "_data", os.environ))  # the raw bytes: no decoding per call
 
@@ -418,9 +427,12 @@ class StateTracker:
                     continue
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
-                self._find_hidden_read(root, value, named)
-                self._find_environment_read(value, named, phase, code, chain.line)
-                self._find_flag_read(value, named, phase, code, chain.line)
+                named_end = _walk(value, named) if named else value  # what the code calls or reads
+                self._find_hidden_read(root, value, named, named_end)
+                if _reads_environment(value, named):
+                    self._add_read(_ENVIRONMENT, phase, code, chain.line)
+                if id(named_end) in _FLAG_PLACES:
+                    self._add_read(_FLAG_PLACES[id(named_end)], phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: not the user's state
                 if root.description not in seen_roots:
@@ -441,10 +453,10 @@ class StateTracker:
         # The Function class itself is watched when its code names it (``MyFn.calls += 1``):
         # then it is one of the roots above.
 
-    def _find_hidden_read(self, root: _Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> None:
+    def _find_hidden_read(self, root: _Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
         """A clock read or a process-wide generator's function that the code names (``time.time``,
-        ``np.random.rand``, a global ``perf_counter``): where to watch it (hidden.ReadWatch)."""
-        end = _walk(value, steps) if steps else value
+        ``np.random.rand``, a global ``perf_counter``; ``end``, at ``steps`` from ``value``):
+        where to watch it (hidden.ReadWatch)."""
         found = hidden.watched(end)
         if found is None:
             # A library function outside torch and math may draw from Python's generator
@@ -453,36 +465,12 @@ class StateTracker:
                     (getattr(end, "__module__", None) or "").split(".")[0] not in _NEVER_DRAW:
                 self.may_draw = True
             return
-        if found[0] == "random" and not (steps and steps[-1][0] == "attr") and \
-                not (not steps and root.home is not None and root.home[0] == "globals"):
-            self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
         if steps and steps[-1][0] == "attr":
             self.hidden_sites[(id(end), steps[-1][1])] = (_walk(value, steps[:-1]), steps[-1][1], end, *found)
         elif not steps and root.home is not None and root.home[0] == "globals":
             self.hidden_sites[(id(end), root.home[2])] = (root.home[1], root.home[2], end, *found)
-
-    def _find_environment_read(self, value: Any, steps: tuple[tuple[str, Any], ...], phase: str,
-                               code: types.CodeType, line: int | None) -> None:
-        """``os.environ[...]``, ``os.environ.get``, ``os.getenv`` (or those bound by name): the
-        environment is a read like any global, guarded whole (it is small, and which key the
-        code reads is an argument the bytecode chain does not hold)."""
-        for k in range(len(steps) + 1):
-            found = value if k == 0 else _walk(value, steps[:k])
-            if found is os.environ or found is os.getenv:
-                self._add_read(_ENVIRONMENT, phase, code, line)
-                return
-            if found is MISSING or isinstance(found, types.ModuleType) and found is not os:
-                return
-
-    def _find_flag_read(self, value: Any, steps: tuple[tuple[str, Any], ...], phase: str,
-                        code: types.CodeType, line: int | None) -> None:
-        """A process-wide torch setting the code asks for (``torch.get_default_dtype()``,
-        ``torch.are_deterministic_algorithms_enabled()``): a guarded read, so a call made
-        after it changed is traced again, as eager reads it anew."""
-        end = _walk(value, steps) if steps else value
-        place = _FLAG_PLACES.get(id(end))
-        if place is not None:
-            self._add_read(place, phase, code, line)
+        elif found[0] == "random":
+            self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
 
     def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
         """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
