@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .structure import OutputSpec, Path, Step, format_path
+from .structure import OutputSpec, Path, Step, format_path, fresh
 
 __all__ = ["DataRead", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
            "Place", "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments",
@@ -225,12 +225,14 @@ class StateWrite:
     line: str | None = None
 
     def replay(self, args: tuple[Any, ...]) -> None:
+        # A number computed from symbolic sizes (``structure.Computed``) is this call's.
+        payload = fresh(self.payload, args, copy_containers=False)
         if self.kind == "add":
-            self.place.set(args, self.place.get(args) + self.payload)
+            self.place.set(args, self.place.get(args) + payload)
         elif self.kind == "extend":
-            self.place.get(args).extend(self.payload)
+            self.place.get(args).extend(payload)
         else:
-            self.place.set(args, self.payload)
+            self.place.set(args, payload)
 
     def describe(self) -> str:
         if self.kind == "add":

@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import math
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,17 +23,89 @@ from typing import Any
 import torch
 
 __all__ = ["Step", "Path", "argname", "format_path", "iter_leaves", "replace_tensors", "make_getter",
-           "OutputSpec", "describe_output", "attributes", "PLAIN_CALLABLES"]
+           "path_expression", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
+           "PLAIN_CALLABLES"]
 
 # One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
 # ("key", k) or ("attr", name).
 Step = tuple[str, Any]
 Path = tuple[Step, ...]
 
+class Computed:
+    """A Python number forward computed from dynamic sizes (``x.shape[0]``, ``k / 2``), as code
+    over the call's bound arguments ``args`` (``args[0].size(0) / 2``).
+
+    With symbolic sizes, a number forward returns or writes is a symbol of the trace (``s93``),
+    not the value eager would give for the next call: each call computes it from its own
+    arguments instead (``fresh``). The code is the whole record, so it can be saved.
+    """
+
+    __slots__ = ("code", "_fn")
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self._fn: Callable[[tuple[Any, ...]], Any] = eval(
+            f"lambda args: {code}", {"math": math, "torch": torch})  # the ShapeEnv printer's names
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        return self._fn(args)
+
+    def __repr__(self) -> str:
+        return f"Computed({self.code!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Computed) and other.code == self.code
+
+    def __hash__(self) -> int:
+        return hash(self.code)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Computed, (self.code,))
+
+
+def has_computed(value: Any) -> bool:
+    """Whether a ``Computed`` is anywhere in the plain containers of ``value``."""
+    if isinstance(value, Computed):
+        return True
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return any(has_computed(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_computed(v) for v in value.values())
+    return False
+
+
+def fresh(value: Any, args: tuple[Any, ...], copy_containers: bool = True) -> Any:
+    """``value`` for one call: each ``Computed`` evaluated on ``args``; plain containers
+    (dict, list, set, tuple, ``torch.Size``) rebuilt, as forward builds them anew on each eager
+    call (a caller's edit to one call's dict must not show in the next); other objects as they
+    are. With ``copy_containers=False`` only containers holding a ``Computed`` are rebuilt."""
+    if isinstance(value, Computed):
+        return value(args)
+    if not copy_containers and not has_computed(value):
+        return value
+    if isinstance(value, dict):
+        new = copy.copy(value)  # keeps a dict subclass (OrderedDict, defaultdict)
+        for k, v in value.items():
+            new[k] = fresh(v, args, copy_containers)
+        return new
+    if isinstance(value, torch.Size):
+        return torch.Size([fresh(v, args, copy_containers) for v in value])
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(fresh(v, args, copy_containers) for v in value)
+    if isinstance(value, list):
+        return [fresh(v, args, copy_containers) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return type(value)(fresh(v, args, copy_containers) for v in value)
+    return value
+
+
+# Constants rebuild returns as they are (immutable, no Computed inside).
+_PLAIN_CONSTS = frozenset({int, float, bool, str, bytes, complex, type(None)})
+
 # Values that are leaves even though they may have a __dict__.
 _ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
            torch.device, torch.layout, torch.memory_format, type, torch.nn.Module,
-           torch.SymInt, torch.SymFloat, torch.SymBool)
+           torch.SymInt, torch.SymFloat, torch.SymBool, Computed)
 
 
 # Callables that are code, not objects holding state: keyed by identity, never looked into.
@@ -139,6 +212,12 @@ def replace_tensors(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: P
 
 def make_getter(path: Path) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     """A function ``(args, kwargs) -> value at path``, generated once for the hot path."""
+    fn: Callable[[tuple[Any, ...], dict[str, Any]], Any] = eval(f"lambda args, kwargs: {path_expression(path)}")
+    return fn
+
+
+def path_expression(path: Path) -> str:
+    """Python code for the value at ``path`` over ``args`` (and ``kwargs``)."""
     expr = ""
     for kind, key in path:
         if kind == "arg":
@@ -151,17 +230,17 @@ def make_getter(path: Path) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
             expr += f"[{key!r}]"
         else:
             expr += f".{key}"
-    fn: Callable[[tuple[Any, ...], dict[str, Any]], Any] = eval(f"lambda args, kwargs: {expr}")
-    return fn
+    return expr
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
     """The shape of what forward returned, with tensors replaced by flat output indices.
 
-    ``kind`` is ``"tensor"`` (``index`` into the flat outputs), ``"const"`` (``value``),
-    ``"tuple"``, ``"list"``, ``"namedtuple"``, ``"dict"`` or ``"object"`` (``children``, with
-    ``keys`` for dicts/objects and ``template`` for namedtuples/objects).
+    ``kind`` is ``"tensor"`` (``index`` into the flat outputs), ``"const"`` (``value``; a
+    ``Computed`` value is computed from each call's arguments), ``"tuple"``, ``"size"`` (a
+    ``torch.Size``), ``"list"``, ``"namedtuple"``, ``"dict"`` or ``"object"`` (``children``,
+    with ``keys`` for dicts/objects and ``template`` for namedtuples/objects).
     """
 
     kind: str
@@ -171,16 +250,20 @@ class OutputSpec:
     children: tuple["OutputSpec", ...] = ()
     template: Any = None
 
-    def rebuild(self, flat: tuple[Any, ...] | list[Any]) -> Any:
-        """Rebuild the user's structure from the flat tensor outputs."""
+    def rebuild(self, flat: tuple[Any, ...] | list[Any], args: tuple[Any, ...] = ()) -> Any:
+        """Rebuild the user's structure from the flat tensor outputs (and, for ``Computed``
+        values, the call's bound arguments)."""
         kind = self.kind
         if kind == "tensor":
             return flat[self.index]
         if kind == "const":
-            return self.value
-        items = [c.rebuild(flat) for c in self.children]
+            value = self.value
+            return value if type(value) in _PLAIN_CONSTS else fresh(value, args)
+        items = [c.rebuild(flat, args) for c in self.children]
         if kind == "tuple":
             return tuple(items)
+        if kind == "size":
+            return torch.Size(items)
         if kind == "list":
             return items
         if kind == "namedtuple":
@@ -202,6 +285,8 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
     """
     if isinstance(value, torch.Tensor):
         return OutputSpec("tensor", index=on_tensor(value, level <= 1))
+    if isinstance(value, torch.Size) and level > 0:
+        return OutputSpec("size", children=tuple(describe_output(v, on_tensor, 2) for v in value))
     if isinstance(value, tuple):
         # Only the returned tuple itself spreads into outputs; deeper tuples are plain values.
         child_level = 1 if level == 0 else 2
@@ -220,3 +305,8 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
         return OutputSpec("object", keys=tuple(attrs), template=value, children=tuple(
             describe_output(v, on_tensor, 2) for v in attrs.values()))
     return OutputSpec("const", value=value)
+
+
+def spec_has_computed(spec: OutputSpec) -> bool:
+    """Whether rebuilding ``spec`` needs the call's arguments."""
+    return has_computed(spec.value) or any(spec_has_computed(c) for c in spec.children)

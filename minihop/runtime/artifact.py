@@ -37,7 +37,7 @@ from torch.fx.node import _get_qualified_name
 
 from ..errors import UnsupportedOutputError
 from ..spec import InputSource, Pair
-from ..structure import OutputSpec
+from ..structure import Computed, OutputSpec, has_computed
 
 __all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
 
@@ -55,6 +55,8 @@ def _spec_to_json(spec: OutputSpec, name: str) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": spec.kind}
     if spec.kind == "tensor":
         out["index"] = spec.index
+    elif spec.kind == "const" and has_computed(spec.value):
+        out["computed"] = _computed_to_json(spec.value)
     elif spec.kind == "const":
         json.dumps(spec.value)  # raises for values JSON cannot hold
         out["value"] = spec.value
@@ -65,10 +67,31 @@ def _spec_to_json(spec: OutputSpec, name: str) -> dict[str, Any]:
     return out
 
 
+def _computed_to_json(value: Any) -> Any:
+    """A number computed per call from sizes (``structure.Computed``): its code, in JSON."""
+    if isinstance(value, Computed):
+        return {"code": value.code}
+    if isinstance(value, (tuple, list)):
+        return {"items": [_computed_to_json(v) for v in value], "list": isinstance(value, list)}
+    json.dumps(value)  # raises for values JSON cannot hold
+    return {"value": value}
+
+
+def _computed_from_json(data: dict[str, Any]) -> Any:
+    if "code" in data:
+        return Computed(data["code"])
+    if "items" in data:
+        items = [_computed_from_json(v) for v in data["items"]]
+        return items if data["list"] else tuple(items)
+    return data["value"]
+
+
 def _spec_from_json(data: dict[str, Any]) -> OutputSpec:
     kind = data["kind"]
     if kind == "tensor":
         return OutputSpec("tensor", index=data["index"])
+    if kind == "const" and "computed" in data:
+        return OutputSpec("const", value=_computed_from_json(data["computed"]))
     if kind == "const":
         return OutputSpec("const", value=data["value"])
     children = tuple(_spec_from_json(c) for c in data["children"])

@@ -237,7 +237,7 @@ def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, 
             flat[i] = result[k]
         if writer is not None:
             writer(args, flat)
-        return spec.rebuild(flat)
+        return spec.rebuild(flat, args)
 
     def run_any(args: tuple[Any, ...]) -> Any:
         if _transforms_active():
@@ -276,7 +276,7 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
                 flat[i] = next(top) if is_top else next(nested)
             if writer is not None:
                 writer(args, flat)
-            return spec.rebuild(flat)
+            return spec.rebuild(flat, args)
         return run_nested
     if writer is not None:
         # Forward wrote only tensors it also returns (``sink.append(y); return y``): every fwd
@@ -287,7 +287,7 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
             result = apply(*get(args))
             flat = (result,) if single else result
             writer(args, flat)
-            return spec.rebuild(flat)
+            return spec.rebuild(flat, args)
         return run_written
     # The Function's result is already the user's: one tensor, or the tuple of outputs in order.
     as_is = getattr(function, "single_output", False) or (
@@ -299,7 +299,7 @@ def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tupl
         return lambda args: apply(*fetch(args))
     if spec.kind == "tensor":
         return lambda args: apply(*get(args))[spec.index]
-    return lambda args: spec.rebuild(apply(*get(args)))
+    return lambda args: spec.rebuild(apply(*get(args)), args)
 
 
 def _same(args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -558,11 +558,19 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
         if not materialize:
             ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*[inputs[j] if kind == "input" else output[j] for kind, j in where])
-        ctx.mark_non_differentiable(*output[n_top:], *[output[p] for p in nondiff_pos])
+        saved = [inputs[j] if kind == "input" else output[j] for kind, j in where]
+        # Python numbers bwd reads (size symbols, with symbolic sizes) are kept on ctx, as a
+        # user keeps ``ctx.n = x.shape[0]``: save_for_backward takes tensors only.
+        ctx.minihop_numbers = [(i, v) for i, v in enumerate(saved) if not isinstance(v, torch.Tensor)]
+        ctx.save_for_backward(*[v for v in saved if isinstance(v, torch.Tensor)])
+        ctx.mark_non_differentiable(*[v for v in output[n_top:] if isinstance(v, torch.Tensor)],
+                                    *[output[p] for p in nondiff_pos])
 
     def backward(ctx: Any, *grads: Any) -> Any:
-        return call_bwd(grads[:n_top], ctx.saved_tensors)[0]
+        saved = list(ctx.saved_tensors)
+        for i, v in ctx.minihop_numbers:
+            saved.insert(i, v)
+        return call_bwd(grads[:n_top], saved)[0]
 
     return type(f"Transformable_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), {
         "forward": staticmethod(forward),

@@ -17,9 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..spec import Location, OutsideWrite
-from ..structure import make_getter
+from ..structure import fresh, has_computed, make_getter
 
 __all__ = ["make_writer"]
+
+# Python values written that ``fresh`` rebuilds per call.
+_REBUILT = (dict, list, set, tuple)
 
 Writer = Callable[[tuple[Any, ...], Any], None]
 
@@ -28,13 +31,20 @@ def make_writer(writes: tuple[OutsideWrite, ...]) -> Writer | None:
     """``(args, fwd outputs) -> None`` doing ``writes``; None when there are none."""
     if not writes:
         return None
-    steps = tuple((_container(w.location), w.location.step, w.output, w.value) for w in writes)
+    # A Python value is rebuilt per call (``fresh``): forward makes a new dict or list each
+    # eager call (an edit to one call's must not show in the next), and a number computed from
+    # symbolic sizes is this call's.
+    steps = tuple((_container(w.location), w.location.step, w.output, w.value,
+                   w.output is None and (has_computed(w.value) or isinstance(w.value, _REBUILT)))
+                  for w in writes)
 
     def write(args: tuple[Any, ...], outs: Any) -> None:
-        for container, (kind, key), output, value in steps:
+        for container, (kind, key), output, value, rebuilt in steps:
             target = container(args, outs)
             if output is not None:
                 value = outs[output]
+            elif rebuilt:
+                value = fresh(value, args)
             if kind == "append":
                 target.append(value)
             elif kind == "key":

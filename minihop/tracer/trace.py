@@ -57,6 +57,8 @@ from .names import FrameSnapshot, capture_locals, code_of, free_values, input_na
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
 from .unbacked import Plan, Retrace, UnbackedValues
+from .symvalues import resolve_symbolic
+from .torchlogs import quiet_torch_logs
 from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -570,7 +572,7 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     ``grad_specs`` (one per fwd output; default: contiguous grads) sets the layout of the fake
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
     """
-    with TRACE_LOCK:
+    with TRACE_LOCK, quiet_torch_logs():  # a log line of torch's is never the caller's
         try:
             return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
         except Exception as e:
@@ -745,6 +747,9 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     fwd_names = dict(names)
     names.update(bwd.names)
     python_state = state.finish(ctx)
+    if t.dynamic_fakes:  # numbers from symbolic sizes: computed per call (inside trace(), the outer trace's)
+        spec, outside_writes, python_state = resolve_symbolic(parts.name, t.symbol_sources, spec,
+                                                              outside_writes, python_state)
     fwd_inputs = tuple((node, t.placeholder_sources[node])
                        for node in t.fwd.graph.nodes if node.op == "placeholder")
     made: list[RawCapture] = []
