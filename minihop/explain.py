@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .errors import DataDependentError, MinihopError
-from .pipeline import MAX_VALUE_VARIANTS, describe_autocast, run_pipeline, value_key
+from .pipeline import MAX_VALUE_VARIANTS, UNSET, describe_autocast, refuse_shadowed_options, run_pipeline, value_key
 from .structure import argname
 
 __all__ = ["Explanation", "explain"]
@@ -98,9 +98,13 @@ def _handling(feature: str) -> str:
     return "captured"
 
 
-def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: bool = True,
+def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any = UNSET,
             **kwargs: Any) -> Explanation:
-    """Capture ``fn_cls`` for these arguments and report how each of its features was handled."""
+    """Capture ``fn_cls`` for these arguments and report how each of its features was handled
+    (``dynamic`` default False, ``print_report`` default True)."""
+    refuse_shadowed_options(fn_cls, args, {"dynamic": dynamic, "print_report": print_report})
+    dynamic = False if dynamic is UNSET else dynamic
+    print_report = True if print_report is UNSET else print_report
     name = getattr(fn_cls, "__qualname__", repr(fn_cls))
     try:
         raw, cap = run_pipeline(fn_cls, args, kwargs, dynamic)

@@ -38,16 +38,48 @@ from .runtime.guards import call_key, describe_autocast, layout_key, value_key
 from .runtime.streams import run_on_stream
 from .spec import DataRead, Pair, RawCapture, bind_arguments, marks
 from .structure import argname, replace_tensors
+from .tracer.bytecode import check_python
 from .tracer.pystate import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 
-__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace",
+__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET",
+           "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
            "run_on_stream", "tracing", "value_key"]
 
-def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] | None = False,
+class _Unset:
+    """An option the caller did not pass (told apart from one passed with its default)."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET: Any = _Unset()
+
+
+def refuse_shadowed_options(fn_cls: type, args: tuple[Any, ...], options: Mapping[str, Any]) -> None:
+    """An option passed to minihop (``dynamic=``) that is also a parameter of ``fn_cls.forward``
+    which ``args`` do not fill: whose it is would be a guess, so it is refused. The caller fills
+    the parameter positionally (the keyword is then minihop's), or leaves the option out."""
+    passed = [name for name, value in options.items() if value is not UNSET]
+    if not passed:
+        return
+    argnames = function_parts(fn_cls).argnames
+    for name in passed:
+        if name in argnames[len(args):]:
+            raise UnsupportedArgumentError(
+                f"{name}= is both an option of minihop's and a parameter of "
+                f"{fn_cls.__qualname__}.forward ({', '.join(argnames)}), which the positional "
+                "arguments do not fill.",
+                f"minihop would take {name}= as its own option and never pass it to forward "
+                "(or the other way round): the call is ambiguous.",
+                f"Pass forward's {name} positionally (a keyword {name}= is then minihop's option), "
+                f"or use minihop.function({fn_cls.__qualname__}, {name}=...) for the option.")
+
+
+def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequence[int]] | None = UNSET,
             **kwargs: Any) -> Capture:
     """Capture ``fn_cls`` (an ``autograd.Function``) for arguments like ``args``.
 
@@ -60,18 +92,27 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
     the tensors carry (Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic``,
     ``mark_static``) add or remove dimensions (see ``dynamic_dims``).
     """
-    return run_pipeline(fn_cls, args, kwargs, dynamic)[1]
+    refuse_shadowed_options(fn_cls, args, {"dynamic": dynamic})
+    return run_pipeline(fn_cls, args, kwargs, False if dynamic is UNSET else dynamic)[1]
 
 
 def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                        dynamic: bool | Mapping[int | str, Sequence[int]] | None = False) -> tuple[RawCapture, Capture]:
     """Run the pipeline: ``capture``, also returning the raw trace (``explain`` reads it)."""
+    check_python()
     if torch._C._are_functorch_transforms_active():
         # Called inside torch.func.grad/vmap/...: the arguments are the transforms' wrappers.
         # Trace outside the transforms, on plain tensors with the wrappers' (logical)
         # properties; the capture then runs on wrapped tensors like any torch code.
         with temporarily_clear_interpreter_stack():
             return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
+    if torch.is_inference_mode_enabled():
+        # Under inference_mode, with inference tensors (the serving setup): trace outside it,
+        # on normal copies (an inference tensor has no version counter for the tracer to
+        # watch), with grad off as inference mode has it; the capture then runs under
+        # inference_mode like any torch code, as eager's F.apply does.
+        with torch.inference_mode(False), torch.no_grad():
+            return run_pipeline(fn_cls, _normal_copies(args), _normal_copies(kwargs), dynamic)
     start = time.perf_counter()
     masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
@@ -148,6 +189,18 @@ def _plain_like(value: Any) -> Any:
                                    requires_grad=t.requires_grad)
 
     return replace_tensors(value, plain, ())
+
+
+def _normal_copies(value: Any) -> Any:
+    """``value`` with each inference tensor replaced by a normal tensor with its values,
+    strides, dtype and device (made outside inference mode)."""
+    def normal(_path: Any, t: torch.Tensor) -> torch.Tensor:
+        if not t.is_inference():
+            return t
+        copy = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+        return copy.copy_(t)
+
+    return replace_tensors(value, normal, ())
 
 
 def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
@@ -235,11 +288,17 @@ def _check_strict_marks(fn_cls: type, args: tuple[Any, ...], raw: RawCapture) ->
 def _policy_dims(fn_cls: type, args: tuple[Any, ...],
                  dynamic: bool | Mapping[int | str, Sequence[int]] | None) -> dict[int, tuple[int, ...]]:
     """The dimensions ``dynamic`` itself names (None and False: none)."""
-    if not dynamic:
+    if dynamic is None or dynamic is False:
         return {}
     if dynamic is True:
         return {i: tuple(range(a.dim())) for i, a in enumerate(args)
                 if isinstance(a, torch.Tensor) and a.dim() > 0}
+    if not isinstance(dynamic, Mapping):
+        raise UnsupportedArgumentError(
+            f"dynamic={dynamic!r} for {fn_cls.__qualname__}: a {type(dynamic).__name__}.",
+            "dynamic= is True, False, None, or a mapping from an argument (name or position) to "
+            "the dimensions that are dynamic, as torch.export's dynamic_shapes names them per input.",
+            "Write dynamic=True for every dimension, or e.g. dynamic={'x': [0]}.")
     argnames = function_parts(fn_cls).argnames
     dims: dict[int, tuple[int, ...]] = {}
     for name, which in dynamic.items():
@@ -254,5 +313,29 @@ def _policy_dims(fn_cls: type, args: tuple[Any, ...],
                 "Only dimensions of tensor arguments, and int arguments themselves, can be dynamic.",
                 "Name a tensor argument by name or position, e.g. dynamic={'x': [0]}, or an int "
                 "argument with no dimensions, e.g. dynamic={'k': []}.")
-        dims[index] = tuple(int(d) % args[index].dim() for d in which)
+        dims[index] = _checked_dims(fn_cls, argname(index, argnames), args[index], which)
     return dims
+
+
+def _checked_dims(fn_cls: type, name: str, tensor: torch.Tensor, which: Any) -> tuple[int, ...]:
+    """``which`` (dimensions of ``tensor``) checked as torch.export checks ``dynamic_shapes``:
+    ints (or a mapping keyed by them) within the tensor's rank, negatives counted from the end."""
+    rank = tensor.dim()
+
+    def refuse(found: str) -> UnsupportedArgumentError:
+        return UnsupportedArgumentError(
+            f"dynamic names {found} of {name} for {fn_cls.__qualname__}, a {rank}-d tensor "
+            f"(shape {tuple(tensor.shape)}).",
+            "A dynamic dimension must exist: an int d with -rank <= d < rank (torch.export "
+            "refuses others too); minihop would otherwise make another dimension symbolic.",
+            f"Name dimensions of {name} that exist"
+            + (", or leave the 0-d tensor out of dynamic=." if rank == 0 else f", 0..{rank - 1}."))
+
+    if isinstance(which, (str, bytes)) or not isinstance(which, (Sequence, Mapping, set, frozenset)):
+        raise refuse(f"{which!r} (not a list of dimensions)")
+    found = []
+    for d in which:
+        if type(d) is not int or not -rank <= d < rank:
+            raise refuse(f"dimension {d!r}")
+        found.append(d % rank)
+    return tuple(found)

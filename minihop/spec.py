@@ -120,13 +120,23 @@ def bind_arguments(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     if setup_style:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
+        _refuse_keyword_only(bound.kwargs)
         return tuple(bound.args)
     bound = signature.bind(None, *args, **kwargs)
+    _refuse_keyword_only(bound.kwargs)
     if bound.kwargs:
         names = list(signature.parameters)[1:]
         missing = next(i for i, n in enumerate(names) if n not in bound.arguments)
         raise TypeError(f"forward() missing required argument: '{names[missing]}' (position {missing})")
     return tuple(bound.args[1:])
+
+
+def _refuse_keyword_only(kwargs: dict[str, Any]) -> None:
+    """A keyword-only forward parameter that gets a value: eager's ``Function.apply`` passes it
+    as a keyword to the C++ apply, which refuses it with this TypeError (with
+    ``setup_context`` even when only its default fills it)."""
+    if kwargs:
+        raise TypeError(f"forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
 
 
 # -- Python state ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 import torch
 
-from .pipeline import Capture, capture, check_consistent
+from .pipeline import UNSET, Capture, capture, check_consistent, refuse_shadowed_options
 from .structure import Path, format_path, iter_leaves, replace_tensors
 
 __all__ = ["assert_matches_eager", "assert_same_graph", "clone_args", "dynamo_graphs",
@@ -51,6 +51,13 @@ def clone_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(replace_tensors(a, clone, (("arg", i),)) for i, a in enumerate(args))
 
 
+def _check(ok: bool, message: str) -> None:
+    """The oracle's checks as explicit raises: a bare ``assert`` is stripped under ``python -O``,
+    and the oracle would stop checking types, structure, requires_grad, aliasing and grads."""
+    if not ok:
+        raise AssertionError(message)
+
+
 def _loss(output: Any, seed: int) -> torch.Tensor | None:
     gen = torch.Generator().manual_seed(seed)
     total: torch.Tensor | None = None
@@ -62,10 +69,14 @@ def _loss(output: Any, seed: int) -> torch.Tensor | None:
     return total
 
 
-def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = None,
-                         atol: float | None = None, backward: bool = True,
+def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = UNSET,
+                         atol: float | None = UNSET, backward: bool = UNSET,
                          **kwargs: Any) -> EagerComparison:
-    """Capture ``fn_cls`` and assert it behaves like ``fn_cls.apply`` on these arguments."""
+    """Capture ``fn_cls`` and assert it behaves like ``fn_cls.apply`` on these arguments
+    (``rtol``/``atol`` default: torch.testing's for the dtype; ``backward`` default True)."""
+    refuse_shadowed_options(fn_cls, args, {"rtol": rtol, "atol": atol, "backward": backward})
+    rtol, atol = (None if rtol is UNSET else rtol), (None if atol is UNSET else atol)
+    backward = True if backward is UNSET else backward
     cap = capture(fn_cls, *args, **kwargs)
     check_consistent(cap.fwd, cap.bwd)
     eager_args = clone_args(args)
@@ -79,28 +90,28 @@ def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = None,
     mine_inputs = {id(t): p for p, t in iter_leaves((mine_args, mine_kwargs)) if isinstance(t, torch.Tensor)}
     eager_leaves = list(iter_leaves(eager_out))
     mine_leaves = list(iter_leaves(mine_out))
-    assert type(eager_out) is type(mine_out), (
-        f"output type differs: eager {type(eager_out).__name__}, minihop {type(mine_out).__name__}")
-    assert [p for p, _ in eager_leaves] == [p for p, _ in mine_leaves], (
-        f"output structure differs:\n  eager:   {[format_path(p) for p, _ in eager_leaves]}\n"
-        f"  minihop: {[format_path(p) for p, _ in mine_leaves]}")
+    _check(type(eager_out) is type(mine_out),
+           f"output type differs: eager {type(eager_out).__name__}, minihop {type(mine_out).__name__}")
+    _check([p for p, _ in eager_leaves] == [p for p, _ in mine_leaves],
+           f"output structure differs:\n  eager:   {[format_path(p) for p, _ in eager_leaves]}\n"
+           f"  minihop: {[format_path(p) for p, _ in mine_leaves]}")
     for (path, e), (_, m) in zip(eager_leaves, mine_leaves, strict=True):
         where = f"output{format_path(path)}"
         if isinstance(e, torch.Tensor):
-            assert isinstance(m, torch.Tensor), f"{where}: eager gives a tensor, minihop {type(m).__name__}"
+            _check(isinstance(m, torch.Tensor), f"{where}: eager gives a tensor, minihop {type(m).__name__}")
             torch.testing.assert_close(m, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda s: f"{where}: {s}")
-            assert m.requires_grad == e.requires_grad, (
-                f"{where}: requires_grad eager={e.requires_grad} minihop={m.requires_grad}")
-            assert (id(m) in mine_inputs) == (id(e) in eager_inputs), (
-                f"{where}: eager output {'is' if id(e) in eager_inputs else 'is not'} an input object; "
-                f"minihop's {'is' if id(m) in mine_inputs else 'is not'}")
+            _check(m.requires_grad == e.requires_grad,
+                   f"{where}: requires_grad eager={e.requires_grad} minihop={m.requires_grad}")
+            _check((id(m) in mine_inputs) == (id(e) in eager_inputs),
+                   f"{where}: eager output {'is' if id(e) in eager_inputs else 'is not'} an input object; "
+                   f"minihop's {'is' if id(m) in mine_inputs else 'is not'}")
         else:
-            assert type(e) is type(m) and e == m, f"{where}: eager {e!r}, minihop {m!r}"
+            _check(type(e) is type(m) and e == m, f"{where}: eager {e!r}, minihop {m!r}")
 
     if backward:
         eager_loss = _loss(eager_out, 0)
         mine_loss = _loss(mine_out, 0)
-        assert (eager_loss is None) == (mine_loss is None), "one side has no differentiable output"
+        _check((eager_loss is None) == (mine_loss is None), "one side has no differentiable output")
         if eager_loss is not None and mine_loss is not None:
             eager_loss.backward()
             mine_loss.backward()
@@ -108,7 +119,8 @@ def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = None,
         mine_grads = [(p, t.grad) for p, t in iter_leaves((mine_args, mine_kwargs)) if isinstance(t, torch.Tensor)]
         for (path, eg), (_, mg) in zip(eager_grads, mine_grads, strict=True):
             where = f"grad of {format_path(path)}"
-            assert (eg is None) == (mg is None), f"{where}: eager {'None' if eg is None else 'a tensor'}, minihop {'None' if mg is None else 'a tensor'}"
+            _check((eg is None) == (mg is None),
+                   f"{where}: eager {'None' if eg is None else 'a tensor'}, minihop {'None' if mg is None else 'a tensor'}")
             if eg is not None:
                 torch.testing.assert_close(mg, eg, rtol=rtol, atol=atol, equal_nan=True, msg=lambda s: f"{where}: {s}")
     return EagerComparison(cap, eager_out, mine_out, eager_args, mine_args)

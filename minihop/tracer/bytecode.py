@@ -16,10 +16,35 @@ from __future__ import annotations
 
 import dis
 import functools
+import sys
 from types import CodeType
 from typing import Any, NamedTuple
 
-__all__ = ["Instruction", "instructions"]
+from ..errors import UnsupportedOperationError
+
+__all__ = ["Instruction", "instructions", "SUPPORTED_PYTHON", "check_python"]
+
+# The Python versions whose bytecode the analysis (this module, ``chains``, ``names``,
+# ``pystate``) is written and tested for: 3.12 and 3.13 renamed and removed instructions it
+# reads (PRECALL, LOAD_METHOD, POP_JUMP_FORWARD_IF_*) and dis internals, so reads it no longer
+# recognised would go unguarded, silently. setup.cfg's python_requires says the same.
+SUPPORTED_PYTHON = ((3, 11),)
+
+
+def check_python() -> None:
+    """Refuse to run on a Python whose bytecode the analysis was not written for."""
+    found = tuple(sys.version_info[:2])
+    if found not in SUPPORTED_PYTHON:
+        raise UnsupportedOperationError(
+            f"minihop runs on Python {', '.join('.'.join(map(str, v)) for v in SUPPORTED_PYTHON)}; "
+            f"this is Python {'.'.join(map(str, found))}.",
+            "minihop reads the bytecode of a Function's forward and backward to guard the "
+            "Python state they use; other versions' bytecode differs, and a read it did not "
+            "recognise would go unguarded (a silently stale capture).",
+            "Use Python 3.11, or run the Function eagerly (F.apply).")
+
+
+check_python()  # at import, before the dis internals below (other versions lack some)
 
 
 class Instruction(NamedTuple):
