@@ -1,6 +1,6 @@
 """The guarded capture cache behind ``minihop.apply``, ``minihop.function`` and ``@captured``.
 
-Place in the pipeline: above it (it calls ``pipeline.capture``). One ``CapturedFunction`` per
+Place in the pipeline: above it (it calls ``pipeline.run_pipeline``). One ``CapturedFunction`` per
 user Function and policy; all entry points share this one implementation.
 
 The key of an entry (its guards) is: the Function class and the identity of its
@@ -42,7 +42,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import MinihopError
-from .pipeline import Capture, capture, dynamic_dims, function_parts, guard_key, run_on_stream, tracing
+from .pipeline import Capture, dynamic_dims, run_pipeline, function_parts, guard_key, run_on_stream, tracing
 from .spec import bind_arguments
 
 __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache",
@@ -69,7 +69,14 @@ class CacheStats:
 class _Refused:
     """A key minihop could not capture, run eagerly under ``fallback="eager"``."""
 
-    error: MinihopError
+    error: Exception
+
+
+def capture(fn_cls: type, /, *args: Any, dynamic: Any = None) -> Capture:
+    """The cache's capture of ``fn_cls`` for bound ``args``: ``pipeline.run_pipeline``, not
+    ``pipeline.capture``, whose check for a keyword shadowing a forward parameter is for a
+    caller's own keywords (here ``dynamic`` is this cache's, never the user's)."""
+    return run_pipeline(fn_cls, args, {}, dynamic)[1]
 
 
 def _slot(i: int, value: Any) -> tuple[int, Any] | None:
@@ -268,7 +275,10 @@ class CapturedFunction:
             self.stats.captures += 1
             _totals["captures"] += 1
             key = (key[0], entry.key)  # its own dimensions' key (static, if it fell back)
-        except MinihopError as e:
+        except Exception as e:
+            # fallback="eager": whatever stops the capture -- minihop's refusal, or the user's
+            # own exception while tracing (a backward that raises NotImplementedError, which
+            # eager raises only if someone differentiates) -- is eager's to decide.
             if self.fallback == "raise":
                 raise
             self._warn_once("fallback", (

@@ -88,6 +88,15 @@ class TestShadowedOptions:
         minihop.capture(Scaled, x3())  # no option passed: nothing ambiguous
 
 
+    def test_the_caches_options_are_never_the_users(self) -> None:
+        """minihop.function's options are its own: forward's same-named parameters keep their defaults."""
+        for run in (minihop.function(Scaled), minihop.function(Scaled, dynamic=True),
+                    lambda x: minihop.apply(Scaled, x)):
+            for n in (3, 5, 7):
+                x = torch.randn(n, requires_grad=True)
+                torch.testing.assert_close(run(x), Scaled.apply(x), rtol=0, atol=0)
+
+
 class TestDynamicValidation:
     @pytest.mark.parametrize("dynamic, found", [
         ({"x": [3]}, r"dimension 3 of x .* a 1-d tensor"),

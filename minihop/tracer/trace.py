@@ -824,10 +824,11 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
         t.unbacked.flush(t.bwd)
         t.unbacked.check_ranges(t.bwd)
     except Exception:
-        if grad_can_flow and num_outputs:
+        if grad_can_flow and any(isinstance(item, torch.Tensor) for item in top_items):
             raise
-        # No gradient can flow (grad mode off, no argument requires grad, no tensor output): eager never
-        # calls this backward, so its failure is not the caller's; bwd returns None for all.
+        # No gradient can flow (grad mode off, no argument requires grad, no tensor output autograd
+        # sees: only tensors nested in a dict, say): eager never calls this backward, so its
+        # failure is not the caller's; bwd returns None for all.
         t.reset_backward()
         bwd_frame = FrameSnapshot()
         arg_grads = (None,) * len(fake_args)
