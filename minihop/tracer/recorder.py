@@ -48,6 +48,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 from . import operators
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
+from .tensor_state import rewrite_autograd_call
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
 from ..spec import append_node
 
@@ -590,6 +591,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if bool(args[0]) != torch.is_grad_enabled():
                 recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
+        func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             raise SideEffectError(
                 f"{self.describe()} calls backward(), which accumulates gradients into .grad.",
