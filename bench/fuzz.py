@@ -13,7 +13,9 @@ every failing case. ``--generator python-state`` runs the Python-state generator
 between ``<!-- fuzz-python-state:start -->`` and ``<!-- fuzz-python-state:end -->``);
 ``--generator data-dependent`` the data-dependent one (``tests/fuzz/generate_data.py``, run by
 ``oracle_state.run_data_case``; between ``<!-- fuzz-data-dependent:start -->`` and
-``<!-- fuzz-data-dependent:end -->``).
+``<!-- fuzz-data-dependent:end -->``); ``--generator modes`` the compositional one
+(``tests/fuzz/generate_modes.py``, run by ``tests/fuzz/oracle_modes.py``; between
+``<!-- fuzz-modes:start -->`` and ``<!-- fuzz-modes:end -->``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from .report import update_section  # noqa: E402
 
 from generate import RandomChooser, generate_case  # noqa: E402
 from generate_data import generate_data_case  # noqa: E402
+from generate_modes import generate_modes_case  # noqa: E402
 from generate_state import generate_state_case  # noqa: E402
 from oracle import Outcome, run_case  # noqa: E402
+from oracle_modes import run_modes_case  # noqa: E402
 from oracle_state import run_data_case, run_state_case  # noqa: E402
 
 __all__ = ["GENERATORS", "main", "render"]
@@ -53,7 +57,9 @@ GENERATORS = {"plain": (generate_case, run_case, "fuzz", "Fuzzing"),
               "python-state": (generate_state_case, run_state_case, "fuzz-python-state",
                                "Fuzzing: Python state"),
               "data-dependent": (generate_data_case, run_data_case, "fuzz-data-dependent",
-                                 "Fuzzing: data-dependent values")}
+                                 "Fuzzing: data-dependent values"),
+              "modes": (generate_modes_case, run_modes_case, "fuzz-modes",
+                        "Fuzzing: sizes x values x transforms x modes")}
 # The paragraph under each section's title.
 ABOUT = {
     "Fuzzing": (
@@ -87,6 +93,17 @@ ABOUT = {
         "compared with eager's exactly, through `minihop.apply` (a refusal is a documented "
         "code) and `minihop.function(F, fallback=\"eager\")` (must always match). "
         "*mismatched* is a wrong answer: it must never happen."),
+    "Fuzzing: sizes x values x transforms x modes": (
+        "Compositional fuzzing against eager (`tests/fuzz/generate_modes.py`, run by "
+        "`tests/fuzz/oracle_modes.py`): each case crosses sizes that change over 3-5 calls "
+        "(automatic dynamic makes them symbolic) x non-tensor outputs (int, float, `//`, "
+        "`torch.Size`, dicts, lists, a dict set on the output, a size written to a global) x "
+        "`torch.func` transforms (grad, vjp, jacrev, vmap; setup_context style) x modes "
+        "(`no_grad`, `inference_mode` with inference tensors, CPU autocast, `create_graph`, "
+        "`retain_graph`). Outputs with their exact types, every grad, the transform's result "
+        "and the Python state are compared with eager's through `minihop.function(F)` and "
+        "`minihop.function(F, fallback=\"eager\")`. *mismatched* (a silent difference) and "
+        "*crashed* (a non-minihop error) must never happen."),
 }
 
 _directory: pathlib.Path | None = None

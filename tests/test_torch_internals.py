@@ -144,3 +144,21 @@ def test_hostile_set_prints_no_torch_log_line(case: str, fallback: str, capfd: A
     check_quiet(err, f"{case} ({fallback})")
     if fallback == "eager" or "error_types" in case:
         check_exception(error, f"{case} ({fallback})")
+
+
+def test_fuzz_modes_slice_prints_no_torch_log_line(capfd: Any, tmp_path: Any) -> None:
+    """A slice of the compositional fuzz (sizes x values x transforms x modes): no torch log
+    line on stderr, no torch-internal exception (a crash) in any run."""
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "fuzz"))
+    from generate import RandomChooser
+    from generate_modes import generate_modes_case
+    from oracle_modes import run_modes_case
+
+    for seed in range(600_000, 600_030):
+        capfd.readouterr()
+        outcome = run_modes_case(generate_modes_case(RandomChooser(seed)), tmp_path)
+        check_quiet(capfd.readouterr().err, f"fuzz seed {seed}")
+        assert outcome.kind in ("matched", "refused"), f"seed {seed}: {outcome.kind}: {outcome.signature}"
+        check_exception(outcome.error, f"fuzz seed {seed}")
