@@ -142,3 +142,45 @@ def test_capture_belongs_to_its_world(two: list[dict[str, Any]]) -> None:
     """A capture reading the rank and world size is captured again in a new world."""
     values = passed(two, "world")
     assert values[1]["first"] != values[1]["again"]  # the world really changed what the code computes
+
+
+def test_without_a_process_group_eagers_error() -> None:
+    """With no process group a collective in forward raises eager's own ValueError, unchanged."""
+    import torch
+    import torch.distributed as dist
+
+    import minihop
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+
+    class AllReduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            y = x.clone()
+            dist.all_reduce(y)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(ValueError, match="Default process group has not been initialized") as eager:
+        AllReduce.apply(x)
+    with pytest.raises(ValueError, match="Default process group has not been initialized") as mine:
+        minihop.apply(AllReduce, x)
+    assert type(mine.value) is type(eager.value)
+
+
+def test_bench_collectives_runs() -> None:
+    """``python -m bench collectives`` (two ranks, tiny counts) gives a row per case with a
+    ratio for each rank. Never a timing assertion: the numbers live in bench/RESULTS.md."""
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:  # bench/ is a directory of the repository, not an installed package
+        sys.path.insert(0, root)
+    from bench import collectives
+
+    table = collectives.measure_collectives(rounds=2, calls=1)
+    assert table.labels == tuple(label for label, _, _ in collectives.CASES)
+    assert all(row[-1].endswith("x") and row[-2].endswith("x") for row in table.rows)

@@ -103,6 +103,8 @@ def record(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     from torch.distributed._functional_collectives import REDUCE_OP_TO_STR
 
     name = getattr(func, "__name__", None) or str(func)
+    if isinstance(func, types.FunctionType) and not dist.is_initialized():
+        return func(*args, **kwargs)  # eager's own error: no process group (touches no tensor)
     if not isinstance(func, types.FunctionType):
         raise _refuse(describe, name, "a c10d operator with no functional form.",
                       "Call it outside the Function, " + _EAGER, where)
