@@ -12,6 +12,8 @@ nothing unless ``--output``. The questions run on their own:
   fuzz         the differential fuzzer's long budget, into its marked section (bench/fuzz.py)
   parity-data  README's data-dependent parity rows (bench/parity_data.py), ``--write`` into README
   gpu          minihop on CUDA against eager, streams included, and its per-call cost (bench/gpu.py)
+  collectives  (h) tensor-parallel Functions on a 2-process gloo group, minihop against eager,
+               into its marked section (bench/collectives.py)
   floor        (g) capture against its floor (fake-tensor propagation alone) and Dynamo, warm at
                1 to 1,000 ops and cold, into its marked section (bench/floor.py)
 """
@@ -188,6 +190,18 @@ def _floor(options: argparse.Namespace, command: str) -> int:
                      cold=not options.no_cold)
 
 
+def _collectives(options: argparse.Namespace, command: str) -> int:
+    from . import collectives  # only here: it puts tests/ on sys.path for its Functions
+
+    start = time.perf_counter()
+    table = collectives.measure_collectives(**({"rounds": 5, "calls": 2} if options.quick else {}))
+    print(table.to_text())
+    if not options.no_write:
+        _write_section(RESULTS, collectives.section(table, command, time.perf_counter() - start),
+                       collectives.MARKER)
+    return 0
+
+
 def _gpu(options: argparse.Namespace, command: str) -> int:
     return gpu.main(options.device, options.budget)
 
@@ -230,6 +244,10 @@ def _parser() -> argparse.ArgumentParser:
     floor_.add_argument("--no-cold", action="store_true", help="skip the fresh-process runs")
     floor_.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     floor_.add_argument("--output", type=Path, default=RESULTS)
+    coll = questions.add_parser("collectives", help="(h) tensor-parallel Functions on 2 processes")
+    coll.set_defaults(run=_collectives)
+    coll.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    coll.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     gpu = questions.add_parser("gpu", help="minihop on CUDA against eager, and its per-call cost")
     gpu.set_defaults(run=_gpu)
     gpu.add_argument("--device", default="cuda", help="cuda (default) or cpu, to try the checks")

@@ -44,7 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
-from . import hidden
+from . import collectives, hidden
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
 
@@ -450,6 +450,8 @@ class StateTracker:
                     # What the partial passes is read too (its keywords may change in place).
                     for part in ("args", "keywords"):
                         self._add_read(_place(root, (*chain.steps, ("attr", part))), phase, code, chain.line)
+        for place in collectives.world_places():  # rank, world size, groups: constants in the graphs
+            self._add_read(place, "forward", None, None)
         # The Function class itself is watched when its code names it (``MyFn.calls += 1``):
         # then it is one of the roots above.
 

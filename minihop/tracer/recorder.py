@@ -45,7 +45,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import operators
+from . import collectives, operators
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
 from .tensor_state import rewrite_autograd_call
@@ -591,6 +591,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if bool(args[0]) != torch.is_grad_enabled():
                 recorder.record(func, args, kwargs, None)
             return func(*args, **kwargs)
+        if collectives.is_collective(func):
+            # Written as its functional collective (or refused): run on fake tensors it would
+            # communicate nothing and leave no node.
+            return collectives.record(self, func, args, kwargs, self.describe(),
+                                      format_frame(user_frame()))
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             raise SideEffectError(

@@ -51,6 +51,7 @@ from ..errors import (
 from ..spec import (DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
                     uses_setup_context)
 from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
+from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker, is_library
 from .names import FrameSnapshot, capture_locals, code_of, free_values, input_name, name_hints
@@ -1026,8 +1027,8 @@ def _check_mutations(t: _Tracing, dirty: list[torch.Tensor]) -> None:
     dirty_ids = {id(d) for d in dirty}
     for node, target in t.input_writes:
         source = t.sources[id(target)]
-        if id(target) in dirty_ids or not target.requires_grad:
-            continue
+        if id(target) in dirty_ids or not target.requires_grad or WRITE_BACK in node.meta:
+            continue  # a collective's write-back: Megatron's ``_reduce`` (see docs/distributed.md)
         raise InplaceInputError(
             f"{t.parts.name}.forward modifies its input {source.description}, which requires "
             f"grad, in place ({_describe_mutation(node, source.description)}) without "
