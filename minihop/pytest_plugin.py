@@ -41,7 +41,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--minihop-audit-report", default=None, metavar="PATH",
                     help="write the audit's records as JSON to PATH (and a Markdown table beside it)")
     group.addoption("--minihop-audit-signatures", type=int, default=3, metavar="N",
-                    help="argument signatures audited per Function (default 3)")
+                    help="argument signatures audited per Function where an input requires grad "
+                         "(default 3), plus one where none does")
 
 
 def pytest_configure(config: pytest.Config) -> None:

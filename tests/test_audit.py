@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 import torch
 
-from minihop.audit import Watcher
+from minihop.audit import Call, Verdict, Watcher, audit_call
 from minihop.audit.watch import uncopyable
 
 pytest_plugins = ["pytester"]
@@ -230,12 +231,13 @@ class TestAudit:
         assert (pytester.path / "audit.md").read_text().startswith("| Function |")
 
     def test_signatures_are_bounded(self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-        """``--minihop-audit-signatures=1`` audits one call per Function; the rest are only counted."""
+        """``--minihop-audit-signatures=1`` audits one call needing a grad per Function and one needing
+        none; the rest are only counted."""
         report = pytester.path / "audit.json"
         result, _ = run_project(pytester, monkeypatch, "--minihop-audit", "--minihop-audit-signatures=1",
                                 f"--minihop-audit-report={report}")
         records = {r["function"]: r for r in json.loads(report.read_text())}
-        assert (records["Square"]["calls"], records["Square"]["audited_calls"]) == (3, 1)
+        assert (records["Square"]["calls"], records["Square"]["audited_calls"]) == (3, 2)
         assert records["Square"]["dynamo"] is None  # minihop only
         assert "minihop audit (minihop against eager)" in result.stdout.str()
 
@@ -267,6 +269,43 @@ class TestWatcher:
         seen = watcher.seen[_Double]
         assert seen.kept == [] and "functorch transform" in next(iter(seen.uncopied))
         assert uncopyable((torch.ones(1),), {}) is None
+
+
+class TestChecks:
+    def test_a_call_eager_refuses_too_agrees(self) -> None:
+        """A call eager itself rejects (the suite tests the error) agrees when minihop rejects it alike."""
+
+        class ShiftCtx(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: object, x: torch.Tensor, scale: float = 2.0, shift: float = 0.0) -> torch.Tensor:
+                return x * scale + shift
+
+            @staticmethod
+            def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+                return grad * 2, None, None
+
+        x = torch.ones(3, requires_grad=True)
+        with pytest.raises(TypeError, match="missing required argument: 'scale'"):
+            ShiftCtx.apply(x, shift=1.0)
+        call = Call((x,), {"shift": 1.0}, True, ())
+        result = audit_call(ShiftCtx, call, dynamo=False)
+        assert result.minihop == Verdict("agrees", "eager raises too (TypeError)")
+
+    def test_unmaterialized_grads_agree_for_each_output_alone(self) -> None:
+        """The per-output losses reach a backward that tells None from zeros; minihop agrees."""
+
+        class Unmaterialized(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                ctx.set_materialize_grads(False)
+                return x * 2, x * 3
+
+            @staticmethod
+            def backward(ctx: Any, g1: torch.Tensor | None, g2: torch.Tensor | None) -> torch.Tensor:
+                return (g1 * 2 if g1 is not None else 0) + (g2 * 3 if g2 is not None else 7)
+
+        call = Call((torch.randn(3, requires_grad=True),), {}, True, ())
+        assert audit_call(Unmaterialized, call, dynamo=False).minihop == Verdict("agrees")
 
 
 class _Double(torch.autograd.Function):

@@ -269,6 +269,9 @@ def _minihop(cap: Capture | None, refusal: Exception | None, eager: _Reference) 
             return Verdict("agrees", f"eager raises too ({type(eager.runs[0].error).__name__})", refusal.code)
         return Verdict("refused", refusal.found.splitlines()[0][:200], refusal.code)
     if refusal is not None or cap is None:
+        first = eager.runs[0]
+        if refusal is not None and first.stage == "forward" and type(first.error) is type(refusal):
+            return Verdict("agrees", f"eager raises too ({type(refusal).__name__})")  # as eager's own error
         return Verdict("error", f"capture raised {type(refusal).__name__}: {_line(refusal) if refusal else ''}")
     try:
         check_consistent(cap.fwd, cap.bwd)
@@ -278,7 +281,7 @@ def _minihop(cap: Capture | None, refusal: Exception | None, eager: _Reference) 
     return Verdict("differs", diff) if diff is not None else Verdict("agrees")
 
 
-def _dynamo(fn_cls: type, cap: Capture | None, eager: _Reference) -> tuple[Verdict, bool | None]:
+def _dynamo(fn_cls: type, call: Call, cap: Capture | None, eager: _Reference) -> tuple[Verdict, bool | None]:
     graphs: list[fx.GraphModule] = []
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -295,14 +298,20 @@ def _dynamo(fn_cls: type, cap: Capture | None, eager: _Reference) -> tuple[Verdi
     runs = eager.runs_of(torch.compile(fresh, backend=backend, fullgraph=True, dynamic=False))
     first = runs[0]
     if first.error is not None and first.stage == "forward" and eager.runs[0].error is None:
-        kind = "breaks" if type(first.error).__module__.startswith("torch._dynamo") else "error"
+        # Unsupported is Dynamo refusing (a graph break under fullgraph); anything else is a crash
+        from torch._dynamo.exc import Unsupported
+        kind = "breaks" if isinstance(first.error, Unsupported) else "error"
         return Verdict(kind, f"{type(first.error).__name__}: {_line(first.error)}"), None
     diff = eager.difference(runs)
     hops = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"
             and getattr(n.target, "__name__", "") == "autograd_function_apply"]
     graphs_equal: bool | None = None
     note = ""
-    if len(hops) != 1:
+    needs_grad = call.grad_enabled and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for _, t in _arg_leaves(call.args, call.kwargs))
+    if not needs_grad:
+        note = "; inlined by Dynamo (no input needs a grad)" if not hops else ""
+    elif len(hops) != 1:
         note = f"; not one autograd_function_apply in Dynamo's graph ({len(hops)})"
     elif cap is not None:
         bodies = dict(graphs[0].named_children())
@@ -323,7 +332,8 @@ def audit_call(fn_cls: type, call: Call, dynamo: bool) -> CallResult:
     cap: Capture | None = None
     refusal: Exception | None = None
     try:
-        cap = capture(fn_cls, *call.args, **call.kwargs)
+        with torch.set_grad_enabled(call.grad_enabled):  # a capture is for the grad mode it was made in
+            cap = capture(fn_cls, *call.args, **call.kwargs)
     except Exception as e:
         refusal = e
     with _written_state(cap, call) as restore:
@@ -335,7 +345,7 @@ def audit_call(fn_cls: type, call: Call, dynamo: bool) -> CallResult:
             return CallResult(mine, Verdict("not audited", "minihop could not describe the Python state "
                                             "this Function writes, so it cannot be put back between runs"), None)
         try:
-            dyn, graphs_equal = _dynamo(fn_cls, cap, eager)
+            dyn, graphs_equal = _dynamo(fn_cls, call, cap, eager)
         except Exception as e:
             dyn, graphs_equal = Verdict("error", f"{type(e).__name__}: {_line(e)}"), None
         return CallResult(mine, dyn, graphs_equal)

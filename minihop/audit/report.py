@@ -52,7 +52,8 @@ def location_of(fn_cls: type) -> str:
 
 
 def _worst(verdicts: list[Verdict], order: tuple[str, ...]) -> Verdict:
-    return min(verdicts, key=lambda v: order.index(v.verdict))
+    # Among equals, a verdict without a note (a call checked in full) speaks for the Function.
+    return min(verdicts, key=lambda v: (order.index(v.verdict), bool(v.message)))
 
 
 def _as_dict(v: Verdict, with_code: bool) -> dict[str, Any]:

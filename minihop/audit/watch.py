@@ -2,7 +2,8 @@
 
 The first half of ``pytest --minihop-audit`` (``minihop.audit``): while the suite runs,
 ``Function.apply`` is replaced by a wrapper that counts each call per Function class and,
-for the first few distinct argument signatures, keeps a copy of the call's arguments (every
+for the first few distinct argument signatures (``N`` where an input requires grad, one where none
+does), keeps a copy of the call's arguments (every
 tensor cloned, detached, with its ``requires_grad``) and the grad mode it ran under. Nothing is
 checked while the suite runs: ``check.py`` replays the copies after the last test.
 
@@ -43,6 +44,7 @@ class Call:
     kwargs: dict[str, Any]
     grad_enabled: bool
     signature: tuple[Any, ...]
+    needs_grad: bool = True
 
 
 @dataclasses.dataclass
@@ -53,6 +55,7 @@ class Seen:
     calls: int = 0
     kept: list[Call] = dataclasses.field(default_factory=list)
     signatures: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
+    full: bool = False  # every budget spent: later calls are only counted
     # reason -> how many calls were not copied for it
     uncopied: Counter[str] = dataclasses.field(default_factory=Counter)
 
@@ -129,19 +132,26 @@ class Watcher:
                 if seen is None:
                     seen = self.seen[cls] = Seen(cls)
                 seen.calls += 1
-                if len(seen.kept) >= self.limit:
+                if seen.full:
+                    return
+                grad_enabled = torch.is_grad_enabled()
+                # The checks that matter most need a grad: the budget is N calls where an input
+                # requires grad, plus one where none does (outputs only).
+                needs_grad = grad_enabled and any(
+                    isinstance(t, torch.Tensor) and t.requires_grad for _, t in iter_leaves((args, kwargs)))
+                if len([c for c in seen.kept if c.needs_grad == needs_grad]) >= (self.limit if needs_grad else 1):
+                    seen.full = len(seen.kept) >= self.limit + 1
                     return
                 why = uncopyable(args, kwargs)
                 if why is not None:
                     seen.uncopied[why] += 1
                     return
-                grad_enabled = torch.is_grad_enabled()
                 sig = signature(args, kwargs, grad_enabled)
                 if sig in seen.signatures:
                     return
                 copies = clone_args((args, kwargs))
                 seen.signatures.add(sig)
-                seen.kept.append(Call(tuple(copies[0]), dict(copies[1]), grad_enabled, sig))
+                seen.kept.append(Call(tuple(copies[0]), dict(copies[1]), grad_enabled, sig, needs_grad))
         except Exception as e:  # the suite must never see the audit fail
             try:
                 self.seen[cls].uncopied[f"the arguments could not be copied ({type(e).__name__}: {e})"[:200]] += 1
