@@ -56,6 +56,15 @@ class Explanation:
     bwd_ops: int = 0
     capture_ms: float = 0.0
 
+    def __repr__(self) -> str:
+        # One line: ``explain`` has printed the report already, and a REPL shows the returned
+        # value too; the report itself is ``str()`` (``print(explanation)``).
+        if not self.captured:
+            code = (self.error or "").split("]", 1)[0].lstrip("[") if (self.error or "").startswith("[") else "error"
+            return f"Explanation({self.function}: refused, {code}; print() it for the report)"
+        return (f"Explanation({self.function}: captured; fwd ops {self.fwd_ops}, bwd ops {self.bwd_ops}, "
+                f"saved {self.saved}; print() it for the report)")
+
     def __str__(self) -> str:
         lines = [f"minihop.explain: {self.function}",
                  f"  captured: {'yes' if self.captured else 'no'}"]
@@ -100,7 +109,17 @@ def _handling(feature: str) -> str:
 
 def explain(fn_cls: type, /, *args: Any, dynamic: Any = False, print_report: bool = True,
             **kwargs: Any) -> Explanation:
-    """Capture ``fn_cls`` for these arguments and report how each of its features was handled."""
+    """Capture ``fn_cls`` for these arguments and report how each of its features was handled.
+
+    Prints the report (``print_report=False`` does not) and returns it as an ``Explanation``,
+    whose ``repr`` is one line (a REPL does not print the report twice).
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> report = minihop.explain(MySin, torch.randn(4, requires_grad=True), print_report=False)
+    >>> report.captured, report.fwd_inputs
+    (True, ('l_x_ <- x',))
+    """
     name = getattr(fn_cls, "__qualname__", repr(fn_cls))
     try:
         raw, cap = run_pipeline(fn_cls, args, kwargs, dynamic)
