@@ -4,6 +4,38 @@ What PyTorch's compiler does when it meets a user's autograd.Function, without
 Dynamo (PyTorch's bytecode tracer): trace ``forward`` and ``backward`` on fake tensors, rewire the two graphs
 into a consistent pair, and run them as one differentiable op.
 
+    >>> import torch, minihop
+    >>> class MySin(torch.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x.sin()
+    ...     @staticmethod
+    ...     def backward(ctx, grad):
+    ...         (x,) = ctx.saved_tensors
+    ...         return grad * x.cos()
+    >>> x = torch.randn(8, requires_grad=True)
+    >>> cap = minihop.capture(MySin, x)      # print(cap) shows fwd_body_0 and bwd_body_0
+    >>> cap
+    Capture(MySin, x: f32[8] grad)
+    >>> cap(x).sum().backward()              # runs fwd_body_0, then bwd_body_0
+    >>> torch.allclose(x.grad, x.detach().cos())
+    True
+    >>> minihop.testing.assert_matches_eager(MySin, x).capture.name   # the oracle check
+    'MySin'
+
+The public functions (each has an example in its docstring):
+  capture(F, *args, dynamic=False)   a ``Capture``: ``.fwd``, ``.bwd``, ``.graph``; call it like F.apply
+  apply(F, *args)                    drop-in for ``F.apply``, through a guarded cache of captures
+  function(F, fallback=..., ...)     a ``CapturedFunction``: F.apply with its own cache and policy
+  captured                           class decorator: ``F.apply`` itself goes through minihop
+  trace(fn, *args)                   a function or module applying Functions, as one GraphModule
+  explain(F, *args)                  an ``Explanation``: how each ctx feature was handled, the guards
+  load(path)                         a capture saved with ``Capture.save``
+  check_consistent(fwd, bwd)         the graph contract on anyone's pair: a ``PairShape``
+  testing                            the oracle toolkit (``assert_matches_eager``, ...; docs/oracle.md)
+Errors: ``MinihopError`` and its subclasses, each with a code (MHnnn; docs/unsupported.md).
+
 Vocabulary (used throughout):
   fwd, bwd      the two graphs, ``fwd_body_0`` and ``bwd_body_0`` in printed form.
   fwd inputs    the fwd graph's placeholders: tensors forward touched (first use order),
@@ -35,7 +67,7 @@ from .errors import (
     UnsupportedOutputError,
 )
 from .explain import Explanation, explain
-from .pipeline import Capture, capture, check_consistent, load, trace
+from .pipeline import Capture, PairShape, capture, check_consistent, load, trace
 
 __all__ = [
     "BackwardOutputError",
@@ -49,6 +81,7 @@ __all__ = [
     "InconsistentGraphsError",
     "InplaceInputError",
     "MinihopError",
+    "PairShape",
     "SideEffectError",
     "UnsupportedArgumentError",
     "UnsupportedOperationError",

@@ -335,7 +335,14 @@ def _default_for(fn_cls: type) -> CapturedFunction:
 
 def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
     """Drop-in for ``fn_cls.apply(*args, **kwargs)``: strict (unsupported Functions raise),
-    captured once per distinct guard key."""
+    captured once per distinct guard key.
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> x = torch.randn(4, requires_grad=True)
+    >>> torch.allclose(minihop.apply(MySin, x), MySin.apply(x))   # captured, then cached
+    True
+    """
     if _is_compiling():
         return fn_cls.apply(*args, **kwargs)  # see CapturedFunction.apply
     found = getattr(fn_cls, "__dict__", _NOTHING).get("_minihop_default")
@@ -364,6 +371,13 @@ def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec
     with the synchronisation that keeps inputs, outputs and saved tensors valid across it and
     the caller's stream (as the README's torch.compile/DDP section describes). By default calls run on the
     caller's current stream, as eager's would.
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> sin = minihop.function(MySin, fallback="eager", dynamic=True)
+    >>> _ = sin(torch.randn(4, requires_grad=True)), sin(torch.randn(6, requires_grad=True))
+    >>> sin.stats                 # one capture serves both sizes
+    CacheStats(hits=1, captures=1, eager_calls=0, evictions=0)
     """
     options = dict(fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
     if stream is not None:
@@ -374,7 +388,20 @@ def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec
 def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
              cache_limit: int = 8) -> Any:
     """Class decorator: ``F.apply`` itself goes through minihop (``@captured`` or
-    ``@captured(fallback="eager")``)."""
+    ``@captured(fallback="eager")``).
+
+    >>> import torch, minihop
+    >>> @minihop.captured
+    ... class Double(torch.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         return x * 2
+    ...     @staticmethod
+    ...     def backward(ctx, g):
+    ...         return g * 2
+    >>> Double.apply(torch.ones(2, requires_grad=True))
+    tensor([2., 2.], grad_fn=<...>)
+    """
 
     def decorate(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):

@@ -24,7 +24,16 @@ __all__ = [
 ]
 
 
-class MinihopError(Exception):
+class _ErrorType(type):
+    """The errors' metaclass: ``dir()`` of an error class lists minihop's own attributes only,
+    so ``help(minihop)`` shows each error's code and fields, not the hundreds of lines of
+    methods every exception inherits (attribute lookup itself is unchanged)."""
+
+    def __dir__(cls) -> list[str]:
+        return sorted({name for klass in cls.__mro__ if klass.__module__ == __name__ for name in vars(klass)})
+
+
+class MinihopError(Exception, metaclass=_ErrorType):
     """Base of every error minihop raises deliberately."""
 
     code: str = "MH000"

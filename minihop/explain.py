@@ -56,6 +56,15 @@ class Explanation:
     bwd_ops: int = 0
     capture_ms: float = 0.0
 
+    def __repr__(self) -> str:
+        # One line: ``explain`` has printed the report already, and a REPL shows the returned
+        # value too; the report itself is ``str()`` (``print(explanation)``).
+        if not self.captured:
+            code = (self.error or "").split("]", 1)[0].lstrip("[") if (self.error or "").startswith("[") else "error"
+            return f"Explanation({self.function}: refused, {code}; print() it for the report)"
+        return (f"Explanation({self.function}: captured; fwd ops {self.fwd_ops}, bwd ops {self.bwd_ops}, "
+                f"saved {self.saved}; print() it for the report)")
+
     def __str__(self) -> str:
         lines = [f"minihop.explain: {self.function}",
                  f"  captured: {'yes' if self.captured else 'no'}"]
@@ -100,8 +109,19 @@ def _handling(feature: str) -> str:
 
 def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any = UNSET,
             **kwargs: Any) -> Explanation:
-    """Capture ``fn_cls`` for these arguments and report how each of its features was handled
-    (``dynamic`` default False, ``print_report`` default True)."""
+    """Capture ``fn_cls`` for these arguments and report how each of its features was handled.
+
+    Prints the report (``print_report=False`` does not) and returns it as an ``Explanation``,
+    whose ``repr`` is one line (a REPL does not print the report twice). Defaults:
+    ``dynamic=False``, ``print_report=True``; an option named like an argument of
+    ``fn_cls.forward`` that ``args`` leave unfilled is refused, never shadowed.
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> report = minihop.explain(MySin, torch.randn(4, requires_grad=True), print_report=False)
+    >>> report.captured, report.fwd_inputs
+    (True, ('l_x_ <- x',))
+    """
     refuse_shadowed_options(fn_cls, args, {"dynamic": dynamic, "print_report": print_report})
     dynamic = False if dynamic is UNSET else dynamic
     print_report = True if print_report is UNSET else print_report

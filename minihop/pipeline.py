@@ -28,7 +28,7 @@ import torch.fx as fx
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 from .errors import UnsupportedArgumentError, UnsupportedOperationError
-from .rewire.contract import check_consistent
+from .rewire.contract import PairShape, check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
@@ -46,7 +46,7 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET",
            "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
-           "Capture", "MAX_VALUE_VARIANTS", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
+           "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
            "run_on_stream", "tracing", "value_key"]
 
 class _Unset:
@@ -91,6 +91,14 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
     capture serves every call whose sizes satisfy the guards recorded while tracing. Marks
     the tensors carry (Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic``,
     ``mark_static``) add or remove dimensions (see ``dynamic_dims``).
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> x = torch.randn(8, requires_grad=True)
+    >>> cap = minihop.capture(MySin, x)
+    >>> cap, [n.name for n in cap.fwd.graph.nodes if n.op == "placeholder"]
+    (Capture(MySin, x: f32[8] grad), ['l_x_'])
+    >>> cap(x).sum().backward()              # fwd_body_0, then bwd_body_0
     """
     refuse_shadowed_options(fn_cls, args, {"dynamic": dynamic})
     return run_pipeline(fn_cls, args, kwargs, False if dynamic is UNSET else dynamic)[1]
@@ -135,7 +143,14 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
     """Trace ``fn(*args, **kwargs)`` (a function or ``nn.Module``) into one GraphModule, each
-    ``F.apply`` it makes captured into ``fwd_body_N``/``bwd_body_N`` (``tracer.program``)."""
+    ``F.apply`` it makes captured into ``fwd_body_N``/``bwd_body_N`` (``tracer.program``).
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> gm = minihop.trace(lambda a: MySin.apply(a * 2).sum(), torch.randn(4, requires_grad=True))
+    >>> [n.target for n in gm.graph.nodes if n.op == "get_attr"]
+    ['fwd_body_0', 'bwd_body_0']
+    """
     from .tracer.program import trace_program  # on first use: a capture does not need it
 
     return trace_program(fn, args, kwargs, _pair_for_apply)
@@ -147,7 +162,17 @@ def _pair_for_apply(fn_cls: type, inputs: TraceInputs) -> Pair:
 
 
 def load(path: str) -> Capture:
-    """Load a capture saved by ``Capture.save``: runnable and differentiable as before."""
+    """Load a capture saved by ``Capture.save``: runnable and differentiable as before.
+
+    >>> import os, tempfile, torch, minihop
+    >>> from minihop.demo import MySin
+    >>> x = torch.randn(4, requires_grad=True)
+    >>> path = os.path.join(tempfile.mkdtemp(), "mysin.minihop")
+    >>> minihop.capture(MySin, x).save(path)
+    >>> loaded = minihop.load(path)          # no MySin needed from here on
+    >>> torch.allclose(loaded(x), x.sin())
+    True
+    """
     from .runtime.artifact import read_capture  # on first use: a capture does not need it
 
     saved = read_capture(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import re
 import sys
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = ["add_arguments", "run", "parse_args_spec", "load_function"]
 
 _DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
            "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}
+_MODULE = "_minihop_show_target"  # the name a FILE.py target is loaded under
 _TENSOR = re.compile(r"^(?P<dtype>[a-z0-9]+)\[(?P<dims>[\d,\s]*)\](?P<nograd>!?)$")
 
 
@@ -62,7 +64,7 @@ def load_function(target: str) -> type:
     if not name:
         raise SystemExit(f"show: expected MODULE:FUNCTION, got {target!r}")
     if module_name.endswith(".py"):
-        spec = importlib.util.spec_from_file_location("_minihop_show_target", module_name)
+        spec = importlib.util.spec_from_file_location(_MODULE, module_name)
         if spec is None or spec.loader is None:
             raise SystemExit(f"show: cannot load {module_name}")
         module = importlib.util.module_from_spec(spec)
@@ -85,18 +87,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the random arguments")
 
 
+def _fail(message: str) -> int:
+    """A ``show`` error: one line on stderr, exit status 2."""
+    print(f"minihop show: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _plain(error: BaseException, target: str) -> str:
+    """An error's message with the name ``show`` loads a file under replaced by the file's."""
+    return str(error).replace(f"module '{_MODULE}'", f"'{target.partition(':')[0]}'").replace(_MODULE, "the file")
+
+
 def run(options: argparse.Namespace) -> int:
     import minihop
     from minihop.testing import assert_matches_eager
 
     sys.path.insert(0, ".")
-    fn_cls = load_function(options.function)
+    try:
+        fn_cls = load_function(options.function)
+    except SystemExit:
+        raise
+    except Exception as e:  # the user's file or module: one line, never minihop's internals
+        return _fail(f"cannot load {options.function}: {type(e).__name__}: {_plain(e, options.function)}")
     args = parse_args_spec(options.args, options.seed)
     try:
         cap = minihop.capture(fn_cls, *args, dynamic=options.dynamic)
     except minihop.MinihopError as e:
-        print(e)
-        return 2
+        # The coded first line (what was found); the full message is minihop.explain's.
+        return _fail(f"{str(e).splitlines()[0]} (why, and what to do: minihop.explain, docs/unsupported.md)")
     if options.explain:
         minihop.explain(fn_cls, *args, dynamic=options.dynamic)  # its report holds the graphs
     else:

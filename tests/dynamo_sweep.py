@@ -182,7 +182,7 @@ def checked(original: Callable[..., Any], known: dict[str, str] = KNOWN_DIFFEREN
         if pathlib.Path(caller).parent.name in _NOT_SWEPT_DIRECTORIES:
             return original(fn_cls, *args, **kwargs)
         snapshot = minihop.testing.clone_args(args)  # before the test's call can touch them
-        capture_kwargs = {k: v for k, v in kwargs.items() if k not in ("rtol", "atol", "backward")}
+        capture_kwargs = {k: v for k, v in kwargs.items() if k not in ("rtol", "atol", "backward", "seed")}
         kw_snapshot = dict(zip(capture_kwargs, minihop.testing.clone_args(tuple(capture_kwargs.values())),
                                strict=True))
         result = original(fn_cls, *args, **kwargs)

@@ -18,7 +18,7 @@ ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 PUBLIC = [
     "BackwardOutputError", "CacheStats", "Capture", "CapturedFunction", "CtxArgumentError",
     "DataDependentError", "Explanation", "GuardMismatchError", "InconsistentGraphsError",
-    "InplaceInputError", "MinihopError", "SideEffectError", "UnsupportedArgumentError",
+    "InplaceInputError", "MinihopError", "PairShape", "SideEffectError", "UnsupportedArgumentError",
     "UnsupportedOperationError", "UnsupportedOutputError", "apply", "capture", "captured",
     "check_consistent", "clear_cache", "counters", "explain", "function", "load", "ops", "reset",
     "testing", "trace",

@@ -404,7 +404,7 @@ def test_strict_is_the_default_and_normalize_is_documented() -> None:
     def swapped(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return b * a
 
-    with pytest.raises(AssertionError, match=r"-%2 = _operator\.mul\(%0, %1\)\n\+%2 = Tensor\.mul\(%0, %1\)"):
+    with pytest.raises(AssertionError, match=r"-mul = _operator\.mul\(a, b\)\n\+mul = Tensor\.mul\(a, b\)"):
         assert_same_graph(fx.symbolic_trace(star), fx.symbolic_trace(method))
     assert_same_graph(fx.symbolic_trace(star), fx.symbolic_trace(method), normalize=True)
     for normalize in (False, True):
@@ -552,7 +552,7 @@ def test_readme_known_difference_code_without_a_source_file() -> None:
     assert_matches_eager(fn_cls, *args)
     cap = minihop.capture(fn_cls, *args)
     dg = dynamo_graphs(fn_cls, *args)
-    with pytest.raises(AssertionError, match=r"\n-%4 = _operator.add\(%3, 1\)\n\+%4 = _operator.add\(%2, 1\)\n"):
+    with pytest.raises(AssertionError, match=r"\n-outs = _operator.add\(r, 1\)    \[%4 = _operator.add\(%3, 1\)\]\n.*\n\+outs = _operator.add\(r, 1\)    \[%4 = _operator.add\(%2, 1\)\]\n"):
         assert_same_graph(cap.fwd, dg.fwd)
     assert_same_graph(cap.bwd, dg.bwd, check_meta=True)
 

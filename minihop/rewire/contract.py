@@ -25,7 +25,9 @@ __all__ = ["check_consistent", "PairShape"]
 
 @dataclasses.dataclass(frozen=True)
 class PairShape:
-    """Counts read off a consistent pair."""
+    """What ``minihop.check_consistent`` returns for a consistent pair: ``num_inputs`` (fwd
+    inputs = bwd outputs), ``num_outputs`` (fwd tensor outputs = bwd's leading grad inputs) and
+    ``num_saved`` (values fwd saves = bwd's inputs after the grads)."""
 
     num_inputs: int
     num_outputs: int
@@ -57,7 +59,13 @@ def _same_meta(a: Any, b: Any) -> bool:
 
 def check_consistent(fwd: fx.GraphModule | fx.Graph, bwd: fx.GraphModule | fx.Graph) -> PairShape:
     """Check that ``fwd`` and ``bwd`` (GraphModules or graphs) form a consistent pair; return
-    their counts.
+    their counts, a ``PairShape``.
+
+    >>> import torch, minihop
+    >>> from minihop.demo import MySin
+    >>> cap = minihop.capture(MySin, torch.randn(4, requires_grad=True))
+    >>> minihop.check_consistent(cap.fwd, cap.bwd)
+    PairShape(num_inputs=1, num_outputs=1, num_saved=1)
 
     Raises ``InconsistentGraphsError`` naming every violated point of the contract, with the
     expected and found counts or metadata.

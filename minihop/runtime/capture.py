@@ -21,6 +21,7 @@ from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
+from .display import readable, summary
 from .streams import run_on_stream
 from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
@@ -65,19 +66,6 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
 
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
-
-
-def readable(gm: fx.GraphModule) -> str:
-    """``print_readable`` with source comments removed and blank lines squashed (Dynamo's form)."""
-    text = gm.print_readable(print_output=False)
-    text = re.sub(r"(?m)^ *#.*\n?", "", text)
-    lines = [line.rstrip() for line in text.split("\n")]
-    out: list[str] = []
-    for line in lines:
-        if line == "" and out and out[-1] == "":
-            continue
-        out.append(line)
-    return "\n".join(out)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -190,6 +178,14 @@ class Capture:
 
     def __str__(self) -> str:
         return readable(self.graph)
+
+    def __repr__(self) -> str:  # one line: the Function, its arguments, dynamic dimensions
+        return summary(self.name, self.argnames, self.key, self.dynamic_dims)
+
+    def fwd_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """The fwd graph's inputs for this call, in the graph contract's order (lifted tensors
+        detached, size symbols as ints): what another system's fwd of this Function takes."""
+        return _fetcher(self.inputs)(self.bind(args, kwargs), {})
 
     def save(self, path: str) -> None:
         """Write the capture to ``path``, a versioned artifact ``minihop.load`` reads (format: ``runtime/artifact.py``)."""
