@@ -149,8 +149,10 @@ def make_getter(path: Path) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
             expr += f"[{int(key)}]"
         elif kind == "key":
             expr += f"[{key!r}]"
-        else:
+        elif str(key).isidentifier():
             expr += f".{key}"
+        else:  # a module's child named by its index (nn.Sequential's "0"): not Python syntax
+            expr = f"getattr({expr}, {str(key)!r})"
     fn: Callable[[tuple[Any, ...], dict[str, Any]], Any] = eval(f"lambda args, kwargs: {expr}")
     return fn
 
