@@ -57,6 +57,7 @@ from .names import FrameSnapshot, capture_locals, code_of, free_values, input_na
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
 from .unbacked import Plan, Retrace, UnbackedValues
+from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -507,7 +508,7 @@ class _Tracing:
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
-                    _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
+                    rng_state_recorded(self.mode), _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
                 return fn(*args)
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal
