@@ -15,6 +15,7 @@ import torch
 
 from .errors import DataDependentError, MinihopError
 from .pipeline import MAX_VALUE_VARIANTS, UNSET, describe_autocast, refuse_shadowed_options, run_pipeline, value_key
+from .spec import EFFECT
 from .structure import argname
 
 __all__ = ["Explanation", "explain"]
@@ -44,6 +45,7 @@ class Explanation:
     features: tuple[tuple[str, str], ...] = ()
     guards: tuple[str, ...] = ()
     python_writes: tuple[str, ...] = ()  # Python state forward/backward change (replayed)
+    effects: tuple[str, ...] = ()  # graph nodes kept for their effect (random state, .grad)
     # Each Python value taken out of tensor data: how it was handled, and its source line.
     data_values: tuple[str, ...] = ()
     fwd_inputs: tuple[str, ...] = ()
@@ -91,6 +93,8 @@ class Explanation:
             section("data-dependent values (Python values taken from tensor data)", self.data_values)
         if self.python_writes:
             section("Python state written (replayed on every call, as eager does it)", self.python_writes)
+        if self.effects:
+            section("torch state in the graphs (random state, .grad of recomputed leaves)", self.effects)
         section("graphs", self.graphs.splitlines())
         return "\n".join(lines)
 
@@ -168,6 +172,8 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
             features=tuple((f, _handling(f)) for f in raw.ctx_features),
             guards=tuple(guards),
             python_writes=writes,
+            effects=tuple(f"{phase}: {n.meta[EFFECT]}" for phase, gm in (("forward", cap.fwd), ("backward", cap.bwd))
+                          for n in gm.graph.nodes if EFFECT in n.meta),
             data_values=tuple(_describe_read(r) for r in raw.data_reads),
             fwd_inputs=tuple(f"{s.name} <- {s.description}" for s in cap.inputs),
             symbols=tuple(f"{s.name} = {s.description}" for s in cap.inputs if s.dim is not None),

@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from .structure import OutputSpec, Path, Step, format_path, fresh
 
-__all__ = ["DataRead", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
            "Place", "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments",
            "is_dynamo_mark", "marks",
            "same_value", "uses_setup_context"]
@@ -382,6 +382,10 @@ _EMPTY_KWARGS = fx.immutable_collections.immutable_dict()
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"
+
+# The meta key of a node kept for its effect on state outside the graph's values (torch's
+# random state read or set, ``.grad`` accumulated): how it is handled, for ``explain``.
+EFFECT = "minihop_effect"
 
 # The meta key of the nodes the tracer adds to check an unbacked size's value range (its size
 # read, each bound's comparison and assert: what torch.fx's ``insert_deferred_runtime_asserts``

@@ -228,8 +228,10 @@ def path_expression(path: Path) -> str:
             expr += f"[{int(key)}]"
         elif kind == "key":
             expr += f"[{key!r}]"
-        else:
+        elif str(key).isidentifier():
             expr += f".{key}"
+        else:  # a module's child named by its index (nn.Sequential's "0"): not Python syntax
+            expr = f"getattr({expr}, {str(key)!r})"
     return expr
 
 

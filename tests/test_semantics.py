@@ -757,6 +757,22 @@ class TestInputs:
         xd = x.detach()
         torch.testing.assert_close(grads[0], torch.sin(xd) + xd * torch.cos(xd))
 
+    def test_sequential_argument(self) -> None:
+        """An nn.Sequential argument: its parameters are read at paths such as ``m.0.weight``,
+        which is no Python attribute syntax (the capture failed with a SyntaxError)."""
+
+        class Apply(Function):
+            @staticmethod
+            def forward(ctx, m, x):
+                return m(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return None, g
+
+        m = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+        check(Apply, m, r(2, 3))
+
 
 # ---------------------------------------------------------------------------------------------
 # Outputs of every structure

@@ -36,8 +36,9 @@ _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monot
                     "monotonic_ns", "process_time", "process_time_ns"),
            "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4")}
 # Seeding torch's generators: not a tensor operation, so it would run once, while tracing.
-_SEEDS = {"torch": ("manual_seed", "seed", "set_rng_state"),
-          "torch.random": ("manual_seed", "seed", "set_rng_state"),
+# (torch's CPU ``set_rng_state`` is not one: it is a graph node, see recompute.)
+_SEEDS = {"torch": ("manual_seed", "seed"),
+          "torch.random": ("manual_seed", "seed"),
           "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
                          "set_rng_state_all")}
 _ATOMS = (int, float, bool, str, bytes, complex, type(None))
@@ -212,7 +213,9 @@ def _global_state(kind: str) -> Any:
         return random._inst.getstate()  # type: ignore[attr-defined]  # the module's getstate is swapped
     if kind == "numpy":
         return sys.modules["numpy.random.mtrand"]._rand.get_state()
-    return torch.random.get_rng_state()  # "seed": torch's CPU generator, reseeded by tracing
+    # "seed": torch's CPU generator, reseeded by tracing (its own methods: torch.get_rng_state
+    # is a graph-recording stand-in while tracing, see recompute).
+    return torch.random.default_generator.get_state()
 
 
 def _set_global_state(kind: str, state: Any) -> None:
@@ -221,4 +224,4 @@ def _set_global_state(kind: str, state: Any) -> None:
     elif kind == "numpy":
         sys.modules["numpy.random.mtrand"]._rand.set_state(state)
     else:
-        torch.random.set_rng_state(state)
+        torch.random.default_generator.set_state(state)

@@ -45,7 +45,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import collectives, operators
+from . import collectives, operators, recompute
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
 from .tensor_state import rewrite_autograd_call
@@ -598,13 +598,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                                       format_frame(user_frame()))
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
         if func is torch.Tensor.backward or func is torch.autograd.backward:
-            raise SideEffectError(
-                f"{self.describe()} calls backward(), which accumulates gradients into .grad.",
-                "A capture replays only the graph's tensor operations; gradients accumulated "
-                "while tracing land in fake tensors, and replaying the graphs never does it.",
-                "Use torch.autograd.grad(outputs, inputs) and use its result, or run this "
-                "Function eagerly.",
-                where=format_frame(user_frame()))
+            # Checkpoint-style: a grad node and a .grad accumulation (see recompute).
+            return recompute.backward(recorder, func, args, kwargs, self.describe(),
+                                      format_frame(user_frame()))
+        if recompute.is_requires_grad_set(func):
+            return recompute.requires_grad_set(recorder, args)
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.

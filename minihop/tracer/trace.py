@@ -60,6 +60,7 @@ from .values import ValueReader
 from .unbacked import Plan, Retrace, UnbackedValues
 from .symvalues import resolve_symbolic
 from .torchlogs import quiet_torch_logs
+from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -510,7 +511,7 @@ class _Tracing:
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
-                    _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
+                    rng_state_recorded(self.mode), _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
                 return fn(*args)
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal

@@ -1,0 +1,221 @@
+"""Checkpoint-style backwards: ``backward()`` inside a Function, and torch's random state.
+
+Place in the pipeline: tracer, called by ``recorder.RecordingMode`` (``backward``) and installed
+around each traced phase by ``trace`` (``rng_state_recorded``). Activation checkpointing
+(``torch.utils.checkpoint``'s reentrant ``CheckpointFunction``), reversible networks and
+model-parallel libraries write a backward that re-runs a computation under
+``torch.enable_grad()`` on detached inputs, calls ``torch.autograd.backward(outputs, grads)``
+and reads the detached inputs' ``.grad``; many save ``torch.get_rng_state()`` in forward and
+put it back in backward (``torch.set_rng_state``, inside ``torch.random.fork_rng``) so the
+recomputed dropout draws eager's masks again.
+
+How they are captured:
+
+- ``backward(outputs, grads)`` is recorded as ``torch.autograd.grad(outputs, leaves, grads,
+  allow_unused=True)`` over the leaves it reaches, then one ``accumulate_grad`` node that adds
+  each gradient into its leaf's ``.grad`` as autograd's ``AccumulateGrad`` does. The graph's
+  own ops (the recomputation under ``enable_grad``) make the autograd graph at run time, so the
+  bwd graph holds the recomputation and its differentiation; ``.grad`` reads after it are
+  ordinary graph reads of the real leaves.
+- ``torch.get_rng_state()`` and ``torch.set_rng_state(s)`` become graph nodes (the functions
+  themselves), in program order: forward reads the generator's state when the capture runs,
+  backward puts it back, draws, and ``fork_rng`` restores it, exactly as eager does. While
+  tracing, random ops run on fake tensors and never touch the real generator, so nothing is
+  set for real.
+
+Invariant (unknown means unsafe): ``.grad`` is accumulated only into leaves the traced code
+made itself (``x.detach().requires_grad_()``); a ``backward()`` that reaches a leaf from
+outside the Function (a module's parameter, an input, a closure tensor) is refused (MH106):
+its ``.grad`` is state eager writes and this capture would not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import SideEffectError
+from ..spec import EFFECT
+
+__all__ = ["accumulate_grad", "backward", "is_requires_grad_set", "requires_grad_set", "rng_state_recorded"]
+
+_state = threading.local()
+# The functions as torch defines them (graph nodes call these, never the tracing stand-ins).
+_GET = torch.random.get_rng_state
+_SET = torch.random.set_rng_state
+
+
+def accumulate_grad(leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> None:
+    """Add each gradient into its leaf's ``.grad`` as autograd's ``AccumulateGrad`` does for
+    ``backward()`` without ``create_graph``: a leaf without ``.grad`` takes the gradient (a
+    detached copy: eager's may be the same storage, never one the user holds elsewhere), one
+    with a ``.grad`` has it added in place."""
+    for leaf, g in zip(leaves, grads, strict=True):
+        if g is None:
+            continue
+        with torch.no_grad():
+            if leaf.grad is None:
+                leaf.grad = g.detach().clone(memory_format=torch.contiguous_format) \
+                    if g.layout == torch.strided else g.detach().clone()
+            else:
+                leaf.grad.add_(g)
+
+
+def _leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaves requiring grad that ``outputs``' autograd graph reaches, in the order a
+    depth-first walk from the outputs meets them (each once)."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in reversed(outputs) if t.grad_fn is not None]
+    for t in outputs:
+        if t.grad_fn is None and t.requires_grad:
+            found.setdefault(id(t), t)
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        variable = getattr(fn, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found.setdefault(id(variable), variable)
+        stack.extend(next_fn for next_fn, _ in reversed(fn.next_functions) if next_fn is not None)
+    return list(found.values())
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    return tuple(value)
+
+
+def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             describe: str, where: str | None) -> None:
+    """Record ``torch.autograd.backward(...)`` or ``tensor.backward(...)`` (``func``) as a grad
+    node and an ``accumulate_grad`` node, and do the same to the fake leaves."""
+    if func is torch.Tensor.backward:
+        names = ("self", "gradient", "retain_graph", "create_graph", "inputs")
+        bound = dict(zip(names, args, strict=False), **kwargs)
+        outputs = (bound["self"],)
+        grads = _as_tuple(bound.get("gradient"))
+    else:
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+        bound = dict(zip(names, args, strict=False), **kwargs)
+        outputs = _as_tuple(bound["tensors"])
+        given = bound.get("grad_tensors")
+        grads = _as_tuple(bound.get("grad_variables") if given is None else given)
+    if bound.get("create_graph"):
+        raise SideEffectError(
+            f"{describe} calls backward(create_graph=True).",
+            "minihop records backward() inside a Function as a gradient computation and a "
+            ".grad accumulation; the graph-building accumulation is not written.",
+            "Use torch.autograd.grad(..., create_graph=True) and use its result, or run this "
+            "Function eagerly.", where=where)
+    inputs = _as_tuple(bound.get("inputs"))
+    leaves = list(inputs) if inputs else _leaves(outputs)
+    for leaf in leaves:
+        node = recorder.node_of.get(id(leaf))
+        if node is None or node.op == "placeholder":
+            raise SideEffectError(
+                f"{describe} calls backward(), which reaches a tensor of shape "
+                f"{list(leaf.shape)} that the Function did not make (a module's parameter, an "
+                "input or a tensor from outside) and accumulates into its .grad.",
+                "minihop accumulates .grad, as eager does, only into leaves the traced code made "
+                "itself (x.detach().requires_grad_()); .grad of a tensor from outside is state "
+                "this capture does not write.",
+                "Detach what the recomputation reads inside the Function and return its "
+                "gradient, or run this Function eagerly.", where=where)
+    if not leaves:
+        return
+    grad_kwargs = {"grad_outputs": grads or None, "retain_graph": bound.get("retain_graph"),
+                   "allow_unused": True}
+    result = torch.autograd.grad(outputs, leaves, **grad_kwargs)
+    recorder.record(torch.autograd.grad, (outputs, tuple(leaves)), grad_kwargs, result)
+    node = recorder.record(accumulate_grad, (tuple(leaves), tuple(result)), {}, None)
+    recorder.note_mutation(node, tuple(leaves))
+    node.meta[EFFECT] = (f"backward() [{where}]: recomputed: torch.autograd.grad over the graph's "
+                         f"own recomputation, then .grad accumulated into its {len(leaves)} leaf "
+                         "tensor(s) as eager's AccumulateGrad does")
+    accumulate_grad(leaves, result)
+
+
+_REQUIRES_GRAD_SET = torch.Tensor.requires_grad.__set__
+
+
+def is_requires_grad_set(func: Any) -> bool:
+    """Whether ``func`` is ``tensor.requires_grad = flag`` (torch's ``detach_variable`` writes
+    the flag so, on the detached inputs of a recomputation)."""
+    return func == _REQUIRES_GRAD_SET
+
+
+def requires_grad_set(recorder: Any, args: tuple[Any, ...]) -> None:
+    """Record ``tensor.requires_grad = flag`` as ``tensor.requires_grad_(flag)``, in its place
+    (the tensor keeps its node: the flag is the tensor object's, as in eager), and set it on
+    the fake."""
+    tensor, flag = args
+    _REQUIRES_GRAD_SET(tensor, flag)
+    node = recorder.create_node("call_method", "requires_grad_", (recorder.node_for(tensor), bool(flag)), {})
+    node.meta["val"] = tensor
+    recorder.note_mutation(node, ())
+
+
+def _get_rng_state() -> torch.Tensor:
+    mode = _recording()
+    if mode is None:
+        return _GET()
+    fake = mode.fake_mode.from_tensor(_GET())
+    node = mode.recorder.record(_GET, (), {}, fake)
+    node.meta[EFFECT] = "torch.get_rng_state(): replayed: the generator's state is read when the graph runs"
+    mode.recorder.note_mutation(node, ())  # kept where it is: a read of changing state
+    return fake
+
+
+def _set_rng_state(new_state: torch.Tensor) -> None:
+    mode = _recording()
+    if mode is None:
+        return _SET(new_state)
+    node = mode.recorder.record(_SET, (new_state,), {}, None)
+    node.meta[EFFECT] = "torch.set_rng_state(...): replayed: the generator's state is set when the graph runs"
+    mode.recorder.note_mutation(node, ())
+    return None
+
+
+def _recording() -> Any:
+    mode = getattr(_state, "mode", None)
+    return mode if mode is not None and mode.recorder is not None else None
+
+
+_lock = threading.Lock()
+_users = [0]  # traces (any thread) inside rng_state_recorded: the stand-ins stay while any is
+_originals: list[tuple[Any, str, Any]] = []
+
+
+@contextlib.contextmanager
+def rng_state_recorded(mode: Any) -> Iterator[None]:
+    """While the user's code runs in ``mode`` (a ``RecordingMode``) in this thread, its reads
+    and writes of torch's CPU random state are graph nodes (see the module docstring). The
+    stand-ins call torch's own functions in every other thread, and outside a recording."""
+    previous = getattr(_state, "mode", None)
+    _state.mode = mode
+    with _lock:
+        if _users[0] == 0:
+            for home in (torch, torch.random):
+                for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state)):
+                    _originals.append((home, name, getattr(home, name)))
+                    setattr(home, name, stand_in)
+        _users[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _users[0] -= 1
+            if _users[0] == 0:
+                for home, name, fn in reversed(_originals):
+                    setattr(home, name, fn)
+                _originals.clear()
+        _state.mode = previous
