@@ -11,7 +11,7 @@ against eager ``F.apply`` and ``torch.compile`` in the same process. One module 
   floor        (g) capture against fake-tensor propagation alone, and Dynamo; cold start (a marked
                section of RESULTS.md)
   fuzz         the differential fuzzer's long budget (marked sections)
-  parity_data  README's data-dependent parity rows: eager, Dynamo, minihop (no timing)
+  parity_data  docs/parity.md's data-dependent parity rows: eager, Dynamo, minihop (no timing)
   gpu          minihop on CUDA against eager, streams included
 
 and under them: ``functions`` (the benchmark Functions, cases, and the step every variant runs),

@@ -12,7 +12,7 @@ timed fwd+bwd, interleaved round by round (``timing.time_interleaved``), as rati
   compile eager          ``torch.compile(caller, backend="eager")`` (``fullgraph=False``:
                          Dynamo graph-breaks or errors with ``fullgraph=True`` on these)
 
-The Functions come from ``tests/data_functions.py`` (the README's parity idioms), with MySin
+The Functions come from ``tests/data_functions.py`` (docs/parity.md's data-dependent idioms), with MySin
 (no value guard) as the reference for what a hit costs without one. The table goes into
 ``bench/RESULTS.md`` between ``<!-- guard-cost:start -->`` and ``<!-- guard-cost:end -->``
 (``--no-write`` prints only); ``python -m bench`` measures and writes the same section.
@@ -89,7 +89,7 @@ def measure_guard_cost(*, budget_s: float = 0.3, min_rounds: int = 11) -> Table:
              "also skips computing the value itself (a constant of the capture), so it can be "
              "below eager.",
              "`compile eager`: `torch.compile(backend=\"eager\")` with its default "
-             "`fullgraph=False` (see README's data-dependent parity rows for why not "
+             "`fullgraph=False` (see docs/parity.md's data-dependent rows for why not "
              "`fullgraph=True`).")
     return Table("(e) Value-guard cost per call (fwd+bwd)", columns, tuple(rows), notes)
 

@@ -1,4 +1,4 @@
-"""``python -m bench parity-data``: README's data-dependent parity rows, measured (eager, Dynamo 2.13, minihop).
+"""``python -m bench parity-data``: docs/parity.md's data-dependent parity rows, measured (eager, Dynamo 2.13, minihop).
 
 Place: bench/, beside the speed measurements but timing nothing. For each ``Idiom`` of
 ``tests/data_functions.py`` (Functions that take Python values out of tensor data, as their
@@ -16,9 +16,9 @@ exactly (outputs and every ``.grad``):
                         ``minihop.explain``: constant / value-guarded / unbacked / ..., and how
                         many captures the calls needed) or refused with its code.
 
-It prints the markdown table (``table``); ``--write`` puts it into README.md between
+It prints the markdown table (``table``); ``--write`` puts it into docs/parity.md between
 ``<!-- parity-data:start -->`` and ``<!-- parity-data:end -->``. The minihop cell is
-``minihop_cell(idiom)``, which ``tests/test_data_idioms.py`` recomputes to check README's rows:
+``minihop_cell(idiom)``, which ``tests/test_data_idioms.py`` recomputes to check the page's rows:
 after minihop changes, rerun ``python -m bench parity-data --write``.
 """
 
@@ -43,9 +43,9 @@ from data_functions import IDIOMS, Idiom, Record, idiom_named, record, same_reco
 
 from .functions import RecordingBackend, fresh_caller  # noqa: E402
 
-__all__ = ["COLUMNS", "IDIOMS", "MARKER", "README", "dynamo_cells", "idiom_named", "minihop_cell", "row", "table"]
+__all__ = ["COLUMNS", "IDIOMS", "MARKER", "PAGE", "dynamo_cells", "idiom_named", "minihop_cell", "row", "table"]
 
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "parity.md"  # its "Data-dependent values" section
 MARKER = "parity-data"
 COLUMNS = ("feature", "eager", "Dynamo 2.13 `fullgraph=True`", "Dynamo 2.13 default (graph breaks)",
            "minihop", "test")

@@ -160,7 +160,7 @@ python -m bench --quick       # a ~30 s pass; prints the tables, writes nothing 
 python -m bench guard-cost    # table (e) only; rewrites its own section of RESULTS.md
 python -m bench floor         # (g) capture vs its fake-tensor floor and Dynamo, 1-1,000 ops, cold start; its own section
 python -m bench fuzz          # the differential fuzzer, 10,000 cases; its own section (--generator ...)
-python -m bench parity-data   # README's data-dependent parity rows (--write rewrites them)
+python -m bench parity-data   # docs/parity.md's data-dependent parity rows (--write rewrites them)
 python -m bench gpu           # on a CUDA machine: correctness vs eager (also on a side stream) and overhead
 ```
 

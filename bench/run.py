@@ -10,7 +10,7 @@ nothing unless ``--output``. The questions run on their own:
 
   guard-cost   (e) only, into its marked section of RESULTS.md
   fuzz         the differential fuzzer's long budget, into its marked section (bench/fuzz.py)
-  parity-data  README's data-dependent parity rows (bench/parity_data.py), ``--write`` into README
+  parity-data  docs/parity.md's data-dependent parity rows (bench/parity_data.py), ``--write`` into it
   gpu          minihop on CUDA against eager, streams included, and its per-call cost (bench/gpu.py)
   collectives  (h) tensor-parallel Functions on a 2-process gloo group, minihop against eager,
                into its marked section (bench/collectives.py)
@@ -174,7 +174,7 @@ def _parity_data(options: argparse.Namespace, command: str) -> int:
     text = parity_data.table(rows)
     print(text)
     if options.write:
-        _write_section(parity_data.README, text, parity_data.MARKER)
+        _write_section(parity_data.PAGE, text, parity_data.MARKER)
     return 1 if any("WRONG" in r[-2] for r in rows) else 0
 
 
@@ -233,9 +233,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="python-state: the Python-state generator (tests/fuzz/generate_state.py); "
                            "data-dependent: the data-dependent one (tests/fuzz/generate_data.py); "
                            "modes: sizes x values x transforms x modes (tests/fuzz/generate_modes.py)")
-    parity = questions.add_parser("parity-data", help="README's data-dependent parity rows (no timing)")
+    parity = questions.add_parser("parity-data", help="docs/parity.md's data-dependent parity rows (no timing)")
     parity.set_defaults(run=_parity_data)
-    parity.add_argument("--write", action="store_true", help="put the table into README.md")
+    parity.add_argument("--write", action="store_true", help="put the table into docs/parity.md")
     parity.add_argument("--no-dynamo", action="store_true", help="minihop cells only (fast)")
     floor_ = questions.add_parser("floor", help="(g) capture against fake-tensor propagation alone, and Dynamo")
     floor_.set_defaults(run=_floor)

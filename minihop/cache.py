@@ -369,7 +369,7 @@ def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec
 
     ``stream``: a ``torch.cuda.Stream`` to run every call's forward (and so its backward) on,
     with the synchronisation that keeps inputs, outputs and saved tensors valid across it and
-    the caller's stream (as the README's torch.compile/DDP section describes). By default calls run on the
+    the caller's stream (as docs/integration.md describes). By default calls run on the
     caller's current stream, as eager's would.
 
     >>> import torch, minihop

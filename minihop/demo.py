@@ -2,7 +2,7 @@
 
 Not part of the pipeline; a consumer of the public API (``minihop.capture``) and of
 ``minihop.testing.assert_matches_eager``. Each example is a small ``autograd.Function`` chosen
-to show one part of the graph contract (see the README):
+to show one part of the graph contract (see docs/graph_contract.md):
 
   MySin              saves its input: the input is both a fwd input and a saved value.
   ExpTimesAndSquare  two outputs (two grads into bwd) and saves an input, an output and an

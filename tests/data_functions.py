@@ -2,7 +2,7 @@
 
 Place: a helper module beside the tests (not a test file), imported by
 ``tests/test_data_idioms.py`` and by ``bench/parity_data.py`` (which measures eager, Dynamo 2.13
-and minihop on each and writes README's "Data-dependent values" parity rows). The Functions
+and minihop on each and writes docs/parity.md's "Data-dependent values" parity rows). The Functions
 live in a source file because Dynamo reads their source.
 
 Each ``Idiom`` pairs a Function with the argument tuples it is called with, in order: chosen so
@@ -278,7 +278,7 @@ class LoopCountInBackward(torch.autograd.Function):
 
 @dataclasses.dataclass(frozen=True)
 class Idiom:
-    """A README row: the Function, what it shows, and the calls that take every branch."""
+    """A docs/parity.md row: the Function, what it shows, and the calls that take every branch."""
 
     name: str
     description: str

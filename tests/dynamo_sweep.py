@@ -6,14 +6,14 @@ through ``checked``: once the eager comparison passes, minihop's ``fwd_body_0``/
 for that Function and those arguments are compared with ``torch.compile(fullgraph=True)``'s,
 strictly (``assert_same_graph(..., check_meta=True)``: node kinds, targets, operand order,
 constants, shapes and dtypes). A difference fails the test that made the call, unless the
-Function is in ``KNOWN_DIFFERENCES``, which mirrors README's "Where minihop's words still differ
-from Dynamo's" (``test_dynamo_sweep.py`` checks the two agree); a listed Function that starts
+Function is in ``KNOWN_DIFFERENCES``, which mirrors docs/oracle.md's "Where minihop's words still
+differ from Dynamo's" (``test_dynamo_sweep.py`` checks the two agree); a listed Function that starts
 to agree fails too, so the list cannot go stale.
 
 What is not compared, deliberately:
 - Functions Dynamo does not capture as one ``autograd_function_apply`` (a graph break, an
   unsupported construct, no input needing a grad so Dynamo inlines forward): counted as "not
-  one HOP" and listed in the summary; the README's acceptance is about the others.
+  one HOP" and listed in the summary; the acceptance (docs/oracle.md) is about the others.
 - Dynamic-shape captures (``dynamic=...`` or marked tensors): their size nodes are compared by
   ``test_automatic_dynamic.py`` and ``test_oracle.py``, with their own known differences.
 - Calls inside functorch transforms or off the main thread: Dynamo would trace the wrappers,
@@ -47,7 +47,7 @@ from torch import fx
 import minihop.testing
 from minihop.structure import iter_leaves
 
-# Function (module:qualname) -> the README bullet (its bold title) that explains the difference.
+# Function (module:qualname) -> the docs/oracle.md bullet (its bold title) that explains the difference.
 KNOWN_DIFFERENCES: dict[str, str] = {
     "test_capture_cases:TestOps.test_conv1d_with_nn_grad.<locals>.Conv":
         "Python-level helpers without `__torch_function__`",
@@ -154,7 +154,7 @@ def compare(fn_cls: type, cap: Any, args: tuple[Any, ...], kwargs: dict[str, Any
             tally.stale.add(key)
             return (f"Dynamo sweep: {key} now agrees with torch.compile(fullgraph=True)'s bodies, but "
                     f"it is a known difference ({known[key]!r}).\nRemove it from KNOWN_DIFFERENCES "
-                    "in tests/dynamo_sweep.py, and its README line if no other Function needs it.")
+                    "in tests/dynamo_sweep.py, and its docs/oracle.md line if no other Function needs it.")
         tally.agree.add(key)
         return None
     if key in known:
@@ -164,7 +164,7 @@ def compare(fn_cls: type, cap: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     return (f"Dynamo sweep: minihop's bodies for {key} differ from torch.compile(fullgraph=True)'s "
             "(outputs and grads matched eager).\n" + "\n".join(diffs) +
             "\nMake minihop record what Dynamo records; or, if Dynamo's graph is not the right one "
-            "for eager parity, list the difference with its reason in README's \"Where minihop's "
+            "for eager parity, list the difference with its reason in docs/oracle.md's \"Where minihop's "
             "words still differ from Dynamo's\" and in KNOWN_DIFFERENCES (tests/dynamo_sweep.py).")
 
 
@@ -233,7 +233,7 @@ class SweepPlugin:
         terminalreporter.write_sep("-", "Dynamo sweep (tests/dynamo_sweep.py)")
         terminalreporter.write_line(
             f"{len(t.agree)} Functions agree strictly with torch.compile(fullgraph=True), "
-            f"{len(t.known)} are README-listed differences, {len(t.differ)} differ unexplained, "
+            f"{len(t.known)} are listed differences (docs/oracle.md), {len(t.differ)} differ unexplained, "
             f"{len(t.not_one_hop)} are not one HOP in Dynamo, {len(t.skipped)} skipped "
             f"(dynamic shapes, transforms, threads); {t.seconds:.0f} s in Dynamo and the comparisons")
         for key, why in sorted(t.not_one_hop.items()):

@@ -1,9 +1,9 @@
-"""The data-dependent idioms of ``tests/data_functions.py`` (issue 15): minihop captures each and matches eager, and README says how.
+"""The data-dependent idioms of ``tests/data_functions.py`` (issue 15): minihop captures each and matches eager, and docs/parity.md says how.
 
 Each idiom is called with inputs that take every branch and size case, the data changing
 between calls, forward and backward. ``minihop.function(F)`` (strict) must capture it and give
 eager's outputs and every ``.grad`` exactly (a refusal fails the test: each of these idioms is
-one a mechanism of issue 15 applies to); with ``fallback="eager"`` it must give eager's too. README's "Data-dependent values" rows
+one a mechanism of issue 15 applies to); with ``fallback="eager"`` it must give eager's too. docs/parity.md's "Data-dependent values" rows
 (``python -m bench parity-data --write``) must say what minihop does now.
 """
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # bench/ is a directory of the repository, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from bench.parity_data import COLUMNS, MARKER, minihop_cell  # noqa: E402
+from bench.parity_data import COLUMNS, MARKER, PAGE, minihop_cell  # noqa: E402
 from data_functions import IDIOMS, Idiom, record, same_record  # noqa: E402
 
 IDS = [i.function.__name__ for i in IDIOMS]
@@ -39,8 +39,8 @@ def test_idiom_matches_eager(idiom: Idiom) -> None:
     assert same_record(eager, fallback) is None, same_record(eager, fallback)
 
 
-def _readme_rows() -> dict[str, list[str]]:
-    text = (ROOT / "README.md").read_text()
+def _page_rows() -> dict[str, list[str]]:
+    text = PAGE.read_text()
     section = text.split(f"<!-- {MARKER}:start -->", 1)[1].split(f"<!-- {MARKER}:end -->", 1)[0]
     rows = {}
     for line in section.splitlines():
@@ -50,14 +50,14 @@ def _readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_readme_rows_say_what_minihop_does() -> None:
-    """Each idiom has a README row whose minihop cell is measured again here (rerun
+def test_parity_rows_say_what_minihop_does() -> None:
+    """Each idiom has a docs/parity.md row whose minihop cell is measured again here (rerun
     ``python -m bench parity-data --write`` when minihop changes)."""
-    rows = _readme_rows()
+    rows = _page_rows()
     assert sorted(rows) == sorted(i.name for i in IDIOMS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stale = {i.name: (rows[i.name][COLUMNS.index("minihop")], now) for i in IDIOMS
                  if rows[i.name][COLUMNS.index("minihop")] != (now := minihop_cell(i))}
-    assert not stale, f"README's data-dependent rows are stale (README, measured): {stale}"
+    assert not stale, f"docs/parity.md's data-dependent rows are stale (page, measured): {stale}"
     assert not any("WRONG" in cells[COLUMNS.index("minihop")] for cells in rows.values())

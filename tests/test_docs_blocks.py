@@ -29,6 +29,9 @@ DOCS = ROOT / "docs"
 MARKER = re.compile(r"<!-- (setup|runnable(?:: ([\w-]+))?) -->")
 # Pages the README's front page links to (issue 33): each must exist and have a runnable block.
 LINKED_PAGES = ("dynamic_shapes.md", "integration.md", "graph_contract.md", "oracle.md")
+# Pages whose blocks a test file of their own runs (with checks of its own), so that they run
+# once, not twice: their groups are not cases here.
+OWN_TEST_FILE = {"integration.md": "tests/test_integration_page.py"}
 
 
 def fenced_blocks(path: Path) -> list[tuple[str, int, str, str]]:
@@ -72,6 +75,8 @@ def page_groups(path: Path) -> tuple[list[tuple[int, str]], dict[str, list[tuple
 def _cases() -> list[Any]:
     cases = []
     for path in sorted(DOCS.glob("*.md")):
+        if path.name in OWN_TEST_FILE:
+            continue
         for group in page_groups(path)[1]:
             cases.append(pytest.param(path.name, group, id=f"{path.name}::{group}"))
     return cases

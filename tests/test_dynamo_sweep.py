@@ -1,5 +1,5 @@
 """The Dynamo sweep (``dynamo_sweep.py``): it is on, it can fail, it leaves tests alone, and its
-list of known differences is README's."""
+list of known differences is docs/oracle.md's."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import minihop
 import minihop.testing
 from dynamo_sweep import KNOWN_DIFFERENCES, Tally, checked, compare, function_key
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ORACLE_PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "oracle.md"
 
-# README bullets whose Functions the sweep does not meet, and the test that pins each instead.
+# docs/oracle.md bullets whose Functions the sweep does not meet, and the test that pins each instead.
 PINNED_ELSEWHERE = {"A size computed in Python": "tests/test_automatic_dynamic.py"}
 
 
@@ -45,11 +45,12 @@ def x4() -> torch.Tensor:
     return torch.rand(4, requires_grad=True)
 
 
-def readme_differences() -> list[str]:
-    """The bold titles of README's "Where minihop's words still differ from Dynamo's" bullets."""
-    text = README.read_text()
+def listed_differences() -> list[str]:
+    """The bold titles of docs/oracle.md's "Where minihop's words still differ from Dynamo's" bullets."""
+    text = ORACLE_PAGE.read_text()
     start = text.index("Where minihop's words still differ from Dynamo's")
-    section = text[start:text.index("\n## ", start)]
+    end = text.find("\n## ", start)  # the list may close the page
+    section = text[start:end if end != -1 else None]
     return re.findall(r"^- \*\*(.+?)\*\*", section, flags=re.MULTILINE)
 
 
@@ -63,10 +64,10 @@ def test_sweep_is_installed(pytestconfig: pytest.Config) -> None:
         assert getattr(fn, "__wrapped__", None) is not None, fn
 
 
-def test_known_differences_are_the_readmes() -> None:
-    """Each known difference names a README bullet; each bullet is a known difference of a
+def test_known_differences_are_the_docs() -> None:
+    """Each known difference names a docs/oracle.md bullet; each bullet is a known difference of a
     swept Function or pinned by another test."""
-    titles = readme_differences()
+    titles = listed_differences()
     assert len(titles) == len(set(titles))
     assert set(KNOWN_DIFFERENCES.values()) <= set(titles), set(KNOWN_DIFFERENCES.values()) - set(titles)
     assert set(titles) - set(KNOWN_DIFFERENCES.values()) == set(PINNED_ELSEWHERE)
@@ -93,9 +94,9 @@ def test_an_unlisted_difference_fails_with_both_graphs() -> None:
 def test_a_listed_difference_that_agrees_fails() -> None:
     """A known difference that has gone away fails too, so the list cannot go stale."""
     cap = minihop.capture(Doubles, x4())
-    known = {function_key(Doubles): "some README bullet"}
+    known = {function_key(Doubles): "some listed bullet"}
     message = compare(Doubles, cap, (x4(),), {}, known=known, tally=Tally())
-    assert message is not None and "now agrees" in message and "some README bullet" in message
+    assert message is not None and "now agrees" in message and "some listed bullet" in message
     assert compare(Doubles, cap, (x4(),), {}, known={}, tally=Tally()) is None
 
 

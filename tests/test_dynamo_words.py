@@ -439,9 +439,9 @@ def test_unused_grad_placeholder_without_materialized_grads() -> None:
     assert unused.name == "unused_0" and unused.meta["val"].dtype == torch.int64
 
 
-# --- where minihop's words still differ from Dynamo's (README) ------------------------------
+# --- where minihop's words still differ from Dynamo's (docs/oracle.md) ----------------------
 # Every Function the suite hands to assert_matches_eager is compared with Dynamo's bodies by the
-# sweep (tests/dynamo_sweep.py); these pin README's listed differences one by one.
+# sweep (tests/dynamo_sweep.py); these pin docs/oracle.md's listed differences one by one.
 
 def two_names(x: torch.Tensor) -> torch.Tensor:
     r = x.clone()
@@ -464,9 +464,9 @@ def dunder_by_name_bwd(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("name,fwd,bwd", [("two_names", two_names, two_names_bwd),
                                           ("dunder_by_name", dunder_by_name, dunder_by_name_bwd)])
 def test_readme_known_differences_in_words(name: str, fwd: Body, bwd: Body) -> None:
-    """The README's "Where minihop's words still differ": right values and grads, forward
+    """docs/oracle.md's "Where minihop's words still differ": right values and grads, forward
     written differently from Dynamo's (equal up to spelling for the dunder). If one starts to
-    agree, drop its README line."""
+    agree, drop its line there."""
     fn_cls = make_function(name, fwd, bwd)
     args = one()
     assert_matches_eager(fn_cls, *args)

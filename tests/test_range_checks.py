@@ -201,7 +201,7 @@ class SizeOfSelected(SavesInput):
 
 
 def test_shape_of_a_data_size_is_a_listed_difference() -> None:
-    """README's known difference: Dynamo keeps an unused ``picked.size()`` call, minihop does
+    """docs/oracle.md's known difference: Dynamo keeps an unused ``picked.size()`` call, minihop does
     not; the bodies are otherwise the same, and the results eager's."""
     x = torch.randn(4, 5, requires_grad=True)
     assert_matches_eager(SizeOfSelected, x)

@@ -4,7 +4,7 @@ Place in the pipeline: rewire's postcondition, and a public tool (``check_consis
 pairs produced by other systems (Dynamo's ``fwd_body``/``bwd_body`` included). Pure: it reads
 the two GraphModules and raises ``InconsistentGraphsError`` listing every problem found.
 
-The contract (see the README):
+The contract (see docs/graph_contract.md):
   (a) one bwd output per fwd input (``None`` where no gradient flows);
   (b) one bwd grad input per fwd tensor output;
   (c) fwd returns ``((outputs...), (saved...))`` and bwd takes ``(*grads, *saved)``.

@@ -72,7 +72,7 @@ def _detached(value: Any) -> Any:
 class Capture:
     """A captured ``autograd.Function``: the consistent pair, its metadata, and ``__call__``.
 
-    ``fwd``/``bwd`` are the pair (see the README's graph contract); ``graph`` is the outer
+    ``fwd``/``bwd`` are the pair (see docs/graph_contract.md); ``graph`` is the outer
     graph calling them once (runnable, in Dynamo's layout); ``inputs`` says where each fwd
     input comes from (``lifted`` ones are pulled out of objects, containers or closures);
     ``output_spec`` rebuilds the user's output structure. ``key`` is what the capture assumed
