@@ -54,6 +54,13 @@ def setup_commands() -> dict[str, str]:
     return commands
 
 
+def test_readme_is_a_front_page() -> None:
+    """The README stays a front page a newcomer reads in ten minutes (issue 33): at most 300
+    lines; a subject's details go to its page under docs/, with a pointer here."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move details into a docs/ page"
+
+
 def test_readme_has_runnable_snippets() -> None:
     """The README marks at least the quick start as runnable (so the test below tests something)."""
     assert len(runnable_blocks()) >= 2
