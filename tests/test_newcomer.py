@@ -151,7 +151,8 @@ def test_sweep_filter_knows_every_option() -> None:
         assert f'"{name}"' in sweep, name
 
 
-# The Functions the README shows, with the arguments it gives them.
+# The Functions the README and its docs pages show (MySin; the demo's in docs/graph_contract.md;
+# LinearFn in docs/integration.md), with the arguments they give them.
 class LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):  # type: ignore[no-untyped-def]
