@@ -35,7 +35,7 @@ from .errors import (
     UnsupportedOutputError,
 )
 from .explain import Explanation, explain
-from .pipeline import Capture, capture, check_consistent, load, trace
+from .pipeline import Capture, capture, check_consistent, load, trace, with_graphs
 
 __all__ = [
     "BackwardOutputError",
@@ -66,6 +66,7 @@ __all__ = [
     "reset",
     "testing",
     "trace",
+    "with_graphs",
 ]
 
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from .streams import run_on_stream
 from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
 
-__all__ = ["Capture", "make_capture", "readable"]
+__all__ = ["Capture", "copy_module", "make_capture", "readable"]
 
 # One check a call must pass: ``(ok, mismatch)``, ``ok(args) -> bool`` and ``mismatch(args)``
 # the error saying why it failed (None where ``ok`` is stricter than what it can name).
@@ -61,6 +61,17 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
         return [g(args, kwargs) for g in gs]
 
     return fetch
+
+
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule over a copy of ``gm``'s graph (nodes, names and ``meta`` copied; the
+    values in ``meta`` shared): editing it leaves ``gm`` as it was."""
+    graph = fx.Graph()
+    graph._codegen = gm.graph._codegen
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 def _detached(value: Any) -> Any:
@@ -127,19 +138,25 @@ class Capture:
     data_reads: tuple[DataRead, ...] = ()
     run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
+    # One source of truth: the pair a capture runs is the one it shows, prints and saves. So
+    # ``fwd``, ``bwd`` and ``graph`` are copies, made on each access: editing one (torch.fx
+    # passes, ``recompile()``) changes that copy only, never this capture. To run edited
+    # graphs, build a capture from them: ``minihop.with_graphs(cap, fwd=..., bwd=...)``
+    # checks the graph contract again and runs (and shows) exactly those.
+
     @property
     def fwd(self) -> fx.GraphModule:
-        """The fwd graph (``fwd_body_0``), built as a GraphModule on first access."""
-        return self.pair.fwd
+        """A copy of the fwd graph (``fwd_body_0``)."""
+        return copy_module(self.pair.fwd)
 
     @property
     def bwd(self) -> fx.GraphModule:
-        """The bwd graph (``bwd_body_0``), built as a GraphModule on first access."""
-        return self.pair.bwd
+        """A copy of the bwd graph (``bwd_body_0``)."""
+        return copy_module(self.pair.bwd)
 
-    @functools.cached_property
+    @property
     def graph(self) -> fx.GraphModule:
-        """The outer graph: runnable ``(*fwd_inputs) -> outputs``, calling the pair once."""
+        """A copy of the outer graph: runnable ``(*fwd_inputs) -> outputs``, calling the pair once."""
         return self._make_graph()
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
