@@ -67,7 +67,7 @@ from .errors import (
     UnsupportedOutputError,
 )
 from .explain import Explanation, explain
-from .pipeline import Capture, PairShape, capture, check_consistent, load, trace
+from .pipeline import Capture, PairShape, capture, check_consistent, load, trace, with_graphs
 
 __all__ = [
     "BackwardOutputError",
@@ -99,6 +99,7 @@ __all__ = [
     "reset",
     "testing",
     "trace",
+    "with_graphs",
 ]
 
 __version__ = "0.1.0"

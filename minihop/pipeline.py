@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
-from .errors import UnsupportedArgumentError, UnsupportedOperationError
+from .errors import InconsistentGraphsError, UnsupportedArgumentError, UnsupportedOperationError
 from .rewire.contract import PairShape, check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
@@ -43,7 +43,7 @@ from .tracer.pystate import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 
-__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET",
+__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs",
            "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
@@ -139,6 +139,47 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                        retrace, dims, raw.shape_guards, raw.python_state,
                        layout_key(args) if raw.reads_layout else None, masks, args, reads)
     return raw, cap
+
+
+def with_graphs(cap: Capture, *, fwd: fx.GraphModule | None = None,
+                bwd: fx.GraphModule | None = None) -> Capture:
+    """A capture like ``cap`` that runs (and shows, prints and saves) edited graphs.
+
+    ``cap.fwd``/``cap.bwd`` are copies: edit them with torch.fx, then build the capture that
+    runs them with this call. The pair's contract is checked again (``check_consistent``),
+    and the edited pair must keep ``cap``'s counts of inputs, outputs and saved values (its
+    indices -- which inputs get grads, which outputs are non-differentiable -- carry over).
+    The new capture keeps ``cap``'s guards; it cannot trace backward again for grads unlike
+    the ones it was traced with (as a loaded capture cannot).
+    """
+    fwd_gm, bwd_gm = fwd if fwd is not None else cap.fwd, bwd if bwd is not None else cap.bwd
+    shape = check_consistent(fwd_gm, bwd_gm)
+    pair = cap.pair
+    found = (shape.num_inputs, shape.num_outputs, shape.num_saved)
+    expected = (len(pair.inputs), len(pair.top_level), pair.num_saved)
+    if found != expected:
+        raise InconsistentGraphsError(
+            f"The edited graphs of {pair.function_name} take {found[0]} inputs, give {found[1]} "
+            f"outputs and save {found[2]} values; the capture's pair: {expected[0]}, {expected[1]}, "
+            f"{expected[2]}.",
+            "The capture's indices (inputs, outputs, non-differentiable and saved values) belong "
+            "to its pair; edited graphs must keep its signature.",
+            "Edit the graphs' bodies only (keep placeholders and outputs), or capture again.")
+    edited = dataclasses.replace(pair, fwd_graph=_copy_graph(fwd_gm.graph), bwd_graph=_copy_graph(bwd_gm.graph))
+    new = make_capture(edited, functools.partial(make_outer_graph, edited), cap.function, cap.key,
+                       cap.capture_seconds, None, cap.dynamic_dims, cap.shape_guards, cap.python_state,
+                       None, cap.masks, (), cap.data_reads)
+    return dataclasses.replace(new, _checks=cap._checks, fits=cap.fits)  # the call guards are cap's
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy the caller's later edits cannot reach."""
+    new = fx.Graph()
+    new._codegen = graph._codegen
+    env: dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        env[node] = new.node_copy(node, env.__getitem__)
+    return new
 
 
 def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:

@@ -21,7 +21,7 @@ PUBLIC = [
     "InplaceInputError", "MinihopError", "PairShape", "SideEffectError", "UnsupportedArgumentError",
     "UnsupportedOperationError", "UnsupportedOutputError", "apply", "capture", "captured",
     "check_consistent", "clear_cache", "counters", "explain", "function", "load", "ops", "reset",
-    "testing", "trace",
+    "testing", "trace", "with_graphs",
 ]
 STAGES_AND_HELPERS = ("api", "cache", "pipeline", "program", "rewire", "runtime", "spec", "structure", "tracer")
 

@@ -68,6 +68,14 @@ def with_value_guards(bwd: fx.GraphModule, reads: Sequence[DataRead], num_output
     return fx.GraphModule(bwd, graph, class_name=type(bwd).__name__)
 
 
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
 def _outer_name(name: str) -> str:
     return "L" + name[1:] if name.startswith("l_") else name
 
@@ -76,8 +84,9 @@ def make_outer_graph(pair: Pair, bwd_reads: Sequence[DataRead] = ()) -> fx.Graph
     """A runnable GraphModule ``(*fwd_inputs) -> (outputs...)`` calling the pair once;
     ``bwd_reads``: the values the pair's bwd was traced for (see ``with_value_guards``)."""
     root = torch.nn.Module()
-    root.fwd_body_0 = pair.fwd
-    root.bwd_body_0 = with_value_guards(pair.bwd, bwd_reads, len(pair.top_level)) if bwd_reads else pair.bwd
+    # Copies: an edit of the outer graph's bodies must not reach the pair (rewire is pure).
+    root.fwd_body_0 = _copy(pair.fwd)
+    root.bwd_body_0 = with_value_guards(pair.bwd, bwd_reads, len(pair.top_level)) if bwd_reads else _copy(pair.bwd)
     graph = fx.Graph()
     fwd_placeholders = [n for n in pair.fwd.graph.nodes if n.op == "placeholder"]
     inputs = []

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError
-from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import MISSING, NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
@@ -26,7 +26,7 @@ from .streams import run_on_stream
 from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
 
-__all__ = ["Capture", "make_capture", "readable"]
+__all__ = ["Capture", "copy_module", "make_capture", "readable"]
 
 # One check a call must pass: ``(ok, mismatch)``, ``ok(args) -> bool`` and ``mismatch(args)``
 # the error saying why it failed (None where ``ok`` is stricter than what it can name).
@@ -62,6 +62,17 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
         return [g(args, kwargs) for g in gs]
 
     return fetch
+
+
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule over a copy of ``gm``'s graph (nodes, names and ``meta`` copied; the
+    values in ``meta`` shared): editing it leaves ``gm`` as it was."""
+    graph = fx.Graph()
+    graph._codegen = gm.graph._codegen
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 def _detached(value: Any) -> Any:
@@ -115,19 +126,25 @@ class Capture:
     data_reads: tuple[DataRead, ...] = ()
     run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
+    # One source of truth: the pair a capture runs is the one it shows, prints and saves. So
+    # ``fwd``, ``bwd`` and ``graph`` are copies, made on each access: editing one (torch.fx
+    # passes, ``recompile()``) changes that copy only, never this capture. To run edited
+    # graphs, build a capture from them: ``minihop.with_graphs(cap, fwd=..., bwd=...)``
+    # checks the graph contract again and runs (and shows) exactly those.
+
     @property
     def fwd(self) -> fx.GraphModule:
-        """The fwd graph (``fwd_body_0``), built as a GraphModule on first access."""
-        return self.pair.fwd
+        """A copy of the fwd graph (``fwd_body_0``)."""
+        return copy_module(self.pair.fwd)
 
     @property
     def bwd(self) -> fx.GraphModule:
-        """The bwd graph (``bwd_body_0``), built as a GraphModule on first access."""
-        return self.pair.bwd
+        """A copy of the bwd graph (``bwd_body_0``)."""
+        return copy_module(self.pair.bwd)
 
-    @functools.cached_property
+    @property
     def graph(self) -> fx.GraphModule:
-        """The outer graph: runnable ``(*fwd_inputs) -> outputs``, calling the pair once."""
+        """A copy of the outer graph: runnable ``(*fwd_inputs) -> outputs``, calling the pair once."""
         return self._make_graph()
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -334,8 +351,9 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
             "Capture again with the marked tensor (minihop.apply does this by itself).")
 
     checks: list[Check] = [(compile_guard(key, masks), key_mismatch)]
-    places = {read.place.description: read.place.get for read in state.reads}  # one read a place
-    live = (*(lambda call, f=s.live: f() for s in pair.inputs if s.live is not None), *places.values())
+    places = {read.place.description: (lambda call, g=read.place.get: _found(lambda: g(call)))
+              for read in state.reads}  # one read a place
+    live = (*(lambda call, f=s.live: _found(f) for s in pair.inputs if s.live is not None), *places.values())
     if live:
         captured = tuple(value_key(fetch(args)) for fetch in live)
         checks.append((compile_live_check(live, captured), lambda call: GuardMismatchError(
@@ -373,6 +391,16 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
                 "the graph); other values may take other code.",
                 "Capture again for these values (minihop.apply does this by itself).")))
     return tuple(checks)
+
+
+def _found(fetch: Callable[[], Any]) -> Any:
+    """A live tensor's current value, or ``MISSING`` when it is gone (a global module replaced
+    by one of another class): the guard then fails and the call is traced again, where the
+    user's own code meets the change as eager's would, instead of minihop's guard raising."""
+    try:
+        return fetch()
+    except Exception:
+        return MISSING
 
 
 def _all_of(checks: tuple[Check, ...]) -> Callable[[tuple[Any, ...]], bool]:
