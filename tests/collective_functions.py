@@ -262,6 +262,22 @@ class FunctionalSequenceParallel(torch.autograd.Function):
         return grad * 2 / (1 + scale)
 
 
+class ScaleAfterReduce(torch.autograd.Function):
+    """Uses the buffer after the in-place collective (``y`` reads the communicated value)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        dist.all_reduce(y)
+        return y * 3
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        grad = g * 3
+        dist.all_reduce(grad)
+        return grad
+
+
 # -- the patterns, each with its two sizes (the second through automatic dynamic) ----------
 
 def _x(*shape: int) -> torch.Tensor:
@@ -281,6 +297,7 @@ PATTERNS: dict[str, tuple[type, Callable[[int, int], tuple[Any, ...]], tuple[int
                    (2, 3, 4)),
     "broadcast": (BroadcastFromSource, lambda n, w: (_x(n, 3),), (3, 5, 7)),
     "functional": (FunctionalSequenceParallel, lambda n, w: (_x(n, 3),), (2, 3, 4)),
+    "reduce_then_scale": (ScaleAfterReduce, lambda n, w: (_x(n, 3),), (2, 3, 4)),
 }
 MODES = ("apply", "fallback")
 # The bodies Dynamo captures (fullgraph=True), compared strictly: pattern -> phases. The other
@@ -290,7 +307,7 @@ MODES = ("apply", "fallback")
 DYNAMO_PHASES = {"copy_to_tp": ("fwd", "bwd"), "reduce_from_tp": ("fwd", "bwd"), "scatter_to_tp": ("fwd",),
                  "gather_from_tp": ("bwd",), "scatter_to_sp": ("bwd",), "gather_from_sp": ("fwd", "bwd"),
                  "reduce_scatter_sp": ("fwd", "bwd"), "all_to_all": ("fwd", "bwd"),
-                 "functional": ("fwd", "bwd"), "broadcast": ()}
+                 "functional": ("fwd", "bwd"), "reduce_then_scale": ("fwd", "bwd"), "broadcast": ()}
 
 
 def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:

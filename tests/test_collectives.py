@@ -100,6 +100,7 @@ _EXPECTED = {  # the functional collectives each pattern's bodies must hold (by 
     "all_to_all": (["all_to_all_single", "wait_tensor", "copy_"], ["all_to_all_single", "wait_tensor", "copy_"]),
     "broadcast": (["broadcast", "wait_tensor", "copy_"], ["all_reduce", "wait_tensor", "copy_"]),
     "functional": (["all_gather_into_tensor", "wait_tensor"], ["reduce_scatter_tensor", "wait_tensor", "all_reduce", "wait_tensor"]),
+    "reduce_then_scale": (["all_reduce", "wait_tensor", "copy_"], ["all_reduce", "wait_tensor", "copy_"]),
 }
 
 
