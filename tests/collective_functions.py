@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -474,8 +475,8 @@ def check_refused(name: str) -> None:
         minihop.apply(fn_cls, x)
     dist.barrier()
     eager = fn_cls.apply(x)
-    with __import__("warnings").catch_warnings():
-        __import__("warnings").simplefilter("ignore")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback says once that it ran eagerly
         mine = minihop.function(fn_cls, fallback="eager").apply(x)
     torch.testing.assert_close(mine, eager, rtol=0, atol=0)
 
@@ -502,8 +503,6 @@ def worker(rank: int, world_size: int, port: int, out_dir: str, cases: list[str]
     ``refused:<name>``, ``world``) in model-parallel groups of ``tp_size`` consecutive ranks,
     record its value or its traceback, write ``rank{rank}.json``."""
     global _TENSOR_MODEL_PARALLEL_GROUP
-    import warnings
-
     warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 deprecates the names Megatron calls
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
