@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,22 @@ class FunctionalSequenceParallel(torch.autograd.Function):
         return grad * 2 / (1 + scale)
 
 
+class ScaleAfterReduce(torch.autograd.Function):
+    """Uses the buffer after the in-place collective (``y`` reads the communicated value)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        dist.all_reduce(y)
+        return y * 3
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        grad = g * 3
+        dist.all_reduce(grad)
+        return grad
+
+
 # -- the patterns, each with its two sizes (the second through automatic dynamic) ----------
 
 def _x(*shape: int) -> torch.Tensor:
@@ -281,6 +298,7 @@ PATTERNS: dict[str, tuple[type, Callable[[int, int], tuple[Any, ...]], tuple[int
                    (2, 3, 4)),
     "broadcast": (BroadcastFromSource, lambda n, w: (_x(n, 3),), (3, 5, 7)),
     "functional": (FunctionalSequenceParallel, lambda n, w: (_x(n, 3),), (2, 3, 4)),
+    "reduce_then_scale": (ScaleAfterReduce, lambda n, w: (_x(n, 3),), (2, 3, 4)),
 }
 MODES = ("apply", "fallback")
 # The bodies Dynamo captures (fullgraph=True), compared strictly: pattern -> phases. The other
@@ -290,7 +308,7 @@ MODES = ("apply", "fallback")
 DYNAMO_PHASES = {"copy_to_tp": ("fwd", "bwd"), "reduce_from_tp": ("fwd", "bwd"), "scatter_to_tp": ("fwd",),
                  "gather_from_tp": ("bwd",), "scatter_to_sp": ("bwd",), "gather_from_sp": ("fwd", "bwd"),
                  "reduce_scatter_sp": ("fwd", "bwd"), "all_to_all": ("fwd", "bwd"),
-                 "functional": ("fwd", "bwd"), "broadcast": ()}
+                 "functional": ("fwd", "bwd"), "reduce_then_scale": ("fwd", "bwd"), "broadcast": ()}
 
 
 def _with_grad(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -457,8 +475,8 @@ def check_refused(name: str) -> None:
         minihop.apply(fn_cls, x)
     dist.barrier()
     eager = fn_cls.apply(x)
-    with __import__("warnings").catch_warnings():
-        __import__("warnings").simplefilter("ignore")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback says once that it ran eagerly
         mine = minihop.function(fn_cls, fallback="eager").apply(x)
     torch.testing.assert_close(mine, eager, rtol=0, atol=0)
 
@@ -485,8 +503,6 @@ def worker(rank: int, world_size: int, port: int, out_dir: str, cases: list[str]
     ``refused:<name>``, ``world``) in model-parallel groups of ``tp_size`` consecutive ranks,
     record its value or its traceback, write ``rank{rank}.json``."""
     global _TENSOR_MODEL_PARALLEL_GROUP
-    import warnings
-
     warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 deprecates the names Megatron calls
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",

@@ -238,6 +238,18 @@ def inplace_chain_bwd(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out * x + g
 
 
+def inplace_through_python(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    torch.nn.functional.relu(y, inplace=True)  # a Python function: y, not its result, is read on
+    return torch.nn.functional.gelu(y) + y
+
+
+def inplace_through_python_bwd(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    out = g.clone()
+    torch.nn.functional.hardtanh(out, inplace=True)
+    return out * x
+
+
 def out_argument(x: torch.Tensor) -> torch.Tensor:
     r = torch.empty_like(x)
     torch.mul(x, 2, out=r)
@@ -287,6 +299,7 @@ CASES: dict[str, tuple[Body, Body, Callable[[], tuple[torch.Tensor, ...]]]] = {
     "bits": (bits, bits_bwd, with_ints),
     "inplace_bits": (inplace_bits, inplace_bits_bwd, with_ints),
     "inplace_methods": (inplace_methods, inplace_methods_bwd, one),
+    "inplace_through_python": (inplace_through_python, inplace_through_python_bwd, one),
     "out_argument": (out_argument, out_argument_bwd, one),
     "matmul_assignment": (matmul_assign, matmul_assign_bwd, two),
     "unused_grad": (unused_grad, unused_grad_bwd, two),

@@ -152,9 +152,13 @@ def record(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         raise _refuse(describe, name, f"in a form minihop cannot write as a functional "
                       f"collective.\n  found: {e}", "Use tensors of equal sizes, " + _EAGER,
                       where) from e
-    for node, _ in recorder.mutations[first:]:
+    for node, written in recorder.mutations[first:]:
         # The write-back eager's collective makes into its buffer (see trace's mutation check).
         node.meta[WRITE_BACK] = name
+    # The c10d call returns None: no operand of the user's next op is the write's result
+    # (``recorder.record`` may have taken the write-back for one, reading the user's frame as
+    # if the copy_ were the user's call); later uses of a buffer read its own node, as Dynamo's.
+    recorder.pending_alias = None
     return None  # what the c10d call returns with async_op=False
 
 

@@ -9,6 +9,7 @@ stored in; minihop reads the store off the bytecode after each recorded call
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import inspect
@@ -141,6 +142,10 @@ STORE, DISCARD, UNPACK = "store", "discard", "unpack"
 _STORES = ("STORE_FAST", "STORE_DEREF")
 
 
+def _offset(instruction: Any) -> int:
+    return int(instruction.offset)
+
+
 def result_use(frame: FrameType) -> tuple[str, Any] | None:
     """How the user's code at ``frame`` uses the value the call now running returns.
 
@@ -152,7 +157,12 @@ def result_use(frame: FrameType) -> tuple[str, Any] | None:
     found, index = instructions(frame.f_code)
     at = index.get(frame.f_lasti)
     if at is None:
-        return None
+        # Python 3.11 leaves a caller's f_lasti on the last inline-cache unit of its CALL while
+        # the Python function it called runs (``F.relu(y, inplace=True)``, a library wrapper):
+        # the call is the last instruction at or before it.
+        at = bisect.bisect_right(found, frame.f_lasti, key=_offset) - 1
+        if at < 0:
+            return None
     following = found[at + 1:at + 17]  # enough to read an unpack's stores
     if not following:
         return None
