@@ -3,7 +3,7 @@
 The first half of ``pytest --minihop-audit`` (``minihop.audit``): while the suite runs,
 ``Function.apply`` is replaced by a wrapper that counts each call per Function class and,
 for the first few distinct argument signatures (``N`` where an input requires grad, one where none
-does), keeps a copy of the call's arguments (every
+does; looked for until 200 calls in a row bring none), keeps a copy of the call's arguments (every
 tensor cloned, detached, with its ``requires_grad``) and the grad mode it ran under. Nothing is
 checked while the suite runs: ``check.py`` replays the copies after the last test.
 
@@ -34,6 +34,7 @@ __all__ = ["Call", "Seen", "Watcher"]
 _NOT_WATCHED = ("minihop", "torch")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = (int, float, bool, complex, str, bytes, type(None))
+_PATIENCE = 200  # calls without a new signature after which a Function is only counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Seen:
     calls: int = 0
     kept: list[Call] = dataclasses.field(default_factory=list)
     signatures: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
-    full: bool = False  # every budget spent: later calls are only counted
+    since_new: int = 0  # calls since the last new signature
+    done: bool = False  # every budget spent, or no new signature for long: later calls are only counted
     # reason -> how many calls were not copied for it
     uncopied: Counter[str] = dataclasses.field(default_factory=Counter)
 
@@ -132,15 +134,21 @@ class Watcher:
                 if seen is None:
                     seen = self.seen[cls] = Seen(cls)
                 seen.calls += 1
-                if seen.full:
+                if seen.done:
+                    return
+                # Looking costs a walk over the arguments on every call: a Function that brought
+                # no new signature in _PATIENCE calls in a row is only counted from then on.
+                seen.since_new += 1
+                if seen.since_new > _PATIENCE:
+                    seen.done = True
                     return
                 grad_enabled = torch.is_grad_enabled()
                 # The checks that matter most need a grad: the budget is N calls where an input
                 # requires grad, plus one where none does (outputs only).
                 needs_grad = grad_enabled and any(
                     isinstance(t, torch.Tensor) and t.requires_grad for _, t in iter_leaves((args, kwargs)))
-                if len([c for c in seen.kept if c.needs_grad == needs_grad]) >= (self.limit if needs_grad else 1):
-                    seen.full = len(seen.kept) >= self.limit + 1
+                if sum(c.needs_grad == needs_grad for c in seen.kept) >= (self.limit if needs_grad else 1):
+                    seen.done = len(seen.kept) >= self.limit + 1
                     return
                 why = uncopyable(args, kwargs)
                 if why is not None:
@@ -149,6 +157,7 @@ class Watcher:
                 sig = signature(args, kwargs, grad_enabled)
                 if sig in seen.signatures:
                     return
+                seen.since_new = 0
                 copies = clone_args((args, kwargs))
                 seen.signatures.add(sig)
                 seen.kept.append(Call(tuple(copies[0]), dict(copies[1]), grad_enabled, sig, needs_grad))
