@@ -264,6 +264,8 @@ class _Reference:
 
 
 def _minihop(cap: Capture | None, refusal: Exception | None, eager: _Reference) -> Verdict:
+    if isinstance(refusal, SideEffectError):  # writes nobody described: not run again, eager included
+        return Verdict("refused", refusal.found.splitlines()[0][:200], refusal.code)
     if isinstance(refusal, MinihopError):
         if eager.runs[0].error is not None:
             return Verdict("agrees", f"eager raises too ({type(eager.runs[0].error).__name__})", refusal.code)

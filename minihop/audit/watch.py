@@ -3,7 +3,7 @@
 The first half of ``pytest --minihop-audit`` (``minihop.audit``): while the suite runs,
 ``Function.apply`` is replaced by a wrapper that counts each call per Function class and,
 for the first few distinct argument signatures (``N`` where an input requires grad, one where none
-does), keeps a copy of the call's arguments (every
+does; each budget looked for until 200 calls in a row bring it none), keeps a copy of the call's arguments (every
 tensor cloned, detached, with its ``requires_grad``) and the grad mode it ran under. Nothing is
 checked while the suite runs: ``check.py`` replays the copies after the last test.
 
@@ -34,6 +34,7 @@ __all__ = ["Call", "Seen", "Watcher"]
 _NOT_WATCHED = ("minihop", "torch")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = (int, float, bool, complex, str, bytes, type(None))
+_PATIENCE = 200  # calls without a new signature after which a Function is only counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,10 @@ class Seen:
     calls: int = 0
     kept: list[Call] = dataclasses.field(default_factory=list)
     signatures: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
-    full: bool = False  # every budget spent: later calls are only counted
+    # per budget (True: calls needing a grad): calls since its last new signature; and whether
+    # it is closed (spent, or no new signature for long): its calls are then only counted
+    since_new: dict[bool, int] = dataclasses.field(default_factory=lambda: {True: 0, False: 0})
+    closed: set[bool] = dataclasses.field(default_factory=set)
     # reason -> how many calls were not copied for it
     uncopied: Counter[str] = dataclasses.field(default_factory=Counter)
 
@@ -73,6 +77,20 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any], grad_enabled: bool)
         else:
             parts.append((path, type(leaf)))
     return tuple(parts)
+
+
+def _requires_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a tensor argument requires grad: the top level first (cheap, the usual case)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return True
+        elif not isinstance(a, _SCALARS):
+            break  # a container or object: walk everything
+    else:
+        if not kwargs:
+            return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for _, t in iter_leaves((args, kwargs)))
 
 
 def uncopyable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -132,15 +150,15 @@ class Watcher:
                 if seen is None:
                     seen = self.seen[cls] = Seen(cls)
                 seen.calls += 1
-                if seen.full:
+                if len(seen.closed) == 2:
                     return
                 grad_enabled = torch.is_grad_enabled()
                 # The checks that matter most need a grad: the budget is N calls where an input
-                # requires grad, plus one where none does (outputs only).
-                needs_grad = grad_enabled and any(
-                    isinstance(t, torch.Tensor) and t.requires_grad for _, t in iter_leaves((args, kwargs)))
-                if len([c for c in seen.kept if c.needs_grad == needs_grad]) >= (self.limit if needs_grad else 1):
-                    seen.full = len(seen.kept) >= self.limit + 1
+                # requires grad, plus one where none does (outputs only). Each budget closes when
+                # spent, or when _PATIENCE calls in a row brought it no new signature: looking
+                # walks the arguments, a closed budget costs a call only the check above.
+                needs_grad = grad_enabled and _requires_grad(args, kwargs)
+                if needs_grad in seen.closed:
                     return
                 why = uncopyable(args, kwargs)
                 if why is not None:
@@ -148,10 +166,16 @@ class Watcher:
                     return
                 sig = signature(args, kwargs, grad_enabled)
                 if sig in seen.signatures:
+                    seen.since_new[needs_grad] += 1
+                    if seen.since_new[needs_grad] > _PATIENCE:
+                        seen.closed.add(needs_grad)
                     return
+                seen.since_new[needs_grad] = 0
                 copies = clone_args((args, kwargs))
                 seen.signatures.add(sig)
                 seen.kept.append(Call(tuple(copies[0]), dict(copies[1]), grad_enabled, sig, needs_grad))
+                if sum(c.needs_grad == needs_grad for c in seen.kept) >= (self.limit if needs_grad else 1):
+                    seen.closed.add(needs_grad)
         except Exception as e:  # the suite must never see the audit fail
             try:
                 self.seen[cls].uncopied[f"the arguments could not be copied ({type(e).__name__}: {e})"[:200]] += 1
