@@ -17,6 +17,7 @@ import re
 import torch
 import torch.fx as fx
 
+from ..fxgraph import rename_node
 from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture, append_node
 from .contract import check_consistent
 
@@ -44,7 +45,7 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
             late.append(node)
     for node in late:
         new = env[node]
-        new._rename(re.sub(r"_\d+$", "", node.name))
+        rename_node(new, re.sub(r"_\d+$", "", node.name))
         if new.target is _ASSERT:  # its message names the comparison as this body does
             new.args = (new.args[0], f"Runtime assertion failed for expression "
                                      f"{node.meta[RANGE_CHECK]} on node '{new.args[0]}'")
