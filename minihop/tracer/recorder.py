@@ -36,7 +36,6 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     UnsupportedOperatorException,
 )
-from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -48,7 +47,8 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 from . import operators
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
-from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
+from .special_calls import AUTOCAST_SWITCHES, BEFORE_RUN
+from ..errors import DataDependentError, MinihopError, UnsupportedOperationError
 from ..spec import append_node
 
 __all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
@@ -547,6 +547,10 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # Data-dependent sizes and scalars (``unbacked.UnbackedValues``), or None.
         self.unbacked: Any | None = None
 
+    def where(self) -> str | None:
+        """The user's source line running now, for an error raised from a handler."""
+        return format_frame(user_frame())
+
     def _fakeify(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
             return self.lift_real(value)
@@ -567,34 +571,15 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         kwargs = kwargs or {}
         form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
-        if func is _enter_autocast or func is _exit_autocast:
-            if recorder is None:
-                return None  # autocast has switched itself already; nothing to record
-        elif recorder is None:
-            return func(*args, **kwargs)
-        if func is _enter_autocast:
-            # Called by autocast.__enter__ after it switched autocast (the fake ops that follow
-            # see the switch); the node makes the graph switch it the same way.
-            self.autocast_nodes.append(recorder.record(func, args, kwargs, None))
-            return None
-        if func is _exit_autocast:
-            recorder.record(func, (self.autocast_nodes.pop(),), {}, None)
-            return None
-        if func is torch._C._set_grad_enabled:
-            # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward:
-            # part of the program (Dynamo records it the same way, and only a real switch:
-            # ``no_grad()`` where grad is already off records nothing).
-            if bool(args[0]) != torch.is_grad_enabled():
-                recorder.record(func, args, kwargs, None)
-            return func(*args, **kwargs)
-        if func is torch.Tensor.backward or func is torch.autograd.backward:
-            raise SideEffectError(
-                f"{self.describe()} calls backward(), which accumulates gradients into .grad.",
-                "A capture replays only the graph's tensor operations; gradients accumulated "
-                "while tracing land in fake tensors, and replaying the graphs never does it.",
-                "Use torch.autograd.grad(outputs, inputs) and use its result, or run this "
-                "Function eagerly.",
-                where=format_frame(user_frame()))
+        try:
+            special = BEFORE_RUN.get(func)  # autocast switches, grad mode, backward (special_calls)
+        except TypeError:  # an unhashable callable: no special call
+            special = None
+        if recorder is None:
+            # Autocast has switched itself already: nothing to record, nothing to run.
+            return None if special in AUTOCAST_SWITCHES else func(*args, **kwargs)
+        if special is not None:
+            return special(self, recorder, func, args, kwargs)
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
@@ -625,10 +610,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if t._version != v)
-        if func is torch.Tensor.__setitem__:
-            # Returns None but writes into its first argument.
-            node = recorder.record(operator.setitem, args, kwargs, None)
-            recorder.note_mutation(node, written or (args[0],))
+        if func is torch.Tensor.__setitem__:  # returns None but writes into its first argument
+            recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
         if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result) or written:
             node = recorder.record(func, args, kwargs, result, form)
@@ -639,3 +622,4 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         else:
             self.on_query(func, args, kwargs, result)
         return result
+
