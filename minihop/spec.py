@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .fxgraph import default_name, insert_node
 from .structure import OutputSpec, Path, Step, format_path, fresh
 
 __all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
@@ -364,19 +365,10 @@ def append_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...], kw
         key = (text, isinstance(target, str))  # a method's "__add__" reads "add", a function's not
         name = _NODE_NAMES.get(key) if isinstance(text, str) else None
         if name is None:
-            name = graph._target_to_str(target)
+            name = default_name(graph, target)
             if isinstance(text, str):
                 _NODE_NAMES[key] = name
-    name = graph._graph_namespace.create_name(name, None)
-    node = fx.Node(graph, name, op, target, args, kwargs or _EMPTY_KWARGS)
-    graph._graph_namespace.associate_name_with_obj(name, node)
-    graph._insert(node)
-    graph._find_nodes_lookup_table.insert(node)
-    graph._len += 1
-    return node
-
-
-_EMPTY_KWARGS = fx.immutable_collections.immutable_dict()
+    return insert_node(graph, name, op, target, args, kwargs)
 
 
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the

@@ -23,6 +23,7 @@ import torch.fx as fx
 from torch._functorch.autograd_function import autograd_function_apply
 
 from ..errors import GuardMismatchError
+from ..graph_names import outer_input_name
 from ..spec import DataRead, Pair, same_value
 
 __all__ = ["make_outer_graph", "value_guard", "with_value_guards"]
@@ -76,10 +77,6 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
-def _outer_name(name: str) -> str:
-    return "L" + name[1:] if name.startswith("l_") else name
-
-
 def make_outer_graph(pair: Pair, bwd_reads: Sequence[DataRead] = ()) -> fx.GraphModule:
     """A runnable GraphModule ``(*fwd_inputs) -> (outputs...)`` calling the pair once;
     ``bwd_reads``: the values the pair's bwd was traced for (see ``with_value_guards``)."""
@@ -91,7 +88,7 @@ def make_outer_graph(pair: Pair, bwd_reads: Sequence[DataRead] = ()) -> fx.Graph
     fwd_placeholders = [n for n in pair.fwd.graph.nodes if n.op == "placeholder"]
     inputs = []
     for node in fwd_placeholders:
-        placeholder = graph.create_node("placeholder", _outer_name(node.name), name=node.name)
+        placeholder = graph.create_node("placeholder", outer_input_name(node.name), name=node.name)
         placeholder.meta = dict(node.meta)
         inputs.append(placeholder)
     fwd_body = graph.get_attr("fwd_body_0")

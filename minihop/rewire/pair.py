@@ -12,11 +12,12 @@ Postcondition: ``check_consistent(pair.fwd, pair.bwd)`` holds (checked before re
 from __future__ import annotations
 
 import operator
-import re
 
 import torch
 import torch.fx as fx
 
+from ..fxgraph import rename_node
+from ..graph_names import grad_name, late_name, range_check_name, saved_name, unused_grad_name
 from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture, append_node
 from .contract import check_consistent
 
@@ -35,7 +36,7 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
     for node in src.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        name = f"_minihop_late_{len(late)}" if RANGE_CHECK in node.meta else names.get(node, node.name)
+        name = late_name(len(late)) if RANGE_CHECK in node.meta else names.get(node, node.name)
         new = append_node(dst, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
                           fx.map_arg(node.kwargs, env.__getitem__), name)
         new.meta = dict(node.meta)
@@ -44,7 +45,7 @@ def _copy_body(src: fx.Graph, dst: fx.Graph, env: dict[fx.Node, fx.Node], names:
             late.append(node)
     for node in late:
         new = env[node]
-        new._rename(re.sub(r"_\d+$", "", node.name))
+        rename_node(new, range_check_name(node.name))
         if new.target is _ASSERT:  # its message names the comparison as this body does
             new.args = (new.args[0], f"Runtime assertion failed for expression "
                                      f"{node.meta[RANGE_CHECK]} on node '{new.args[0]}'")
@@ -123,7 +124,7 @@ def make_pair(raw: RawCapture) -> Pair:
     unused = 0
     for i, node in enumerate(raw.grad_inputs):
         if node is None:
-            placeholder = append_node(bwd, "placeholder", f"unused_{unused}", (), {})
+            placeholder = append_node(bwd, "placeholder", unused_grad_name(unused), (), {})
             # A grad backward was handed as a tensor (a top-level output's; with
             # set_materialize_grads(False) too, as this trace hands it) says what it would be,
             # shape and dtype, as Dynamo's placeholder does; one handed as None (an output
@@ -132,12 +133,12 @@ def make_pair(raw: RawCapture) -> Pair:
                 placeholder.meta["val"] = outs[i].meta["val"]
             unused += 1
             continue
-        placeholder = append_node(bwd, "placeholder", raw.grad_names[i] or f"grad_{i}", (), {})
+        placeholder = append_node(bwd, "placeholder", grad_name(i, raw.grad_names[i]), (), {})
         placeholder.meta = dict(node.meta)
         benv[node] = placeholder
     saved_placeholder: dict[fx.Node, fx.Node] = {}
     for fwd_node in saved_fwd:
-        placeholder = append_node(bwd, "placeholder", fenv[fwd_node].name, (), {})
+        placeholder = append_node(bwd, "placeholder", saved_name(fenv[fwd_node].name), (), {})
         placeholder.meta = dict(fenv[fwd_node].meta)
         saved_placeholder[fwd_node] = placeholder
     for bnode, fwd_node in raw.bwd_saved:

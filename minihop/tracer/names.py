@@ -13,43 +13,17 @@ import bisect
 import contextlib
 import dataclasses
 import inspect
-import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
 
-from ..structure import Path
+from ..graph_names import ident as _ident, input_name
 from .bytecode import instructions
 
 __all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints", "result_use",
            "STORE", "DISCARD", "UNPACK"]
-
-
-def _ident(text: str) -> str:
-    text = re.sub(r"\W", "_", str(text))
-    return text if text and not text[0].isdigit() else f"_{text}"
-
-
-def input_name(path: Path, argnames: tuple[str, ...]) -> str:
-    """Dynamo's style of input name: ``x`` -> ``l_x_``; ``weird.b`` -> ``l_weird_b``."""
-    parts: list[str] = []
-    trailing = True
-    for kind, key in path:
-        if kind == "arg":
-            parts.append(argnames[key] if key < len(argnames) else f"args_{key}")
-            trailing = True
-        elif kind == "kw":
-            parts.append(str(key))
-            trailing = True
-        elif kind in ("item", "key"):
-            parts.append(f"{key}")
-            trailing = True
-        else:
-            parts.append(str(key))
-            trailing = False
-    return _ident("l_" + "_".join(parts) + ("_" if trailing else ""))
 
 
 def code_of(fn: Any) -> CodeType | None:

@@ -40,7 +40,7 @@ from torch.utils._pytree import is_structseq
 from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError, UnsupportedOutputError
 from ..spec import Pair, bind_arguments, marks
 from ..structure import OutputSpec, Path, attributes, format_path, iter_leaves, make_getter, replace_tensors
-from .names import input_name
+from ..graph_names import body_names, constant_name, input_name, outer_input_name
 from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
 from .trace import TRACE_LOCK, TraceInputs
 
@@ -95,7 +95,7 @@ class _Program:
         if fake is None:
             fake = self.fake_mode.from_tensor(real)
             self.real_to_fake[id(real)] = fake
-            name = self.parameter_names.get(id(real), f"_tensor_constant{len(self.attributes)}")
+            name = self.parameter_names.get(id(real), constant_name(len(self.attributes)))
             self.attributes[name] = real
             self.attribute_of[id(fake)] = name
         return fake
@@ -116,7 +116,7 @@ class _Program:
                 "Every tensor must be an argument, reachable from one, or a closed-over value.",
                 "Pass it as an argument.")
         path, name = source
-        node = rec.create_node("placeholder", "L" + name[1:] if name.startswith("l_") else name,
+        node = rec.create_node("placeholder", outer_input_name(name),
                                (), {}, name=name)
         node.meta["val"] = value
         self.input_paths.append(format_path(path, self.argnames))
@@ -148,7 +148,7 @@ class _Program:
                 "such tensors from its forward.")
         n = self.applies
         self.applies += 1
-        fwd_name, bwd_name = f"fwd_body_{n}", f"bwd_body_{n}"
+        fwd_name, bwd_name = body_names(n)
         self.attributes[fwd_name] = pair.fwd
         self.attributes[bwd_name] = pair.bwd
         rec = self.recorder

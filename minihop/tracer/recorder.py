@@ -36,7 +36,6 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     UnsupportedOperatorException,
 )
-from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -48,6 +47,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 from . import collectives, operators, recompute
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
+from .special_calls import AUTOCAST_SWITCHES, BEFORE_RUN
 from .tensor_state import rewrite_autograd_call
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
 from ..spec import append_node
@@ -551,6 +551,10 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # Data-dependent sizes and scalars (``unbacked.UnbackedValues``), or None.
         self.unbacked: Any | None = None
 
+    def where(self) -> str | None:
+        """The user's source line running now, for an error raised from a handler."""
+        return format_frame(user_frame())
+
     def _fakeify(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
             return self.lift_real(value)
@@ -571,38 +575,21 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         kwargs = kwargs or {}
         form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
-        if func is _enter_autocast or func is _exit_autocast:
-            if recorder is None:
-                return None  # autocast has switched itself already; nothing to record
-        elif recorder is None:
-            return func(*args, **kwargs)
-        if func is _enter_autocast:
-            # Called by autocast.__enter__ after it switched autocast (the fake ops that follow
-            # see the switch); the node makes the graph switch it the same way.
-            self.autocast_nodes.append(recorder.record(func, args, kwargs, None))
-            return None
-        if func is _exit_autocast:
-            recorder.record(func, (self.autocast_nodes.pop(),), {}, None)
-            return None
-        if func is torch._C._set_grad_enabled:
-            # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward:
-            # part of the program (Dynamo records it the same way, and only a real switch:
-            # ``no_grad()`` where grad is already off records nothing).
-            if bool(args[0]) != torch.is_grad_enabled():
-                recorder.record(func, args, kwargs, None)
-            return func(*args, **kwargs)
+        try:
+            special = BEFORE_RUN.get(func)  # autocast switches, grad mode, backward (special_calls)
+        except TypeError:  # an unhashable callable: no special call
+            special = None
+        if recorder is None:
+            # Autocast has switched itself already: nothing to record, nothing to run.
+            return None if special in AUTOCAST_SWITCHES else func(*args, **kwargs)
+        if special is not None:
+            return special(self, recorder, func, args, kwargs)
         if collectives.is_collective(func):
             # Written as its functional collective (or refused): run on fake tensors it would
             # communicate nothing and leave no node.
             return collectives.record(self, func, args, kwargs, self.describe(),
                                       format_frame(user_frame()))
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
-        if func is torch.Tensor.backward or func is torch.autograd.backward:
-            # Checkpoint-style: a grad node and a .grad accumulation (see recompute).
-            return recompute.backward(recorder, func, args, kwargs, self.describe(),
-                                      format_frame(user_frame()))
-        if recompute.is_requires_grad_set(func):
-            return recompute.requires_grad_set(recorder, args)
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
@@ -633,10 +620,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if t._version != v)
-        if func is torch.Tensor.__setitem__:
-            # Returns None but writes into its first argument.
-            node = recorder.record(operator.setitem, args, kwargs, None)
-            recorder.note_mutation(node, written or (args[0],))
+        if func is torch.Tensor.__setitem__:  # returns None but writes into its first argument
+            recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
         if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result) or written:
             node = recorder.record(func, args, kwargs, result, form)
@@ -647,3 +632,4 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         else:
             self.on_query(func, args, kwargs, result)
         return result
+

@@ -54,6 +54,8 @@ from ..structure import OutputSpec, Path, attributes, describe_output, format_pa
 from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker, is_library
+from ..graph_names import (free_value_root, grad_name, held_name, lifted_name, parameter_name, saved_name,
+                           symbol_name, tensor_name)
 from .names import FrameSnapshot, capture_locals, code_of, free_values, input_name, name_hints
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
@@ -192,7 +194,7 @@ def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
     """
     routes: dict[int, tuple[str, Callable[[], Any]]] = {}
     for kind, name, value, fetch in free_values(fn):
-        _add_routes(routes, value, f"{'l' if kind == 'closure' else 'g'}_{name}", fetch)
+        _add_routes(routes, value, free_value_root(kind, name), fetch)
     return routes
 
 
@@ -202,15 +204,15 @@ def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, pr
     to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
     ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
     if isinstance(value, torch.Tensor):
-        routes.setdefault(id(value), (f"{prefix}_", fetch))
+        routes.setdefault(id(value), (tensor_name(prefix), fetch))
     elif isinstance(value, torch.nn.Module):
         for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
-            routes.setdefault(id(tensor), (f"{prefix}_{pname.replace('.', '_')}",
+            routes.setdefault(id(tensor), (parameter_name(prefix, pname),
                                            lambda f=fetch, p=pname: _module_tensor(f(), p)))
     elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
         for step, child in _held(value):
             if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
-                _add_routes(routes, child, f"{prefix}_{_route_name(step[1])}",
+                _add_routes(routes, child, held_name(prefix, step[1]),
                             lambda f=fetch, s=step: _step(f(), s), depth + 1)
 
 
@@ -245,10 +247,6 @@ def _step(owner: Any, step: tuple[str, Any]) -> Any:
         return owner[key] if kind == "item" else getattr(owner, key)
     except (LookupError, AttributeError, TypeError):
         return None
-
-
-def _route_name(key: Any) -> str:
-    return "".join(c if c.isalnum() else "_" for c in str(key))
 
 
 def _module_tensor(module: torch.nn.Module, name: str) -> Any:
@@ -409,7 +407,7 @@ class _Tracing:
                     input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
                     path, None))
                 return fake
-            name, live = self.closure_routes.get(id(real), (f"lifted_{len(self.sources)}", None))
+            name, live = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
             self._add_source(fake, InputSource(
                 name, f"tensor reached from {self._describe()} ({name})", None, None, real,
                 live=live))
@@ -451,7 +449,7 @@ class _Tracing:
                 "minihop passes size symbols in from the dynamic inputs' shapes.",
                 "Capture without dynamic shapes for this Function.")
         source, dim, size = entry
-        node = rec.placeholder(str(symbol), size)
+        node = rec.placeholder(symbol_name(symbol), size)
         self.placeholder_sources[node] = InputSource(
             str(symbol), source.description if dim is None else f"{source.description}.size({dim})",
             source.path, None, dim=dim)
@@ -475,7 +473,7 @@ class _Tracing:
         return self._saved_placeholder(rec, fwd_node, fwd_node.meta.get("val"))
 
     def _saved_placeholder(self, rec: GraphRecorder, fwd_node: fx.Node, value: Any) -> fx.Node:
-        node = rec.placeholder(fwd_node.name, value)
+        node = rec.placeholder(saved_name(fwd_node.name), value)
         self.bwd_saved.append((node, fwd_node))
         return node
 
@@ -495,7 +493,7 @@ class _Tracing:
         self._lift_shape_symbols(rec, value)
         index = self.grad_of.get(id(value))
         if index is not None:
-            node = rec.placeholder(f"grad_{index}", value)
+            node = rec.placeholder(grad_name(index), value)
             self.grad_nodes[index] = node
             return node
         # a forward value (or input) backward reads
