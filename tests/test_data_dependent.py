@@ -282,6 +282,55 @@ class TestUnrelatedOps:
             minihop.capture(RandomWrittenIntoRead, torch.randn(3, requires_grad=True))
 
 
+class ConstantMask(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        keep = torch.tensor([True, False, True, True])
+        cols = torch.arange(4)[keep]
+        ctx.n = cols.shape[0]
+        ctx.save_for_backward(cols)
+        out = x[:, cols] * 2
+        for i in range(cols.shape[0]):
+            out = out + i
+        return out
+    @staticmethod
+    def backward(ctx, g):
+        (cols,) = ctx.saved_tensors
+        gx = torch.zeros(g.shape[0], 4)
+        gx[:, cols] = g * 2
+        return gx
+class ConstantSplit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        bounds = torch.tensor([1, 3])
+        parts = torch.tensor_split(torch.arange(x.shape[0]), bounds)
+        ctx.sizes = [len(p) for p in parts]
+        return torch.stack([x[p].sum(0) for p in parts])
+    @staticmethod
+    def backward(ctx, g):
+        return torch.cat([g[i].expand(n, -1) for i, n in enumerate(ctx.sizes)])
+
+
+class TestConstantShapes:
+    """A boolean-mask index or tensor_split of tensors made from Python values only: the
+    result's size is known (computed for real), not data-dependent (issue 31: MH103)."""
+
+    @pytest.mark.parametrize("fn_cls,shape", [(ConstantMask, (3, 4)), (ConstantSplit, (5, 2))],
+                             ids=["mask", "tensor_split"])
+    @pytest.mark.parametrize("fallback", [None, "eager"], ids=["strict", "fallback"])
+    def test_matches_eager(self, fn_cls: type, shape: tuple[int, ...], fallback: str | None) -> None:
+        a = torch.randn(*shape)
+        cf = minihop.function(fn_cls) if fallback is None else minihop.function(fn_cls, fallback=fallback)
+        for _ in range(3):
+            mine, ref = clones(a.requires_grad_(), a)
+            out, expected = cf(mine), fn_cls.apply(ref)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            out.sum().backward()
+            expected.sum().backward()
+            torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=0)
+        assert cf.stats.captures == 1 and cf.stats.eager_calls == 0
+
+
 class TestRefusals:
     def test_random_branch_in_backward(self) -> None:
         """A backward branch on a random value stays refused: the line, the op, the ways out."""

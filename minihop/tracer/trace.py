@@ -302,6 +302,7 @@ class _Tracing:
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
         self.values = ValueReader(self, None)
         self.mode.on_value = self.values.read
+        self.mode.on_constant = self.values.constant_result
         self.unbacked = UnbackedValues(self, plan)
         self.mode.unbacked = self.unbacked
 

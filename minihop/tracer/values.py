@@ -10,6 +10,10 @@ one of them (through any view), with that write's own ancestors: an unrelated ra
 ``empty`` op elsewhere in the graph does not make the value unknown. The trace then continues with that Python value, and the capture records a
 ``DataRead``:
 
+A tensor op whose output shape depends on values (``t[mask]``, ``tensor_split(t, idx)``) on
+tensors made from Python values only is run the same way (``constant_result``) and recorded
+with fakes of its real shapes.
+
 - ``constant``: the graph has no inputs (``torch.tensor(dim)``, ``torch.arange(n)``). Its value
   is fixed by Python values that are guarded already (arguments' values are in the call key;
   globals and class attributes through ``pystate``), so it needs no guard of its own.
@@ -156,6 +160,28 @@ class ValueReader:
                                    where, graph if guarded else None, tuple(sources), clone,
                                    bwd_inputs))
         return value
+
+    def constant_result(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The result of a tensor op whose output shape depends on values (a boolean mask,
+        ``tensor_split`` at a tensor's indices, ``nonzero``), as fake tensors of its real
+        shapes, when its tensor arguments are computed from Python values only (guarded
+        already, so every call computes the same shapes); None otherwise (or when a random or
+        unwritten op is among them). The caller records the op: the graphs compute it again."""
+        t = self.t
+        try:
+            graph, inputs_of, clone = self._graph_for(func, args, kwargs, t._describe(),
+                                                      _op_name(func), None)
+        except DataDependentError:
+            return None
+        if inputs_of:
+            return None
+        with unset_fake_temporarily(), torch.no_grad():
+            value = graph()
+        leaves = tree_flatten(value)[0]
+        if not any(isinstance(v, torch.Tensor) for v in leaves):
+            return None
+        return tree_map(lambda v: t.fake_mode.from_tensor(v, static_shapes=True)
+                        if isinstance(v, torch.Tensor) else v, value)
 
     def _real_input(self, source: InputSource) -> Any:
         if source.live is not None:
