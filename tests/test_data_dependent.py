@@ -207,6 +207,130 @@ class RandomBranchBwd(torch.autograd.Function):
         return g * 2
 
 
+class NoisyWithBranch(torch.autograd.Function):
+    """An in-place write and a random op elsewhere in forward, then a branch on a value made
+    from neither (issue 31: it was refused, as if every value depended on the whole graph)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        noise = torch.rand(x.shape)
+        buf = torch.empty(3)
+        y = x.clone()
+        y.add_(noise)
+        if (x.abs().sum() > 0) and bool((torch.tensor([1.0, 2.0]) > 0).all()):
+            y = y * 2
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class WrittenThroughView(torch.autograd.Function):
+    """A value read of a tensor written in place through a view: the write is part of it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        acc = torch.zeros(4)
+        acc[:2].add_(x[:2])
+        acc.view(2, 2)[1].mul_(0).add_(3.0)
+        if acc.sum() > 2.5:
+            return x * acc
+        return x - acc
+
+    @staticmethod
+    def backward(ctx, g):
+        return g  # (both branches' true gradients differ; eager's is what is compared)
+
+
+class RandomWrittenIntoRead(torch.autograd.Function):
+    """A random value written in place into the tensor read: still refused."""
+
+    @staticmethod
+    def forward(ctx, x):
+        acc = torch.zeros(3)
+        acc.add_(torch.rand(3))
+        if acc.sum() > 10.0:
+            return x * 3
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class TestUnrelatedOps:
+    def test_unrelated_random_and_empty(self) -> None:
+        """Branches on values computed from inputs and constants only capture, with eager's
+        outputs (noise drawn from the same seed) and grads."""
+        x = torch.randn(4, requires_grad=True)
+        outs = []
+        for run in (NoisyWithBranch.apply, lambda a: minihop.apply(NoisyWithBranch, a)):
+            torch.manual_seed(3)
+            outs.append(run(x))
+        torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+        cap = minihop.capture(NoisyWithBranch, x)
+        assert {r.kind for r in cap.data_reads} == {"guarded", "constant"}
+
+    def test_write_through_a_view_is_part_of_the_value(self) -> None:
+        """The writes into the read tensor (through views) are computed with it: eager's branch."""
+        for data in ([1.0, 2.0, 0.0, 0.0], [-1.0, -2.0, 5.0, 5.0]):
+            check_apply(WrittenThroughView, torch.tensor(data, requires_grad=True))
+
+    def test_random_written_into_the_read_tensor_is_refused(self) -> None:
+        with pytest.raises(minihop.DataDependentError, match=r"(?s)RandomWrittenIntoRead\.forward calls __bool__.*computed from rand"):
+            minihop.capture(RandomWrittenIntoRead, torch.randn(3, requires_grad=True))
+
+
+class ConstantMask(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        keep = torch.tensor([True, False, True, True])
+        cols = torch.arange(4)[keep]
+        ctx.n = cols.shape[0]
+        ctx.save_for_backward(cols)
+        out = x[:, cols] * 2
+        for i in range(cols.shape[0]):
+            out = out + i
+        return out
+    @staticmethod
+    def backward(ctx, g):
+        (cols,) = ctx.saved_tensors
+        gx = torch.zeros(g.shape[0], 4)
+        gx[:, cols] = g * 2
+        return gx
+class ConstantSplit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        bounds = torch.tensor([1, 3])
+        parts = torch.tensor_split(torch.arange(x.shape[0]), bounds)
+        ctx.sizes = [len(p) for p in parts]
+        return torch.stack([x[p].sum(0) for p in parts])
+    @staticmethod
+    def backward(ctx, g):
+        return torch.cat([g[i].expand(n, -1) for i, n in enumerate(ctx.sizes)])
+
+
+class TestConstantShapes:
+    """A boolean-mask index or tensor_split of tensors made from Python values only: the
+    result's size is known (computed for real), not data-dependent (issue 31: MH103)."""
+
+    @pytest.mark.parametrize("fn_cls,shape", [(ConstantMask, (3, 4)), (ConstantSplit, (5, 2))],
+                             ids=["mask", "tensor_split"])
+    @pytest.mark.parametrize("fallback", [None, "eager"], ids=["strict", "fallback"])
+    def test_matches_eager(self, fn_cls: type, shape: tuple[int, ...], fallback: str | None) -> None:
+        a = torch.randn(*shape)
+        cf = minihop.function(fn_cls) if fallback is None else minihop.function(fn_cls, fallback=fallback)
+        for _ in range(3):
+            mine, ref = clones(a.requires_grad_(), a)
+            out, expected = cf(mine), fn_cls.apply(ref)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            out.sum().backward()
+            expected.sum().backward()
+            torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=0)
+        assert cf.stats.captures == 1 and cf.stats.eager_calls == 0
+
+
 class TestRefusals:
     def test_random_branch_in_backward(self) -> None:
         """A backward branch on a random value stays refused: the line, the op, the ways out."""

@@ -14,6 +14,7 @@ import torch
 from torch.autograd import Function
 
 import minihop
+from minihop.testing import assert_matches_eager
 
 # ---------------------------------------------------------------------------------------------
 # Functions, as a user writes them
@@ -398,36 +399,104 @@ class TestBackwardSeesEagersBuffer:
                 y1.sum().backward()
 
 
-class TestStillRefused:
-    def test_input_requiring_grad(self) -> None:
-        """A write into an input that requires grad, without mark_dirty, is refused: eager runs it without telling autograd."""
-        x, buf = torch.randn(4, 3), torch.zeros(4, 3, requires_grad=True)
-        EMAIdentity.apply(x, buf, 0.5)  # eager: no error, the leaf changed behind autograd's back
-        torch.testing.assert_close(buf.detach(), x * 0.5)
-        with pytest.raises(minihop.InplaceInputError,
-                           match=r"EMAIdentity\.forward modifies its input ema, which requires grad, in "
-                                 r"place \(ema\.mul_\(\.\.\.\)\) without ctx\.mark_dirty\."):
-            minihop.capture(EMAIdentity, x, torch.zeros(4, 3, requires_grad=True), 0.5)
+class ExpOut(Function):
+    """PyTorch's forward-under-no-grad test: ``out=`` the input, returned without mark_dirty."""
+
+    @staticmethod
+    def forward(ctx, x):
+        torch.exp(x, out=x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class ClampMax(Function):
+    """A quantisation library's clamp: ``torch.min(x, hi, out=x)``, straight-through grad."""
+
+    @staticmethod
+    def forward(ctx, x, hi):
+        torch.min(x, hi, out=x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _observe(run: Any, make: Any) -> list[Any]:
+    """What a user sees: output values, requires_grad, is-view, whether it is the input
+    object, each argument's value and version after, each .grad after backward, and whether a
+    use of the old value made before the call then fails backward."""
+    args = make()
+    out = run(*args)
+    seen = [out.detach().clone(), (out.requires_grad, out._is_view(), out is args[0]),
+            [a.detach().clone() for a in args if isinstance(a, torch.Tensor)],
+            [a._version for a in args if isinstance(a, torch.Tensor)]]
+    out.sum().backward()
+    seen.append([a.grad for a in args if isinstance(a, torch.Tensor)])
+    args = make()
+    first = next(a for a in args if isinstance(a, torch.Tensor) and a.requires_grad)
+    before = (first * first).sum()  # saves the old value
+    run(*args)
+    try:
+        before.backward()
+        seen.append(torch.tensor(0))
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)
+        seen.append(torch.tensor(1))
+    return seen
+
+
+class TestInputsRequiringGrad:
+    """In-place writes into inputs that require grad, without mark_dirty: eager allows them
+    (forward runs under no_grad) and so does minihop, with eager's observable effects
+    (issue 31; these were MH105)."""
+
+    @pytest.mark.parametrize("fn_cls,make", [
+        (ExpOut, lambda: (torch.tensor([0.5, -1.0, 2.0], requires_grad=True),)),
+        (ClampMax, lambda: (torch.tensor([0.5, 2.0, -1.0], requires_grad=True), torch.ones(3))),
+        (EMAIdentity, lambda: (torch.ones(4, 3), torch.zeros(4, 3, requires_grad=True), 0.5)),
+    ], ids=["exp_out", "min_out", "ema_mul_"])
+    @pytest.mark.parametrize("fallback", [None, "eager"], ids=["strict", "fallback"])
+    def test_matches_eager(self, fn_cls: type, make: Any, fallback: str | None) -> None:
+        expected = [_observe(fn_cls.apply, make) for _ in range(2)]
+        cf = minihop.function(fn_cls) if fallback is None else minihop.function(fn_cls, fallback=fallback)
+        found = [_observe(cf, make) for _ in range(2)]
+        torch.testing.assert_close(found, expected)
+        assert cf.stats.eager_calls == 0
 
     def test_module_parameter(self) -> None:
-        """A write into an nn.Module argument's parameter (it requires grad) is refused, naming its path."""
+        """A write into an nn.Module argument's parameter: the caller's parameter changes, as in eager."""
 
         class DecayWeight(Function):
             @staticmethod
             def forward(ctx, x, module):
                 module.weight.mul_(0.5)
-                return x * 2
+                return x * module.weight.detach()
 
             @staticmethod
             def backward(ctx, g):
                 return g * 2, None
 
-        with pytest.raises(minihop.InplaceInputError,
-                           match=r"DecayWeight\.forward modifies its input module\.weight, which requires grad"):
-            minihop.capture(DecayWeight, torch.randn(4, 3), Tracker(3))
+        torch.manual_seed(0)
+        state = Tracker(3).state_dict()
+        mods = [Tracker(3), Tracker(3)]
+        for mod in mods:
+            mod.load_state_dict(state)
+        x = torch.randn(4, 3)
+        outs = []
+        for run, mod in ((DecayWeight.apply, mods[0]), (minihop.function(DecayWeight), mods[1])):
+            outs.append([run(x, mod) for _ in range(2)])
+        torch.testing.assert_close(outs[1], outs[0])
+        torch.testing.assert_close(mods[1].weight, mods[0].weight)
+        assert mods[1].weight._version == mods[0].weight._version
 
     def test_write_through_a_view_of_an_input_requiring_grad(self) -> None:
-        """A write through a view is a write into the input itself."""
+        """A write through a view is a write into the input itself, as in eager."""
 
         class ViewWrite(Function):
             @staticmethod
@@ -439,15 +508,4 @@ class TestStillRefused:
             def backward(ctx, g):
                 return g * 2
 
-        with pytest.raises(minihop.InplaceInputError, match=r"ViewWrite\.forward modifies its input x, which requires grad"):
-            minihop.capture(ViewWrite, torch.randn(3, requires_grad=True))
-
-    def test_fallback_eager_runs_the_refused_case_eagerly(self) -> None:
-        """With fallback='eager' the refused case runs F.apply, so the caller still gets eager's result."""
-        fn = minihop.function(EMAIdentity, fallback="eager")
-        x = torch.randn(4, 3)
-        buf = torch.zeros(4, 3, requires_grad=True)
-        with pytest.warns(UserWarning, match=r"running EMAIdentity eagerly .*MH105"):
-            out = fn(x, buf, 0.5)
-        torch.testing.assert_close(out, x * 3)
-        torch.testing.assert_close(buf.detach(), x * 0.5)
+        assert_matches_eager(ViewWrite, torch.randn(3, requires_grad=True))

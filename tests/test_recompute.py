@@ -249,6 +249,11 @@ class TestCheckpoint:
         """torch.utils.checkpoint's CheckpointFunction: same outputs, .grad, dropout masks, stream."""
         _matches_eager(CheckpointFunction, _checkpoint_args(mlp_block), fallback=fallback)
 
+    def test_torchs_own_checkpoint_function(self, fallback: str | None) -> None:
+        """torch.utils.checkpoint.CheckpointFunction itself (the installed torch's code)."""
+        from torch.utils.checkpoint import CheckpointFunction as TorchCheckpointFunction
+        _matches_eager(TorchCheckpointFunction, _checkpoint_args(mlp_block), fallback=fallback)
+
     def test_two_outputs(self, fallback: str | None) -> None:
         """Two outputs: backward() with two grads, every input's .grad."""
         _matches_eager(CheckpointFunction, _checkpoint_args(two_outputs), fallback=fallback)

@@ -159,7 +159,7 @@ class TestMarkDirty:
             minihop.apply(DirtyNotReturned, torch.randn(3), r(3))
 
     def test_inplace_without_mark_dirty(self) -> None:
-        """An in-place write into an input without mark_dirty: captured like eager (value, version bump, grads) when the input does not require grad, refused when it does."""
+        """An in-place write into an input without mark_dirty: captured like eager (value, version bump, grads), whether or not the input requires grad."""
 
         class Sneaky(Function):
             @staticmethod
@@ -187,13 +187,16 @@ class TestMarkDirty:
             torch.testing.assert_close(grad, e_grad)
             assert version == e_version
 
-        x = torch.zeros(3, requires_grad=True)
-        Sneaky.apply(r(3), x)  # eager: no error, the input changed behind autograd's back
-        assert x.eq(1).all()
-        with pytest.raises(minihop.InplaceInputError,
-                           match=r"Sneaky\.forward modifies its input x, which requires grad, in place "
-                                 r"\(x\.add_\(\.\.\.\)\) without ctx\.mark_dirty"):
-            minihop.capture(Sneaky, r(3), torch.zeros(3, requires_grad=True))
+        # Into an input that requires grad (issue 31): eager allows it too; the same write
+        # happens to the caller's tensor.
+        outs = []
+        for run in (Sneaky.apply, minihop.capture(Sneaky, r(3), torch.zeros(3, requires_grad=True))):
+            w_, x = w.detach().clone().requires_grad_(), torch.zeros(3, requires_grad=True)
+            out = run(w_, x)
+            out.sum().backward()
+            outs.append((out.detach(), x.detach().clone(), x._version, w_.grad, x.grad))
+        assert outs[0][1].eq(1).all() and outs[0][2] == 1 and outs[0][4] is None
+        torch.testing.assert_close(outs[1], outs[0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -548,6 +548,9 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # Answers a call whose Python result depends on tensor values (``.item()``,
         # ``bool(t)``, ``torch.equal``): ``(func, args, kwargs, where) -> value`` (see values).
         self.on_value: Callable[[Any, tuple[Any, ...], dict[str, Any], str | None], Any] | None = None
+        # ``(func, args, kwargs) -> fake result or None``: a data-dependent-shape op on tensors
+        # made from Python values only, computed for real (see values.constant_result).
+        self.on_constant: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
         # Data-dependent sizes and scalars (``unbacked.UnbackedValues``), or None.
         self.unbacked: Any | None = None
 
@@ -607,6 +610,13 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except Exception as e:
+            if self.on_constant is not None and name not in _VALUE_READS and \
+                    (type(e) in (DynamicOutputShapeException, DataDependentOutputException)
+                     or _matches(e, _FAKE_ONLY_DATA)):
+                result = self.on_constant(func, args, kwargs)
+                if result is not None:
+                    recorder.record(func, args, kwargs, result, form)
+                    return result
             if type(e) is DataDependentOutputException and self.on_value is not None \
                     and name not in _COPY_READS:
                 return self.on_value(func, args, kwargs, format_frame(user_frame()))

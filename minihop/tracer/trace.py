@@ -303,6 +303,7 @@ class _Tracing:
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
         self.values = ValueReader(self, None)
         self.mode.on_value = self.values.read
+        self.mode.on_constant = self.values.constant_result
         self.unbacked = UnbackedValues(self, plan)
         self.mode.unbacked = self.unbacked
 
@@ -674,8 +675,10 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
     t.unbacked.check_ranges(t.fwd)
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     check_ctx_arguments(ctx, grad_can_flow)
-
-    _check_mutations(t, record.dirty)
+    # An in-place write into an input that requires grad, without mark_dirty (torch.exp(x,
+    # out=x)): eager allows it (forward runs under no_grad); the fwd graph makes the same write
+    # into the caller's own tensor, so values, version counters and later autograd errors are
+    # eager's (issue 31; tests/test_inplace_buffers.py TestInputsRequiringGrad).
 
     # Outputs: flatten in structure order; note which are top-level and which are inputs.
     flat: list[torch.Tensor] = []
@@ -1014,40 +1017,6 @@ def _tensor_leaves(value: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     describe_output(value, lambda v, _top: found.append(v) or 0, level=2)
     return found
-
-
-def _check_mutations(t: _Tracing, dirty: list[torch.Tensor]) -> None:
-    """Refuse forward's in-place writes into inputs that require grad, unless marked dirty.
-
-    A write into an input that does not require grad (a running-statistics buffer, a step
-    counter) is captured: the fwd graph runs on the caller's own tensors, so the same op
-    writes into them on every call, bumping their version counters as eager's does.
-    """
-    dirty_ids = {id(d) for d in dirty}
-    for node, target in t.input_writes:
-        source = t.sources[id(target)]
-        if id(target) in dirty_ids or not target.requires_grad or WRITE_BACK in node.meta:
-            continue  # a collective's write-back: Megatron's ``_reduce`` (see docs/distributed.md)
-        raise InplaceInputError(
-            f"{t.parts.name}.forward modifies its input {source.description}, which requires "
-            f"grad, in place ({_describe_mutation(node, source.description)}) without "
-            "ctx.mark_dirty.",
-            "Eager runs it without complaint (forward runs under no_grad), but autograd is not "
-            "told: the gradients of ops that used the old value are computed against the new "
-            "one, or fail with a version-counter error in backward.",
-            f"Call ctx.mark_dirty({source.description}) and return it, or work on a "
-            f"copy ({source.description}.clone()).",
-            where=node.meta.get("stack_trace", "").strip() or None,
-        )
-
-
-def _describe_mutation(node: fx.Node, name: str) -> str:
-    if node.target is operator.setitem:
-        return f"{name}[...] = ..."
-    if node.op == "call_method":
-        return f"{name}.{node.target}(...)"
-    target = getattr(node.target, "__name__", str(node.target))
-    return f"{target}(..., out={name})" if "out" in node.kwargs else f"{target}({name}, ...)"
 
 
 def _arg_grads(t: _Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node | None, ...]:

@@ -3,11 +3,16 @@
 Place in the pipeline: tracer, called by ``RecordingMode`` when forward or backward calls
 ``.item()``, ``.tolist()``, ``bool(t)``, ``int(t)``, ``float(t)`` or an op whose Python result
 depends on values (``torch.equal``). Fake tensors have no values, so the value is computed for
-real: the recorded ops that produce the tensor (its ancestors in the graph, or the whole graph
-so far when something was written in place) are copied into a small graph and run outside the
+real: the recorded ops that produce the tensor (its ancestors in the graph, see below) are copied into a small graph and run outside the
 fake mode, on the real arguments of the capture (or on nothing, for a tensor made from Python
-values only). The trace then continues with that Python value, and the capture records a
+values only). Those ops are the value's ancestors and every in-place write into the memory of
+one of them (through any view), with that write's own ancestors: an unrelated random or
+``empty`` op elsewhere in the graph does not make the value unknown. The trace then continues with that Python value, and the capture records a
 ``DataRead``:
+
+A tensor op whose output shape depends on values (``t[mask]``, ``tensor_split(t, idx)``) on
+tensors made from Python values only is run the same way (``constant_result``) and recorded
+with fakes of its real shapes.
 
 - ``constant``: the graph has no inputs (``torch.tensor(dim)``, ``torch.arange(n)``). Its value
   is fixed by Python values that are guarded already (arguments' values are in the call key;
@@ -38,6 +43,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import DataDependentError
@@ -61,6 +67,34 @@ def ancestors(roots: list[fx.Node]) -> set[fx.Node]:
             found.add(n)
             stack.extend(n.all_input_nodes)
     return found
+
+
+def _storages(value: Any) -> set[Any]:
+    found = set()
+    for leaf in tree_flatten(value)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+            found.add(StorageWeakRef(leaf.untyped_storage()))
+    return found
+
+
+def needed_for(mutations: list[tuple[fx.Node, tuple[torch.Tensor, ...]]], roots: list[fx.Node]) -> set[fx.Node]:
+    """The recorded ops ``roots``' values depend on: their ancestors, and each in-place write
+    (``mutations``: node, tensors written) into the memory of a tensor among them (a write
+    through a view shares its base's storage), with its own ancestors, to a fixed point.
+    Writes into other memory cannot change these values."""
+    needed = ancestors(roots)
+    pending = [(node, _storages(written)) for node, written in mutations]
+    grew = True
+    while grew:
+        grew = False
+        storages: set[Any] = set()
+        for n in needed:
+            storages |= _storages(n.meta.get("val"))
+        for node, written in pending:
+            if node not in needed and written & storages:
+                needed |= ancestors([node])
+                grew = True
+    return needed
 
 
 def _op_name(func: Any) -> str:
@@ -127,6 +161,28 @@ class ValueReader:
                                    bwd_inputs))
         return value
 
+    def constant_result(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The result of a tensor op whose output shape depends on values (a boolean mask,
+        ``tensor_split`` at a tensor's indices, ``nonzero``), as fake tensors of its real
+        shapes, when its tensor arguments are computed from Python values only (guarded
+        already, so every call computes the same shapes); None otherwise (or when a random or
+        unwritten op is among them). The caller records the op: the graphs compute it again."""
+        t = self.t
+        try:
+            graph, inputs_of, clone = self._graph_for(func, args, kwargs, t._describe(),
+                                                      _op_name(func), None)
+        except DataDependentError:
+            return None
+        if inputs_of:
+            return None
+        with unset_fake_temporarily(), torch.no_grad():
+            value = graph()
+        leaves = tree_flatten(value)[0]
+        if not any(isinstance(v, torch.Tensor) for v in leaves):
+            return None
+        return tree_map(lambda v: t.fake_mode.from_tensor(v, static_shapes=True)
+                        if isinstance(v, torch.Tensor) else v, value)
+
     def _real_input(self, source: InputSource) -> Any:
         if source.live is not None:
             value = source.live()
@@ -185,12 +241,10 @@ class ValueReader:
         """Copy the recorded ops ``roots`` need into ``graph`` (``env``: old node -> new);
         returns whether they write in place. Placeholders become inputs (forward: their
         sources) or, in backward, constants of forward's values."""
-        needed = ancestors(roots)
-        writes = any(n.meta.get("minihop_mutates") for n in rec.graph.nodes)
+        needed = needed_for(rec.mutations, roots)
+        writes = any(n.meta.get("minihop_mutates") for n in needed)
         for n in rec.graph.nodes:
-            if writes and n.op == "call_function" and n.target is torch._C._set_grad_enabled:
-                continue
-            if not (n in needed or (writes and n.op != "output")):
+            if n not in needed:
                 continue
             if n.op == "call_function" and any(s in _op_name(n.target) for s in _NOT_FUNCTIONS) or \
                     n.op == "call_method" and any(s in str(n.target) for s in _NOT_FUNCTIONS):
