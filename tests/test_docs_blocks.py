@@ -40,7 +40,7 @@ def fenced_blocks(path: Path) -> list[tuple[str, int, str, str]]:
     lines = path.read_text().split("\n")
     i = 0
     while i < len(lines):
-        opening = re.match(r"^```(\w*)\s*$", lines[i])
+        opening = re.match(r"^```(\w*)(?:[ \t]+\S.*)?\s*$", lines[i])  # info string: "python example"
         if opening is None:
             i += 1
             continue
