@@ -127,12 +127,13 @@ class TestSeedLayout:
         """The seed's dynamic test_rewired_bwd_output: fwd inputs (sA, x, sB, y), saved (sB, a, x, result), bwd outputs (None, gx, None, gy)."""
         x, y = torch.cos(r(8, 8)), torch.cos(r(8, 8))
         cap = captured(Add, x, y, dynamic={"x": [0], "y": [0]})
-        fwd_in = placeholders(cap.fwd)
+        fwd = cap.fwd  # one copy: the nodes below are compared by identity
+        fwd_in = placeholders(fwd)
         assert [is_sym(n) for n in fwd_in] == [True, False, True, False]
         s_a, l_x, s_b, l_y = fwd_in
         # Both symbols stand for one size (the seed prints s77: "Sym(s17)" and s17: "Sym(s17)").
         assert str(s_a.meta["val"]) == str(s_b.meta["val"]) == s_b.name
-        saved = fwd_saved(cap.fwd)
+        saved = fwd_saved(fwd)
         assert len(saved) == 4
         assert saved[0] is s_b and saved[2] is l_x
         assert [n.name for n in saved[1::2]] == ["a", "result"]
@@ -151,9 +152,10 @@ class TestSymIntsOnCtx:
     def test_size_on_ctx(self) -> None:
         """ctx.n = x.shape[0] under dynamic shapes: the size is saved as a SymInt and backward gets the real n."""
         cap = captured(MeanRows, r(4, 3), dynamic={"x": [0]})
-        saved = fwd_saved(cap.fwd)
+        fwd = cap.fwd  # one copy: the nodes below are compared by identity
+        saved = fwd_saved(fwd)
         assert [is_sym(n) for n in saved] == [True]
-        assert saved[0] is placeholders(cap.fwd)[0]
+        assert saved[0] is placeholders(fwd)[0]
         for n in (2, 3, 10):
             assert_capture_matches_eager(cap, MeanRows, r(n, 3))
 
