@@ -24,10 +24,11 @@ import pytest
 import torch.multiprocessing as mp
 
 HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:  # collective_functions.py; spawned children get this sys.path too
+if HERE not in sys.path:  # collective_functions.py and collective_worker.py; the children get it too
     sys.path.insert(0, HERE)
 
-from collective_functions import DYNAMO_PHASES, MODES, PATTERNS, REFUSED, worker  # noqa: E402
+from collective_functions import PATTERNS  # noqa: E402
+from collective_worker import DYNAMO_PHASES, MODES, REFUSED, worker  # noqa: E402
 
 TIMEOUT_S = 400.0  # a rank stuck in a collective fails the module (gloo itself times out after 60 s)
 CASES_2 = [*(f"pattern:{p}:{m}" for p in PATTERNS for m in MODES), *(f"graphs:{p}" for p in PATTERNS),
