@@ -23,6 +23,9 @@ How they are captured:
   tracing, random ops run on fake tensors and never touch the real generator, so nothing is
   set for real.
 
+``rng_state_recorded`` also swaps in ``numpy_bridge.from_numpy`` for ``torch.from_numpy`` (like
+the random-state functions, not a torch function a mode sees).
+
 Invariant (unknown means unsafe): ``.grad`` is accumulated only into leaves the traced code
 made itself (``x.detach().requires_grad_()``); a ``backward()`` that reaches a leaf from
 outside the Function (a module's parameter, an input, a closure tensor) is refused (MH106):
@@ -40,6 +43,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import EFFECT
+from . import numpy_bridge
 
 __all__ = ["accumulate_grad", "backward", "is_requires_grad_set", "requires_grad_set", "rng_state_recorded"]
 
@@ -190,6 +194,11 @@ def _recording() -> Any:
     return mode if mode is not None and mode.recorder is not None else None
 
 
+# (module, name, stand-in): swapped in while any trace runs; each calls torch's own function
+# outside a recording. torch.from_numpy is numpy_bridge's (not a torch function a mode sees).
+_STAND_INS = [(home, name, stand_in) for home in (torch, torch.random)
+              for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state))]
+_STAND_INS.append((torch, "from_numpy", numpy_bridge.from_numpy))
 _lock = threading.Lock()
 _users = [0]  # traces (any thread) inside rng_state_recorded: the stand-ins stay while any is
 _originals: list[tuple[Any, str, Any]] = []
@@ -204,10 +213,9 @@ def rng_state_recorded(mode: Any) -> Iterator[None]:
     _state.mode = mode
     with _lock:
         if _users[0] == 0:
-            for home in (torch, torch.random):
-                for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state)):
-                    _originals.append((home, name, getattr(home, name)))
-                    setattr(home, name, stand_in)
+            for home, name, stand_in in _STAND_INS:
+                _originals.append((home, name, getattr(home, name)))
+                setattr(home, name, stand_in)
         _users[0] += 1
     try:
         yield

@@ -45,7 +45,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import operators, recompute
+from . import numpy_bridge, operators, recompute
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
 from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
@@ -594,6 +594,12 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             # Checkpoint-style: a grad node and a .grad accumulation (see recompute).
             return recompute.backward(recorder, func, args, kwargs, self.describe(),
                                       format_frame(user_frame()))
+        if func is torch.from_numpy or func is torch.as_tensor:
+            tensor = numpy_bridge.from_array(args[0]) if args else None
+            if tensor is not None:  # an array tracing made from tensor data (numpy_bridge)
+                return tensor
+        if getattr(func, "__name__", None) == "numpy" and args and isinstance(args[0], FakeTensor):
+            return numpy_bridge.to_array(args[0], format_frame(user_frame()))
         if recompute.is_requires_grad_set(func):
             return recompute.requires_grad_set(recorder, args)
         # Which arguments an op writes into is read off their version counters (each in-place
