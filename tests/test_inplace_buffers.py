@@ -469,6 +469,10 @@ class TestInputsRequiringGrad:
         torch.testing.assert_close(found, expected)
         assert cf.stats.eager_calls == 0
 
+    def test_explain_says_written_back(self) -> None:
+        text = str(minihop.explain(ExpOut, torch.randn(3, requires_grad=True), print_report=False))
+        assert "forward: exp writes x in place: written back" in text, text
+
     def test_module_parameter(self) -> None:
         """A write into an nn.Module argument's parameter: the caller's parameter changes, as in eager."""
 
