@@ -451,6 +451,22 @@ def _observe(run: Any, make: Any) -> list[Any]:
     return seen
 
 
+class SaveThenWrite(Function):
+    """Saves an input, then writes it: eager packs saved tensors after forward, so backward
+    reads the written value without a version error."""
+
+    @staticmethod
+    def forward(ctx, w, x):
+        ctx.save_for_backward(x)
+        x.mul_(2)
+        return w * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x, None
+
+
 class TestInputsRequiringGrad:
     """In-place writes into inputs that require grad, without mark_dirty: eager allows them
     (forward runs under no_grad) and so does minihop, with eager's observable effects
@@ -460,7 +476,8 @@ class TestInputsRequiringGrad:
         (ExpOut, lambda: (torch.tensor([0.5, -1.0, 2.0], requires_grad=True),)),
         (ClampMax, lambda: (torch.tensor([0.5, 2.0, -1.0], requires_grad=True), torch.ones(3))),
         (EMAIdentity, lambda: (torch.ones(4, 3), torch.zeros(4, 3, requires_grad=True), 0.5)),
-    ], ids=["exp_out", "min_out", "ema_mul_"])
+        (SaveThenWrite, lambda: (torch.tensor([0.5, -1.0, 2.0], requires_grad=True), torch.ones(3, requires_grad=True))),
+    ], ids=["exp_out", "min_out", "ema_mul_", "saved_then_written"])
     @pytest.mark.parametrize("fallback", [None, "eager"], ids=["strict", "fallback"])
     def test_matches_eager(self, fn_cls: type, make: Any, fallback: str | None) -> None:
         expected = [_observe(fn_cls.apply, make) for _ in range(2)]
@@ -468,6 +485,10 @@ class TestInputsRequiringGrad:
         found = [_observe(cf, make) for _ in range(2)]
         torch.testing.assert_close(found, expected)
         assert cf.stats.eager_calls == 0
+
+    def test_explain_says_written_back(self) -> None:
+        text = str(minihop.explain(ExpOut, torch.randn(3, requires_grad=True), print_report=False))
+        assert "forward: exp writes x in place: written back" in text, text
 
     def test_module_parameter(self) -> None:
         """A write into an nn.Module argument's parameter: the caller's parameter changes, as in eager."""

@@ -23,6 +23,9 @@ How they are captured:
   tracing, random ops run on fake tensors and never touch the real generator, so nothing is
   set for real.
 
+``rng_state_recorded`` also swaps in ``numpy_bridge.from_numpy`` for ``torch.from_numpy`` (like
+the random-state functions, not a torch function a mode sees).
+
 Invariant (unknown means unsafe): ``.grad`` is accumulated only into leaves the traced code
 made itself (``x.detach().requires_grad_()``); a ``backward()`` that reaches a leaf from
 outside the Function (a module's parameter, an input, a closure tensor) is refused (MH106):
@@ -40,8 +43,9 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import EFFECT
+from . import numpy_bridge
 
-__all__ = ["accumulate_grad", "backward", "is_requires_grad_set", "requires_grad_set", "rng_state_recorded"]
+__all__ = ["accumulate_grad", "backward", "rng_state_recorded"]
 
 _state = threading.local()
 # The functions as torch defines them (graph nodes call these, never the tracing stand-ins).
@@ -144,26 +148,6 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     accumulate_grad(leaves, result)
 
 
-_REQUIRES_GRAD_SET = torch.Tensor.requires_grad.__set__
-
-
-def is_requires_grad_set(func: Any) -> bool:
-    """Whether ``func`` is ``tensor.requires_grad = flag`` (torch's ``detach_variable`` writes
-    the flag so, on the detached inputs of a recomputation)."""
-    return func == _REQUIRES_GRAD_SET
-
-
-def requires_grad_set(recorder: Any, args: tuple[Any, ...]) -> None:
-    """Record ``tensor.requires_grad = flag`` as ``tensor.requires_grad_(flag)``, in its place
-    (the tensor keeps its node: the flag is the tensor object's, as in eager), and set it on
-    the fake."""
-    tensor, flag = args
-    _REQUIRES_GRAD_SET(tensor, flag)
-    node = recorder.create_node("call_method", "requires_grad_", (recorder.node_for(tensor), bool(flag)), {})
-    node.meta["val"] = tensor
-    recorder.note_mutation(node, ())
-
-
 def _get_rng_state() -> torch.Tensor:
     mode = _recording()
     if mode is None:
@@ -190,6 +174,11 @@ def _recording() -> Any:
     return mode if mode is not None and mode.recorder is not None else None
 
 
+# (module, name, stand-in): swapped in while any trace runs; each calls torch's own function
+# outside a recording. torch.from_numpy is numpy_bridge's (not a torch function a mode sees).
+_STAND_INS = [(home, name, stand_in) for home in (torch, torch.random)
+              for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state))]
+_STAND_INS.append((torch, "from_numpy", numpy_bridge.from_numpy))
 _lock = threading.Lock()
 _users = [0]  # traces (any thread) inside rng_state_recorded: the stand-ins stay while any is
 _originals: list[tuple[Any, str, Any]] = []
@@ -204,10 +193,9 @@ def rng_state_recorded(mode: Any) -> Iterator[None]:
     _state.mode = mode
     with _lock:
         if _users[0] == 0:
-            for home in (torch, torch.random):
-                for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state)):
-                    _originals.append((home, name, getattr(home, name)))
-                    setattr(home, name, stand_in)
+            for home, name, stand_in in _STAND_INS:
+                _originals.append((home, name, getattr(home, name)))
+                setattr(home, name, stand_in)
         _users[0] += 1
     try:
         yield

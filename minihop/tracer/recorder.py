@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import collectives, operators, recompute
+from . import collectives, numpy_bridge, operators, recompute
 from .names import DISCARD, STORE, UNPACK, result_use
 from .operators import Form
 from .special_calls import AUTOCAST_SWITCHES, BEFORE_RUN
@@ -592,6 +592,12 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             # communicate nothing and leave no node.
             return collectives.record(self, func, args, kwargs, self.describe(),
                                       format_frame(user_frame()))
+        if func is torch.from_numpy or func is torch.as_tensor:
+            tensor = numpy_bridge.from_array(args[0]) if args else None
+            if tensor is not None:  # an array tracing made from tensor data (numpy_bridge)
+                return tensor
+        if getattr(func, "__name__", None) == "numpy" and args and isinstance(args[0], FakeTensor):
+            return numpy_bridge.to_array(args[0], format_frame(user_frame()))
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,

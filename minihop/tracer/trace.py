@@ -48,7 +48,7 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import (DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
+from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
                     uses_setup_context)
 from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
 from .collectives import WRITE_BACK
@@ -425,6 +425,9 @@ class _Tracing:
             if fake._version != version:
                 self.input_versions[key] = (fake, fake._version)
                 self.input_writes.append((node, fake))
+                node.meta[EFFECT] = (f"{getattr(node.target, '__name__', node.target)} writes "
+                                     f"{self.sources[key].description} in place: written back (the "
+                                     "fwd graph writes the caller's tensor, as eager)")
 
     def _resolve_fwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
         source = self.sources.get(id(value))
