@@ -443,6 +443,9 @@ class RawCapture:
     # Traces backward again (``(grad_specs, call_args) -> RawCapture``), forward as it ran.
     rerun_backward: Callable[..., "RawCapture"]
     outside_writes: tuple[OutsideWrite, ...] = ()
+    # How many times the traced backward read ``ctx.saved_tensors`` (each read unpacks every
+    # saved tensor in eager: ``saved_tensors_hooks``' unpack runs that many times).
+    saved_reads: int = 1
     # Python values forward and backward took out of tensor data, in the order read.
     data_reads: tuple[DataRead, ...] = ()
 
@@ -476,6 +479,7 @@ class Pair:
     # What forward put outside its return value (``spec.OutsideWrite``); a tensor written
     # there is a hidden fwd output: after the user's outputs, never top-level.
     outside_writes: tuple[OutsideWrite, ...] = ()
+    saved_reads: int = 1  # reads of ctx.saved_tensors in backward (see RawCapture)
     # The raw trace's fwd node of each saved value, in order: how a backward traced again
     # (which shares the raw fwd graph) names this pair's saved values.
     saved_fwd_nodes: tuple[fx.Node, ...] = dataclasses.field(default=(), compare=False, repr=False)

@@ -181,6 +181,7 @@ def make_pair(raw: RawCapture) -> Pair:
         num_saved=len(saved_fwd), output_spec=raw.output_spec,
         materialize_grads=raw.materialize_grads, argnames=raw.argnames,
         once_differentiable=raw.once_differentiable, grad_assumptions=raw.grad_assumptions,
+        saved_reads=raw.saved_reads,
         saved_names=tuple(fenv[n].name for n in saved_fwd),
         outside_writes=raw.outside_writes, saved_fwd_nodes=tuple(saved_fwd),
     )

@@ -330,6 +330,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     # Every forward path saves in the user's order (what eager's ctx holds); the simple paths
     # below read and write that order directly, each with code emitted for it when needed.
     ctx_ordered = all_via_ctx or permuted
+    # Each read of ctx.saved_tensors in eager's backward unpacks every saved tensor (the unpack
+    # hook of saved_tensors_hooks runs per read): a backward that read it twice, or never,
+    # unpacks that many times here too (the fast paths below unpack once).
+    reads = pair.saved_reads
+    exact_unpacks = bool(ctx_refs) and reads != 1
 
     def run_fwd(ctx: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Runs fwd, saves for backward through ``ctx``; returns all fwd outputs."""
@@ -406,12 +411,20 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
             mark(ctx, result)
             return result[0] if single else result
 
+    def unpack(ctx: Any) -> tuple[Any, ...]:
+        unpacked: tuple[Any, ...] = ()
+        for _ in range(reads):
+            unpacked = ctx.saved_tensors
+        if not reads and from_ctx:
+            unpacked = ctx.saved_tensors  # bwd needs them though backward never read them itself
+        return unpacked
+
     def run_bwd(ctx: Any, top_grads: tuple[Any, ...]) -> tuple[Any, ...]:
-        if all_via_ctx:
+        if all_via_ctx and not exact_unpacks:
             saved: tuple[Any, ...] | list[Any] = ctx.saved_tensors if num_saved else ()
         else:
             # Unpack everything the user saved, as eager does (version checks, unpack hooks).
-            unpacked = ctx.saved_tensors if ctx_refs else ()
+            unpacked = unpack(ctx) if exact_unpacks else ctx.saved_tensors if ctx_refs else ()
             saved = [None] * num_saved
             for i, p in from_ctx:
                 saved[i] = unpacked[p]
@@ -455,13 +468,14 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     stash_bwd = None
     if bwd_plain is not None and all_top and plain_ctx and stashed and not needs_key and not bwd_writes \
-            and not keeps_args and not uses_sink:
+            and not keeps_args and not uses_sink and not exact_unpacks:
         stash_bwd = _bwd_taking(pair, num_outputs, (*via_ctx, *stashed))
     # Backward's only reason for a key is the Python values it reads: while they are the
     # captured ones (one compiled check), the simple path below runs.
     state_only = bool(backwards.state_reads) and not backwards.checks and materialize and not keeps_args \
         and not backwards.reads_values
-    if bwd_plain is not None and all_top and ctx_ordered and (not needs_key or state_only) and not bwd_writes:
+    if bwd_plain is not None and all_top and ctx_ordered and (not needs_key or state_only) and not bwd_writes \
+            and not exact_unpacks:
         simple_bwd = bwd_code
         if permuted:
             simple_bwd = _bwd_taking(pair, num_outputs, perm)

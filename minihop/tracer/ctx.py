@@ -39,6 +39,7 @@ class CtxRecord:
     # ctx method -> the user's source line of its latest call (for messages).
     where: dict[str, str | None] = dataclasses.field(default_factory=dict)
     caller: dict[str, str] = dataclasses.field(default_factory=dict)  # method -> "F.forward"
+    saved_reads: int = 0  # reads of saved_tensors (each unpacks every saved tensor in eager)
 
     def use(self, feature: str) -> None:
         if feature not in self.used:
@@ -79,6 +80,7 @@ class ProxyCtx:
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
         self._minihop_record.use("saved_tensors")
+        self._minihop_record.saved_reads += 1
         return self._minihop_record.saved or ()
 
     saved_variables = saved_tensors

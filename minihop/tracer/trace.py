@@ -744,6 +744,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         if node.op != "placeholder" and node not in names:
             names[node] = "outs" if single else "out"
 
+    reads_before = record.saved_reads
     bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
@@ -775,7 +776,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
         shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
         python_state=python_state, outside_writes=outside_writes,
-        data_reads=tuple(t.values.reads),
+        data_reads=tuple(t.values.reads), saved_reads=record.saved_reads - reads_before,
         rerun_backward=functools.partial(_rerun_backward, t, parts, fn_cls, ctx, out, len(flat), fake_args,
                                          grad_on, fwd_names, made),
     )
