@@ -223,6 +223,8 @@ def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
         return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
     if _is_user_object(value):
         return [(("attr", k), v) for k, v in attributes(value).items()]
+    if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
+        return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
     return []
 
 
