@@ -21,7 +21,10 @@ or called and its source line (``explain()`` and the cache's notes show them).
 
 from __future__ import annotations
 
+import builtins
+import functools
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -47,7 +50,8 @@ def nested_codes(code: types.CodeType) -> Iterable[types.CodeType]:
             yield from nested_codes(const)
 
 
-def dynamic_lookups(code: types.CodeType) -> list[tuple[str, int | None]]:
+@functools.lru_cache(maxsize=2048)
+def dynamic_lookups(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
     """``(what, line)`` for each ``getattr(obj, name)`` (and ``vars``, ``attrgetter``) in
     ``code`` whose name is not a constant right before the call: the attribute read is chosen
     at run time, so no chain names it. Conservative: a call shape it cannot read counts."""
@@ -68,7 +72,7 @@ def dynamic_lookups(code: types.CodeType) -> list[tuple[str, int | None]]:
                 j += 1
             if not _constant_name(op.argval, ins[i + 1:j], ins[j].arg if j < len(ins) else None):
                 found.append((f"{op.argval}(...) with a name chosen at run time", line))
-    return found
+    return tuple(found)
 
 
 def _constant_name(lookup: str, window: list[Any], argc: int | None) -> bool:
@@ -198,18 +202,17 @@ class GetattrWatch:
     any other object's attribute chosen at run time is not, and is noted with its line."""
 
     def __init__(self, codes: set[types.CodeType], keyed: tuple[Any, ...]) -> None:
-        import builtins
         self.builtins = builtins
         self.real = builtins.getattr
         self.codes = codes
         self.keyed = {id(a) for a in keyed}
         self.found: list[str] = []
-        self.thread = __import__("threading").get_ident()
+        self.thread = threading.get_ident()
         builtins.getattr = self
 
     def __call__(self, obj: Any, name: str, *default: Any) -> Any:
         frame = sys._getframe(1)
-        if frame.f_code in self.codes and self.thread == __import__("threading").get_ident():
+        if frame.f_code in self.codes and self.thread == threading.get_ident():
             bounded = (isinstance(obj, torch.Tensor) and name not in TENSOR_STATE) or id(obj) in self.keyed \
                 or _plain(obj) and not isinstance(obj, (types.ModuleType, type))
             if not bounded and len(self.found) < 8:

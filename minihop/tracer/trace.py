@@ -285,6 +285,7 @@ class _Tracing:
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
+        self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
         self.fwd.on_mutation = self._on_fwd_mutation
@@ -408,6 +409,8 @@ class _Tracing:
                     path, None))
                 return fake
             name, live = self.closure_routes.get(id(real), (f"lifted_{len(self.sources)}", None))
+            if live is None:  # reached where no route leads (a helper's global, another Function's)
+                self.unrouted.append(f"reads a tensor from {self._describe()} that minihop cannot fetch again")
             self._add_source(fake, InputSource(
                 name, f"tensor reached from {self._describe()} ({name})", None, None, real,
                 live=live))
@@ -648,6 +651,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     # refused, and whatever tracing changed is put back (see pystate).
     state = StateTracker(parts, fake_args, fn_cls)
     state.on_symbolic = t.unbacked.escape
+    t.unrouted = state.opaque.reasons
     state.start()
     try:
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
@@ -871,6 +875,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
         t.values.call_data = call_data
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.on_symbolic = t.unbacked.escape
+        t.unrouted = state.opaque.reasons
         state.start()
         state.forward_done()  # what changes now, backward changes
         try:
