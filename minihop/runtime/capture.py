@@ -23,7 +23,7 @@ from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, show_value_key, unmet_marks, value_key
+from .guards import call_key, compile_guard, describe_key_difference, layout_key, live_check, unmet_marks, value_key
 
 __all__ = ["Capture", "make_capture", "readable"]
 
@@ -341,22 +341,11 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
     places = {read.place.description: read.place.get for read in state.reads}  # one read a place
     live = (*(lambda call, f=s.live: f() for s in pair.inputs if s.live is not None), *places.values())
     if live:
-        captured = tuple(value_key(fetch(args)) for fetch in live)
         names = (*(s.description for s in pair.inputs if s.live is not None), *places)
-        lines = {r.place.description: r.line for r in state.reads}
-
-        def live_mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
-            for what, fetch, old in zip(names, live, captured, strict=True):
-                new = value_key(fetch(call))
-                if new != old:
-                    return GuardMismatchError(
-                        f"Capture of {name}: {what} changed since it was captured: it was "
-                        f"{show_value_key(old)}, it is {show_value_key(new)}.",
-                        "The graphs were traced for the old value: Python values are constants in "
-                        "them, tensors' properties are baked into their shapes.",
-                        "Capture again (minihop.apply does this by itself).", where=lines.get(what))
-            return None
-        checks.append((compile_live_check(live, captured), live_mismatch))
+        lines: dict[str, str | None] = {}
+        for r in state.reads:
+            lines.setdefault(r.place.description, r.line)  # forward's line first
+        checks.append(live_check(name, names, live, tuple(value_key(fetch(args)) for fetch in live), lines))
     if layout is not None:
         checks.append((lambda call: layout_key(call) == layout, lambda call: GuardMismatchError(
             f"Capture of {name} called with tensors laid out differently: strides "

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
+from ..errors import GuardMismatchError
 from ..spec import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
-__all__ = ["autocast_key", "call_key", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+__all__ = ["autocast_key", "call_key", "live_check", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -343,3 +344,22 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
     return _generated(lines, consts)
+
+
+def live_check(name: str, names: tuple[str, ...], fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
+               captured: tuple[Any, ...], lines: dict[str, str | None]) -> tuple[Any, Any]:
+    """``(ok, mismatch)`` for the values a capture read outside its arguments (``names[i]``
+    fetched by ``fetchers[i]``, keyed ``captured[i]`` at capture): ``ok`` compiled once,
+    ``mismatch(args)`` the error naming the first changed place, its old and its new value."""
+    def mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
+        for what, fetch, old in zip(names, fetchers, captured, strict=True):
+            new = value_key(fetch(call))
+            if new != old:
+                return GuardMismatchError(
+                    f"Capture of {name}: {what} changed since it was captured: it was "
+                    f"{show_value_key(old)}, it is {show_value_key(new)}.",
+                    "The graphs were traced for the old value: Python values are constants in "
+                    "them, tensors' properties are baked into their shapes.",
+                    "Capture again (minihop.apply does this by itself).", where=lines.get(what))
+        return None
+    return compile_live_check(fetchers, captured), mismatch
