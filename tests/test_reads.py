@@ -413,3 +413,52 @@ class TestMismatchNamesTheValue:
                 cap(r(3))
         finally:
             SCALE = 2.0
+
+
+# -- tensors reached where no chain of forward's own names them (found by generate_reads) ---
+
+class Weights:
+    W = torch.full((), 2.0)
+
+
+class ReadsWeights(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * Weights.W
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * Weights.W
+
+
+class TestTensorsReachedIndirectly:
+    """A tensor class attribute reached where no name of forward's own leads: through a
+    lambda, or inside another Function's forward (fetched anew, or the capture single-use)."""
+
+    @pytest.mark.parametrize("form", ["lambda", "inner_apply"])
+    def test_class_attribute_tensor_replaced(self, form: str) -> None:
+        def make() -> type:
+            if form == "lambda":
+                class InLambda(Function):
+                    @staticmethod
+                    def forward(ctx, x):
+                        return x * (lambda: Weights.W)()
+
+                    @staticmethod
+                    def backward(ctx, g):
+                        return g
+                return InLambda
+
+            class UsesInner(Function):
+                @staticmethod
+                def forward(ctx, x):
+                    return x * ReadsWeights.apply(torch.ones(()))
+
+                @staticmethod
+                def backward(ctx, g):
+                    return g
+            return UsesInner
+        try:
+            same_as_eager(make, lambda k: (r(3),), lambda k: setattr(Weights, "W", torch.full((), [2.0, 3.0, 3.0, 5.0][k])))
+        finally:
+            Weights.W = torch.full((), 2.0)
