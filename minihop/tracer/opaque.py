@@ -99,7 +99,10 @@ def _plain(value: Any, depth: int = 0) -> bool:
         return len(value) < 64 and all(_plain(v, depth + 1) for v in value)
     if isinstance(value, dict) and depth < 2:
         return len(value) < 64 and all(_plain(v, depth + 1) for v in value.values())
-    if isinstance(value, (types.BuiltinFunctionType, types.FunctionType, type)):
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                          types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return True  # C code (``x.sin``, ``len``): a callback it calls is a value of its own
+    if isinstance(value, (types.FunctionType, type)):
         return _library_name(getattr(value, "__module__", None))
     return False
 
