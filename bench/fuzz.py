@@ -44,6 +44,7 @@ from .report import update_section  # noqa: E402
 from generate import RandomChooser, generate_case  # noqa: E402
 from generate_data import generate_data_case  # noqa: E402
 from generate_modes import generate_modes_case  # noqa: E402
+from generate_reads import generate_reads_case  # noqa: E402
 from generate_state import generate_state_case  # noqa: E402
 from oracle import Outcome, run_case  # noqa: E402
 from oracle_modes import run_modes_case  # noqa: E402
@@ -59,7 +60,8 @@ GENERATORS = {"plain": (generate_case, run_case, "fuzz", "Fuzzing"),
               "data-dependent": (generate_data_case, run_data_case, "fuzz-data-dependent",
                                  "Fuzzing: data-dependent values"),
               "modes": (generate_modes_case, run_modes_case, "fuzz-modes",
-                        "Fuzzing: sizes x values x transforms x modes")}
+                        "Fuzzing: sizes x values x transforms x modes"),
+              "reads": (generate_reads_case, run_state_case, "fuzz-reads", "Fuzzing: reads")}
 # The paragraph under each section's title.
 ABOUT = {
     "Fuzzing": (
@@ -80,6 +82,14 @@ ABOUT = {
         "A case *matches*, is *refused* by `minihop.apply` with a documented code (the "
         "fallback matching eager), or is a failure: *mismatched* (a wrong answer or state) "
         "or *crashed*. *invalid* counts cases eager itself rejects."),
+    "Fuzzing: reads": (
+        "Differential fuzzing of what a capture reads (issue 28): random `autograd.Function`s "
+        "composed by `tests/fuzz/generate_reads.py` from holders (user and library modules' "
+        "training flags and attributes, objects, classes, bound methods, containers, cells, "
+        "globals holding library functions or tensors, signed zeros, run-time attribute "
+        "names) and access forms (direct, helper, lambda, method, another Function's apply, "
+        "getattr), the state changed between calls and before backward; run by "
+        "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: data-dependent values": (
         "Differential fuzzing of data-dependent values against eager: random "
         "`autograd.Function`s whose forward and backward take Python values out of tensor "

@@ -201,6 +201,8 @@ class CapturedFunction:
                 _totals["fallbacks"] += 1
         if isinstance(entry, _Refused):
             return self._eager_apply(*args)
+        if entry.python_state.single_use:
+            return entry.run(args)  # serves this call only (see _capture): never a recent hit
         if key[0] != self._recent_methods:
             self._recent = ()
         self._recent = (entry, *(c for c in self._recent if c is not entry))[:_RECENT]
@@ -285,6 +287,18 @@ class CapturedFunction:
                 f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
                 f"{e}"))
             entry = _Refused(e)
+        if isinstance(entry, Capture) and entry.python_state.single_use:
+            # Its code read or ran what minihop cannot bound (tracer.opaque): right for the call
+            # it was traced for, unknown for any other. Not filed: strict mode captures again
+            # on the next call; fallback="eager" runs the next calls of this key eagerly.
+            counters_single_use[self.fn_cls.__qualname__] = entry.python_state.single_use
+            if self.fallback == "eager":
+                self._entries.setdefault(key, []).append(_Refused(MinihopError(
+                    f"{self.fn_cls.__qualname__}'s capture is single-use: "
+                    + "; ".join(entry.python_state.single_use),
+                    "minihop cannot bound what that code reads, so no later call can reuse it.",
+                    "Pass what it reads as arguments, or keep running it eagerly.")))
+            return entry
         self._entries.setdefault(key, []).append(entry)
         self._entries.move_to_end(key)
         return entry
@@ -417,6 +431,10 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
         return cls
 
     return decorate(fn_cls) if fn_cls is not None else decorate
+
+
+# Function name -> why its last capture was single-use (for measuring; never read on a hit).
+counters_single_use: dict[str, tuple[str, ...]] = {}
 
 
 def counters() -> dict[str, int]:

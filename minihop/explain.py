@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .errors import DataDependentError, MinihopError
-from .pipeline import MAX_VALUE_VARIANTS, UNSET, describe_autocast, refuse_shadowed_options, run_pipeline, value_key
+from .pipeline import MAX_VALUE_VARIANTS, UNSET, describe_autocast, refuse_shadowed_options, run_pipeline, show_value_key, value_key
 from .spec import EFFECT
 from .structure import argname
 
@@ -158,6 +158,9 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
             again = " (checked again when backward runs)" if read.phase == "backward" else ""
             guards.append(f"Python value {read.place.description} read by {read.phase}: "
                           f"{_show_key(key)}{again}" + (f"  [{read.line}]" if read.line else ""))
+        for reason in state.single_use:
+            guards.append(f"single-use (minihop.apply captures again on the next call; "
+                          f"fallback='eager' runs it eagerly): {reason}")
         for i, masked in sorted(cap.masks.items()):
             guards.append(f"{argname(i, cap.argnames)}: attributes {', '.join(sorted(masked))} left out (counters "
                           "the Function itself changes)")
@@ -222,5 +225,8 @@ def _show_key(key: Any) -> str:
         return "any int (a SymInt: see dynamic sizes)" if key[1] is int and key[2] is None else f"== {key[2]!r}"
     if isinstance(key, tuple) and key and key[0] == "M":
         params = ", ".join(f"{name} {_show_key(k)}" for name, k in key[3])
-        return f"the same {key[1].__name__} object; its tensors: {params or 'none'}"
+        return (f"the same {key[1].__name__} object, its training flags and attributes "
+                f"{show_value_key(key)}; its tensors: {params or 'none'}")
+    if isinstance(key, tuple) and key and key[0] in ("F", "C"):
+        return f"== {show_value_key(key)}"
     return f"same structure and values ({type(key).__name__})"

@@ -260,6 +260,9 @@ class PythonState:
 
     reads: tuple[StateRead, ...] = ()
     writes: tuple[StateWrite, ...] = ()
+    # Why the capture may serve only the call it was traced for: what its code read or ran
+    # that minihop cannot bound (``tracer.opaque``), each with its source line.
+    single_use: tuple[str, ...] = ()
 
     def reads_in(self, phase: str) -> tuple[StateRead, ...]:
         return tuple(r for r in self.reads if r.phase == phase)

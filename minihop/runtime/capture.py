@@ -24,7 +24,7 @@ from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import call_key, compile_guard, compile_live_check, describe_key_difference, layout_key, unmet_marks, value_key
+from .guards import call_key, compile_guard, describe_key_difference, layout_key, live_check, unmet_marks, value_key
 
 __all__ = ["Capture", "copy_module", "make_capture", "readable"]
 
@@ -355,14 +355,11 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
               for read in state.reads}  # one read a place
     live = (*(lambda call, f=s.live: _found(f) for s in pair.inputs if s.live is not None), *places.values())
     if live:
-        captured = tuple(value_key(fetch(args)) for fetch in live)
-        checks.append((compile_live_check(live, captured), lambda call: GuardMismatchError(
-            f"Capture of {name}: a value it reads from a closure, "
-            "global or module changed since it was captured (a Python value, or a "
-            "tensor's shape, dtype, device or requires_grad).",
-            "The graphs were traced for the old value: Python values are constants in "
-            "them, tensors' properties are baked into their shapes.",
-            "Capture again (minihop.apply does this by itself).")))
+        names = (*(s.description for s in pair.inputs if s.live is not None), *places)
+        lines: dict[str, str | None] = {}
+        for r in state.reads:
+            lines.setdefault(r.place.description, r.line)  # forward's line first
+        checks.append(live_check(name, names, live, tuple(value_key(fetch(args)) for fetch in live), lines))
     if layout is not None:
         checks.append((lambda call: layout_key(call) == layout, lambda call: GuardMismatchError(
             f"Capture of {name} called with tensors laid out differently: strides "

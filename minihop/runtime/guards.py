@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import enum
 import functools
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..errors import GuardMismatchError
 from ..spec import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
-__all__ = ["autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+__all__ = ["autocast_key", "call_key", "live_check", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -44,6 +46,17 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, torch.Tensor):
         return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
                 value.requires_grad, python_attributes(value))
+    if isinstance(value, float) and (value == 0.0 or value != value):
+        # 0.0 == -0.0 and nan != nan in Python: keyed by their bits, so -0.0 never hits a
+        # 0.0 capture (copysign, 1/x tell them apart) and a NaN capture is ever hit again.
+        return ("F", type(value), value.hex())
+    if isinstance(value, complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
+        return ("F", type(value), value.real.hex(), value.imag.hex())
+    if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
+            not _library_name(value.__module__) and id(value) not in _open:
+        # A user's class: what its code reads of it (``cls.scale``, ``getattr(cls, name)``)
+        # is its class attributes, keyed whole.
+        return ("C", id(value), _class_state(value, _open | {id(value)}))
     if isinstance(value, _HASHABLE_ATOMS):
         return ("V", type(value), value)
     if id(value) in _open:
@@ -56,8 +69,16 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return (dict, tuple((k, value_key(v, inner)) for k, v in value.items()))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
+        # What its forward (torch's own, in library code) reads is the rest of its state: each
+        # submodule's identity, training flag, plain attributes (eps, p, momentum, ...) and hooks.
+        inner = _open | {id(value)}
         return ("M", type(value), id(value), tuple(
-            (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())))
+            (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())),
+            tuple(_module_state(name, m, inner) for name, m in value.named_modules()))
+    if isinstance(value, types.MethodType):
+        # A bound method computes with its object: keyed by its function and that object.
+        inner = _open | {id(value)}
+        return ("bound", id(value.__func__), value_key(value.__self__, inner))
     if isinstance(value, functools.partial):
         # What it is called with is part of what it computes (``partial(surrogate, alpha=2.0)``).
         inner = _open | {id(value)}
@@ -73,6 +94,54 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     except TypeError:
         return ("id", type(value), id(value))
     return ("V", type(value), value)
+
+
+def _library_name(module: Any) -> bool:
+    top = str(module or "").split(".")[0]
+    return top in ("torch", "builtins", "minihop") or top in sys.stdlib_module_names
+
+
+def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
+    """A user class's data attributes, its bases' included (methods are code, keyed by the
+    class's identity)."""
+    found: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if _library_name(klass.__module__):
+            continue
+        for k, v in vars(klass).items():
+            if not (k.startswith("__") and k.endswith("__")) and not isinstance(
+                    v, (types.FunctionType, staticmethod, classmethod, property)):
+                found[k] = v
+    return tuple((k, value_key(v, inner)) for k, v in found.items())
+
+
+def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:
+    plain = tuple((k, value_key(v, inner)) for k, v in module.__dict__.items()
+                  if not k.startswith("_") and not isinstance(v, torch.Tensor))
+    hooks = tuple(id(h) for d in (module._forward_pre_hooks, module._forward_hooks) for h in d.values())
+    return (name, type(module), id(module), module.training, plain, hooks)
+
+
+def show_value_key(key: Any) -> str:
+    """A value's key as the value it stands for, for a mismatch message (``2.0``, ``-0.0``,
+    ``Dropout (training=True, p=0.5)``)."""
+    if isinstance(key, tuple) and key and key[0] == "V":
+        return repr(key[2])
+    if isinstance(key, tuple) and key and key[0] == "F":
+        return repr(float.fromhex(key[2])) if len(key) == 3 else repr(complex(float.fromhex(key[2]), float.fromhex(key[3])))
+    if isinstance(key, tuple) and key and key[0] == "M":
+        name, _, _, training, plain, _ = key[4][0]
+        attrs = "".join(f", {k}={show_value_key(v)}" for k, v in plain[:6])
+        subs = sum(1 for m in key[4][1:] if m[3] != training)
+        return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
+    if isinstance(key, tuple) and key and key[0] == "C":
+        return "class with " + ", ".join(f"{k}={show_value_key(v)}" for k, v in key[2][:6])
+    if isinstance(key, tuple) and key and key[0] == "id":
+        return f"the {key[1].__name__} object at {key[2]:#x}"
+    if isinstance(key, tuple) and key and key[0] == "T":
+        return f"a tensor of shape {list(key[2])}, {key[3]}, requires_grad={key[6]}"
+    text = repr(key)
+    return text if len(text) < 120 else text[:117] + "..."
 
 
 def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -275,3 +344,22 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
     return _generated(lines, consts)
+
+
+def live_check(name: str, names: tuple[str, ...], fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
+               captured: tuple[Any, ...], lines: dict[str, str | None]) -> tuple[Any, Any]:
+    """``(ok, mismatch)`` for the values a capture read outside its arguments (``names[i]``
+    fetched by ``fetchers[i]``, keyed ``captured[i]`` at capture): ``ok`` compiled once,
+    ``mismatch(args)`` the error naming the first changed place, its old and its new value."""
+    def mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
+        for what, fetch, old in zip(names, fetchers, captured, strict=True):
+            new = value_key(fetch(call))
+            if new != old:
+                return GuardMismatchError(
+                    f"Capture of {name}: {what} changed since it was captured: it was "
+                    f"{show_value_key(old)}, it is {show_value_key(new)}.",
+                    "The graphs were traced for the old value: Python values are constants in "
+                    "them, tensors' properties are baked into their shapes.",
+                    "Capture again (minihop.apply does this by itself).", where=lines.get(what))
+        return None
+    return compile_live_check(fetchers, captured), mismatch

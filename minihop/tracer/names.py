@@ -45,9 +45,17 @@ def free_values(fn: Any) -> Iterator[tuple[str, str, Any, Callable[[], Any]]]:
         except ValueError:
             continue
         yield "closure", name, value, lambda c=cell: c.cell_contents
-    for name in code.co_names:
+    # The globals named by code nested in it too (a lambda, a comprehension), which runs with them.
+    for name in dict.fromkeys(n for inner in _nested(code) for n in inner.co_names):
         if name in fn.__globals__:
             yield "global", name, fn.__globals__[name], lambda g=fn.__globals__, n=name: g[n]
+
+
+def _nested(code: CodeType) -> Iterator[CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield from _nested(const)
 
 
 @dataclasses.dataclass

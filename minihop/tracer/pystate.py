@@ -44,7 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
-from . import collectives, hidden
+from . import collectives, hidden, opaque
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
 
@@ -240,14 +240,8 @@ class _RootBox:
 
 
 def _guarded_value(value: Any) -> bool:
-    """Values worth a guard: not modules, tensors (graph inputs) or library functions."""
-    if value is MISSING:
-        return True
-    if isinstance(value, (types.ModuleType, torch.Tensor, torch.nn.Module)):
-        return False
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)) and is_library(value):
-        return False
-    return True
+    """All but Python modules and tensors (lifted inputs); a module keyed whole (value_key)."""
+    return value is MISSING or not isinstance(value, (types.ModuleType, torch.Tensor))
 
 
 def _params(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
@@ -297,8 +291,10 @@ def _analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]) -> Iterator[
                 # ``Config.scale_for(x)``, ``CFG.scale()``: a method of the user's class or
                 # object; its ``cls``/``self`` is that object, state like the root it hangs from.
                 holder = _place(root, steps[:-1]).description if steps else root.description
-                first = value.__func__.__code__.co_varnames[0]
-                todo.append((phase, value.__func__, {first: _Bound(value.__self__, holder)}, depth + 1))
+                todo.append((phase, value.__func__, {value.__func__.__code__.co_varnames[0]:
+                                                     _Bound(value.__self__, holder)}, depth + 1))
+            todo += [(phase, f, {f.__code__.co_varnames[0]: _Bound(o, root.description)} if o is not None else {},
+                      depth + 1) for f, o in opaque.entry_points(value)]  # an inner apply, a module, ...
 
 
 def _methods(parts: Any) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
@@ -396,6 +392,7 @@ class StateTracker:
         # ``(expr, where, how) -> error`` for a symbolic number written out (see unbacked).
         self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
         self._read_keys: set[tuple[str, str]] = set()
+        self.opaque = opaque.Finder(self.name, _library_module)  # why it may be single-use
         self.analysed = tuple(_analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
         self.marked = self._mark_store_targets()
@@ -408,7 +405,8 @@ class StateTracker:
         """The Function's methods, and the user functions passed to it as arguments (a
         surrogate-gradient function ``backward`` calls, as snntorch's ``CustomSurrogate``
         takes): what they read is read by forward or backward, whichever calls them."""
-        passed = tuple((phase, a, {}) for a in self.args if _is_user_function(a)
+        passed = tuple((phase, f, {f.__code__.co_varnames[0]: _Bound(o, "an argument")} if o is not None else {})
+                       for a in self.args for f, o in ([(a, None)] if _is_user_function(a) else opaque.entry_points(a))
                        for phase in ("forward", "backward"))
         return (*_methods(self.parts), *passed)
 
@@ -416,6 +414,7 @@ class StateTracker:
         seen_roots: set[str] = set()
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
+            self.opaque.note_code(phase, code)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
@@ -428,6 +427,7 @@ class StateTracker:
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = _walk(value, named) if named else value  # what the code calls or reads
+                self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
                 if _reads_environment(value, named):
                     self._add_read(_ENVIRONMENT, phase, code, chain.line)
@@ -452,8 +452,7 @@ class StateTracker:
                         self._add_read(_place(root, (*chain.steps, ("attr", part))), phase, code, chain.line)
         for place in collectives.world_places():  # rank, world size, groups: constants in the graphs
             self._add_read(place, "forward", None, None)
-        # The Function class itself is watched when its code names it (``MyFn.calls += 1``):
-        # then it is one of the roots above.
+        # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
 
     def _find_hidden_read(self, root: _Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
         """A clock read or a process-wide generator's function that the code names (``time.time``,
@@ -582,11 +581,13 @@ class StateTracker:
         self.watch = _PrintWatch()
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
+        self.opaque.start(codes, self.args)
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not _library_module(frame.f_globals.get("__name__") or ""))
 
     def stop(self) -> None:
+        self.opaque.stop()
         if self.watch is not None:
             builtins.print = self.watch.real
         if self.hidden_reads is not None:
@@ -652,7 +653,7 @@ class StateTracker:
             self.read_ctx_chains(ctx)
         finally:
             self.abort()
-        return PythonState(tuple(self.reads), tuple(writes))
+        return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
 
     def _writes(self, old: dict[int, _Seen], new: dict[int, _Seen], phase: str) -> list[StateWrite]:
         read_places = {r.place.description for r in self.reads}

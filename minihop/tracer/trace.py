@@ -229,6 +229,8 @@ def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
         return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
     if _is_user_object(value):
         return [(("attr", k), v) for k, v in attributes(value).items()]
+    if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
+        return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
     return []
 
 
@@ -285,6 +287,7 @@ class _Tracing:
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
+        self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
         self.fwd.on_mutation = self._on_fwd_mutation
@@ -409,6 +412,8 @@ class _Tracing:
                     path, None))
                 return fake
             name, live = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
+            if live is None:  # reached where no route leads (a helper's global, another Function's)
+                self.unrouted.append(f"reads a tensor from {self._describe()} that minihop cannot fetch again")
             self._add_source(fake, InputSource(
                 name, f"tensor reached from {self._describe()} ({name})", None, None, real,
                 live=live))
@@ -652,6 +657,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     # refused, and whatever tracing changed is put back (see pystate).
     state = StateTracker(parts, fake_args, fn_cls)
     state.on_symbolic = t.unbacked.escape
+    t.unrouted = state.opaque.reasons
     state.start()
     try:
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
@@ -882,6 +888,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
         t.values.call_data = call_data
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.on_symbolic = t.unbacked.escape
+        t.unrouted = state.opaque.reasons
         state.start()
         state.forward_done()  # what changes now, backward changes
         try:

@@ -1,0 +1,286 @@
+"""Reads minihop cannot bound: what makes a capture single-use.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker``. pystate guards the state the
+code it analysed names (chains from globals, cells, arguments, ctx) and keys whole the objects
+it hands on (``runtime.guards.value_key``: modules with their training flags and attributes,
+user classes with their class attributes, objects with their attributes). What lies outside
+that is unknown, and unknown means unsafe: the capture serves the call it was traced for and
+no other (strict mode captures again, ``fallback="eager"`` runs eagerly). Two finders:
+
+- **statically**, ``dynamic_lookups``: ``getattr``/``vars``/``operator.attrgetter`` whose
+  name is not a constant (which attribute is read is known only at run time);
+- **while tracing**, ``CallWatch``: any Python function of the user's (not torch's, the
+  standard library's or minihop's) that runs and is not among the code pystate analysed: a
+  method of an object passed in, a user module's submodule, a callback handed to library
+  code. Installed only where such code can run at all (``may_call_unanalysed``), so that a
+  Function of tensors, numbers and torch ops pays nothing for it.
+
+Invariant: a capture is reused only if no reason was found; every reason names what was read
+or called and its source line (``explain()`` and the cache's notes show them).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedOperationError
+from .bytecode import instructions
+
+__all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
+
+_LOOKUPS = frozenset({"getattr", "vars", "attrgetter", "methodcaller"})
+_CALLS = frozenset({"CALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_KW", "PRECALL"})
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF"})
+
+
+def nested_codes(code: types.CodeType) -> Iterable[types.CodeType]:
+    """``code`` and the code nested in it (comprehensions, lambdas, inner ``def``s): the chain
+    finder reads them as part of it, so they are analysed with it."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from nested_codes(const)
+
+
+@functools.lru_cache(maxsize=2048)
+def dynamic_lookups(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
+    """``(what, line)`` for each ``getattr(obj, name)`` (and ``vars``, ``attrgetter``) in
+    ``code`` whose name is not a constant right before the call: the attribute read is chosen
+    at run time, so no chain names it. Conservative: a call shape it cannot read counts."""
+    found: list[tuple[str, int | None]] = []
+    for inner in nested_codes(code):
+        ins = instructions(inner)[0]
+        line = inner.co_firstlineno
+        for i, op in enumerate(ins):
+            if op.lineno is not None:
+                line = op.lineno
+            if op.opname not in _LOADS or op.argval not in _LOOKUPS:
+                continue
+            if op.argval == "vars":
+                found.append(("vars(...)", line))
+                continue
+            j = i + 1
+            while j < len(ins) and ins[j].opname not in _CALLS:
+                j += 1
+            if not _constant_name(op.argval, ins[i + 1:j], ins[j].arg if j < len(ins) else None):
+                found.append((f"{op.argval}(...) with a name chosen at run time", line))
+    return tuple(found)
+
+
+def _constant_name(lookup: str, window: list[Any], argc: int | None) -> bool:
+    """Whether the call's name argument(s) are string constants: ``getattr(obj, "k")``,
+    ``getattr(obj, "k", <one load>)``, ``attrgetter("a", "b")``."""
+    def const(x: Any) -> bool:
+        return x.opname == "LOAD_CONST" and isinstance(x.argval, str)
+    if lookup == "getattr" and argc == 2:
+        return bool(window) and const(window[-1])
+    if lookup == "getattr" and argc == 3:
+        return len(window) >= 2 and const(window[-2]) and window[-1].opname in ("LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL")
+    if lookup == "attrgetter" and argc:
+        return len(window) >= argc and all(const(x) for x in window[-argc:])
+    return False
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Values through which no user code can run: tensors, numbers, strings, torch's and the
+    standard library's functions and modules, and containers of those."""
+    if value is None or isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+                                           torch.device, torch.Size, types.ModuleType)):
+        return True
+    if isinstance(value, (tuple, list, frozenset, set)) and depth < 2:
+        return len(value) < 64 and all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict) and depth < 2:
+        return len(value) < 64 and all(_plain(v, depth + 1) for v in value.values())
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                          types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return True  # C code (``x.sin``, ``len``): a callback it calls is a value of its own
+    if isinstance(value, (types.FunctionType, type)):
+        return _library_name(getattr(value, "__module__", None))
+    return False
+
+
+def _library_name(module: Any) -> bool:
+    top = str(module or "").split(".")[0]
+    return top in ("torch", "minihop", "math", "operator", "builtins") or top in sys.stdlib_module_names \
+        and top not in ("functools", "itertools", "copy", "pickle", "dataclasses")
+
+
+def may_call_unanalysed(values: Iterable[Any]) -> bool:
+    """Whether any of ``values`` (the arguments, and what the code's chains reach) could run
+    Python code of the user's that was not analysed."""
+    return not all(_plain(v) for v in values)
+
+
+class CallWatch:
+    """While installed, notes each Python function of the user's that runs and is not in
+    ``analysed`` (code objects), with the line that called it (``sys.settrace``: the previous
+    tracer, a debugger's or coverage's, keeps running)."""
+
+    def __init__(self, analysed: set[types.CodeType], is_library_frame: Callable[[Any], bool]) -> None:
+        self.analysed = analysed
+        self.is_library_frame = is_library_frame
+        self.found: list[tuple[str, str]] = []  # (what ran, where it was called from)
+        self.previous = sys.gettrace()
+        self.ok: set[types.CodeType] = set()
+        sys.settrace(self._trace)
+
+    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if code not in self.ok:
+            if code in self.analysed or self.is_library_frame(frame):
+                self.ok.add(code)
+            elif len(self.found) < 8:
+                caller = frame.f_back
+                where = f'File "{caller.f_code.co_filename}", line {caller.f_lineno}' if caller else "?"
+                what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
+                if all(w != what for w, _ in self.found):
+                    self.found.append((what, where))
+        previous = self.previous
+        return previous(frame, event, arg) if previous is not None else None
+
+    def stop(self) -> None:
+        if sys.gettrace() == self._trace:
+            sys.settrace(self.previous)
+
+
+def entry_points(value: Any) -> list[tuple[Any, Any]]:
+    """``(function, self or None)`` for the user code a value runs when the analysed code
+    calls it, so that it is analysed too: another Function's ``apply`` (its forward, setup
+    and backward), the ``forward`` of each user submodule of an ``nn.Module``, a user
+    object's ``__call__``, a bound method's function."""
+    found: list[tuple[Any, Any]] = []
+    owner = getattr(value, "__self__", None)
+    owner = getattr(owner, "fn_cls", owner)  # @minihop.captured's apply: its CapturedFunction's
+    if isinstance(value, type) and issubclass(value, torch.autograd.Function):
+        owner = value  # minihop.apply(Inner, x), Inner.apply(x)
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        for name in ("forward", "setup_context", "backward", "vjp"):
+            fn = getattr(owner, name, None)
+            if isinstance(fn, types.FunctionType) and not _library_name(fn.__module__):
+                found.append((fn, None))
+    elif isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
+            and not _library_name(value.__func__.__module__):
+        found.append((value.__func__, owner))
+    elif isinstance(value, torch.nn.Module):
+        for module in value.modules():
+            fn = getattr(type(module), "forward", None)
+            if isinstance(fn, types.FunctionType) and not _library_name(fn.__module__):
+                found.append((fn, module))
+    elif not isinstance(value, type) and not _library_name(type(value).__module__):
+        fn = getattr(type(value), "__call__", None)
+        if isinstance(fn, types.FunctionType):
+            found.append((fn, value))
+    return found
+
+
+# A tensor's state that its key does not hold (read through getattr with a name from a variable).
+TENSOR_STATE = frozenset({"grad", "is_leaf", "grad_fn", "_version", "_base", "retains_grad",
+                          "output_nr", "_backward_hooks"})
+
+
+def refuse_tensor_state(function: str, phase: str, name: str, attr: str, where: str) -> None:
+    """A tensor argument's autograd state read by the code (``x.grad``, ``x.is_leaf``): the
+    trace's fake tensor has its own (no grad, a leaf), so the traced branch could differ from
+    eager's on this very call; refused (MH104)."""
+    raise UnsupportedOperationError(
+        f"{function}.{phase} reads {name}.{attr}, the autograd state of a tensor argument.",
+        "A capture is traced on fake tensors, whose .grad, .is_leaf and .grad_fn are not the "
+        "caller's tensor's, and the call key does not hold them: the traced code could take "
+        "another branch than eager does.",
+        "Pass what it decides as an argument (e.g. a bool), or run it eagerly with "
+        "minihop.function(F, fallback='eager').", where=where)
+
+
+class GetattrWatch:
+    """``getattr`` (the builtin) while the analysed code that names it with a run-time name is
+    traced: a lookup on an argument (keyed whole, name and all) or a plain value is bounded;
+    any other object's attribute chosen at run time is not, and is noted with its line."""
+
+    def __init__(self, codes: set[types.CodeType], keyed: tuple[Any, ...]) -> None:
+        self.builtins = builtins
+        self.real = builtins.getattr
+        self.codes = codes
+        self.keyed = {id(a) for a in keyed}
+        self.found: list[str] = []
+        self.thread = threading.get_ident()
+        builtins.getattr = self
+
+    def __call__(self, obj: Any, name: str, *default: Any) -> Any:
+        frame = sys._getframe(1)
+        if frame.f_code in self.codes and self.thread == threading.get_ident():
+            bounded = (isinstance(obj, torch.Tensor) and name not in TENSOR_STATE) or id(obj) in self.keyed \
+                or _plain(obj) and not isinstance(obj, (types.ModuleType, type))
+            if not bounded and len(self.found) < 8:
+                self.found.append(f"getattr({type(obj).__name__} object, {name!r}) with a name chosen at run time "
+                                  f'(File "{frame.f_code.co_filename}", line {frame.f_lineno})')
+        return self.real(obj, name, *default)
+
+    def stop(self) -> None:
+        if self.builtins.getattr is self:
+            self.builtins.getattr = self.real
+
+
+def library_frame(frame: Any, library_module: Callable[[str], bool]) -> bool:
+    """Whether a running frame is library code (generated code of no loaded module, as
+    ``namedtuple``'s or torch's ``exec``'d helpers, is its caller's)."""
+    name = frame.f_globals.get("__name__")
+    if (name is None or name not in sys.modules) and frame.f_code.co_filename.startswith("<") \
+            and frame.f_back is not None:
+        name = frame.f_back.f_globals.get("__name__")
+    return library_module(name or "")
+
+
+class Finder:
+    """One capture's reasons to be single-use: the static ones as pystate reads the code
+    (``note_code``, ``note_chain``), the dynamic ones while the code is traced (``start``/``stop``)."""
+
+    def __init__(self, function: str, library_module: Callable[[str], bool]) -> None:
+        self.function = function
+        self.library_module = library_module
+        self.reasons: list[str] = []
+        self.reachable: list[Any] = []  # what the code's chains reach (may it run unanalysed code?)
+        self.lookups: set[types.CodeType] = set()  # code calling getattr with a run-time name
+        self.calls: CallWatch | None = None
+        self.getattrs: GetattrWatch | None = None
+
+    def note_code(self, phase: str, code: types.CodeType) -> None:
+        for what, line in dynamic_lookups(code):
+            # getattr is judged where it runs (GetattrWatch); vars and attrgetter here.
+            (self.lookups.add(code) if what.startswith("getattr") else
+             self.reasons.append(f'{phase} calls {what} (File "{code.co_filename}", line {line})'))
+
+    def note_chain(self, phase: str, code: types.CodeType, chain: Any, value: Any, end: Any, on_args: bool) -> None:
+        """A chain the code reads, from ``value`` (its root's) to ``end``."""
+        self.reachable.append(end)
+        if on_args and isinstance(value, torch.Tensor) and chain.steps[:1] and chain.steps[0][0] == "attr" \
+                and chain.steps[0][1] in TENSOR_STATE:
+            refuse_tensor_state(self.function, phase, chain.root, chain.steps[0][1],
+                                f'File "{code.co_filename}", line {chain.line}')
+
+    def start(self, codes: set[types.CodeType], args: tuple[Any, ...]) -> None:
+        if may_call_unanalysed([*args, *self.reachable]):
+            self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
+                                   lambda frame: library_frame(frame, self.library_module))
+        if self.lookups:
+            self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
+
+    def stop(self) -> None:
+        if self.calls is not None:
+            self.calls.stop()
+            self.reasons += [f"runs {what}, code minihop did not analyse ({where})" for what, where in self.calls.found]
+            self.calls = None
+        if self.getattrs is not None:
+            self.getattrs.stop()
+            self.reasons += self.getattrs.found
+            self.getattrs = None
+
+    def single_use(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.reasons))
