@@ -275,6 +275,11 @@ class CapturedFunction:
                 f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
                 f"{e}"))
             entry = _Refused(e)
+        except Exception as e:
+            # The user's own error, raised while traced: eager decides, as without minihop
+            # (its Python writes before the error stay made, its exception propagates; the
+            # trace put back what it changed). Nothing is kept: the next call traces again.
+            return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""))
         self._entries.setdefault(key, []).append(entry)
         self._entries.move_to_end(key)
         return entry

@@ -41,6 +41,7 @@ _SEEDS = {"torch": ("manual_seed", "seed", "set_rng_state"),
           "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
                          "set_rng_state_all")}
 _ATOMS = (int, float, bool, str, bytes, complex, type(None))
+_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
 def _numpy_generator(value: Any) -> Any:
@@ -106,7 +107,11 @@ def watched(value: Any) -> tuple[str, str] | None:
     """(kind, name) when ``value`` is a clock or entropy read (kind "clock"), a function of
     Python's or numpy's process-wide generator ("random", "numpy": ``random.random``,
     ``np.random.rand`` and the like, bound methods of one generator hidden in the module), or
-    one that seeds torch's generators ("seed": ``torch.manual_seed``)."""
+    one that seeds torch's generators ("seed": ``torch.manual_seed``), or a
+    ``functools.lru_cache`` helper ("uncached": its cache would keep the trace's fake tensors
+    and hand them to the user's code later, so tracing calls the function it wraps)."""
+    if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__"):
+        return ("uncached", getattr(value, "__qualname__", "an lru_cache function"))
     return _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
 
 
@@ -156,6 +161,13 @@ class ReadWatch:
             self._swap(holder, name, fn, kind, what)
 
     def _swap(self, home: Any, name: str, fn: Any, kind: str, what: str) -> None:
+        if kind == "uncached":
+            # Not a read: the cache is bypassed so that it never keeps a fake tensor (the
+            # user's next call would get it back) and a hit or miss while tracing cannot
+            # differ from the call being captured; the user's entries stay as they were.
+            self._install(home, name, fn, fn.__wrapped__)
+            return
+
         def read(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
@@ -166,12 +178,15 @@ class ReadWatch:
                                        f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
             return fn(*args, **kwargs)
 
+        self._install(home, name, fn, read)
+
+    def _install(self, home: Any, name: str, fn: Any, stand_in: Any) -> None:
         self.swapped.append((home, name, fn))
-        self.real[id(read)] = fn
+        self.real[id(stand_in)] = fn
         if isinstance(home, dict):
-            home[name] = read
+            home[name] = stand_in
         else:
-            setattr(home, name, read)
+            setattr(home, name, stand_in)  # a cell's ``cell_contents`` too
 
     def check_generator(self) -> None:
         """A draw from Python's generator the code does not name (a library function draws):

@@ -57,6 +57,7 @@ from .names import FrameSnapshot, capture_locals, code_of, free_values, input_na
 from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
 from .values import ValueReader
 from .unbacked import Plan, Retrace, UnbackedValues
+from .effects import ctx_as_forward_left_it, refuse_generators
 from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -285,6 +286,8 @@ class _Tracing:
         self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
+        self.replay_outside: Any = contextlib.nullcontext  # forward's outside writes, for backward
+        self.ctx_after_forward: Any = contextlib.nullcontext()  # ctx as forward left it, for backward
         self.fwd.on_mutation = self._on_fwd_mutation
         self.bwd = GraphRecorder(self._resolve_bwd, self._resolve_bwd_symbol)
         self.dynamic = dynamic
@@ -508,7 +511,9 @@ class _Tracing:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
                     _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
-                return fn(*args)
+                result = fn(*args)
+            refuse_generators(recorder.generators, self._describe())
+            return result
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal
             # errors from the user's Python between ops (a guard on a size, say).
@@ -736,7 +741,10 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         if node.op != "placeholder" and node not in names:
             names[node] = "outs" if single else "out"
 
-    bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
+    t.replay_outside = outside.replayed
+    t.ctx_after_forward = ctx_as_forward_left_it(ctx)  # entered now; again for each rerun
+    with outside.replayed(), t.ctx_after_forward:  # backward sees what forward left, as in eager
+        bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
@@ -856,7 +864,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
     per fwd node). Forward is not run again: what it left on ctx is what the forward that
     really ran left (its reads are guarded), except that an argument object on ctx is the
     call's own (``call_args``)."""
-    with TRACE_LOCK:
+    with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
         swapped: dict[str, Any] = {}
         if call_args:
