@@ -16,6 +16,7 @@ import pathlib
 import sys
 import warnings
 from typing import Any
+from warnings import warn
 
 import pytest
 import torch
@@ -283,9 +284,27 @@ def _warns() -> Any:
     return Warned, lambda i: (*_x(i), 2), lambda: None
 
 
+def _warns_by_name() -> Any:
+    class WarnedByName(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            warn("backward of WarnedByName is approximate")
+            return grad * 2
+
+    return WarnedByName, _x, lambda: None
+
+
 def test_warnings_are_refused_never_given_once() -> None:
     # Before: given while tracing, then never again by the calls that reused the capture.
     _refused(_warns, "warnings.warn")
+
+
+def test_a_warn_imported_by_name_is_refused() -> None:
+    _refused(_warns_by_name, "warn")
 
 
 def _logs(phase: str) -> Any:

@@ -15,12 +15,12 @@ from the same draw (``torch.rand((), generator=g).item()``) still reports as the
 it also is.
 
 Why logging and ``warnings.warn`` are refused: a message is sent once, while tracing, and
-never by the graphs, where eager sends it (with that call's values) on every call. Only the
-names the code calls through the modules are watched (``warnings.warn``, ``log.info``); a
-``warn`` imported by name is not seen.
+never by the graphs, where eager sends it (with that call's values) on every call. Calls through
+the modules are watched here (``warnings.warn``, ``log.info``, from any code); a name the
+user's code binds (``from warnings import warn``) is watched by ``hidden.ReadWatch``.
 
-Invariant: no graph holds a ``torch.Generator``; a phase that logs or warns (through the
-modules) is never captured.
+Invariant: no graph holds a ``torch.Generator``; a phase whose code logs or warns is never
+captured.
 """
 
 from __future__ import annotations
@@ -102,10 +102,13 @@ class MessageWatch:
             setattr(home, name, real)
         self.saved.clear()
 
-    def refuse(self, describe: str) -> None:
-        if not self.calls:
+    def refuse(self, describe: str, named: Any = None) -> None:
+        """MH106 for the first message: one seen here, or one ``named`` (pystate's
+        ``hidden.ReadWatch``) saw through a name the code bound (``from warnings import warn``)."""
+        calls = [*self.calls, *((f"`{r[2]}`", r[4]) for r in getattr(named, "reads", ()) if r[1] == "message")]
+        if not calls:
             return
-        what, where = self.calls[0]
+        what, where = calls[0]
         raise SideEffectError(
             f"{describe} gives a message ({what}).",
             "A capture replays tensor operations: the message would be sent once, while "

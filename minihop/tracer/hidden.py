@@ -40,6 +40,10 @@ _SEEDS = {"torch": ("manual_seed", "seed", "set_rng_state"),
           "torch.random": ("manual_seed", "seed", "set_rng_state"),
           "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
                          "set_rng_state_all")}
+# Messages (``from warnings import warn``, ``from logging import info``): sent once while
+# tracing, never by the graphs; refused (effects.MessageWatch sees the module-attribute calls).
+_MESSAGES = {"warnings": ("warn", "warn_explicit"),
+             "logging": ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")}
 _ATOMS = (int, float, bool, str, bytes, complex, type(None))
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
@@ -107,7 +111,8 @@ def watched(value: Any) -> tuple[str, str] | None:
     """(kind, name) when ``value`` is a clock or entropy read (kind "clock"), a function of
     Python's or numpy's process-wide generator ("random", "numpy": ``random.random``,
     ``np.random.rand`` and the like, bound methods of one generator hidden in the module), or
-    one that seeds torch's generators ("seed": ``torch.manual_seed``), or a
+    one that seeds torch's generators ("seed": ``torch.manual_seed``), one that sends a
+    message ("message": ``warnings.warn``, ``logging.info``, bound by any name), or a
     ``functools.lru_cache`` helper ("uncached": its cache would keep the trace's fake tensors
     and hand them to the user's code later, so tracing calls the function it wraps)."""
     if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__"):
@@ -118,7 +123,7 @@ def watched(value: Any) -> tuple[str, str] | None:
 @functools.lru_cache(maxsize=2)
 def _watched_functions(mtrand: Any) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
-    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS)):
+    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS), ("message", _MESSAGES)):
         for module_name, names in table.items():
             module = importlib.import_module(module_name)
             for name in names:
@@ -171,11 +176,13 @@ class ReadWatch:
         def read(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
-                if kind != "clock" or self.is_user(frame):
-                    if kind != "clock" and kind not in self.states:
+                if kind not in ("clock", "message") or self.is_user(frame):
+                    if kind not in ("clock", "message") and kind not in self.states:
                         self.states[kind] = _global_state(kind)
                     self.reads.append((self.phase, kind, what, frame.f_lineno,
                                        f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
+                    if kind == "message":
+                        return None  # refused: eager (the fallback) sends it, once
             return fn(*args, **kwargs)
 
         self._install(home, name, fn, read)

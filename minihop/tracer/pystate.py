@@ -595,10 +595,10 @@ class StateTracker:
     def stop(self) -> None:
         if self.watch is not None:
             builtins.print = self.watch.real
+        if self.messages is not None:
+            self.messages.stop()  # first: it swapped over hidden_reads' stand-ins
         if self.hidden_reads is not None:
             self.hidden_reads.stop()
-        if self.messages is not None:
-            self.messages.stop()
 
     def abort(self) -> None:
         """After tracing, however it ended: ``print`` restored, Python state put back."""
@@ -617,7 +617,7 @@ class StateTracker:
             self.hidden_reads.check_generator()
             self.hidden_reads.phase = "backward"
         if self.messages is not None:
-            self.messages.refuse(f"{self.name}.forward")
+            self.messages.refuse(f"{self.name}.forward", self.hidden_reads)
 
     def finish(self, ctx: Any) -> PythonState:
         """Undo what tracing did to Python state; return what it read and the writes each
@@ -640,7 +640,7 @@ class StateTracker:
                     "or run it eagerly with minihop.function(F, fallback='eager').",
                     where=where)
             if self.messages is not None:
-                self.messages.refuse(f"{self.name}.backward")
+                self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
