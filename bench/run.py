@@ -215,9 +215,10 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     fuzz.add_argument("--output", type=Path, default=RESULTS)
     fuzz.add_argument("--dump", type=Path, help="write each failing case's source here")
-    fuzz.add_argument("--generator", choices=("data-dependent", "plain", "python-state"), default="plain",
+    fuzz.add_argument("--generator", choices=("data-dependent", "effects", "plain", "python-state"), default="plain",
                       help="python-state: the Python-state generator (tests/fuzz/generate_state.py); "
-                           "data-dependent: the data-dependent one (tests/fuzz/generate_data.py)")
+                           "data-dependent: the data-dependent one (tests/fuzz/generate_data.py); "
+                           "effects: the effects one (tests/fuzz/generate_effects.py)")
     parity = questions.add_parser("parity-data", help="README's data-dependent parity rows (no timing)")
     parity.set_defaults(run=_parity_data)
     parity.add_argument("--write", action="store_true", help="put the table into README.md")

@@ -26,6 +26,7 @@ CI-sized slice.
 from __future__ import annotations
 
 import collections
+import hashlib
 import importlib.util
 import pathlib
 import random
@@ -38,7 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from oracle_effects import compare  # noqa: E402
 
-__all__ = ["generate_source", "run_case", "main"]
+__all__ = ["generate_source", "run_case", "main", "generate_effects_case", "run_effects_case"]
 
 # kind -> (phases it may run in, needs). Each kind's lines are written by _lines below.
 KINDS = {
@@ -188,7 +189,8 @@ def _load(source: str, directory: pathlib.Path, index: int) -> Any:
 
 
 def run_case(source: str, directory: pathlib.Path, index: int) -> tuple[str, str]:
-    """(outcome, detail): "captured", "refused", "silent" or "error"."""
+    """(outcome, detail): "captured", "refused" (detail: the error's first line), "silent" or
+    "error" (detail: the difference)."""
     module = _load(source, directory, index)
     try:
         verdicts = compare(module.make, calls=4)
@@ -199,8 +201,31 @@ def run_case(source: str, directory: pathlib.Path, index: int) -> tuple[str, str
     if verdicts["strict"] == "same":
         return "captured", ""
     if verdicts["strict"].startswith("refused"):
-        return "refused", verdicts["strict"].split(":")[0]
+        return "refused", verdicts["strict"].removeprefix("refused ")
     return "silent", f"strict {verdicts['strict']}"
+
+
+def generate_effects_case(ch: Any) -> Any:
+    """``bench/fuzz.py``'s interface: a ``generate.Case`` from a ``RandomChooser``."""
+    from generate import Case
+    return Case(generate_source(ch.rng), ("effects",))
+
+
+_KINDS = {"captured": "matched", "refused": "refused", "silent": "mismatched", "error": "crashed"}
+
+
+def run_effects_case(case: Any, directory: pathlib.Path) -> Any:
+    """``bench/fuzz.py``'s interface: an ``oracle.Outcome`` for a ``generate.Case``."""
+    from oracle import Outcome
+    index = int(hashlib.sha1(case.source.encode()).hexdigest()[:12], 16)
+    outcome, detail = run_case(case.source, directory, index)
+    kind = _KINDS[outcome]
+    return Outcome(kind, code=_code(detail) if kind == "refused" else "", signature=detail[:120], detail=detail)
+
+
+def _code(detail: str) -> str:
+    """``SideEffectError: [MH106] ...`` -> ``MH106``."""
+    return detail.partition("[")[2].partition("]")[0] or detail.split(":")[0]
 
 
 def main(count: int, seed: int) -> collections.Counter[str]:
@@ -213,7 +238,7 @@ def main(count: int, seed: int) -> collections.Counter[str]:
         outcome, detail = run_case(source, directory, i)
         tally[outcome] += 1
         if outcome == "refused":
-            reasons[detail] += 1
+            reasons[_code(detail)] += 1
         if outcome in ("silent", "error"):
             print(f"--- case {i} (seed {seed}): {outcome}: {detail[:500]}\n{source}", flush=True)
     print(f"{count} cases, seed {seed}, {time.perf_counter() - start:.0f} s: {dict(tally)}")
