@@ -277,16 +277,20 @@ class CapturedFunction:
             self.stats.captures += 1
             _totals["captures"] += 1
             key = (key[0], entry.key)  # its own dimensions' key (static, if it fell back)
-        except Exception as e:
-            # fallback="eager": whatever stops the capture -- minihop's refusal, or the user's
-            # own exception while tracing (a backward that raises NotImplementedError, which
-            # eager raises only if someone differentiates) -- is eager's to decide.
+        except MinihopError as e:
             if self.fallback == "raise":
                 raise
             self._warn_once("fallback", (
                 f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
                 f"{e}"))
             entry = _Refused(e)
+        except Exception as e:
+            # The user's own error, raised while traced (a backward that raises
+            # NotImplementedError, which eager raises only if someone differentiates): eager
+            # decides, as without minihop (its Python writes before the error stay made, its
+            # exception propagates; the trace put back what it changed). Nothing is kept: the
+            # next call traces again.
+            return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""))
         if isinstance(entry, Capture) and entry.python_state.single_use:
             # Its code read or ran what minihop cannot bound (tracer.opaque): right for the call
             # it was traced for, unknown for any other. Not filed: strict mode captures again

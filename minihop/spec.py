@@ -8,6 +8,7 @@ call). What crosses a stage boundary is defined here: ``RawCapture`` (tracer -> 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -78,6 +79,8 @@ class Location:
     def describe(self, argnames: tuple[str, ...] = ()) -> str:
         """The user's spelling: ``sink.append(...)``, ``obj.cache``, ``_CACHE['k']``, ``out._soft``."""
         kind, key = self.root
+        if kind == "globals":
+            return f"global {self.step[1]}"
         if kind == "arg":
             base = format_path(((kind, key), *self.path), argnames)
         else:
@@ -226,7 +229,9 @@ class StateWrite:
     """A write to Python state the Function did not create, replayed on every call.
 
     ``kind``: ``"add"`` (``place += payload``, a counter), ``"extend"`` (the list at ``place``
-    gets ``payload``'s items appended) or ``"set"`` (``place = payload``, a constant).
+    gets ``payload``'s items appended), ``"set"`` (``place = payload``, a constant; ``MISSING``
+    deletes it, as ``opts.pop("k")`` does) or ``"copy"`` (``place = `` a fresh deep copy of
+    ``payload``, a container of constants: eager's forward makes a new one on every call).
     """
 
     place: Place
@@ -242,6 +247,8 @@ class StateWrite:
             self.place.set(args, self.place.get(args) + payload)
         elif self.kind == "extend":
             self.place.get(args).extend(payload)
+        elif self.kind == "copy":
+            self.place.set(args, copy.deepcopy(payload))
         else:
             self.place.set(args, payload)
 
@@ -250,6 +257,8 @@ class StateWrite:
             return f"{self.place.description} += {self.payload!r}"
         if self.kind == "extend":
             return f"{self.place.description}.extend({list(self.payload)!r})"
+        if self.payload is MISSING:
+            return f"del {self.place.description}"
         return f"{self.place.description} = {self.payload!r}"
 
 

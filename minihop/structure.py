@@ -163,20 +163,33 @@ def format_path(path: Path, argnames: tuple[str, ...] = ()) -> str:
 
 
 def iter_leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
-    """Yield ``(path, leaf)`` for every leaf (tensor or other atom) below ``value``."""
+    """Yield ``(path, leaf)`` for every leaf (tensor or other atom) below ``value``. A
+    container met again below itself (a tree with parent links) is not entered again: a
+    cycle holds no leaf its first visit did not yield."""
+    return _iter_leaves(value, path, set())
+
+
+def _iter_leaves(value: Any, path: Path, open_: set[int]) -> Iterator[tuple[Path, Any]]:
     if isinstance(value, torch.Tensor):
         yield path, value
-    elif isinstance(value, (tuple, list)):
-        for i, item in enumerate(value):
-            yield from iter_leaves(item, path + (("item", i),))
+        return
+    if isinstance(value, (tuple, list)):
+        children: Any = ((("item", i), item) for i, item in enumerate(value))
     elif isinstance(value, dict):
-        for k, item in value.items():
-            yield from iter_leaves(item, path + (("key", k),))
+        children = ((("key", k), item) for k, item in value.items())
     elif _is_object_container(value):
-        for k, item in attributes(value).items():
-            yield from iter_leaves(item, path + (("attr", k),))
+        children = ((("attr", k), item) for k, item in attributes(value).items())
     else:
         yield path, value
+        return
+    if id(value) in open_:
+        return  # a cycle: already being walked above
+    open_.add(id(value))
+    try:
+        for step, item in children:
+            yield from _iter_leaves(item, path + (step,), open_)
+    finally:
+        open_.discard(id(value))
 
 
 def _contains_tensor(value: Any) -> bool:
@@ -187,26 +200,39 @@ def replace_tensors(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: P
     """A copy of ``value`` with each tensor ``t`` at ``path`` replaced by ``fn(path, t)``.
 
     Containers are rebuilt, user objects are shallow-copied; parts without tensors are kept
-    as they are (same object), as eager would pass them.
+    as they are (same object), as eager would pass them. A cycle (a child linking back to
+    its parent) is rebuilt as a cycle of the copies.
     """
+    return _replace(value, fn, path, {})
+
+
+def _replace(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path,
+             made: dict[int, Any]) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(path, value)
+    if id(value) in made:
+        return made[id(value)]  # met again below itself: the copy being built
     if not _contains_tensor(value):
         return value
     if isinstance(value, tuple):
-        items = [replace_tensors(v, fn, path + (("item", i),)) for i, v in enumerate(value)]
+        items = [_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(value)]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     if isinstance(value, list):
-        return [replace_tensors(v, fn, path + (("item", i),)) for i, v in enumerate(value)]
+        new_list: list[Any] = []
+        made[id(value)] = new_list
+        new_list.extend(_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(value))
+        return new_list
     if isinstance(value, dict):
         new = copy.copy(value)
+        made[id(value)] = new
         for k, v in value.items():
-            new[k] = replace_tensors(v, fn, path + (("key", k),))
+            new[k] = _replace(v, fn, path + (("key", k),), made)
         return new
     new_obj = copy.copy(value)
+    made[id(value)] = new_obj
     for k, v in attributes(value).items():
         # object.__setattr__ also works for frozen dataclasses.
-        object.__setattr__(new_obj, k, replace_tensors(v, fn, path + (("attr", k),)))
+        object.__setattr__(new_obj, k, _replace(v, fn, path + (("attr", k),), made))
     return new_obj
 
 

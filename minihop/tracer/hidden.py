@@ -41,7 +41,12 @@ _SEEDS = {"torch": ("manual_seed", "seed"),
           "torch.random": ("manual_seed", "seed"),
           "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
                          "set_rng_state_all")}
+# Messages (``from warnings import warn``, ``from logging import info``): sent once while
+# tracing, never by the graphs; refused (effects.MessageWatch sees the module-attribute calls).
+_MESSAGES = {"warnings": ("warn", "warn_explicit"),
+             "logging": ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")}
 _ATOMS = (int, float, bool, str, bytes, complex, type(None))
+_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
 def _numpy_generator(value: Any) -> Any:
@@ -107,14 +112,19 @@ def watched(value: Any) -> tuple[str, str] | None:
     """(kind, name) when ``value`` is a clock or entropy read (kind "clock"), a function of
     Python's or numpy's process-wide generator ("random", "numpy": ``random.random``,
     ``np.random.rand`` and the like, bound methods of one generator hidden in the module), or
-    one that seeds torch's generators ("seed": ``torch.manual_seed``)."""
+    one that seeds torch's generators ("seed": ``torch.manual_seed``), one that sends a
+    message ("message": ``warnings.warn``, ``logging.info``, bound by any name), or a
+    ``functools.lru_cache`` helper ("uncached": its cache would keep the trace's fake tensors
+    and hand them to the user's code later, so tracing calls the function it wraps)."""
+    if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__"):
+        return ("uncached", getattr(value, "__qualname__", "an lru_cache function"))
     return _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
 
 
 @functools.lru_cache(maxsize=2)
 def _watched_functions(mtrand: Any) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
-    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS)):
+    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS), ("message", _MESSAGES)):
         for module_name, names in table.items():
             module = importlib.import_module(module_name)
             for name in names:
@@ -157,22 +167,34 @@ class ReadWatch:
             self._swap(holder, name, fn, kind, what)
 
     def _swap(self, home: Any, name: str, fn: Any, kind: str, what: str) -> None:
+        if kind == "uncached":
+            # Not a read: the cache is bypassed so that it never keeps a fake tensor (the
+            # user's next call would get it back) and a hit or miss while tracing cannot
+            # differ from the call being captured; the user's entries stay as they were.
+            self._install(home, name, fn, fn.__wrapped__)
+            return
+
         def read(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
-                if kind != "clock" or self.is_user(frame):
-                    if kind != "clock" and kind not in self.states:
+                if kind not in ("clock", "message") or self.is_user(frame):
+                    if kind not in ("clock", "message") and kind not in self.states:
                         self.states[kind] = _global_state(kind)
                     self.reads.append((self.phase, kind, what, frame.f_lineno,
                                        f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
+                    if kind == "message":
+                        return None  # refused: eager (the fallback) sends it, once
             return fn(*args, **kwargs)
 
+        self._install(home, name, fn, read)
+
+    def _install(self, home: Any, name: str, fn: Any, stand_in: Any) -> None:
         self.swapped.append((home, name, fn))
-        self.real[id(read)] = fn
+        self.real[id(stand_in)] = fn
         if isinstance(home, dict):
-            home[name] = read
+            home[name] = stand_in
         else:
-            setattr(home, name, read)
+            setattr(home, name, stand_in)  # a cell's ``cell_contents`` too
 
     def check_generator(self) -> None:
         """A draw from Python's generator the code does not name (a library function draws):

@@ -25,11 +25,12 @@ The location records are plain data so that other Python-state analyses can reus
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import dis
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -63,9 +64,10 @@ class _Container:
     value: Any
     root: Root
     path: Path
-    kind: str  # "list", "dict", "object" or "tensor" (a tensor's own attributes)
+    kind: str  # "list", "dict", "object", "class", "globals" or "tensor" (its own attributes)
     before: Any
     fetch_root: Callable[[], Any] | None
+    after: Any = None  # what forward left there, when it was taken back out (``_diff``)
 
 
 @dataclasses.dataclass
@@ -80,18 +82,65 @@ class OutsideSnapshot:
             if _changed(c):
                 _restore(c)
 
+    @contextlib.contextmanager
+    def replayed(self) -> Iterator[None]:
+        """Forward's writes taken back out put there again while backward is traced: a
+        backward that reads what forward stored (a mask cached in a global dict) finds it, as
+        in eager. Each container is left as it was found, however backward ended (when
+        backward is traced again later, what the runtime has put there since)."""
+        redone = [(c, _contents(c)) for c in self.containers if c.after is not None]
+        for c, _ in redone:
+            _set_contents(c, c.after)
+        try:
+            yield
+        finally:
+            for c, found in redone:
+                _set_contents(c, found)
+
 
 def outside_roots(forward: Any, fake_args: tuple[Any, ...]) -> tuple[tuple[Root, Any, Callable[[], Any] | None], ...]:
-    """The roots a write can hang from: each argument, and each mutable global or closure
-    value forward names (modules, functions, classes, tensors and ``nn.Module``s are left out:
-    their state is not a caller's container)."""
+    """The roots a write can hang from: each argument, each mutable global or closure value
+    forward names (modules, functions, tensors and ``nn.Module``s are left out: their state
+    is not a caller's container), each of the user's classes it names (``Holder.last = y``,
+    a class-level cache) and the globals it rebinds (``global _EYE; _EYE = torch.eye(n)``)."""
     roots: list[tuple[Root, Any, Callable[[], Any] | None]] = [
         (("arg", i), a, None) for i, a in enumerate(fake_args)]
     roots += [((kind, name), value, fetch) for kind, name, value, fetch in free_values(forward) if _is_state(value)]
+    rebound = _rebound_globals(forward)
+    if rebound is not None:
+        g, names = rebound
+        roots.append((("globals", g.get("__name__", "?")), _Globals(g, names), lambda g=g: g))
     return tuple(roots)
 
 
+class _Globals:
+    """The globals forward rebinds, as one container (only those names are its contents)."""
+
+    def __init__(self, g: dict[str, Any], names: tuple[str, ...]) -> None:
+        self.g = g
+        self.names = names
+
+
+def _rebound_globals(forward: Any) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    fn = getattr(forward, "__func__", forward)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    names = tuple(dict.fromkeys(i.argval for i in dis.get_instructions(code) if i.opname == "STORE_GLOBAL"))
+    return (fn.__globals__, names) if names else None
+
+
+def _is_user_class(value: Any) -> bool:
+    return isinstance(value, type) and not issubclass(value, torch.nn.Module) and \
+        (value.__module__ or "").split(".")[0] not in _LIBRARY_ROOTS
+
+
+_LIBRARY_ROOTS = frozenset({"builtins", "torch", "numpy", "typing", "collections", "enum", "abc"})
+
+
 def _is_state(value: Any) -> bool:
+    if _is_user_class(value):
+        return True
     if isinstance(value, (types.ModuleType, type, torch.Tensor, torch.nn.Module)):
         return False
     return isinstance(value, (list, dict)) or _is_object_container(value)
@@ -122,6 +171,10 @@ def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
         kind, step, items = "list", "item", list(enumerate(value))
     elif isinstance(value, dict):
         kind, step, items = "dict", "key", list(value.items())
+    elif isinstance(value, _Globals):
+        kind, step, items = "globals", "key", []  # their values are roots of their own
+    elif _is_user_class(value):
+        kind, step, items = "class", "attr", list(_class_values(value).items())
     elif _is_object_container(value) or isinstance(value, torch.nn.Module):
         # A module argument too: ``mod.last = y`` is a plain attribute, as on any object.
         kind, step, items = "object", "attr", list(attributes(value).items())
@@ -137,7 +190,17 @@ def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
         _walk(item, root, path + ((step, key),), fetch, found, seen, depth + 1)
 
 
+def _class_values(cls: type) -> dict[str, Any]:
+    """A class's own data attributes (its methods and dunders are not state)."""
+    return {k: v for k, v in vars(cls).items() if not k.startswith("__")
+            and not isinstance(v, (staticmethod, classmethod, property, types.FunctionType))}
+
+
 def _contents(c: _Container) -> Any:
+    if c.kind == "globals":
+        return {n: c.value.g[n] for n in c.value.names if n in c.value.g}
+    if c.kind == "class":
+        return _class_values(c.value)
     if c.kind == "list":
         return list(c.value)
     if c.kind == "dict":
@@ -155,17 +218,33 @@ def _changed(c: _Container) -> bool:
 
 
 def _restore(c: _Container) -> None:
+    _set_contents(c, c.before)
+
+
+def _set_contents(c: _Container, contents: Any) -> None:
     if c.kind == "list":
-        c.value[:] = c.before
+        c.value[:] = contents
+    elif c.kind == "globals":
+        for name in c.value.names:
+            if name in contents:
+                c.value.g[name] = contents[name]
+            else:
+                c.value.g.pop(name, None)
+    elif c.kind == "class":
+        for name in _class_values(c.value):
+            if name not in contents:
+                delattr(c.value, name)
+        for name, v in contents.items():
+            setattr(c.value, name, v)
     elif c.kind == "dict":
         c.value.clear()
-        c.value.update(c.before)
+        c.value.update(contents)
     else:
         now = _contents(c)
         for name in now:
-            if name not in c.before:
+            if name not in contents:
                 object.__delattr__(c.value, name)
-        for name, v in c.before.items():
+        for name, v in contents.items():
             object.__setattr__(c.value, name, v)
 
 
@@ -235,7 +314,7 @@ def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[Ou
         else:
             removed = ("append", None)
     else:
-        step = "key" if c.kind == "dict" else "attr"
+        step = "key" if c.kind in ("dict", "globals") else "attr"
         gone = [k for k in c.before if k not in now]
         removed = (step, gone[0]) if gone else None
         changes = [((step, k), v) for k, v in now.items() if k not in c.before or v is not c.before[k]]
@@ -243,6 +322,7 @@ def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[Ou
         removed and any(_holds_traced(v, is_traced) for v in (now if c.kind == "list" else now.values())))
     if not holds_fake and c.kind != "tensor":
         return []  # only Python values changed: not this module's job
+    c.after = now
     _restore(c)
     location_of = lambda s: Location(c.root, c.path, s, c.fetch_root)  # noqa: E731
     if removed is not None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import dataclasses
 import functools
 import inspect
@@ -44,7 +45,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
-from . import collectives, hidden, opaque
+from . import collectives, effects, hidden, opaque
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
 
@@ -386,6 +387,8 @@ class StateTracker:
         self.hidden_reads: hidden.ReadWatch | None = None
         # Whether Python's generator may be drawn from where the code does not name it.
         self.may_draw = False
+        self.messages: effects.MessageWatch | None = None
+        self.forward_writes: list[StateWrite] | None = None
         # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
         self.hidden_sites: dict[tuple[int, str], tuple[Any, str, Any, str, str]] = {}
         self.fn_cls = fn_cls
@@ -470,6 +473,8 @@ class StateTracker:
             self.hidden_sites[(id(end), steps[-1][1])] = (_walk(value, steps[:-1]), steps[-1][1], end, *found)
         elif not steps and root.home is not None and root.home[0] == "globals":
             self.hidden_sites[(id(end), root.home[2])] = (root.home[1], root.home[2], end, *found)
+        elif not steps and root.home is not None and root.home[0] == "cell":
+            self.hidden_sites[(id(end), "cell")] = (root.home[1], "cell_contents", end, *found)
         elif found[0] == "random":
             self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
 
@@ -554,7 +559,9 @@ class StateTracker:
                 entry[1][name] = bound if self.hidden_reads is None else self.hidden_reads.real_of(bound)
             elif root.home is not None:
                 cell = root.home[1]
-                found.setdefault(id(cell), _Seen(cell, root, (), "cell", _cell_value(cell)))
+                bound = _cell_value(cell)  # the user's own binding, not minihop's stand-in
+                found.setdefault(id(cell), _Seen(cell, root, (), "cell", bound if self.hidden_reads
+                                                 is None else self.hidden_reads.real_of(bound)))
             queue.append((value, root, (), 0))
         for i, a in enumerate(self.args):
             queue.append((a, _Root(argname(i, self.parts.argnames),
@@ -585,11 +592,14 @@ class StateTracker:
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not _library_module(frame.f_globals.get("__name__") or ""))
+        self.messages = effects.MessageWatch(self.hidden_reads.is_user)
 
     def stop(self) -> None:
         self.opaque.stop()
         if self.watch is not None:
             builtins.print = self.watch.real
+        if self.messages is not None:
+            self.messages.stop()  # first: it swapped over hidden_reads' stand-ins
         if self.hidden_reads is not None:
             self.hidden_reads.stop()
 
@@ -603,9 +613,14 @@ class StateTracker:
 
     def forward_done(self) -> None:
         self.after_forward = self._snapshot()
+        # Classified now: a value forward set (a fresh dict) is copied as forward left it,
+        # before backward changes it.
+        self.forward_writes = self._writes(self.before, self.after_forward, "forward")
         if self.hidden_reads is not None:
             self.hidden_reads.check_generator()
             self.hidden_reads.phase = "backward"
+        if self.messages is not None:
+            self.messages.refuse(f"{self.name}.forward", self.hidden_reads)
 
     def finish(self, ctx: Any) -> PythonState:
         """Undo what tracing did to Python state; return what it read and the writes each
@@ -614,7 +629,8 @@ class StateTracker:
         after_forward = self.after_forward if self.after_forward is not None else self._snapshot()
         after = self._snapshot()
         try:
-            writes = [*self._writes(self.before, after_forward, "forward"),
+            writes = [*(self.forward_writes if self.forward_writes is not None
+                        else self._writes(self.before, after_forward, "forward")),
                       *self._writes(after_forward, after, "backward")]
             if self.watch is not None and self.watch.lines:
                 method, line, where = self.watch.lines[0]
@@ -626,6 +642,8 @@ class StateTracker:
                     "Print outside the Function, or behind a flag that is off (if DEBUG: ...), "
                     "or run it eagerly with minihop.function(F, fallback='eager').",
                     where=where)
+            if self.messages is not None:
+                self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
@@ -702,6 +720,11 @@ class StateTracker:
                     return StateWrite(place, "add", after - before, phase, where)
                 return self._refuse(place, phase, where, "increments (not by whole numbers)")
             return StateWrite(place, "set", after, phase, where)
+        if step[0] != "whole" and (after is MISSING or effects.constant_container(after)):
+            # Deleted (``opts.pop("k")``), or a fresh container of constants set
+            # (``Recorder.meta = {"seen": []}``): replayed as eager does it, each call.
+            return StateWrite(place, "set" if after is MISSING else "copy",
+                              after if after is MISSING else copy.deepcopy(after), phase, where)
         if isinstance(after, torch.Tensor) or _holds_tensor(after):
             return self._refuse(place, phase, where, "puts a tensor into", tensor=True)
         return self._refuse(place, phase, where, "changes")

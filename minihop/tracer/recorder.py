@@ -286,6 +286,8 @@ class GraphRecorder:
         # (tensor, node): an op in an expression returned a tensor already named (``+x``,
         # ``y.mul_(2)`` before ``.add_(1)``); the next op reads that operand as this node.
         self.pending_alias: tuple[torch.Tensor, fx.Node] | None = None
+        # Where a torch.Generator reached an op (refused at the phase's end: effects.py).
+        self.generators: list[str | None] = []
 
     def _read_pending_alias(self, args: tuple[Any, ...], graph_args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The op right after an expression's aliasing result reads it there: the last operand
@@ -377,6 +379,8 @@ class GraphRecorder:
     def _graph_value(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return self.node_for(value)
+        if isinstance(value, torch.Generator):
+            self.generators.append(format_frame(user_frame()))
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and self.escape is not None \
                 and id(value) not in self.numbers and free_unbacked_symbols(value) and \
                 (not isinstance(value, torch.SymInt)

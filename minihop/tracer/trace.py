@@ -63,6 +63,7 @@ from .unbacked import Plan, Retrace, UnbackedValues
 from .symvalues import resolve_symbolic
 from .torchlogs import quiet_torch_logs
 from .recompute import rng_state_recorded
+from .effects import ctx_as_forward_left_it, refuse_generators
 from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
@@ -290,6 +291,8 @@ class _Tracing:
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
+        self.replay_outside: Any = contextlib.nullcontext  # forward's outside writes, for backward
+        self.ctx_after_forward: Any = contextlib.nullcontext()  # ctx as forward left it, for backward
         self.fwd.on_mutation = self._on_fwd_mutation
         self.bwd = GraphRecorder(self._resolve_bwd, self._resolve_bwd_symbol)
         self.dynamic = dynamic
@@ -519,7 +522,9 @@ class _Tracing:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
                     rng_state_recorded(self.mode), _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
-                return fn(*args)
+                result = fn(*args)
+            refuse_generators(recorder.generators, self._describe())
+            return result
         except Exception as e:
             # Ops are translated where they run (RecordingMode); this catches torch-internal
             # errors from the user's Python between ops (a guard on a size, say).
@@ -751,7 +756,10 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
             names[node] = "outs" if single else "out"
 
     reads_before = record.saved_reads
-    bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
+    t.replay_outside = outside.replayed
+    t.ctx_after_forward = ctx_as_forward_left_it(ctx)  # entered now; again for each rerun
+    with outside.replayed(), t.ctx_after_forward:  # backward sees what forward left, as in eager
+        bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
@@ -875,7 +883,7 @@ def _rerun_backward(t: "_Tracing", parts: FunctionParts, fn_cls: type, ctx: Prox
     per fwd node). Forward is not run again: what it left on ctx is what the forward that
     really ran left (its reads are guarded), except that an argument object on ctx is the
     call's own (``call_args``)."""
-    with TRACE_LOCK:
+    with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
         swapped: dict[str, Any] = {}
         if call_args:

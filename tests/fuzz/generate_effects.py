@@ -1,0 +1,250 @@
+"""Random ``torch.autograd.Function``s that WRITE: the effects half of the adversarial fuzzer.
+
+Each case is a module's source text, written the way users write Functions: it writes along
+one to four paths chosen at random (holder x write form x phase) among attributes of a class,
+items of a global dict, appends to a global list, counters (class, ``global``), pops from an
+argument dict, tensors stored on a class or in a memo dict that backward reads, a dict
+constant set on a class and appended to in backward, ctx attributes and lists written in
+backward, ``functools.lru_cache`` helpers, ``torch.Generator`` objects made and seeded in the
+Function, draws from torch's global stream, ``warnings.warn``, ``logging``, a user exception
+raised after a write, and cyclic argument objects (a tree with parent links).
+
+The source defines ``make()``, the interface of ``oracle_effects.compare``: fresh module state
+per mode (eager, strict ``minihop.function(F)``, ``minihop.function(F, fallback="eager")``),
+arguments per call, and a snapshot of every piece of state the Function writes (an
+lru_cache's hit counts and size are left out: tracing bypasses the cache, so a capture's
+calls never fill it; its values are compared). ``run_case``
+classifies an outcome: "captured" (both modes equal eager), "refused" (strict refused with a
+coded error, fallback equal to eager), "silent" (a difference with no error: a bug) or
+"error" (a non-minihop error eager did not raise: a bug).
+
+``python tests/fuzz/generate_effects.py N SEED`` runs N cases and prints the tally (the
+10,000-example run of ``bench/RESULTS.md``); ``tests/fuzz/test_fuzz_effects.py`` runs a
+CI-sized slice.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import importlib.util
+import pathlib
+import random
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from oracle_effects import compare  # noqa: E402
+
+__all__ = ["generate_source", "run_case", "main", "generate_effects_case", "run_effects_case"]
+
+# kind -> (phases it may run in, needs). Each kind's lines are written by _lines below.
+KINDS = {
+    "class_attr": ("fb", ""), "class_counter": ("fb", ""), "global_counter": ("fb", "global"),
+    "log_append": ("fb", ""), "dict_item": ("fb", ""), "arg_pop": ("f", "opts"),
+    "tensor_on_class": ("f", ""), "memo_tensor": ("f", ""), "dict_constant": ("f", ""),
+    "ctx_backward": ("b", ""), "lru_helper": ("fb", ""), "generator": ("fb", ""),
+    "global_stream": ("fb", ""), "warn": ("fb", ""), "logging": ("fb", ""),
+    "raise_after_write": ("f", ""), "cycle_arg": ("f", "node"),
+}
+
+
+def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], str]:
+    """(statements, an extra term for the result: "" or a tensor expression) for one effect.
+    ``x`` is the tensor of the phase (forward's input, backward's grad); ``n`` an id."""
+    v = r.choice([1, 2.5, "'a'", "(1, 2)", "None"])
+    if kind == "class_attr":
+        return [f"Fn.tag{n} = {v}"], ""
+    if kind == "class_counter":
+        return [f"Fn.calls{n} += {r.choice([1, 2])}"], ""
+    if kind == "global_counter":
+        return [f"COUNT{n} += 1"], ""
+    if kind == "log_append":
+        return [f"LOG.append(({phase!r}, {v}, int(x.shape[0])))"], ""
+    if kind == "dict_item":
+        return [f"STORE['k{n}'] = {v}"], ""
+    if kind == "arg_pop":
+        return [f"method{n} = opts.pop('method', 'sum')"], f"x * (2.0 if method{n} == 'sum' else 3.0)"
+    if kind == "tensor_on_class":
+        return [f"Holder.last{n} = x[0].detach() * {r.choice([1, 2])}"], ""
+    if kind == "memo_tensor":
+        return [f"if x.shape[0] not in MEMO:", f"    MEMO[x.shape[0]] = torch.linspace(0, 1, x.shape[0])",
+                "ctx.n = x.shape[0]"], "x * MEMO[x.shape[0]]"
+    if kind == "dict_constant":
+        return [f"Rec.meta{n} = {{'seen': [], 'v': {v}}}"], ""
+    if kind == "ctx_backward":
+        return ["ctx.hits = getattr(ctx, 'hits', 0) + 1", "ctx.trail.append(len(ctx.trail))"], \
+            "x * (ctx.hits + len(ctx.trail))"
+    if kind == "lru_helper":
+        return [], "x * table(x.shape[0])"
+    if kind == "generator":
+        return [f"g{n} = torch.Generator().manual_seed({r.randrange(100)})"], \
+            f"torch.rand(x.shape, generator=g{n})"
+    if kind == "global_stream":
+        return [], "torch.rand(x.shape)"
+    if kind == "warn":
+        return [f"warnings.warn(f'{phase} {n} size {{x.shape[0]}}')"], ""
+    if kind == "logging":
+        return [f"LOGGER.{r.choice(['info', 'warning'])}('%s %s', {phase!r}, x.shape[0])"], ""
+    if kind == "raise_after_write":
+        return ["LOG.append('before raise')", "RAISES[0] += 1",
+                "if RAISES[0] % 3 == 2:", f"    raise ValueError('call {{}} refused'.format(RAISES[0]))"], ""
+    if kind == "cycle_arg":
+        return [], "x * node.parent.w + node.w"
+    raise AssertionError(kind)
+
+
+def generate_source(r: random.Random) -> str:
+    """One case's module source."""
+    effects = [(k, r.choice(KINDS[k][0])) for k in r.sample(sorted(KINDS), r.randint(1, 4))]
+    needs = {KINDS[k][1] for k, _ in effects} - {""}
+    extra_args = [a for a in ("opts", "node") if a in needs]
+    fwd, bwd, fwd_terms, bwd_terms, globals_ = [], [], [], [], []
+    if any(k == "ctx_backward" for k, _ in effects):
+        fwd.append("ctx.trail = [0]")
+    if any(k == "memo_tensor" for k, _ in effects):
+        bwd_terms.append("x * MEMO[ctx.n]")
+    for n, (kind, phase) in enumerate(effects):
+        lines, term = _lines(kind, "forward" if phase == "f" else "backward", r, n)
+        if kind == "global_counter":
+            globals_.append(f"COUNT{n}")
+        (fwd if phase == "f" else bwd).extend(lines)
+        if term:
+            (fwd_terms if phase == "f" else bwd_terms).append(term)
+    if any(k == "dict_constant" for k, _ in effects) and r.random() < 0.5:
+        bwd.extend(f"Rec.meta{n}['seen'].append(1)" for n, (k, _) in enumerate(effects) if k == "dict_constant")
+    gl = [f"    global {', '.join(globals_)}"] if globals_ else []
+    args = ", ".join(["x", *extra_args])
+    out = [
+        "import functools, logging, warnings", "import torch", "",
+        "def make():",
+        "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
+        *[f"    global_{g} = 0" for g in globals_],
+        "    heard = []", "",
+        "    class Heard(logging.Handler):", "        def emit(self, record):",
+        "            heard.append(record.getMessage())", "",
+        f"    LOGGER = logging.getLogger('fuzz_effects.%d' % id(heard))",
+        "    LOGGER.handlers[:] = [Heard()]", "    LOGGER.setLevel(logging.INFO)", "    LOGGER.propagate = False", "",
+        "    @functools.lru_cache(maxsize=None)", "    def table(n):",
+        "        return torch.arange(n, dtype=torch.float32) + 1", "",
+        "    class Holder:", "        pass", "",
+        "    class Rec:", "        pass", "",
+        "    class Node:", "        def __init__(self, w, parent=None):",
+        "            self.parent, self.w, self.children = parent, w, []",
+        "            if parent is not None:", "                parent.children.append(self)", "",
+        "    class Fn(torch.autograd.Function):",
+        *[f"        calls{n} = 0" for n, (k, _) in enumerate(effects) if k == "class_counter"],
+        "        @staticmethod", f"        def forward(ctx, {args}):",
+        *["        " + g.replace("global ", "nonlocal ") for g in gl],
+        *[f"            {line}" for line in fwd],
+        f"            return {' + '.join(['x * 2', *fwd_terms])}", "",
+        "        @staticmethod", "        def backward(ctx, x):",
+        *["        " + g.replace("global ", "nonlocal ") for g in gl],
+        *[f"            {line}" for line in bwd],
+        f"            return {' + '.join(['x * 2', *bwd_terms])}{', None' * len(extra_args)}", "",
+    ]
+    # ``nonlocal`` needs the names bound in make(): the counters live there.
+    out = [line.replace("global_COUNT", "COUNT") for line in out]
+    out += [
+        "    sizes = [3, 4, 3, 3]", "    passed = []", "",
+        "    def args(i):",
+        "        gen = torch.Generator().manual_seed(i)",
+        "        x = torch.randn(sizes[i], generator=gen).requires_grad_()",
+        "        extra = []",
+    ]
+    if "opts" in extra_args:
+        out += ["        passed.append({'method': ('sum', 'mean')[i % 2], 'eps': 0.5})",
+                "        extra.append(passed[-1])"]
+    if "node" in extra_args:
+        out += ["        root = Node(torch.full((sizes[i],), 1.5 + i))",
+                "        extra.append(Node(torch.ones(sizes[i]), root))"]
+    out += [
+        "        return (x, *extra)", "",
+        "    def state():",
+        "        def plain(v):",
+        "            if isinstance(v, torch.Tensor):", "                return ('tensor', v.tolist())",
+        "            if isinstance(v, dict):", "                return {k: plain(w) for k, w in v.items()}",
+        "            if isinstance(v, (list, tuple)):", "                return [plain(w) for w in v]",
+        "            return v",
+        "        own = lambda c: {k: plain(w) for k, w in vars(c).items() if not k.startswith('__') and not callable(w)"
+        " and not isinstance(w, staticmethod)}",
+        f"        return plain([LOG, STORE, MEMO, RAISES, heard, passed, own(Holder), own(Rec), own(Fn), "
+        f"table(3), [{', '.join(globals_)}]])",
+        "", "    return Fn, args, state",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _load(source: str, directory: pathlib.Path, index: int) -> Any:
+    path = directory / f"fuzz_effects_{index}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def run_case(source: str, directory: pathlib.Path, index: int) -> tuple[str, str]:
+    """(outcome, detail): "captured", "refused" (detail: the error's first line), "silent" or
+    "error" (detail: the difference)."""
+    module = _load(source, directory, index)
+    try:
+        verdicts = compare(module.make, calls=4)
+    except Exception as e:  # an error outside the user's code, in the oracle's own run
+        return "error", f"{type(e).__name__}: {e}"
+    if verdicts["fallback"] != "same":
+        return "silent", f"fallback {verdicts['fallback']}"
+    if verdicts["strict"] == "same":
+        return "captured", ""
+    if verdicts["strict"].startswith("refused"):
+        return "refused", verdicts["strict"].removeprefix("refused ")
+    return "silent", f"strict {verdicts['strict']}"
+
+
+def generate_effects_case(ch: Any) -> Any:
+    """``bench/fuzz.py``'s interface: a ``generate.Case`` from a ``RandomChooser``."""
+    from generate import Case
+    return Case(generate_source(ch.rng), ("effects",))
+
+
+_KINDS = {"captured": "matched", "refused": "refused", "silent": "mismatched", "error": "crashed"}
+
+
+def run_effects_case(case: Any, directory: pathlib.Path) -> Any:
+    """``bench/fuzz.py``'s interface: an ``oracle.Outcome`` for a ``generate.Case``."""
+    from oracle import Outcome
+    index = int(hashlib.sha1(case.source.encode()).hexdigest()[:12], 16)
+    outcome, detail = run_case(case.source, directory, index)
+    kind = _KINDS[outcome]
+    return Outcome(kind, code=_code(detail) if kind == "refused" else "", signature=detail[:120], detail=detail)
+
+
+def _code(detail: str) -> str:
+    """``SideEffectError: [MH106] ...`` -> ``MH106``."""
+    return detail.partition("[")[2].partition("]")[0] or detail.split(":")[0]
+
+
+def main(count: int, seed: int) -> collections.Counter[str]:
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="minihop_fuzz_effects_"))
+    tally: collections.Counter[str] = collections.Counter()
+    reasons: collections.Counter[str] = collections.Counter()
+    start = time.perf_counter()
+    for i in range(count):
+        source = generate_source(random.Random(seed * 1_000_003 + i))
+        outcome, detail = run_case(source, directory, i)
+        tally[outcome] += 1
+        if outcome == "refused":
+            reasons[_code(detail)] += 1
+        if outcome in ("silent", "error"):
+            print(f"--- case {i} (seed {seed}): {outcome}: {detail[:500]}\n{source}", flush=True)
+    print(f"{count} cases, seed {seed}, {time.perf_counter() - start:.0f} s: {dict(tally)}")
+    print("refusals:", dict(reasons.most_common()))
+    return tally
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100, int(sys.argv[2]) if len(sys.argv) > 2 else 0)

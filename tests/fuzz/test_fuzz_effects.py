@@ -1,0 +1,35 @@
+"""CI-sized slice of the effects fuzzer (``generate_effects.py``): generated Functions that write
+along many paths match eager in strict and fallback mode, or strict refuses with a code.
+
+Fixed seeds, so a failure reproduces with ``python tests/fuzz/generate_effects.py 30 7`` (and the
+case's index). The 10,000-example run is ``python tests/fuzz/generate_effects.py 10000 SEED``;
+its numbers are in ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from generate_effects import generate_source, run_case  # noqa: E402
+
+SEED = 7
+CASES = 30
+
+
+@pytest.fixture(scope="module")
+def directory() -> pathlib.Path:
+    return pathlib.Path(tempfile.mkdtemp(prefix="minihop_fuzz_effects_"))
+
+
+@pytest.mark.parametrize("index", range(CASES))
+def test_generated_effects_match_eager_or_are_refused(index: int, directory: pathlib.Path) -> None:
+    source = generate_source(random.Random(SEED * 1_000_003 + index))
+    outcome, detail = run_case(source, directory, index)
+    assert outcome in ("captured", "refused"), f"{outcome}: {detail}\n{source}"
