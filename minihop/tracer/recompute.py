@@ -152,7 +152,10 @@ def _get_rng_state() -> torch.Tensor:
     mode = _recording()
     if mode is None:
         return _GET()
-    fake = mode.fake_mode.from_tensor(_GET())
+    with torch._C.DisableTorchFunction():
+        # Outside the recording mode: from_tensor's own tensor calls (``is_quantized``) on the
+        # real state would otherwise reach it and lift the trace-time state as an input.
+        fake = mode.fake_mode.from_tensor(_GET())
     node = mode.recorder.record(_GET, (), {}, fake)
     node.meta[EFFECT] = "torch.get_rng_state(): replayed: the generator's state is read when the graph runs"
     mode.recorder.note_mutation(node, ())  # kept where it is: a read of changing state
