@@ -369,11 +369,16 @@ def test_user_value_error_is_unchanged() -> None:
 
 
 def test_user_exception_in_backward_is_unchanged() -> None:
-    """The user's own exception class from backward reaches the caller as itself."""
+    """The user's own exception class from backward reaches the caller as itself, when
+    ``.backward()`` runs, as in eager (raised while tracing, the call runs eagerly)."""
     F = HOSTILE["user exception in backward"]
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(UserError, match="^backward refuses this grad$"):
-        minihop.apply(F, x)
+        F.apply(x).sum().backward()
+    y = minihop.apply(F, x)
+    with pytest.raises(UserError, match="^backward refuses this grad$") as info:
+        y.sum().backward()
+    assert type(info.value) is UserError
 
 
 def test_device_mismatch_is_mh104() -> None:
