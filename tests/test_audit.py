@@ -233,7 +233,9 @@ class TestAudit:
         assert records["Counting"]["calls"] == 2
         assert records["Counting"]["minihop"]["verdict"] == "agrees"
         assert records["Noisy"]["minihop"]["verdict"] == "agrees"
-        assert records["Warns"]["minihop"]["verdict"] == "agrees"
+        # A warning in forward is sent on every eager call; a capture would send it once: MH106.
+        assert records["Warns"]["minihop"]["verdict"] == "refused"
+        assert records["Warns"]["minihop"]["code"] == "MH106"
         assert set(records) == {"Square", "Unmaterialized", "Printing", "Counting", "Noisy", "Warns"}
         assert (pytester.path / "audit.md").read_text().startswith("| Function |")
         # bench/audit.py reads the summary's headline: 6 Functions, 9 calls, 8 audited
