@@ -189,3 +189,43 @@ def test_bench_collectives_runs() -> None:
     table = collectives.measure_collectives(rounds=2, calls=1)
     assert table.labels == tuple(label for label, _, _ in collectives.CASES)
     assert all(row[-1].endswith("x") and row[-2].endswith("x") for row in table.rows)
+
+
+import torch  # noqa: E402
+
+
+class BranchesOnWorld(torch.autograd.Function):
+    """A Function that branches on whether a process group exists (a library's fallback path)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        if torch.distributed.is_initialized():
+            return x * torch.distributed.get_world_size() + 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_capture_before_init_is_not_reused_after() -> None:
+    """A capture made before init_process_group is guarded on 'no group': after init (a world of
+    one, in this process) the next call is captured again and matches eager's other branch."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    import minihop
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    f = minihop.function(BranchesOnWorld)
+    x = torch.ones(3)
+    torch.testing.assert_close(f(x), BranchesOnWorld.apply(x))
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tempfile.mkdtemp()}/rendezvous")
+    try:
+        torch.testing.assert_close(f(x), BranchesOnWorld.apply(x))  # x * 1 + 1, not x * 2
+        assert f.stats.captures == 2
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(f(x), BranchesOnWorld.apply(x))

@@ -169,7 +169,7 @@ def _default_group() -> Any:
 
 
 def world_places() -> tuple[Place, ...]:
-    """The process group as a guarded place, while one is initialised: the graphs hold the
+    """The process group as a guarded place (none initialised included): the graphs hold the
     rank, the world size and group names as constants (``chunk(2)[0]``), so a capture made in
     one world (a default group's rank of its size) is not run in another. One identity check
     per call; a ProcessGroup's rank and size never change."""
@@ -179,8 +179,9 @@ def world_places() -> tuple[Place, ...]:
     from torch.distributed import distributed_c10d
 
     group = _default_group()
-    if group is None:
-        return ()
-    text = f"torch.distributed's process group (rank {dist.get_rank()} of {dist.get_world_size()})"
+    # None is guarded too: a capture made before init_process_group (a branch on
+    # dist.is_initialized(), a collective that is then eager's error) is not one for after it.
+    text = ("torch.distributed's process group (none initialised)" if group is None else
+            f"torch.distributed's process group (rank {dist.get_rank()} of {dist.get_world_size()})")
     return (Place(text, lambda args: distributed_c10d._world, ("attr", "default_pg"), False,
                   lambda args: _default_group()),)
