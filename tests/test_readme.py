@@ -18,36 +18,17 @@ RUNNABLE = "<!-- runnable -->"
 # The set-up commands are marked the same way: <!-- setup: main --> / <!-- setup: test -->.
 SETUP = re.compile(r"<!-- setup: (\w+) -->")
 
-
-def fenced_blocks(text: str) -> list[tuple[str, int, str, str]]:
-    """Every fenced block as ``(marker line above it, first line number, language, code)``."""
-    blocks = []
-    lines = text.split("\n")
-    i = 0
-    while i < len(lines):
-        opening = re.match(r"^```(\w*)\s*$", lines[i])
-        if opening is None:
-            i += 1
-            continue
-        end = i + 1
-        while end < len(lines) and lines[end].rstrip() != "```":
-            end += 1
-        if end == len(lines):
-            raise AssertionError(f"README.md:{i + 1}: fenced block never closed")
-        marker = lines[i - 1].strip() if i > 0 else ""
-        blocks.append((marker, i + 2, opening.group(1), "\n".join(lines[i + 1:end]) + "\n"))
-        i = end + 1
-    return blocks
+from test_docs_blocks import fenced_blocks  # noqa: E402  (one fence parser for every page)
 
 
 def runnable_blocks() -> list[tuple[int, str]]:
-    return [(line, code) for marker, line, lang, code in fenced_blocks(README.read_text())
+    return [(line, code) for marker, line, lang, code in fenced_blocks(README)
             if marker == RUNNABLE and lang == "python"]
 
 
 def setup_commands() -> dict[str, str]:
     commands = {}
-    for marker, _line, _lang, code in fenced_blocks(README.read_text()):
+    for marker, _line, _lang, code in fenced_blocks(README):
         m = SETUP.fullmatch(marker)
         if m:
             commands[m.group(1)] = code.strip()
