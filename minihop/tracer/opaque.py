@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
+from ..spec import MISSING
 from .bytecode import instructions
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -92,7 +93,7 @@ def _constant_name(lookup: str, window: list[Any], argc: int | None) -> bool:
 def _plain(value: Any, depth: int = 0) -> bool:
     """Values through which no user code can run: tensors, numbers, strings, torch's and the
     standard library's functions and modules, and containers of those."""
-    if value is None or isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+    if value is None or value is MISSING or isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
                                            torch.device, torch.Size, types.ModuleType)):
         return True
     if isinstance(value, (tuple, list, frozenset, set)) and depth < 2:
