@@ -170,6 +170,14 @@ def entry_points(value: Any) -> list[tuple[Any, Any]]:
     elif isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
             and not _library_name(value.__func__.__module__):
         found.append((value.__func__, owner))
+    elif isinstance(value, functools.partial):
+        found += entry_points(value.func) if not isinstance(value.func, types.FunctionType) else \
+            [(value.func, None)] if not _library_name(value.func.__module__) else []
+    elif isinstance(value, type) and not _library_name(value.__module__):
+        # A user class called to make an object (an output ``Box(...)``, a dataclass, a
+        # namedtuple): its constructors run.
+        found += [(fn, None) for fn in (getattr(vars(value).get(k), "__func__", vars(value).get(k))
+                                        for k in ("__init__", "__new__")) if isinstance(fn, types.FunctionType)]
     elif isinstance(value, torch.nn.Module):
         for module in value.modules():
             fn = getattr(type(module), "forward", None)
@@ -232,10 +240,12 @@ class GetattrWatch:
 def library_frame(frame: Any, library_module: Callable[[str], bool]) -> bool:
     """Whether a running frame is library code (generated code of no loaded module, as
     ``namedtuple``'s or torch's ``exec``'d helpers, is its caller's)."""
-    name = frame.f_globals.get("__name__")
-    if (name is None or name not in sys.modules) and frame.f_code.co_filename.startswith("<") \
-            and frame.f_back is not None:
-        name = frame.f_back.f_globals.get("__name__")
+    for _ in range(8):  # generated code called by generated code (minihop's guards): go up
+        name = frame.f_globals.get("__name__")
+        if not ((name is None or name not in sys.modules) and frame.f_code.co_filename.startswith("<")) \
+                or frame.f_back is None:
+            break
+        frame = frame.f_back
     return library_module(name or "")
 
 
