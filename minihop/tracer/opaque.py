@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
+from ..spec import MISSING
 from .bytecode import instructions
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -92,7 +93,7 @@ def _constant_name(lookup: str, window: list[Any], argc: int | None) -> bool:
 def _plain(value: Any, depth: int = 0) -> bool:
     """Values through which no user code can run: tensors, numbers, strings, torch's and the
     standard library's functions and modules, and containers of those."""
-    if value is None or isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+    if value is None or value is MISSING or isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
                                            torch.device, torch.Size, types.ModuleType)):
         return True
     if isinstance(value, (tuple, list, frozenset, set)) and depth < 2:
@@ -169,6 +170,14 @@ def entry_points(value: Any) -> list[tuple[Any, Any]]:
     elif isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
             and not _library_name(value.__func__.__module__):
         found.append((value.__func__, owner))
+    elif isinstance(value, functools.partial):
+        found += entry_points(value.func) if not isinstance(value.func, types.FunctionType) else \
+            [(value.func, None)] if not _library_name(value.func.__module__) else []
+    elif isinstance(value, type) and not _library_name(value.__module__):
+        # A user class called to make an object (an output ``Box(...)``, a dataclass, a
+        # namedtuple): its constructors run.
+        found += [(fn, None) for fn in (getattr(vars(value).get(k), "__func__", vars(value).get(k))
+                                        for k in ("__init__", "__new__")) if isinstance(fn, types.FunctionType)]
     elif isinstance(value, torch.nn.Module):
         for module in value.modules():
             fn = getattr(type(module), "forward", None)
@@ -231,10 +240,12 @@ class GetattrWatch:
 def library_frame(frame: Any, library_module: Callable[[str], bool]) -> bool:
     """Whether a running frame is library code (generated code of no loaded module, as
     ``namedtuple``'s or torch's ``exec``'d helpers, is its caller's)."""
-    name = frame.f_globals.get("__name__")
-    if (name is None or name not in sys.modules) and frame.f_code.co_filename.startswith("<") \
-            and frame.f_back is not None:
-        name = frame.f_back.f_globals.get("__name__")
+    for _ in range(8):  # generated code called by generated code (minihop's guards): go up
+        name = frame.f_globals.get("__name__")
+        if not ((name is None or name not in sys.modules) and frame.f_code.co_filename.startswith("<")) \
+                or frame.f_back is None:
+            break
+        frame = frame.f_back
     return library_module(name or "")
 
 
