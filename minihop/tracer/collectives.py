@@ -183,5 +183,6 @@ def world_places() -> tuple[Place, ...]:
     # dist.is_initialized(), a collective that is then eager's error) is not one for after it.
     text = ("torch.distributed's process group (none initialised)" if group is None else
             f"torch.distributed's process group (rank {dist.get_rank()} of {dist.get_world_size()})")
-    return (Place(text, lambda args: distributed_c10d._world, ("attr", "default_pg"), False,
-                  lambda args: _default_group()),)
+    c10d = distributed_c10d  # read through the module on each call (no import per call: a hot path)
+    return (Place(text, lambda args: c10d._world, ("attr", "default_pg"), False,
+                  lambda args: c10d._world.default_pg),)
