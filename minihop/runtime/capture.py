@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError
-from ..spec import MISSING, NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
@@ -351,9 +351,11 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
             "Capture again with the marked tensor (minihop.apply does this by itself).")
 
     checks: list[Check] = [(compile_guard(key, masks), key_mismatch)]
-    places = {read.place.description: (lambda call, g=read.place.get: _found(lambda: g(call)))
-              for read in state.reads}  # one read a place
-    live = (*(lambda call, f=s.live: _found(f) for s in pair.inputs if s.live is not None), *places.values())
+    # One read a place. A fetch that raises (a global module replaced by one of another class)
+    # fails the guard (see compile_live_check): the call is traced again, where the user's own
+    # code meets the change as eager's would, instead of minihop's guard raising.
+    places = {read.place.description: read.place.get for read in state.reads}
+    live = (*(lambda call, f=s.live: f() for s in pair.inputs if s.live is not None), *places.values())
     if live:
         names = (*(s.description for s in pair.inputs if s.live is not None), *places)
         lines: dict[str, str | None] = {}
@@ -388,16 +390,6 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
                 "the graph); other values may take other code.",
                 "Capture again for these values (minihop.apply does this by itself).")))
     return tuple(checks)
-
-
-def _found(fetch: Callable[[], Any]) -> Any:
-    """A live tensor's current value, or ``MISSING`` when it is gone (a global module replaced
-    by one of another class): the guard then fails and the call is traced again, where the
-    user's own code meets the change as eager's would, instead of minihop's guard raising."""
-    try:
-        return fetch()
-    except Exception:
-        return MISSING
 
 
 def _all_of(checks: tuple[Check, ...]) -> Callable[[tuple[Any, ...]], bool]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import GuardMismatchError
-from ..spec import STRICT_MARKS, is_dynamo_mark, marks
+from ..spec import MISSING, STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
 __all__ = ["autocast_key", "call_key", "live_check", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
@@ -343,7 +343,10 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
-    return _generated(lines, consts)
+    # A fetch that raises (the place's owner replaced by an object without that attribute)
+    # is a changed value: the guard fails, and tracing again meets the change as eager does.
+    body = ["    try:", *("    " + line for line in lines), "    except Exception:", "        return False"]
+    return _generated(body if lines else lines, consts)
 
 
 def live_check(name: str, names: tuple[str, ...], fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
@@ -353,7 +356,10 @@ def live_check(name: str, names: tuple[str, ...], fetchers: tuple[Callable[[tupl
     ``mismatch(args)`` the error naming the first changed place, its old and its new value."""
     def mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
         for what, fetch, old in zip(names, fetchers, captured, strict=True):
-            new = value_key(fetch(call))
+            try:
+                new = value_key(fetch(call))
+            except Exception:  # its owner replaced by an object without it (see compile_live_check)
+                new = value_key(MISSING)
             if new != old:
                 return GuardMismatchError(
                     f"Capture of {name}: {what} changed since it was captured: it was "
