@@ -146,3 +146,19 @@ def test_stages_are_not_presented_as_public() -> None:
         for public in PUBLIC:
             doc = getattr(minihop, public).__doc__ or ""
             assert not re.search(rf"\bminihop\.{name}\b", doc), f"minihop.{public}'s docstring names minihop.{name}"
+
+
+def test_no_module_imports_dynamo() -> None:
+    """Nothing in minihop/ imports torch._dynamo, at module level or inside a function (the
+    design card: minihop does what Dynamo does without it; tests may use torch.compile)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if n == "torch._dynamo" or n.startswith("torch._dynamo.")]
+            if isinstance(node, ast.ImportFrom) and node.module == "torch":
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} torch._dynamo"
+                          for a in node.names if a.name == "_dynamo"]
+    assert not found, found
