@@ -102,6 +102,10 @@ def _rank(rank: int, port: int, out: str, rounds: int, calls: int) -> None:
                             steps[name]()
                         times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
             found[label] = times
+        # Both ranks done before either tears gloo down: a rank that destroys its group while
+        # the other still talks to it aborts the other ("terminate called without an active
+        # exception", seen once in the suite's smoke run).
+        dist.barrier()
     finally:
         Path(out, f"rank{rank}.json").write_text(json.dumps(found))
         dist.destroy_process_group()
