@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -309,7 +310,13 @@ def ddp_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int,
         # Every rank's parameters, for every mode, gathered on every rank.
         flat = torch.cat([p.reshape(-1) for mode in DDP_MODES for p in params[mode].values()])
         gathered = [torch.empty_like(flat) for _ in range(world_size)]
-        dist.all_gather(gathered, flat)
+        try:
+            dist.all_gather(gathered, flat)
+        except Exception:
+            # A peer failed (gloo: connection closed). Let the failing rank's exit be seen first,
+            # so the parent reports its traceback, not this consequence (a race otherwise).
+            time.sleep(3)
+            raise
         function_apply = strategies["function"].inner
         assert isinstance(function_apply, FunctionApply)
         torch.save({
