@@ -124,11 +124,17 @@ class ctx_as_forward_left_it:  # noqa: N801  (used as a context manager, named a
     after forward, and entered for each trace of backward. Eager's backward runs once on the
     ctx forward filled; minihop may trace backward more than once (grads laid out otherwise,
     values it reads again), and a backward that writes ctx (``ctx.calls += 1``,
-    ``ctx.trail.append(...)``) must not see its own earlier trace."""
+    ``ctx.trail.append(...)``) must not see its own earlier trace.
 
-    def __init__(self, ctx: Any) -> None:
+    Only containers forward made are put back: one that existed before forward (an argument
+    list, a global dict: ``existed``) is the caller's, and backward must see it as it is when
+    backward runs (eager's does; the caller may change it in between). Putting its old
+    contents back would also write the caller's object."""
+
+    def __init__(self, ctx: Any, existed: Callable[[Any], bool] = lambda value: False) -> None:
         self.ctx = ctx
-        self.saved = [(k, v, _contents(v)) for k, v in vars(ctx).items() if not k.startswith("_minihop")]
+        self.saved = [(k, v, None if existed(v) else _contents(v))
+                      for k, v in vars(ctx).items() if not k.startswith("_minihop")]
 
     def __enter__(self) -> None:
         _put_back(self.ctx, self.saved)
@@ -148,6 +154,8 @@ def _put_back(ctx: Any, saved: list[tuple[str, Any, Any]]) -> None:
         object.__delattr__(ctx, k)
     for k, v, contents in saved:
         object.__setattr__(ctx, k, v)
+        if contents is None:
+            continue
         if type(v) is list:
             v[:] = contents
         elif type(v) in (dict, set):

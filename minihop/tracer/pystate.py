@@ -533,10 +533,12 @@ class StateTracker:
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
             for chain in facts.chains:
-                if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or len(chain.steps) < 2 \
+                if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or not chain.steps \
                         or chain.use != "value":
                     continue
-                first = getattr(ctx, str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
+                # What the user set on ctx (never a property such as saved_tensors: reading it
+                # unpacks, and its fresh tuple's id could be any snapshotted object's).
+                first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
                 if seen is None or isinstance(first, _ATOMS):
                     continue
@@ -610,6 +612,10 @@ class StateTracker:
             self.finished = True
             _restore(self.before)
             self._unmark()
+
+    def existed_before(self, value: Any) -> bool:
+        """Whether ``value`` is an object of the Python state forward found (not its own)."""
+        return id(value) in self.before
 
     def forward_done(self) -> None:
         self.after_forward = self._snapshot()

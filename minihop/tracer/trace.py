@@ -757,7 +757,7 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
 
     reads_before = record.saved_reads
     t.replay_outside = outside.replayed
-    t.ctx_after_forward = ctx_as_forward_left_it(ctx)  # entered now; again for each rerun
+    t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
     with outside.replayed(), t.ctx_after_forward:  # backward sees what forward left, as in eager
         bwd = _run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
     # Backward's value reads have computed forward's values from the caller's arguments; a
