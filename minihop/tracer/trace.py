@@ -64,7 +64,9 @@ from .symvalues import resolve_symbolic
 from .torchlogs import quiet_torch_logs
 from .recompute import rng_state_recorded
 from .effects import ctx_as_forward_left_it, refuse_generators
-from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
+from .frames import format_frame, is_library_code, user_frame, user_frame_of
+from .recorder import GraphRecorder, RecordingMode
+from .refusals import refusal_for
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
