@@ -4,7 +4,10 @@ Place in the pipeline: the tracer's engine. ``GraphRecorder`` (a ``torch.fx.Trac
 ``fx.Graph`` and the map from each fake value to the node that produced it; ``RecordingMode``
 (a ``TorchFunctionMode``) sees every torch call the user's code makes, runs it on fake values
 (so ``x.shape``, ``x.dtype`` and ``isinstance`` answer for real) and hands calls that produce
-tensors to the active recorder.
+tensors to the active recorder. Its helpers, one job each: ``special_calls`` (the calls handled
+by a table row instead of being run and recorded), ``call_forms`` (how a node is spelled),
+``op_args`` (the tensors among a call's arguments), ``refusals`` (torch's exceptions turned into
+minihop's) and ``frames`` (the user's source line).
 
 Invariant: every fake tensor the user's code can reach maps to exactly one node of the graph
 being recorded, or is resolved (lifted, or saved from forward) on first use.
@@ -12,8 +15,6 @@ being recorded, or is resolved (lifted, or saved from forward) on first use.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import operator
 import threading
 import types
@@ -32,14 +33,16 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from . import collectives, numpy_bridge, operators, recompute
 from .frames import format_frame, stack_trace, user_frame, user_frame_object
+from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
+from .op_args import any_leaf, is_tensor, map_plain, tensors_in
 from .operators import Form
 from .refusals import fake_data_missing, refusal_for
 from .special_calls import AUTOCAST_SWITCHES, BEFORE_RUN
@@ -74,25 +77,6 @@ _SCALAR_READS = frozenset({"item", "tolist"})
 # Value reads whose result leaves torch (an array, a pickle): refused, never answered.
 _COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
                          "__getstate__"})
-
-
-def _target_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               form: Form | None) -> tuple[str, Any, tuple[Any, ...]]:
-    """Choose how a call is written in the graph: (op, target, args), as the user wrote it
-    (``form``: the Python operator their syntax meant, see operators), in Dynamo's forms."""
-    if form is not None and not kwargs:
-        target, reflected = form
-        return "call_function", target, (args[1], args[0]) if reflected else args
-    name = getattr(func, "__name__", None)
-    owner = getattr(func, "__qualname__", "").split(".")[0]
-    if owner in ("TensorBase", "Tensor") and name is not None:
-        if name == "__getitem__":
-            return "call_function", operator.getitem, args
-        return "call_method", name, args
-    if name == "__get__" and hasattr(func, "__self__"):
-        # A tensor property such as ``x.T`` or ``x.real``.
-        return "call_function", getattr, (args[0], func.__self__.__name__)
-    return "call_function", func, args
 
 
 class GraphRecorder:
@@ -249,13 +233,13 @@ class GraphRecorder:
         return value
 
     def to_graph_arg(self, value: Any) -> Any:
-        return _map_plain(self._graph_value, value)
+        return map_plain(self._graph_value, value)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
                form: Form | None = None) -> fx.Node:
-        op, target, args = _target_of(func, args, kwargs, form)
+        op, target, args = graph_call(func, args, kwargs, form)
         if kwargs and isinstance(func, types.FunctionType) and func.__module__ == "torch.nn.functional":
-            kwargs = _passed_kwargs(func, kwargs)
+            kwargs = passed_kwargs(func, kwargs)
         graph_args = self.to_graph_arg(args)
         if self.pending_alias is not None:
             graph_args = self._read_pending_alias(args, graph_args)
@@ -290,83 +274,6 @@ class GraphRecorder:
                     if i < len(names) and names[i] is not None:
                         self.stored[item_node] = names[i]
         return node
-
-
-@functools.lru_cache(maxsize=512)
-def _defaults(func: types.FunctionType) -> dict[str, Any]:
-    try:
-        params = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-
-
-def _passed_kwargs(func: types.FunctionType, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A ``torch.nn.functional`` function (``F.relu``, ``F.softmax``) hands every keyword to the
-    mode, its defaults filled in (``inplace=False``, ``_stacklevel=3``); the user passed only
-    the others, and Dynamo records only those. A constant equal to its default is dropped."""
-    defaults = _defaults(func)
-    return {k: v for k, v in kwargs.items()
-            if not (k in defaults and type(v) is type(defaults[k])
-                    and isinstance(v, (bool, int, float, str, type(None))) and v == defaults[k])}
-
-
-# Per-op helpers for the common containers of op arguments and results (tuples, lists, dicts),
-# done by hand: pytree's general machinery costs tens of microseconds an op, a large part of
-# a capture. Anything else (namedtuples, other pytree nodes) goes to pytree.
-_PLAIN = (tuple, list, dict)
-
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
-
-
-def _is_real_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
-
-
-def _tensors_in(value: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors among an op's arguments (in plain containers too: ``_foreach_add_``)."""
-    kind = type(value)
-    if kind is tuple or kind is list:
-        for v in value:
-            _tensors_in(v, found)
-    elif kind is dict:
-        for v in value.values():
-            _tensors_in(v, found)
-    elif isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, _PLAIN):
-        found.extend(v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor))
-    return found
-
-
-def _any_leaf(test: Callable[[Any], bool], value: Any) -> bool:
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return any(_any_leaf(test, v) for v in value)
-    if kind is dict:
-        return any(_any_leaf(test, v) for v in value.values())
-    if isinstance(value, _PLAIN):  # a subclass: namedtuple, OrderedDict, ...
-        return any(test(v) for v in tree_flatten(value)[0])
-    return test(value)
-
-
-def _map_plain(fn: Callable[[Any], Any], value: Any) -> Any:
-    kind = type(value)
-    if kind is tuple:
-        return tuple(_map_plain(fn, v) for v in value)
-    if kind is list:
-        return [_map_plain(fn, v) for v in value]
-    if kind is dict:
-        return {k: _map_plain(fn, v) for k, v in value.items()}
-    if kind is slice:
-        # x[:n] with a symbolic n: the bound must be the size's node, not the SymInt itself
-        # (which would be replayed as the size it had while tracing).
-        return slice(_map_plain(fn, value.start), _map_plain(fn, value.stop), _map_plain(fn, value.step))
-    if isinstance(value, _PLAIN):
-        return tree_map(fn, value)
-    return fn(value)
 
 
 class RecordingMode(PreDispatchTorchFunctionMode):
@@ -450,10 +357,10 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
-        tensors = _tensors_in(kwargs, _tensors_in(args, [])) if kwargs else _tensors_in(args, [])
+        tensors = tensors_in(kwargs, tensors_in(args, [])) if kwargs else tensors_in(args, [])
         if any(type(t) is not FakeTensor and not isinstance(t, FakeTensor) for t in tensors):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
-            tensors = _tensors_in(kwargs, _tensors_in(args, []))
+            tensors = tensors_in(kwargs, tensors_in(args, []))
         versions = [t._version for t in tensors]
         name = getattr(func, "__name__", None)
         unbacked = self.unbacked
@@ -487,7 +394,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         if func is torch.Tensor.__setitem__:  # returns None but writes into its first argument
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
-        if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result) or written:
+        if isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
             node = recorder.record(func, args, kwargs, result, form)
             if written:
                 recorder.note_mutation(node, written)
