@@ -17,12 +17,10 @@ import collections.abc
 import contextlib
 import dataclasses
 import functools
-import inspect
 import operator
 import sys
 import threading
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +36,6 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
     free_unbacked_symbols,
 )
-from torch.autograd.function import once_differentiable
 
 from ..errors import (
     BackwardOutputError,
@@ -48,11 +45,11 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
-                    uses_setup_context)
+from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark)
 from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
 from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
+from .function_parts import FunctionParts, function_parts
 from .pystate import StateTracker, is_library
 from ..graph_names import (free_value_root, grad_name, held_name, lifted_name, parameter_name, saved_name,
                            symbol_name, tensor_name)
@@ -124,68 +121,6 @@ class ShapeGuards:
     # size: a size of 0 or 1 (specialised as Dynamo does), or one the code pinned (``== 5``);
     # dimension -1 for a dynamic int argument.
     fixed: tuple[tuple[int, int, int], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionParts:
-    """The user's Function, resolved: the callables autograd would call, and their names."""
-
-    name: str
-    forward: Any
-    setup_context: Any | None
-    backward: Any
-    argnames: tuple[str, ...]
-    gradnames: tuple[str, ...] | None
-    once_differentiable: bool
-
-
-_ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
-
-
-_parts_memo: "weakref.WeakKeyDictionary[type, tuple[tuple[Any, ...], FunctionParts]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def function_parts(fn_cls: type) -> FunctionParts:
-    """Resolve forward/setup_context/backward (or vjp) the way ``Function.apply`` does.
-
-    Remembered per class while its methods stay the same objects (signatures are slow to read).
-    """
-    if isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function):
-        methods = (fn_cls.forward, fn_cls.backward, fn_cls.vjp, fn_cls.setup_context)
-        found = _parts_memo.get(fn_cls)
-        if found is not None and all(a is b for a, b in zip(found[0], methods, strict=True)):
-            return found[1]
-        parts = _function_parts(fn_cls)
-        _parts_memo[fn_cls] = (methods, parts)
-        return parts
-    return _function_parts(fn_cls)
-
-
-def _function_parts(fn_cls: type) -> FunctionParts:
-    if not (isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function)):
-        raise UnsupportedArgumentError(
-            f"minihop.capture got {fn_cls!r}, which is not a torch.autograd.Function subclass.",
-            "minihop captures the forward and backward of an autograd.Function.",
-            "Pass the class itself (MyFunction), not an instance or MyFunction.apply.",
-        )
-    setup = fn_cls.setup_context
-    uses_setup = uses_setup_context(fn_cls)
-    backward = fn_cls.backward
-    if backward is torch.autograd.Function.backward and fn_cls.vjp is not torch.autograd.Function.vjp:
-        backward = fn_cls.vjp
-    params = list(inspect.signature(fn_cls.forward).parameters.values())
-    if not uses_setup:
-        params = params[1:]  # ctx
-    argnames = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    once = getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE_CODE
-    if once:
-        # Trace the user's function itself; the runtime re-applies the decorator's semantics.
-        backward = backward.__wrapped__
-    bparams = list(inspect.signature(backward).parameters.values())[1:]
-    gradnames = None if any(p.kind == p.VAR_POSITIONAL for p in bparams) else tuple(p.name for p in bparams)
-    return FunctionParts(fn_cls.__qualname__, fn_cls.forward, setup if uses_setup else None,
-                         backward, argnames, gradnames, once)
 
 
 def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
@@ -939,7 +874,6 @@ def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
             i = index[id(w.value)] = len(flat) - 1
         writes.append(OutsideWrite(w.location, i))
     return tuple(writes)
-
 
 
 def _shape_env() -> ShapeEnv:
