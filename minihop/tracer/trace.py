@@ -50,6 +50,7 @@ from ..structure import OutputSpec, Path, attributes, describe_output, format_pa
 from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
 from .function_parts import FunctionParts, function_parts
+from .routes import closure_routes
 from .pystate import StateTracker, is_library
 from ..graph_names import (free_value_root, grad_name, held_name, lifted_name, parameter_name, saved_name,
                            symbol_name, tensor_name)
@@ -123,77 +124,6 @@ class ShapeGuards:
     fixed: tuple[tuple[int, int, int], ...] = ()
 
 
-def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
-    """id(tensor) -> (input name, how to fetch it now), for tensors forward/backward reach
-    through closure cells, globals, or the parameters and buffers of a module held there.
-
-    Fetching anew on every call is what eager does: rebinding the name or replacing the
-    parameter takes effect at the next call.
-    """
-    routes: dict[int, tuple[str, Callable[[], Any]]] = {}
-    for kind, name, value, fetch in free_values(fn):
-        _add_routes(routes, value, free_value_root(kind, name), fetch)
-    return routes
-
-
-def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
-                fetch: Callable[[], Any], depth: int = 0) -> None:
-    """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
-    to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
-    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
-    if isinstance(value, torch.Tensor):
-        routes.setdefault(id(value), (tensor_name(prefix), fetch))
-    elif isinstance(value, torch.nn.Module):
-        for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
-            routes.setdefault(id(tensor), (parameter_name(prefix, pname),
-                                           lambda f=fetch, p=pname: _module_tensor(f(), p)))
-    elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
-        for step, child in _held(value):
-            if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
-                _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step: _step(f(), s), depth + 1)
-
-
-# How deep and how many tensors the routes into containers and objects go (cycles stop there).
-_ROUTE_DEPTH = 3
-_MAX_ROUTES = 256
-
-
-def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
-    """The (step, value) pairs a container or a user's object holds."""
-    if isinstance(value, (list, tuple)):
-        return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
-    if isinstance(value, dict):
-        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
-    if _is_user_object(value):
-        return [(("attr", k), v) for k, v in attributes(value).items()]
-    if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
-        return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
-    return []
-
-
-def _is_user_object(value: Any) -> bool:
-    """An instance of the user's own class (not a function, class or module): its attributes
-    hold the user's values."""
-    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.FunctionType, types.MethodType,
-                                                                   types.ModuleType, torch.nn.Module))
-            and not is_library(type(value)))
-
-
-def _step(owner: Any, step: tuple[str, Any]) -> Any:
-    """``owner[key]`` or ``owner.name`` now; None where it is gone (the live check sees it)."""
-    kind, key = step
-    try:
-        return owner[key] if kind == "item" else getattr(owner, key)
-    except (LookupError, AttributeError, TypeError):
-        return None
-
-
-def _module_tensor(module: torch.nn.Module, name: str) -> Any:
-    owner, _, leaf = name.rpartition(".")
-    return getattr(module.get_submodule(owner) if owner else module, leaf)
-
-
 # What autograd guarantees about a grad (it equals the output's): reading it assumes nothing.
 _GRAD_FIXED = frozenset({
     "size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device", "layout", "__len__",
@@ -224,7 +154,7 @@ class _Tracing:
         # Forward's in-place writes into inputs, in op order: (node, fake input written).
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
-        self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
+        self.closure_routes = {**closure_routes(parts.backward), **closure_routes(parts.forward)}
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
