@@ -51,6 +51,8 @@ from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
 from .function_parts import FunctionParts, function_parts
 from .routes import closure_routes
+from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
+from .shape_guards import ArgSource, shape_env, shape_guards
 from .pystate import StateTracker, is_library
 from ..graph_names import (free_value_root, grad_name, held_name, lifted_name, parameter_name, saved_name,
                            symbol_name, tensor_name)
@@ -96,32 +98,6 @@ class TraceInputs:
     fake_mode: FakeTensorMode
     fake_args: tuple[Any, ...]
     grad_enabled: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ArgSource(Source):
-    """Names a dynamic argument for the ShapeEnv (``x``; ``T[0]`` in guard code)."""
-
-    path: str
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.path
-
-    def guard_source(self) -> GuardSource:
-        return GuardSource.LOCAL
-
-
-@dataclasses.dataclass(frozen=True)
-class ShapeGuards:
-    """Guard code over the dynamic arguments ``T`` (``args[i]`` for i in ``arg_indices``)."""
-
-    arg_indices: tuple[int, ...]
-    expression: str
-    # (argument position, dimension, size) of each dynamic dimension the trace fixed to one
-    # size: a size of 0 or 1 (specialised as Dynamo does), or one the code pinned (``== 5``);
-    # dimension -1 for a dynamic int argument.
-    fixed: tuple[tuple[int, int, int], ...] = ()
 
 
 # What autograd guarantees about a grad (it equals the output's): reading it assumes nothing.
@@ -388,7 +364,7 @@ class _Tracing:
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
-                    rng_state_recorded(self.mode), _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
+                    rng_state_recorded(self.mode), compiled_code_runs_eagerly(), symbols_printed_as_values(self.fake_mode.shape_env):
                 result = fn(*args)
             refuse_generators(recorder.generators, self._describe())
             return result
@@ -403,45 +379,6 @@ class _Tracing:
             raise refusal from e
         finally:
             self.mode.recorder = None
-
-
-_SYMBOLIC_TYPES = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
-
-
-@contextlib.contextmanager
-def _symbols_printed_as_values(shape_env: Any) -> Any:
-    """``str()``, ``repr()`` and f-strings of a symbolic size in the user's code give its value
-    and pin it (the capture is then guarded to that value), as Dynamo specialises it: the
-    symbol's name (``s93``) would be text unlike eager's, silently. torch's own calls (error
-    messages, graph printing) keep the name. Static traces have no symbols: nothing to do."""
-    if shape_env is None:
-        yield
-        return
-    originals = [(cls, cls.__dict__["__repr__"]) for cls, _ in _SYMBOLIC_TYPES]
-
-    def printed(original: Any, convert: type) -> Any:
-        def __repr__(self: Any) -> str:
-            if is_library_code(sys._getframe(1).f_code.co_filename):
-                return original(self)  # type: ignore[no-any-return]
-            return repr(convert(self))
-        return __repr__
-
-    try:
-        for (cls, original), (_, convert) in zip(originals, _SYMBOLIC_TYPES, strict=True):
-            cls.__repr__ = printed(original, convert)  # type: ignore[method-assign]
-        yield
-    finally:
-        for cls, original in originals:
-            cls.__repr__ = original  # type: ignore[method-assign]
-
-
-def _compiled_code_runs_eagerly() -> Any:
-    """Code the user compiled (``torch.compile``) runs as written while it is traced, so its
-    ops are recorded: a compiled graph cached from an eager call would run on fake tensors
-    (and leave them in autograd's graph). Nothing was compiled if Dynamo was never loaded."""
-    if "torch._dynamo" not in sys.modules:
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("force_eager")
 
 
 def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
@@ -500,7 +437,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
-        mode = FakeTensorMode(shape_env=_shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
+        mode = FakeTensorMode(shape_env=shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
         if dynamic:
             # FakeTensorMode's op cache is shared by every mode; an entry made with this
             # trace's own ShapeEnv symbols is never hit again, and making it (sympy work per op)
@@ -655,7 +592,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
-        shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
+        shape_guards=shape_guards(t.fake_mode.shape_env, t.dynamic_fakes, t.dynamic),
+        ctx_features=tuple(record.used), reads_layout=t.reads_layout,
         python_state=python_state, outside_writes=outside_writes,
         data_reads=tuple(t.values.reads), saved_reads=record.saved_reads - reads_before,
         rerun_backward=functools.partial(_rerun_backward, t, parts, fn_cls, ctx, out, len(flat), fake_args,
@@ -806,51 +744,12 @@ def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
     return tuple(writes)
 
 
-def _shape_env() -> ShapeEnv:
-    # Data-dependent sizes and scalars become unbacked symbols (see unbacked); a guard on one
-    # falls back to a value read or is refused there, never torch's own exception.
-    return ShapeEnv(allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
-
-
 def _refuse_unbacked_numbers(t: _Tracing, out: Any) -> None:
     """A number read from data returned as a Python value would be replayed as its symbol:
     its read becomes a value read (``Retrace``), or the trace is refused."""
     for _path, leaf in iter_leaves((out,)):
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(leaf):
             raise t.unbacked.escape(leaf.node.expr, None, "forward returns it as a Python number")
-
-
-def _shape_guards(t: _Tracing) -> ShapeGuards | None:
-    """What the trace assumed of the dynamic sizes, as code over the dynamic arguments."""
-    env = t.fake_mode.shape_env
-    if env is None or not t.dynamic_fakes:
-        return None
-    fakes = [fake for _, fake in t.dynamic_fakes]
-    sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
-    guards = env.produce_guards(fakes, sources)
-    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)), or
-    # that the ShapeEnv never made a symbol (a size of 0 or 1, specialised: broadcasting and
-    # empty tensors take other code for them): produce_guards leaves size == constant to
-    # Dynamo's own tensor checks, which minihop has not, so it is guarded here.
-    fixed = []
-    for i, (arg_index, fake) in enumerate(t.dynamic_fakes):
-        if not isinstance(fake, torch.Tensor):  # a dynamic int argument
-            # 0 and 1 stay plain ints (produce_guards pins them); a SymInt the code pinned is
-            # guarded here, as a pinned size is.
-            pinned = isinstance(fake, torch.SymInt) and fake.node.expr.is_Integer
-            if pinned:
-                guards.append(f"T[{i}] == {int(fake)}")
-            if pinned or not isinstance(fake, torch.SymInt):
-                fixed.append((arg_index, -1, int(fake)))
-            continue
-        for d in t.dynamic[arg_index]:
-            size = fake.shape[d]
-            expr = size.node.expr if isinstance(size, torch.SymInt) else None
-            if expr is None or expr.is_Integer:
-                guards.append(f"T[{i}].size()[{d}] == {int(size)}")
-                fixed.append((arg_index, d, int(size)))
-    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True",
-                       tuple(fixed))
 
 
 _CONTIGUOUS = GradSpec((), False)
