@@ -8,67 +8,40 @@ everything the rewire needs to make them consistent; nothing here reorders or re
 Invariants: every tensor forward reaches is a recorded node or a placeholder with an
 ``InputSource``; every forward value backward reads is a backward placeholder paired with its
 forward node (``bwd_saved``), in the order backward first read it.
+
+This module is the orchestrator; each step is another module's job: ``function_parts`` (the
+Function's callables), ``session`` (one trace's state: recorders, inputs, placeholders, running
+a phase), ``routes`` (tensors reached through globals and cells), ``outputs`` (forward's return
+value and the tensors it left outside it), ``backward`` (running and re-running backward),
+``shape_guards`` (dynamic sizes' guard code), ``pystate`` (Python state read and written).
 """
 
 from __future__ import annotations
 
-import collections
-import collections.abc
-import contextlib
 import dataclasses
 import functools
-import operator
-import sys
-import threading
-import types
-from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.fx as fx
-import sympy
-from torch._guards import GuardSource, Source
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import (
-    DimDynamic,
-    GuardOnDataDependentSymNode,
-    ShapeEnv,
-    StatelessSymbolicContext,
-    free_unbacked_symbols,
-)
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..errors import (
-    BackwardOutputError,
-    InplaceInputError,
-    SideEffectError,
-    UnsupportedArgumentError,
-    UnsupportedOperationError,
-    UnsupportedOutputError,
-)
-from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark)
-from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
-from .collectives import WRITE_BACK
+from ..spec import RawCapture, bind_arguments
+from ..structure import describe_output, replace_tensors
 from .backward import GradSpec, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
+from .effects import ctx_as_forward_left_it
+from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
-from .routes import closure_routes
-from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
+from .names import FrameSnapshot, code_of, name_hints
+from .outputs import check_returned, hidden_outputs, refuse_hidden_tensors, refuse_unbacked_numbers, saved_node
+from .outside import find_outside_tensors, outside_roots, snapshot_outside
+from .pystate import StateTracker
+from .refusals import refusal_for
 from .session import TRACE_LOCK, GradAssumption, Tracing
 from .shape_guards import shape_env, shape_guards
-from .pystate import StateTracker, is_library
-from ..graph_names import (free_value_root, grad_name, held_name, lifted_name, parameter_name, saved_name,
-                           symbol_name, tensor_name)
-from .names import FrameSnapshot, capture_locals, code_of, free_values, input_name, name_hints
-from .outside import OutsideTensor, find_outside_tensors, outside_roots, snapshot_outside
-from .values import ValueReader
-from .unbacked import Plan, Retrace, UnbackedValues
 from .symvalues import resolve_symbolic
 from .torchlogs import quiet_torch_logs
-from .recompute import rng_state_recorded
-from .effects import ctx_as_forward_left_it, refuse_generators
-from .frames import format_frame, is_library_code, user_frame, user_frame_of
-from .recorder import GraphRecorder, RecordingMode
-from .refusals import refusal_for
+from .unbacked import Plan, Retrace
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
@@ -142,7 +115,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
             mode.cache_enabled = False
         t = Tracing(fn_cls, parts, mode, dynamic, plan)
         t.values.real_args = args  # values read from the inputs' data are computed from these
-    _refuse_hidden_tensors(parts, args, "argument")
+    refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
         if isinstance(a, torch.nn.Module):
             for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
@@ -204,13 +177,13 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         return len(flat) - 1
 
     try:
-        _refuse_hidden_tensors(parts, (out,), "output")
-        _refuse_unbacked_numbers(t, out)
+        refuse_hidden_tensors(parts, (out,), "output")
+        refuse_unbacked_numbers(t, out)
         spec = describe_output(out, on_tensor)
         found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name,
                                      code_of(parts.forward), parts.argnames)
         num_user_outputs = len(flat)
-        outside_writes = _hidden_outputs(t, found, flat, top, fake_args)
+        outside_writes = hidden_outputs(t, found, flat, top, fake_args)
     except BaseException:
         outside.restore()  # refused: as if forward had not run (eager may run it next)
         raise
@@ -224,25 +197,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     nondiff_ids = {id(v) for v in record.non_differentiable}
     non_differentiable_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in nondiff_ids)
     dirty_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in dirty_ids)
-    for v, is_top in zip(flat, top, strict=True):
-        source = t.sources.get(id(v))
-        if is_top and source is not None and source.lifted:
-            raise UnsupportedOutputError(
-                f"{parts.name}.forward returns {source.description}, a tensor it reached "
-                "through an object, container, closure or module, as one of its outputs.",
-                "Eager does not see that tensor as an input, so it rewrites the tensor's own "
-                "autograd history in place (it stops being a leaf); minihop does not copy that.",
-                f"Return {source.description}.clone(), or pass the tensor as a direct argument.",
-                where=where)
-    returned_ids = {id(v) for v, is_top in zip(flat, top, strict=True) if is_top}
-    if any(id(d) not in returned_ids for d in record.dirty):
-        raise InplaceInputError(
-            f"{parts.name}.forward marks an input dirty (ctx.mark_dirty) but does not return it.",
-            "Eager raises 'Some elements marked as dirty during the forward method were not "
-            "returned as output': autograd rewrites a dirty input's history through the "
-            "Function's outputs, so it must be one.",
-            "Return the modified input as one of forward's outputs.",
-            where=where)
+    check_returned(t, parts, flat, top, record.dirty, where)
 
     # Tensor arguments forward never touched still get an input, so gradients line up.
     for a in fake_args:
@@ -280,7 +235,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         top_level=tuple(top), aliased=aliased, output_spec=spec,
         non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
         arg_inputs=tuple(t.input_node(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
-        saved_for_backward=tuple(_saved_node(t, v) for v in (record.saved or ())),
+        saved_for_backward=tuple(saved_node(t, v) for v in (record.saved or ())),
         bwd_graph=t.bwd.graph,
         grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),
         grad_names=bwd.grad_names, grad_handed=bwd.grad_handed, bwd_saved=tuple(t.bwd_saved),
@@ -297,66 +252,5 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     )
     made.append(raw)
     return raw
-
-
-def _hidden_outputs(t: Tracing, found: tuple[OutsideTensor, ...],
-                    flat: list[torch.Tensor],
-                    top: list[bool], fake_args: tuple[Any, ...]) -> tuple[OutsideWrite, ...]:
-    """Each tensor forward put outside its return value becomes a hidden fwd output (appended
-    to ``flat``, not top-level); returns the writes the runtime repeats on every call."""
-    arg_ids = {id(a) for a in fake_args if isinstance(a, torch.Tensor)}
-    index = {id(v): i for i, v in enumerate(flat)
-             if not (top[i] and id(v) in arg_ids)}  # an input returned as is comes back as a view
-    writes: list[OutsideWrite] = []
-    for w in found:
-        if not t.is_traced(w.value):
-            writes.append(OutsideWrite(w.location, None, w.value))
-            continue
-        i = index.get(id(w.value))
-        if i is None:
-            flat.append(w.value)
-            top.append(False)
-            i = index[id(w.value)] = len(flat) - 1
-        writes.append(OutsideWrite(w.location, i))
-    return tuple(writes)
-
-
-def _refuse_unbacked_numbers(t: Tracing, out: Any) -> None:
-    """A number read from data returned as a Python value would be replayed as its symbol:
-    its read becomes a value read (``Retrace``), or the trace is refused."""
-    for _path, leaf in iter_leaves((out,)):
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(leaf):
-            raise t.unbacked.escape(leaf.node.expr, None, "forward returns it as a Python number")
-
-
-def _saved_node(t: Tracing, value: Any) -> fx.Node | None:
-    """The fwd node of a value passed to ``ctx.save_for_backward`` (None for None)."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    node = t.fwd.node_of.get(id(value))
-    if node is None and id(value) in t.sources:
-        node = t.input_node(value)  # an input forward only saved
-    return node
-
-
-def _refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: str) -> None:
-    """Tensors inside sets (or other unordered containers) cannot be passed through a graph."""
-    for path, leaf in iter_leaves(values):
-        if what == "output" and isinstance(leaf, collections.abc.Iterator):
-            raise UnsupportedOutputError(
-                f"{parts.name}.forward returns a {type(leaf).__name__} (an iterator).",
-                "An iterator made while tracing runs on minihop's fake tensors; replaying the "
-                "graphs cannot make it again, so it would hand out fake values.",
-                "Return a tuple or list (tuple(gen)) instead.")
-        if isinstance(leaf, (set, frozenset)) and any(isinstance(v, torch.Tensor) for v in leaf):
-            where = (format_path((("arg", path[0][1]), *path[1:]), parts.argnames) if what == "argument"
-                     else "the returned value")
-            error = UnsupportedArgumentError if what == "argument" else UnsupportedOutputError
-            raise error(
-                f"{parts.name} {'gets' if what == 'argument' else 'returns'} a "
-                f"{type(leaf).__name__} holding tensors ({where or 'forward output'}).",
-                "A set has no order, so its tensors cannot be matched to graph inputs or "
-                "outputs from one call to the next.",
-                "Use a tuple, list or dict instead.")
 
 
