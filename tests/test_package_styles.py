@@ -440,3 +440,80 @@ def test_semiring_class_swapped_in_the_factory_closure() -> None:
         current = MaxSemiring if i % 2 else LogSemiring
 
     _matches_eager(Check, lambda i: (_x(2, 3, 4), _x(2, 4, 3)), steps=4, between=between)
+
+
+# -- spikingjelly 2.0: setup_context style, a module-level backward helper, a surrogate module
+# whose parameters are read by name at run time -------------------------------------------
+
+def piecewise_quadratic_backward(grad_output: torch.Tensor, x: torch.Tensor, alpha: float) -> tuple[Any, None]:
+    x_abs = x.abs()
+    mask = x_abs > (1 / alpha)
+    grad_x = (grad_output * (-(alpha ** 2) * x_abs + alpha)).masked_fill_(mask, 0)
+    return grad_x, None
+
+
+class PiecewiseQuadraticSpike(Function):
+    @staticmethod
+    def forward(x, alpha):
+        return (x >= 0).to(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, alpha = inputs
+        ctx.save_for_backward(x)
+        ctx.alpha = alpha
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return piecewise_quadratic_backward(grad_output, ctx.saved_tensors[0], ctx.alpha)
+
+
+class Surrogate(torch.nn.Module):
+    """Its Function's parameters are attributes named in a tuple, read with getattr."""
+
+    def __init__(self, call: Callable[..., Any], spiking: bool = True, **params: Any) -> None:
+        super().__init__()
+        self.call = call
+        self.spiking = spiking
+        self._names = tuple(params)
+        for k, v in params.items():
+            setattr(self, k, v)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = {k: getattr(self, k) for k in self._names}
+        if self.spiking:
+            return self.call(x, *params.values())
+        return torch.sigmoid(x * params["alpha"])
+
+
+def test_setup_context_surrogate_module_tuned_between_calls() -> None:
+    def run(call: Callable[..., Any]) -> list[Any]:
+        sg = Surrogate(call, alpha=1.0)
+        torch.manual_seed(0)
+        results = []
+        for alpha, spiking in ((1.0, True), (4.0, True), (4.0, False), (0.5, True)):
+            sg.alpha, sg.spiking = alpha, spiking
+            x = (torch.randn(7) * 0.5).requires_grad_()
+            out = sg(x)
+            out.sum().backward()
+            results.append((out.detach(), x.grad))
+        return results
+
+    eager = run(PiecewiseQuadraticSpike.apply)
+    for mode, call in _modes(PiecewiseQuadraticSpike).items():
+        for (o, g), (eo, eg) in zip(run(call), eager, strict=True):
+            torch.testing.assert_close(o, eo, msg=mode)
+            torch.testing.assert_close(g, eg, msg=mode)
+
+
+def test_setup_context_surrogate_under_torch_func_at_two_sizes() -> None:
+    for n in (5, 8, 6):
+        x = torch.randn(n) * 0.5
+        expected = None
+        for mode, call in {"eager": PiecewiseQuadraticSpike.apply, **_modes(PiecewiseQuadraticSpike)}.items():
+            got = (torch.func.grad(lambda r: call(r, 2.0).sum())(x),
+                   torch.func.jacrev(lambda r: call(r, 3.0))(x))
+            if expected is None:
+                expected = got
+            else:
+                torch.testing.assert_close(got, expected, msg=mode)
