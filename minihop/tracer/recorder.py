@@ -48,7 +48,7 @@ from .refusals import fake_data_missing, refusal_for
 from .special_calls import AUTOCAST_SWITCHES, NOT_SPECIAL, special_call
 from .tensor_state import rewrite_autograd_call
 from ..errors import UnsupportedOperationError
-from ..spec import append_node
+from ..fxgraph import append_node
 
 __all__ = ["GraphRecorder", "RecordingMode", "tracing"]
 

@@ -29,7 +29,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDepende
 
 from ..errors import UnsupportedArgumentError, UnsupportedOperationError
 from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
-from ..spec import EFFECT, InputSource, is_dynamo_mark
+from ..spec import EFFECT, InputSource
+from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
 from .effects import refuse_generators
 from .frames import format_frame, user_frame, user_frame_of

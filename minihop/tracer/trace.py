@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..spec import RawCapture, bind_arguments
+from ..spec import RawCapture
+from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
 from .backward import GradSpec, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
