@@ -46,6 +46,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
 from . import collectives, effects, hidden, opaque
+from .userattr import UserAttribute, served_by_user_code
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
 
@@ -165,6 +166,9 @@ def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
+            what = served_by_user_code(value, key, _library_module)
+            if what is not None:  # never run the user's getter here (see userattr)
+                return UserAttribute(value, key, what)
             try:
                 value = getattr(value, key)
             except Exception:
