@@ -339,3 +339,51 @@ def test_an_iterator_argument_is_refused_before_it_is_touched():
     with pytest.raises(MinihopError, match="MH106.*iterator"):
         minihop.apply(_Next, torch.ones(2, requires_grad=True), it)
     assert next(it) == 2.0  # nothing taken
+
+
+# -- a direct Capture keeps the single-use rule the cache keeps ---------------------------------
+
+def test_a_single_use_capture_called_directly_serves_one_call():
+    gain = {"k": 2.0}
+
+    class Gain:
+        @property
+        def k(self):  # user code minihop does not analyse: single-use
+            return gain["k"]
+
+    g = Gain()
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, obj):
+            return t * obj.k
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+
+    x = torch.randn(3, requires_grad=True)
+    cap = minihop.capture(F, x, g)
+    assert cap.python_state.single_use
+    torch.testing.assert_close(cap(x, g), x * 2.0)
+    gain["k"] = 5.0
+    with pytest.raises(minihop.GuardMismatchError, match="MH301.*single-use"):
+        cap(x, g)  # would return x * 2.0: the first call's value
+    torch.testing.assert_close(minihop.apply(F, x, g), x * 5.0)
+
+
+def test_a_capture_that_reads_only_its_arguments_serves_every_call():
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, k):
+            return t * k
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2.0, None
+
+    x = torch.randn(3, requires_grad=True)
+    cap = minihop.capture(F, x, 2.0)
+    assert not cap.python_state.single_use
+    for _ in range(3):
+        torch.testing.assert_close(cap(x, 2.0), x * 2.0)
