@@ -41,7 +41,9 @@ from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOpera
 from ..spec import Pair, bind_arguments, marks
 from ..structure import OutputSpec, Path, attributes, format_path, iter_leaves, make_getter, replace_tensors
 from ..graph_names import body_names, constant_name, input_name, outer_input_name
-from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
+from .frames import format_frame, user_frame, user_frame_of
+from .recorder import GraphRecorder, RecordingMode
+from .refusals import refusal_for
 from .trace import TRACE_LOCK, TraceInputs
 
 __all__ = ["trace_program"]

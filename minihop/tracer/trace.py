@@ -17,12 +17,10 @@ import collections.abc
 import contextlib
 import dataclasses
 import functools
-import inspect
 import operator
 import sys
 import threading
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +36,6 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
     free_unbacked_symbols,
 )
-from torch.autograd.function import once_differentiable
 
 from ..errors import (
     BackwardOutputError,
@@ -48,11 +45,14 @@ from ..errors import (
     UnsupportedOperationError,
     UnsupportedOutputError,
 )
-from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
-                    uses_setup_context)
+from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark)
 from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
 from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
+from .function_parts import FunctionParts, function_parts
+from .routes import closure_routes
+from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
+from .shape_guards import ArgSource, shape_env, shape_guards
 from .pystate import StateTracker, is_library
 from ..graph_names import (free_value_root, grad_name, held_name, lifted_name, parameter_name, saved_name,
                            symbol_name, tensor_name)
@@ -64,7 +64,9 @@ from .symvalues import resolve_symbolic
 from .torchlogs import quiet_torch_logs
 from .recompute import rng_state_recorded
 from .effects import ctx_as_forward_left_it, refuse_generators
-from .recorder import GraphRecorder, RecordingMode, format_frame, is_library_code, refusal_for, user_frame, user_frame_of
+from .frames import format_frame, is_library_code, user_frame, user_frame_of
+from .recorder import GraphRecorder, RecordingMode
+from .refusals import refusal_for
 
 __all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
@@ -98,165 +100,6 @@ class TraceInputs:
     grad_enabled: bool
 
 
-@dataclasses.dataclass(frozen=True)
-class ArgSource(Source):
-    """Names a dynamic argument for the ShapeEnv (``x``; ``T[0]`` in guard code)."""
-
-    path: str
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.path
-
-    def guard_source(self) -> GuardSource:
-        return GuardSource.LOCAL
-
-
-@dataclasses.dataclass(frozen=True)
-class ShapeGuards:
-    """Guard code over the dynamic arguments ``T`` (``args[i]`` for i in ``arg_indices``)."""
-
-    arg_indices: tuple[int, ...]
-    expression: str
-    # (argument position, dimension, size) of each dynamic dimension the trace fixed to one
-    # size: a size of 0 or 1 (specialised as Dynamo does), or one the code pinned (``== 5``);
-    # dimension -1 for a dynamic int argument.
-    fixed: tuple[tuple[int, int, int], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionParts:
-    """The user's Function, resolved: the callables autograd would call, and their names."""
-
-    name: str
-    forward: Any
-    setup_context: Any | None
-    backward: Any
-    argnames: tuple[str, ...]
-    gradnames: tuple[str, ...] | None
-    once_differentiable: bool
-
-
-_ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
-
-
-_parts_memo: "weakref.WeakKeyDictionary[type, tuple[tuple[Any, ...], FunctionParts]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def function_parts(fn_cls: type) -> FunctionParts:
-    """Resolve forward/setup_context/backward (or vjp) the way ``Function.apply`` does.
-
-    Remembered per class while its methods stay the same objects (signatures are slow to read).
-    """
-    if isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function):
-        methods = (fn_cls.forward, fn_cls.backward, fn_cls.vjp, fn_cls.setup_context)
-        found = _parts_memo.get(fn_cls)
-        if found is not None and all(a is b for a, b in zip(found[0], methods, strict=True)):
-            return found[1]
-        parts = _function_parts(fn_cls)
-        _parts_memo[fn_cls] = (methods, parts)
-        return parts
-    return _function_parts(fn_cls)
-
-
-def _function_parts(fn_cls: type) -> FunctionParts:
-    if not (isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function)):
-        raise UnsupportedArgumentError(
-            f"minihop.capture got {fn_cls!r}, which is not a torch.autograd.Function subclass.",
-            "minihop captures the forward and backward of an autograd.Function.",
-            "Pass the class itself (MyFunction), not an instance or MyFunction.apply.",
-        )
-    setup = fn_cls.setup_context
-    uses_setup = uses_setup_context(fn_cls)
-    backward = fn_cls.backward
-    if backward is torch.autograd.Function.backward and fn_cls.vjp is not torch.autograd.Function.vjp:
-        backward = fn_cls.vjp
-    params = list(inspect.signature(fn_cls.forward).parameters.values())
-    if not uses_setup:
-        params = params[1:]  # ctx
-    argnames = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    once = getattr(backward, "__code__", None) is _ONCE_DIFFERENTIABLE_CODE
-    if once:
-        # Trace the user's function itself; the runtime re-applies the decorator's semantics.
-        backward = backward.__wrapped__
-    bparams = list(inspect.signature(backward).parameters.values())[1:]
-    gradnames = None if any(p.kind == p.VAR_POSITIONAL for p in bparams) else tuple(p.name for p in bparams)
-    return FunctionParts(fn_cls.__qualname__, fn_cls.forward, setup if uses_setup else None,
-                         backward, argnames, gradnames, once)
-
-
-def _closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
-    """id(tensor) -> (input name, how to fetch it now), for tensors forward/backward reach
-    through closure cells, globals, or the parameters and buffers of a module held there.
-
-    Fetching anew on every call is what eager does: rebinding the name or replacing the
-    parameter takes effect at the next call.
-    """
-    routes: dict[int, tuple[str, Callable[[], Any]]] = {}
-    for kind, name, value, fetch in free_values(fn):
-        _add_routes(routes, value, free_value_root(kind, name), fetch)
-    return routes
-
-
-def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
-                fetch: Callable[[], Any], depth: int = 0) -> None:
-    """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
-    to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
-    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
-    if isinstance(value, torch.Tensor):
-        routes.setdefault(id(value), (tensor_name(prefix), fetch))
-    elif isinstance(value, torch.nn.Module):
-        for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
-            routes.setdefault(id(tensor), (parameter_name(prefix, pname),
-                                           lambda f=fetch, p=pname: _module_tensor(f(), p)))
-    elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
-        for step, child in _held(value):
-            if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
-                _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step: _step(f(), s), depth + 1)
-
-
-# How deep and how many tensors the routes into containers and objects go (cycles stop there).
-_ROUTE_DEPTH = 3
-_MAX_ROUTES = 256
-
-
-def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
-    """The (step, value) pairs a container or a user's object holds."""
-    if isinstance(value, (list, tuple)):
-        return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
-    if isinstance(value, dict):
-        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
-    if _is_user_object(value):
-        return [(("attr", k), v) for k, v in attributes(value).items()]
-    if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
-        return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
-    return []
-
-
-def _is_user_object(value: Any) -> bool:
-    """An instance of the user's own class (not a function, class or module): its attributes
-    hold the user's values."""
-    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.FunctionType, types.MethodType,
-                                                                   types.ModuleType, torch.nn.Module))
-            and not is_library(type(value)))
-
-
-def _step(owner: Any, step: tuple[str, Any]) -> Any:
-    """``owner[key]`` or ``owner.name`` now; None where it is gone (the live check sees it)."""
-    kind, key = step
-    try:
-        return owner[key] if kind == "item" else getattr(owner, key)
-    except (LookupError, AttributeError, TypeError):
-        return None
-
-
-def _module_tensor(module: torch.nn.Module, name: str) -> Any:
-    owner, _, leaf = name.rpartition(".")
-    return getattr(module.get_submodule(owner) if owner else module, leaf)
-
-
 # What autograd guarantees about a grad (it equals the output's): reading it assumes nothing.
 _GRAD_FIXED = frozenset({
     "size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device", "layout", "__len__",
@@ -287,7 +130,7 @@ class _Tracing:
         # Forward's in-place writes into inputs, in op order: (node, fake input written).
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
-        self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
+        self.closure_routes = {**closure_routes(parts.backward), **closure_routes(parts.forward)}
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
@@ -521,7 +364,7 @@ class _Tracing:
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
-                    rng_state_recorded(self.mode), _compiled_code_runs_eagerly(), _symbols_printed_as_values(self.fake_mode.shape_env):
+                    rng_state_recorded(self.mode), compiled_code_runs_eagerly(), symbols_printed_as_values(self.fake_mode.shape_env):
                 result = fn(*args)
             refuse_generators(recorder.generators, self._describe())
             return result
@@ -536,45 +379,6 @@ class _Tracing:
             raise refusal from e
         finally:
             self.mode.recorder = None
-
-
-_SYMBOLIC_TYPES = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
-
-
-@contextlib.contextmanager
-def _symbols_printed_as_values(shape_env: Any) -> Any:
-    """``str()``, ``repr()`` and f-strings of a symbolic size in the user's code give its value
-    and pin it (the capture is then guarded to that value), as Dynamo specialises it: the
-    symbol's name (``s93``) would be text unlike eager's, silently. torch's own calls (error
-    messages, graph printing) keep the name. Static traces have no symbols: nothing to do."""
-    if shape_env is None:
-        yield
-        return
-    originals = [(cls, cls.__dict__["__repr__"]) for cls, _ in _SYMBOLIC_TYPES]
-
-    def printed(original: Any, convert: type) -> Any:
-        def __repr__(self: Any) -> str:
-            if is_library_code(sys._getframe(1).f_code.co_filename):
-                return original(self)  # type: ignore[no-any-return]
-            return repr(convert(self))
-        return __repr__
-
-    try:
-        for (cls, original), (_, convert) in zip(originals, _SYMBOLIC_TYPES, strict=True):
-            cls.__repr__ = printed(original, convert)  # type: ignore[method-assign]
-        yield
-    finally:
-        for cls, original in originals:
-            cls.__repr__ = original  # type: ignore[method-assign]
-
-
-def _compiled_code_runs_eagerly() -> Any:
-    """Code the user compiled (``torch.compile``) runs as written while it is traced, so its
-    ops are recorded: a compiled graph cached from an eager call would run on fake tensors
-    (and leave them in autograd's graph). Nothing was compiled if Dynamo was never loaded."""
-    if "torch._dynamo" not in sys.modules:
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("force_eager")
 
 
 def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
@@ -633,7 +437,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
-        mode = FakeTensorMode(shape_env=_shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
+        mode = FakeTensorMode(shape_env=shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
         if dynamic:
             # FakeTensorMode's op cache is shared by every mode; an entry made with this
             # trace's own ShapeEnv symbols is never hit again, and making it (sympy work per op)
@@ -788,7 +592,8 @@ def _trace_body(t: "_Tracing", parts: FunctionParts, fn_cls: type, fake_args: tu
         return_trace=fwd_frame.stack_trace, once_differentiable=parts.once_differentiable,
         grad_assumptions=tuple(t.assumptions),
         inputs_for_retrace=TraceInputs(t.fake_mode, fake_args, grad_on),
-        shape_guards=_shape_guards(t), ctx_features=tuple(record.used), reads_layout=t.reads_layout,
+        shape_guards=shape_guards(t.fake_mode.shape_env, t.dynamic_fakes, t.dynamic),
+        ctx_features=tuple(record.used), reads_layout=t.reads_layout,
         python_state=python_state, outside_writes=outside_writes,
         data_reads=tuple(t.values.reads), saved_reads=record.saved_reads - reads_before,
         rerun_backward=functools.partial(_rerun_backward, t, parts, fn_cls, ctx, out, len(flat), fake_args,
@@ -939,52 +744,12 @@ def _hidden_outputs(t: _Tracing, found: tuple[OutsideTensor, ...],
     return tuple(writes)
 
 
-
-def _shape_env() -> ShapeEnv:
-    # Data-dependent sizes and scalars become unbacked symbols (see unbacked); a guard on one
-    # falls back to a value read or is refused there, never torch's own exception.
-    return ShapeEnv(allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
-
-
 def _refuse_unbacked_numbers(t: _Tracing, out: Any) -> None:
     """A number read from data returned as a Python value would be replayed as its symbol:
     its read becomes a value read (``Retrace``), or the trace is refused."""
     for _path, leaf in iter_leaves((out,)):
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(leaf):
             raise t.unbacked.escape(leaf.node.expr, None, "forward returns it as a Python number")
-
-
-def _shape_guards(t: _Tracing) -> ShapeGuards | None:
-    """What the trace assumed of the dynamic sizes, as code over the dynamic arguments."""
-    env = t.fake_mode.shape_env
-    if env is None or not t.dynamic_fakes:
-        return None
-    fakes = [fake for _, fake in t.dynamic_fakes]
-    sources = [ArgSource(f"T[{i}]") for i in range(len(fakes))]
-    guards = env.produce_guards(fakes, sources)
-    # A dynamic size the trace fixed to one value (torch.tensor(x.shape[0]), int(n * 0.5)), or
-    # that the ShapeEnv never made a symbol (a size of 0 or 1, specialised: broadcasting and
-    # empty tensors take other code for them): produce_guards leaves size == constant to
-    # Dynamo's own tensor checks, which minihop has not, so it is guarded here.
-    fixed = []
-    for i, (arg_index, fake) in enumerate(t.dynamic_fakes):
-        if not isinstance(fake, torch.Tensor):  # a dynamic int argument
-            # 0 and 1 stay plain ints (produce_guards pins them); a SymInt the code pinned is
-            # guarded here, as a pinned size is.
-            pinned = isinstance(fake, torch.SymInt) and fake.node.expr.is_Integer
-            if pinned:
-                guards.append(f"T[{i}] == {int(fake)}")
-            if pinned or not isinstance(fake, torch.SymInt):
-                fixed.append((arg_index, -1, int(fake)))
-            continue
-        for d in t.dynamic[arg_index]:
-            size = fake.shape[d]
-            expr = size.node.expr if isinstance(size, torch.SymInt) else None
-            if expr is None or expr.is_Integer:
-                guards.append(f"T[{i}].size()[{d}] == {int(size)}")
-                fixed.append((arg_index, d, int(size)))
-    return ShapeGuards(tuple(i for i, _ in t.dynamic_fakes), " and ".join(guards) or "True",
-                       tuple(fixed))
 
 
 _CONTIGUOUS = GradSpec((), False)

@@ -39,7 +39,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..errors import DataDependentError
 from ..spec import RANGE_CHECK, DataRead
-from .recorder import format_frame, user_frame
+from .frames import format_frame, user_frame
 from .values import ancestors, refuse_data_read
 
 __all__ = ["Plan", "Retrace", "UnbackedValues"]
