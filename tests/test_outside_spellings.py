@@ -387,3 +387,44 @@ def test_a_capture_that_reads_only_its_arguments_serves_every_call():
     assert not cap.python_state.single_use
     for _ in range(3):
         torch.testing.assert_close(cap(x, 2.0), x * 2.0)
+
+
+# -- nn.Module state: a module kept on ctx, changed before backward ---------------------------
+
+def test_a_module_argument_kept_on_ctx_set_to_eval_before_backward():
+    drop = torch.nn.Dropout(0.2)
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, mod):
+            ctx.mod = mod
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return (g * 3 if ctx.mod.training else g), None
+
+    _matches_eager(F, lambda i: (_x(i), drop), mid=lambda i: drop.train(i % 2 == 0),
+                   reset=drop.train, refusable=False)
+
+
+# -- tensors held in Python containers: the position the code reads --------------------------
+
+WEIGHTS: list[torch.Tensor] = []
+
+
+def test_the_last_tensor_of_a_growing_global_list():
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * WEIGHTS[-1]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def reset():
+        WEIGHTS[:] = [torch.ones(4)]
+
+    _matches_eager(F, lambda i: (_x(i),), between=lambda i: WEIGHTS.append(torch.full((4,), i + 2.0)),
+                   reset=reset, refusable=False)
