@@ -316,7 +316,7 @@ class Tracing:
     # -- running the user's code ---------------------------------------------------------
     def run(self, phase: str, fn: Any, recorder: GraphRecorder, snapshot: FrameSnapshot,
             *args: Any) -> Any:
-        self.phase = phase
+        self.phase = self.mode.phase = phase  # grad_modes records backward's switches its way
         self.mode.recorder = recorder
         recorder.escape = self.unbacked.escape
         recorder.numbers = self.unbacked.numbers

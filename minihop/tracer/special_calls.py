@@ -31,7 +31,7 @@ from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import collectives, numpy_bridge, recompute
+from . import collectives, grad_modes, numpy_bridge, recompute
 
 # The handlers' ``mode`` is a ``recorder.RecordingMode`` and ``recorder`` its ``GraphRecorder``
 # (typed Any: recorder imports this module).
@@ -53,16 +53,6 @@ def _enter_autocast_node(mode: RecordingMode, recorder: GraphRecorder, func: Any
 def _exit_autocast_node(mode: RecordingMode, recorder: GraphRecorder, func: Any,
                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     recorder.record(func, (mode.autocast_nodes.pop(),), {}, None)
-
-
-def _grad_mode_switch(mode: RecordingMode, recorder: GraphRecorder, func: Any,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward: part of
-    # the program (Dynamo records it the same way, and only a real switch: ``no_grad()`` where
-    # grad is already off records nothing).
-    if bool(args[0]) != torch.is_grad_enabled():
-        recorder.record(func, args, kwargs, None)
-    return func(*args, **kwargs)
 
 
 def _backward(mode: RecordingMode, recorder: GraphRecorder, func: Any,
@@ -98,7 +88,8 @@ AUTOCAST_SWITCHES = (_enter_autocast_node, _exit_autocast_node)  # outside a rec
 BEFORE_RUN: dict[Any, Any] = {
     _enter_autocast: _enter_autocast_node,
     _exit_autocast: _exit_autocast_node,
-    torch._C._set_grad_enabled: _grad_mode_switch,
+    # The user's own enable_grad()/no_grad(): as eager's in either backward mode (grad_modes).
+    torch._C._set_grad_enabled: grad_modes.switch,
     torch.Tensor.backward: _backward,
     torch.autograd.backward: _backward,
     torch.from_numpy: _from_array,
