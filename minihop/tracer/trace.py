@@ -51,6 +51,7 @@ from ..errors import (
 from ..spec import (EFFECT, DataRead, InputSource, OutsideWrite, PythonState, RawCapture, bind_arguments, is_dynamo_mark,
                     uses_setup_context)
 from ..structure import OutputSpec, Path, attributes, describe_output, format_path, iter_leaves, replace_tensors
+from .backward_reads import BackwardReads, forward_values_on_ctx
 from .collectives import WRITE_BACK
 from .ctx import ProxyCtx, check_ctx_arguments
 from .pystate import StateTracker, is_library
@@ -288,6 +289,8 @@ class _Tracing:
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**_closure_routes(parts.backward), **_closure_routes(parts.forward)}
+        self.backward_reads = BackwardReads(self, lambda: {**_closure_routes(parts.backward),
+                                                           **_closure_routes(parts.forward)})
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
@@ -403,6 +406,9 @@ class _Tracing:
         return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
+        late = self.backward_reads.lift(real) if self.phase == "backward" else None
+        if late is not None:
+            return late  # read from its place when backward runs (tracer/backward_reads.py)
         fake = self.real_to_fake.get(id(real))
         if fake is None:
             fake = self._fake(real)
@@ -840,7 +846,8 @@ def _run_backward(t: "_Tracing", parts: FunctionParts, ctx: ProxyCtx, out: Any, 
     bwd_frame = FrameSnapshot()
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
-        result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
+        with forward_values_on_ctx(t, ctx):  # forward's values, not the places' (backward_reads.py)
+            result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)
         t.unbacked.check_ranges(t.bwd)
