@@ -21,7 +21,7 @@ import torch.fx as fx
 from .fxgraph import default_name, insert_node
 from .structure import OutputSpec, Path, Step, format_path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "LIFTED_FROM", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
            "Place", "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments",
            "is_dynamo_mark", "marks",
            "same_value", "uses_setup_context"]
@@ -390,6 +390,10 @@ GRAD_TOGGLE = "minihop_grad_toggle"
 # The meta key of a node kept for its effect on state outside the graph's values (torch's
 # random state read or set, ``.grad`` accumulated): how it is handled, for ``explain``.
 EFFECT = "minihop_effect"
+
+# The attribute on a lifted input's detached copy (the runtime detaches lifted inputs) naming
+# the tensor it came from: backward() inside backward accumulates into that one's ``.grad``.
+LIFTED_FROM = "_minihop_lifted_from"
 
 # The meta key of the nodes the tracer adds to check an unbacked size's value range (its size
 # read, each bound's comparison and assert: what torch.fx's ``insert_deferred_runtime_asserts``

@@ -26,10 +26,17 @@ How they are captured:
 ``rng_state_recorded`` also swaps in ``numpy_bridge.from_numpy`` for ``torch.from_numpy`` (like
 the random-state functions, not a torch function a mode sees).
 
+- A leaf from outside that ``backward()`` reaches -- a parameter of the module passed as
+  ``run_function``, a closure or global tensor -- is read in the bwd graph as
+  ``lifted_from(its input)``: the runtime hands the Function lifted inputs detached (they get
+  no gradient from it, as in eager) and tags each copy with the tensor it came from, so the
+  recomputation is differentiated with respect to the real leaf and ``accumulate_grad`` writes
+  its ``.grad``, as eager's ``AccumulateGrad`` does during the outer backward.
+
 Invariant (unknown means unsafe): ``.grad`` is accumulated only into leaves the traced code
-made itself (``x.detach().requires_grad_()``); a ``backward()`` that reaches a leaf from
-outside the Function (a module's parameter, an input, a closure tensor) is refused (MH106):
-its ``.grad`` is state eager writes and this capture would not.
+made itself (``x.detach().requires_grad_()``) and into leaf tensors lifted from outside; a
+``backward()`` that reaches one of the Function's own tensor inputs (not detached: eager's
+reaches through it into the caller's graph) or a non-leaf is refused (MH106).
 """
 
 from __future__ import annotations
@@ -42,10 +49,10 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
-from ..spec import EFFECT
+from ..spec import EFFECT, LIFTED_FROM
 from . import numpy_bridge
 
-__all__ = ["accumulate_grad", "backward", "rng_state_recorded"]
+__all__ = ["accumulate_grad", "backward", "lifted_from", "rng_state_recorded"]
 
 _state = threading.local()
 # The functions as torch defines them (graph nodes call these, never the tracing stand-ins).
@@ -99,7 +106,7 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 
 
 def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-             describe: str, where: str | None) -> None:
+             describe: str, where: str | None, sources: dict[int, Any] | None = None) -> None:
     """Record ``torch.autograd.backward(...)`` or ``tensor.backward(...)`` (``func``) as a grad
     node and an ``accumulate_grad`` node, and do the same to the fake leaves."""
     if func is torch.Tensor.backward:
@@ -124,15 +131,22 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     leaves = list(inputs) if inputs else _leaves(outputs)
     for leaf in leaves:
         node = recorder.node_of.get(id(leaf))
+        source = (sources or {}).get(id(leaf))
+        if node is not None and node.op == "placeholder" and source is not None and source.lifted \
+                and leaf.is_leaf and recorder.graph is node.graph:
+            _read_as_lifted_from(recorder, leaf, node)
+            continue
         if node is None or node.op == "placeholder":
             raise SideEffectError(
                 f"{describe} calls backward(), which reaches a tensor of shape "
-                f"{list(leaf.shape)} that the Function did not make (a module's parameter, an "
-                "input or a tensor from outside) and accumulates into its .grad.",
-                "minihop accumulates .grad, as eager does, only into leaves the traced code made "
-                "itself (x.detach().requires_grad_()); .grad of a tensor from outside is state "
-                "this capture does not write.",
-                "Detach what the recomputation reads inside the Function and return its "
+                f"{list(leaf.shape)} that the Function did not make (one of its own tensor "
+                "inputs, not detached, or a tensor from outside that is not a leaf) and "
+                "accumulates into its .grad.",
+                "minihop accumulates .grad, as eager does, into leaves the traced code made "
+                "itself (x.detach().requires_grad_()) and into leaf tensors read from a module, "
+                "closure or global (a run_function's parameters); eager's backward() through the "
+                "Function's own input reaches the caller's graph, which a capture does not record.",
+                "Detach the input inside backward (x.detach().requires_grad_()) and return its "
                 "gradient, or run this Function eagerly.", where=where)
     if not leaves:
         return
@@ -146,6 +160,27 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
                          f"own recomputation, then .grad accumulated into its {len(leaves)} leaf "
                          "tensor(s) as eager's AccumulateGrad does")
     accumulate_grad(leaves, result)
+
+
+def lifted_from(value: torch.Tensor) -> torch.Tensor:
+    """The tensor a lifted input's detached copy was made from at run time (the runtime
+    detaches lifted inputs: the Function gives them no gradient, as eager's does not)."""
+    return getattr(value, LIFTED_FROM, value)
+
+
+def _read_as_lifted_from(recorder: Any, leaf: torch.Tensor, placeholder: Any) -> None:
+    """A module's parameter (or a closure tensor) the recomputation reads, reached by
+    ``backward()``: eager's recomputation reads the real leaf and accumulates into its
+    ``.grad``. Every use of its placeholder in this graph reads ``lifted_from(placeholder)``
+    instead (the real tensor; the placeholder holds its detached copy), so the graph's
+    recomputation is differentiated with respect to it and ``accumulate_grad`` writes it."""
+    graph = placeholder.graph
+    first = min(placeholder.users, key=list(graph.nodes).index)
+    with graph.inserting_before(first):
+        live = graph.call_function(lifted_from, (placeholder,))
+    live.meta["val"] = leaf
+    placeholder.replace_all_uses_with(live, delete_user_cb=lambda user: user is not live)
+    recorder.node_of[id(leaf)] = live
 
 
 def _get_rng_state() -> torch.Tensor:

@@ -41,7 +41,8 @@ def _exit_autocast_node(mode: RecordingMode, recorder: GraphRecorder, func: Any,
 def _backward(mode: RecordingMode, recorder: GraphRecorder, func: Any,
               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # Checkpoint-style backwards: a grad node and a .grad accumulation (see recompute).
-    return recompute.backward(recorder, func, args, kwargs, mode.describe(), mode.where())
+    return recompute.backward(recorder, func, args, kwargs, mode.describe(), mode.where(),
+                              getattr(mode, "sources", {}))
 
 
 AUTOCAST_SWITCHES = (_enter_autocast_node, _exit_autocast_node)  # outside a recording: nothing
