@@ -60,13 +60,20 @@ _GET = torch.random.get_rng_state
 _SET = torch.random.set_rng_state
 
 
-def accumulate_grad(leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> None:
+def accumulate_grad(leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                    create_graph: bool = False) -> None:
     """Add each gradient into its leaf's ``.grad`` as autograd's ``AccumulateGrad`` does for
     ``backward()`` without ``create_graph``: a leaf without ``.grad`` takes the gradient (a
     detached copy: eager's may be the same storage, never one the user holds elsewhere), one
-    with a ``.grad`` has it added in place."""
+    with a ``.grad`` has it added in place. With ``create_graph`` (grad mode on, as the engine
+    runs it) ``.grad`` keeps the gradient's graph: a copy of it, or ``.grad + g`` out of place."""
     for leaf, g in zip(leaves, grads, strict=True):
         if g is None:
+            continue
+        if create_graph:
+            with torch.enable_grad():
+                leaf.grad = g.clone(memory_format=torch.contiguous_format) if leaf.grad is None \
+                    else leaf.grad + g
             continue
         with torch.no_grad():
             if leaf.grad is None:
@@ -120,13 +127,7 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
         outputs = _as_tuple(bound["tensors"])
         given = bound.get("grad_tensors")
         grads = _as_tuple(bound.get("grad_variables") if given is None else given)
-    if bound.get("create_graph"):
-        raise SideEffectError(
-            f"{describe} calls backward(create_graph=True).",
-            "minihop records backward() inside a Function as a gradient computation and a "
-            ".grad accumulation; the graph-building accumulation is not written.",
-            "Use torch.autograd.grad(..., create_graph=True) and use its result, or run this "
-            "Function eagerly.", where=where)
+    create_graph = bool(bound.get("create_graph"))
     inputs = _as_tuple(bound.get("inputs"))
     leaves = list(inputs) if inputs else _leaves(outputs)
     for leaf in leaves:
@@ -152,14 +153,17 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
         return
     grad_kwargs = {"grad_outputs": grads or None, "retain_graph": bound.get("retain_graph"),
                    "allow_unused": True}
+    if create_graph:  # the gradients (and so .grad) keep their graph, for a double backward
+        grad_kwargs["create_graph"] = True
     result = torch.autograd.grad(outputs, leaves, **grad_kwargs)
     recorder.record(torch.autograd.grad, (outputs, tuple(leaves)), grad_kwargs, result)
-    node = recorder.record(accumulate_grad, (tuple(leaves), tuple(result)), {}, None)
+    node = recorder.record(accumulate_grad, (tuple(leaves), tuple(result)),
+                           {"create_graph": True} if create_graph else {}, None)
     recorder.note_mutation(node, tuple(leaves))
     node.meta[EFFECT] = (f"backward() [{where}]: recomputed: torch.autograd.grad over the graph's "
                          f"own recomputation, then .grad accumulated into its {len(leaves)} leaf "
                          "tensor(s) as eager's AccumulateGrad does")
-    accumulate_grad(leaves, result)
+    accumulate_grad(leaves, result, create_graph)
 
 
 def lifted_from(value: torch.Tensor) -> torch.Tensor:
