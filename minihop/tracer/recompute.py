@@ -17,8 +17,9 @@ How they are captured:
   own ops (the recomputation under ``enable_grad``) make the autograd graph at run time, so the
   bwd graph holds the recomputation and its differentiation; ``.grad`` reads after it are
   ordinary graph reads of the real leaves.
-- ``torch.get_rng_state()`` and ``torch.set_rng_state(s)`` become graph nodes (the functions
-  themselves), in program order: forward reads the generator's state when the capture runs,
+- ``torch.get_rng_state()`` and ``torch.set_rng_state(s)`` (and ``torch.cuda``'s, also as
+  ``fork_rng(devices=[0])`` calls them) become graph nodes (the functions themselves), in
+  program order: forward reads the generator's state when the capture runs,
   backward puts it back, draws, and ``fork_rng`` restores it, exactly as eager does. While
   tracing, random ops run on fake tensors and never touch the real generator, so nothing is
   set for real.
@@ -211,6 +212,37 @@ def _set_rng_state(new_state: torch.Tensor) -> None:
     return None
 
 
+# torch.cuda's generator: the same, for Functions written for GPUs (Megatron, checkpoint's
+# device states). ``device`` is recorded as passed. Without CUDA, eager's get raises
+# (``_lazy_init``) and its set is queued for a CUDA initialisation that never comes: the
+# stand-in's get calls torch's own to raise the same error, and the recorded set calls it when
+# the graph runs, queueing just as eager does.
+_CUDA_GET = torch.cuda.get_rng_state
+_CUDA_SET = torch.cuda.set_rng_state
+
+
+def _cuda_get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    mode = _recording()
+    if mode is None:
+        return _CUDA_GET(device)
+    with torch._C.DisableTorchFunction():
+        fake = mode.fake_mode.from_tensor(_CUDA_GET(device))
+    node = mode.recorder.record(_CUDA_GET, (device,), {}, fake)
+    node.meta[EFFECT] = "torch.cuda.get_rng_state(): replayed: the generator's state is read when the graph runs"
+    mode.recorder.note_mutation(node, ())
+    return fake
+
+
+def _cuda_set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    mode = _recording()
+    if mode is None:
+        return _CUDA_SET(new_state, device)
+    node = mode.recorder.record(_CUDA_SET, (new_state, device), {}, None)
+    node.meta[EFFECT] = "torch.cuda.set_rng_state(...): replayed: the generator's state is set when the graph runs"
+    mode.recorder.note_mutation(node, ())
+    return None
+
+
 def _recording() -> Any:
     mode = getattr(_state, "mode", None)
     return mode if mode is not None and mode.recorder is not None else None
@@ -220,6 +252,9 @@ def _recording() -> Any:
 # outside a recording. torch.from_numpy is numpy_bridge's (not a torch function a mode sees).
 _STAND_INS = [(home, name, stand_in) for home in (torch, torch.random)
               for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state))]
+_STAND_INS += [(home, name, stand_in) for home in (torch.cuda, torch.cuda.random)
+               for name, stand_in in (("get_rng_state", _cuda_get_rng_state),
+                                      ("set_rng_state", _cuda_set_rng_state))]
 _STAND_INS.append((torch, "from_numpy", numpy_bridge.from_numpy))
 _lock = threading.Lock()
 _users = [0]  # traces (any thread) inside rng_state_recorded: the stand-ins stay while any is
