@@ -40,6 +40,7 @@ from .spec import DataRead, Pair, RawCapture
 from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
+from .tracer.iterators import refuse_iterator_arguments
 from .tracer.pystate import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
@@ -125,6 +126,7 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     start = time.perf_counter()
     masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
+    refuse_iterator_arguments(fn_cls.__qualname__, args)  # before the trace could spend one
     dims = dynamic_dims(fn_cls, args, dynamic)
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)

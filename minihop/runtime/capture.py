@@ -23,6 +23,7 @@ from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
+from .single_use import once
 from .streams import run_on_stream
 from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, live_check, unmet_marks, value_key
@@ -461,7 +462,10 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
                                  state=python_state, state_base=state_base,
                                  bwd_reads=tuple(r for r in data_reads if r.guards_backward))
-    checks = _checks(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads)
+    checks, run = once(pair.function_name, python_state.single_use, _checks(
+        pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads),
+        _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
+                             function if setup_style else None, make_writer(pair.outside_writes)), python_state))
     return Capture(
         pair=pair, python_state=python_state, masks=dict(masks or {}), _checks=checks, fits=_all_of(checks),
         dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards,
@@ -469,8 +473,4 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _function=function_cls, data_reads=data_reads,
-        run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                                  function if setup_style else None, make_writer(pair.outside_writes)),
-                          python_state),
-    )
+        _function=function_cls, data_reads=data_reads, run=run)

@@ -46,6 +46,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
 from . import collectives, effects, hidden, opaque
+from .userattr import UserAttribute, served_by_user_code
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
 
@@ -165,6 +166,9 @@ def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
+            what = served_by_user_code(value, key, _library_module)
+            if what is not None:  # never run the user's getter here (see userattr)
+                return UserAttribute(value, key, what)
             try:
                 value = getattr(value, key)
             except Exception:
@@ -540,8 +544,12 @@ class StateTracker:
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
-                if seen is None or isinstance(first, _ATOMS):
+                if isinstance(first, _ATOMS):
                     continue
+                if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
+                    seen = _argument_seen(first, self.args, self.parts.argnames)
+                    if seen is None:
+                        continue
                 steps = (*seen.steps, *chain.steps[1:])
                 end = _walk(first, chain.steps[1:])
                 if _guarded_value(end):
@@ -763,6 +771,15 @@ class StateTracker:
             "Draw with torch instead (torch.rand(()) is recorded and drawn again on every "
             "call), pass the number in as an argument, or run it eagerly with "
             "minihop.function(F, fallback='eager').", where=where)
+
+
+def _argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) -> _Seen | None:
+    """``value`` as an argument (by identity), for a backward read through ctx: forward's key
+    held its state, but the caller may change it before backward (``drop.eval()``)."""
+    for i, a in enumerate(args):
+        if a is value:
+            return _Seen(a, _Root(argname(i, argnames), lambda call, i=i: call[i], True), (), "attrs", None)
+    return None
 
 
 def _atom_tuple(value: Any) -> bool:

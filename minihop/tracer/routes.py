@@ -54,8 +54,11 @@ def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, pr
     elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
         for step, child in _held(value):
             if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
+                # A list's position means what the code read (``ws[-1]``, ``ws[i]``) only while
+                # the list keeps its length: a longer list's last item is another position.
+                n = len(value) if isinstance(value, list) else None
                 _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step: _step(f(), s), depth + 1)
+                            lambda f=fetch, s=step, n=n: _step(f(), s, n), depth + 1)
 
 
 # How deep and how many tensors the routes into containers and objects go (cycles stop there).
@@ -84,9 +87,12 @@ def _is_user_object(value: Any) -> bool:
             and not is_library(type(value)))
 
 
-def _step(owner: Any, step: tuple[str, Any]) -> Any:
-    """``owner[key]`` or ``owner.name`` now; None where it is gone (the live check sees it)."""
+def _step(owner: Any, step: tuple[str, Any], length: int | None = None) -> Any:
+    """``owner[key]`` or ``owner.name`` now; None where it is gone, or where a list no longer
+    has its ``length`` (the live check sees it)."""
     kind, key = step
+    if length is not None and (not isinstance(owner, list) or len(owner) != length):
+        return None
     try:
         return owner[key] if kind == "item" else getattr(owner, key)
     except (LookupError, AttributeError, TypeError):
