@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError
-from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
+from ..spec import LIFTED_FROM, NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
@@ -48,7 +48,7 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
         if source.path is None:
             constant = source.constant
             # Lifted tensors never receive gradients (eager's Function does not see them).
-            value = constant.detach() if constant is not None and constant.requires_grad else constant
+            value = _detached(constant) if constant is not None else constant
             getters.append(lambda args, kwargs, v=value: v)
             continue
         get = make_getter(source.path)
@@ -78,7 +78,11 @@ def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        detached = value.detach()
+        setattr(detached, LIFTED_FROM, value)  # for backward() in backward (tracer.recompute)
+        return detached
+    return value
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -109,6 +109,7 @@ class Tracing:
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
         self.phase = "forward"
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
+        self.mode.sources = self.sources  # recompute: which tensors are lifted (outside leaves)
         self.values = ValueReader(self, None)
         self.mode.on_value = self.values.read
         self.mode.on_constant = self.values.constant_result
