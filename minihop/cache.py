@@ -43,7 +43,7 @@ import torch
 
 from .errors import MinihopError
 from .pipeline import Capture, dynamic_dims, run_pipeline, function_parts, guard_key, run_on_stream, tracing
-from .spec import bind_arguments
+from .arguments import bind_arguments
 
 __all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache",
            "counters", "reset"]

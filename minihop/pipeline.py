@@ -36,7 +36,8 @@ from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
 from .runtime.streams import run_on_stream
-from .spec import DataRead, Pair, RawCapture, bind_arguments, marks
+from .spec import DataRead, Pair, RawCapture
+from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
 from .tracer.iterators import refuse_iterator_arguments

@@ -18,7 +18,8 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError
-from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
+from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary

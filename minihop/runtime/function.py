@@ -421,10 +421,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     def run_bwd(ctx: Any, top_grads: tuple[Any, ...]) -> tuple[Any, ...]:
         if all_via_ctx and not exact_unpacks:
-            saved: tuple[Any, ...] | list[Any] = ctx.saved_tensors if num_saved else ()
+            saved: tuple[Any, ...] | list[Any] = ctx.saved_tensors if num_saved or reads else ()
         else:
             # Unpack everything the user saved, as eager does (version checks, unpack hooks).
-            unpacked = unpack(ctx) if exact_unpacks else ctx.saved_tensors if ctx_refs else ()
+            unpacked = unpack(ctx) if exact_unpacks else ctx.saved_tensors if ctx_refs or reads else ()
             saved = [None] * num_saved
             for i, p in from_ctx:
                 saved[i] = unpacked[p]
@@ -480,7 +480,12 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         if permuted:
             simple_bwd = _bwd_taking(pair, num_outputs, perm)
 
-        if not needs_key:
+        if not needs_key and not num_saved and not reads:
+            # Eager's backward unpacks ctx.saved_tensors only if the user's does: one that does
+            # not runs again after autograd freed its graph (backward() twice, no retain_graph).
+            def backward(ctx: Any, *grads: Any) -> Any:
+                return simple_bwd(*grads)
+        elif not needs_key:
             def backward(ctx: Any, *grads: Any) -> Any:
                 return simple_bwd(*grads, *ctx.saved_tensors)
         else:
@@ -488,8 +493,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
             def backward(ctx: Any, *grads: Any) -> Any:
                 if state_ok(()):
-                    return simple_bwd(*grads, *ctx.saved_tensors)
+                    return simple_bwd(*grads, *(ctx.saved_tensors if num_saved or reads else ()))
                 return run_bwd(ctx, grads)  # a value changed since forward: another bwd
+    elif stash_bwd is not None and not via_ctx and not reads:
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return stash_bwd(*grads, *ctx.minihop_stash)  # no saved_tensors read, as eager's
     elif stash_bwd is not None:
         def backward(ctx: Any, *grads: Any) -> Any:
             return stash_bwd(*grads, *ctx.saved_tensors, *ctx.minihop_stash)

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from ..errors import GuardMismatchError
-from ..spec import MISSING, STRICT_MARKS, is_dynamo_mark, marks
+from ..spec import MISSING
+from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
 __all__ = ["autocast_key", "call_key", "live_check", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",

@@ -20,7 +20,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..errors import UnsupportedArgumentError
-from ..spec import uses_setup_context
+from ..arguments import uses_setup_context
 
 __all__ = ["FunctionParts", "function_parts"]
 

@@ -38,17 +38,17 @@ from torch.utils._pytree import tree_map
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import collectives, numpy_bridge, operators, recompute
+from . import operators, recompute
 from .frames import format_frame, stack_trace, user_frame, user_frame_object
 from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
 from .op_args import any_leaf, is_tensor, map_plain, tensors_in
 from .operators import Form
 from .refusals import fake_data_missing, refusal_for
-from .special_calls import AUTOCAST_SWITCHES, BEFORE_RUN
+from .special_calls import AUTOCAST_SWITCHES, NOT_SPECIAL, special_call
 from .tensor_state import rewrite_autograd_call
 from ..errors import UnsupportedOperationError
-from ..spec import append_node
+from ..fxgraph import append_node
 
 __all__ = ["GraphRecorder", "RecordingMode", "tracing"]
 
@@ -333,26 +333,15 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         kwargs = kwargs or {}
         form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
-        try:
-            special = BEFORE_RUN.get(func)  # autocast switches, grad mode, backward (special_calls)
-        except TypeError:  # an unhashable callable: no special call
-            special = None
+        # Autocast switches, grad mode, backward, numpy bridge, collectives (special_calls).
+        special = special_call(func)
         if recorder is None:
             # Autocast has switched itself already: nothing to record, nothing to run.
             return None if special in AUTOCAST_SWITCHES else func(*args, **kwargs)
         if special is not None:
-            return special(self, recorder, func, args, kwargs)
-        if collectives.is_collective(func):
-            # Written as its functional collective (or refused): run on fake tensors it would
-            # communicate nothing and leave no node.
-            return collectives.record(self, func, args, kwargs, self.describe(),
-                                      format_frame(user_frame()))
-        if func is torch.from_numpy or func is torch.as_tensor:
-            tensor = numpy_bridge.from_array(args[0]) if args else None
-            if tensor is not None:  # an array tracing made from tensor data (numpy_bridge)
-                return tensor
-        if getattr(func, "__name__", None) == "numpy" and args and isinstance(args[0], FakeTensor):
-            return numpy_bridge.to_array(args[0], format_frame(user_frame()))
+            result = special(self, recorder, func, args, kwargs)
+            if result is not NOT_SPECIAL:
+                return result
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,

@@ -76,7 +76,7 @@ class _Origin:
 
 
 class UnbackedValues:
-    """The unbacked symbols of one trace (``tracing``: its ``_Tracing``) under ``plan``."""
+    """The unbacked symbols of one trace (``tracing``: its ``session.Tracing``) under ``plan``."""
 
     def __init__(self, tracing: Any, plan: Plan) -> None:
         self.t = tracing
