@@ -549,8 +549,8 @@ class StateTracker:
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
-                if isinstance(first, _ATOMS):
-                    continue
+                if isinstance(first, (*_ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
+                    continue  # a value, not a holder (a symbolic size is each call's own)
                 if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
                     seen = _argument_seen(first, self.args, self.parts.argnames)
                     if seen is None:
