@@ -44,6 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import EFFECT
 from . import numpy_bridge
+from .tensor_state import refuse_inner_function_nodes
 
 __all__ = ["accumulate_grad", "backward", "rng_state_recorded"]
 
@@ -120,6 +121,7 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
             ".grad accumulation; the graph-building accumulation is not written.",
             "Use torch.autograd.grad(..., create_graph=True) and use its result, or run this "
             "Function eagerly.", where=where)
+    refuse_inner_function_nodes(outputs, describe, where)
     inputs = _as_tuple(bound.get("inputs"))
     leaves = list(inputs) if inputs else _leaves(outputs)
     for leaf in leaves:
