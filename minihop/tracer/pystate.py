@@ -498,6 +498,9 @@ class StateTracker:
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
                         old is MISSING or isinstance(old, _ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
                     continue
+                setter = getattr(type(owner), name, None)
+                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+                    continue  # a property's setter: the marker would run the user's code in it
                 try:
                     _setattr(owner, name, _Marker())
                 except Exception:
