@@ -329,7 +329,7 @@ _KINDS = (
     ("fake-tensor op dispatch (torch)", ("torch/_subclasses/fake_tensor.py", "__torch_dispatch__")),
     ("fake copies of the arguments (torch: from_tensor)", ("torch/_subclasses/fake_tensor.py", "from_tensor")),
     ("FakeTensorMode() (torch)", ("torch/_subclasses/fake_tensor.py", "__init__")),
-    ("fx nodes, recorded and copied (minihop: spec.append_node)", ("minihop/spec.py", "append_node")),
+    ("fx nodes, recorded and copied (minihop: fxgraph.append_node)", ("minihop/fxgraph.py", "append_node")),
     ("fx nodes made by fx itself (torch: Graph.create_node)", ("torch/fx/graph.py", "create_node")),
     ("fx code generation (torch: Graph.python_code)", ("torch/fx/graph.py", "python_code")),
     ("graph copies (torch: Graph.node_copy)", ("torch/fx/graph.py", "node_copy")),

@@ -1,8 +1,8 @@
 """The one place minihop writes torch.fx's private fields: an adapter over ``fx.Graph``/``fx.Node``.
 
 Place in the pipeline: beside ``structure``, below every stage (it imports nothing from
-minihop). tracer and rewire build graphs node by node through ``append_node`` (``spec``), which
-calls ``insert_node`` here; rewire renames nodes through ``rename_node``. Everything else uses
+minihop). tracer and rewire build graphs node by node through ``append_node``, which calls
+``insert_node``; rewire renames nodes through ``rename_node``. Everything else uses
 fx's public API. Why private fields at all: ``Graph.create_node`` costs most of a capture's per
 node time (a pytree walk of the arguments, the default name read off the target anew), and fx
 has no public rename.
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.fx as fx
 
-__all__ = ["PRIVATE_FIELDS", "default_name", "insert_node", "rename_node"]
+__all__ = ["PRIVATE_FIELDS", "append_node", "default_name", "insert_node", "rename_node"]
 
 # Every private attribute used below, as (owner, attribute): the test checks each exists.
 PRIVATE_FIELDS: tuple[tuple[type, str], ...] = (
@@ -55,3 +55,27 @@ def insert_node(graph: fx.Graph, name: str, op: str, target: Any, args: tuple[An
 def rename_node(node: fx.Node, name: str) -> None:
     """Give ``node`` the name ``name`` (made unique in its graph), as fx's own passes rename."""
     node._rename(name)
+
+
+# (the target's name, whether the target is that name) -> fx's default node name for it.
+_NODE_NAMES: dict[tuple[str, bool], str] = {}
+
+
+def append_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                name: str | None = None) -> fx.Node:
+    """``graph.create_node(op, target, args, kwargs, name)`` for the graphs tracer and rewire
+    build node by node: the same node, name and place, without what costs most of fx's own
+    per node (a pytree walk of the arguments that warns of a raw SymInt, which minihop never
+    passes, and reading the default name off the target anew each time). A graph owned by
+    a module (which may have node hooks) goes through fx's own."""
+    if graph.owning_module is not None:
+        return graph.create_node(op, target, args, kwargs, name)
+    if name is None:
+        text = target if isinstance(target, str) else getattr(target, "__name__", None)
+        key = (text, isinstance(target, str))  # a method's "__add__" reads "add", a function's not
+        name = _NODE_NAMES.get(key) if isinstance(text, str) else None
+        if name is None:
+            name = default_name(graph, target)
+            if isinstance(text, str):
+                _NODE_NAMES[key] = name
+    return insert_node(graph, name, op, target, args, kwargs)

@@ -36,9 +36,11 @@ from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
 from .runtime.streams import run_on_stream
-from .spec import DataRead, Pair, RawCapture, bind_arguments, marks
+from .spec import DataRead, Pair, RawCapture
+from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
+from .tracer.iterators import refuse_iterator_arguments
 from .tracer.pystate import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
@@ -124,6 +126,7 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     start = time.perf_counter()
     masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
+    refuse_iterator_arguments(fn_cls.__qualname__, args)  # before the trace could spend one
     dims = dynamic_dims(fn_cls, args, dynamic)
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims)
@@ -133,7 +136,7 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
-            or any(r.guards_backward for r in reads):
+            or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs):
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,

@@ -11,20 +11,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from .fxgraph import default_name, insert_node
 from .structure import OutputSpec, Path, Step, format_path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "append_node", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
-           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "STRICT_MARKS", "StateRead", "StateWrite", "bind_arguments",
-           "is_dynamo_mark", "marks",
-           "same_value", "uses_setup_context"]
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "LIFTED_FROM", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "StateRead", "StateWrite", "same_value"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +45,7 @@ class InputSource:
     dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
     # For a tensor reached through a closure, global or module: fetches its current value.
     live: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    read_in_backward: bool = False  # read by backward from ``live`` when backward runs (not by fwd)
 
     @property
     def lifted(self) -> bool:
@@ -103,44 +100,6 @@ class OutsideWrite:
     location: Location
     output: int | None
     value: Any = None
-
-
-def uses_setup_context(fn_cls: type) -> bool:
-    """Whether ``fn_cls`` is written in the ``setup_context`` style (forward without ctx)."""
-    return fn_cls.setup_context is not torch.autograd.Function.setup_context  # type: ignore[comparison-overlap]
-
-
-def bind_arguments(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Arguments to positions, exactly as ``Function.apply`` binds them.
-
-    With ``setup_context``, eager binds keywords and fills defaults (``inputs`` then holds
-    them all). Without it, keywords fill positions in order and defaults are left to Python;
-    a keyword that skips a position is eager's TypeError.
-    """
-    setup_style = uses_setup_context(fn_cls)
-    if not kwargs and not setup_style:
-        return args  # the common case, decided without inspecting signatures
-    signature = inspect.signature(fn_cls.forward)
-    if setup_style:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        _refuse_keyword_only(bound.kwargs)
-        return tuple(bound.args)
-    bound = signature.bind(None, *args, **kwargs)
-    _refuse_keyword_only(bound.kwargs)
-    if bound.kwargs:
-        names = list(signature.parameters)[1:]
-        missing = next(i for i, n in enumerate(names) if n not in bound.arguments)
-        raise TypeError(f"forward() missing required argument: '{names[missing]}' (position {missing})")
-    return tuple(bound.args[1:])
-
-
-def _refuse_keyword_only(kwargs: dict[str, Any]) -> None:
-    """A keyword-only forward parameter that gets a value: eager's ``Function.apply`` passes it
-    as a keyword to the C++ apply, which refuses it with this TypeError (with
-    ``setup_context`` even when only its default fills it)."""
-    if kwargs:
-        raise TypeError(f"forward() got an unexpected keyword argument '{next(iter(kwargs))}'")
 
 
 # -- Python state ------------------------------------------------------------------------
@@ -359,30 +318,6 @@ def same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-# (the target's name, whether the target is that name) -> fx's default node name for it.
-_NODE_NAMES: dict[tuple[str, bool], str] = {}
-
-
-def append_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                name: str | None = None) -> fx.Node:
-    """``graph.create_node(op, target, args, kwargs, name)`` for the graphs tracer and rewire
-    build node by node: the same node, name and place, without what costs most of fx's own
-    per node (a pytree walk of the arguments that warns of a raw SymInt, which minihop never
-    passes, and reading the default name off the target anew each time). A graph owned by
-    a module (which may have node hooks) goes through fx's own."""
-    if graph.owning_module is not None:
-        return graph.create_node(op, target, args, kwargs, name)
-    if name is None:
-        text = target if isinstance(target, str) else getattr(target, "__name__", None)
-        key = (text, isinstance(target, str))  # a method's "__add__" reads "add", a function's not
-        name = _NODE_NAMES.get(key) if isinstance(text, str) else None
-        if name is None:
-            name = default_name(graph, target)
-            if isinstance(text, str):
-                _NODE_NAMES[key] = name
-    return insert_node(graph, name, op, target, args, kwargs)
-
-
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"
@@ -391,32 +326,15 @@ GRAD_TOGGLE = "minihop_grad_toggle"
 # random state read or set, ``.grad`` accumulated): how it is handled, for ``explain``.
 EFFECT = "minihop_effect"
 
+# The attribute on a lifted input's detached copy (the runtime detaches lifted inputs) naming
+# the tensor it came from: backward() inside backward accumulates into that one's ``.grad``.
+LIFTED_FROM = "_minihop_lifted_from"
+
 # The meta key of the nodes the tracer adds to check an unbacked size's value range (its size
 # read, each bound's comparison and assert: what torch.fx's ``insert_deferred_runtime_asserts``
 # adds once a body is traced). Rewire names them after the rest of the body, as that pass
 # does; on an assert it holds the checked expression (the message names the comparison node).
 RANGE_CHECK = "minihop_range_check"
-
-# The attributes Dynamo's mark_dynamic, maybe_mark_dynamic and mark_static set on a tensor.
-STRICT_MARKS = "_dynamo_dynamic_indices"
-
-
-def is_dynamo_mark(name: str) -> bool:
-    """A tensor attribute Dynamo's ``mark_dynamic`` and its kin set (read on their own:
-    not one of the Python attributes a capture carries and keys)."""
-    return name.startswith("_dynamo") or name in ("_specialize_on", "_specialized_on", "_has_dynamo_dim_marking")
-_MARKS = (STRICT_MARKS, "_dynamo_weak_dynamic_indices", "_dynamo_static_indices")
-
-
-def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] | None:
-    """The dimensions Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static``
-    marked on a tensor (plain attributes it carries; read without importing Dynamo), as
-    non-negative indices; None for an unmarked value."""
-    if not isinstance(value, torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
-        return None
-    n = value.dim()
-    return tuple(frozenset(int(d) % n for d in getattr(value, attr, ()) if -n <= int(d) < n)  # type: ignore[return-value]
-                 for attr in _MARKS)
 
 
 @dataclasses.dataclass(frozen=True)

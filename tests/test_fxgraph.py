@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from minihop import fxgraph
-from minihop.spec import append_node
+from minihop.fxgraph import append_node
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minihop"
 

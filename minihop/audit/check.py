@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from ..errors import InconsistentGraphsError, MinihopError, SideEffectError
 from ..pipeline import Capture, capture, check_consistent
-from ..spec import uses_setup_context
+from ..arguments import uses_setup_context
 from ..structure import Path, format_path, iter_leaves
 from ..testing import assert_same_graph, clone_args
 from .watch import Call

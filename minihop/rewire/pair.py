@@ -18,7 +18,8 @@ import torch.fx as fx
 
 from ..fxgraph import rename_node
 from ..graph_names import grad_name, late_name, range_check_name, saved_name, unused_grad_name
-from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture, append_node
+from ..spec import GRAD_TOGGLE, RANGE_CHECK, Pair, RawCapture
+from ..fxgraph import append_node
 from .contract import check_consistent
 
 __all__ = ["make_pair"]

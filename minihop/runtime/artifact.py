@@ -12,7 +12,9 @@ Format ``minihop-capture`` version 1: one file written by ``torch.save`` holding
                 ``once_differentiable``, shape guards, and a readable copy of the call guards;
   ``fwd``, ``bwd``  the graphs as JSON node lists (name, op, target by qualified name, args
                 with node references, and each value's dtype and shape), rebuilt node by node
-                on load, so names, grad-mode calls and annotations survive;
+                on load, so names, grad-mode calls and annotations survive (the body's own
+                grad toggles are marked ``grad_toggle``: a loaded backward differentiates
+                under ``create_graph=True`` as the capture did);
   ``constants``  tensors the Function reached through closures/globals/modules, as they were
                 when saved (a loaded capture uses these values);
   ``key``       the call guard key (pickled), checked by ``cap(*args)`` as before.
@@ -36,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import _get_qualified_name
 
 from ..errors import UnsupportedOutputError
-from ..spec import InputSource, Pair
+from ..spec import GRAD_TOGGLE, InputSource, Pair
 from ..structure import Computed, OutputSpec, has_computed
 
 __all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
@@ -242,6 +244,9 @@ def graph_to_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
                       "target": _qualified_name(node.target) if node.op == "call_function" else node.target,
                       "args": _arg_to_json(node.args), "kwargs": _arg_to_json(node.kwargs), "val": meta,
                       "stack_trace": node.meta.get("stack_trace")})
+        if node.meta.get(GRAD_TOGGLE):
+            # The body's own grad toggles (not the user's): dropped under create_graph=True.
+            nodes[-1]["grad_toggle"] = True
     return nodes
 
 
@@ -260,6 +265,8 @@ def graph_from_json(nodes: list[dict[str, Any]], class_name: str) -> fx.GraphMod
                 node.meta["val"] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
         if data.get("stack_trace"):
             node.meta["stack_trace"] = data["stack_trace"]
+        if data.get("grad_toggle"):
+            node.meta[GRAD_TOGGLE] = True
         env[data["name"]] = node
     return fx.GraphModule(torch.nn.Module(), graph, class_name=class_name)
 

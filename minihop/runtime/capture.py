@@ -18,10 +18,12 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError
-from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState, bind_arguments, uses_setup_context
+from ..spec import LIFTED_FROM, NO_STATE, Pair, DataRead, InputSource, PythonState
+from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname, make_getter
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
+from .single_use import once
 from .streams import run_on_stream
 from .writes import Writer, make_writer
 from .guards import call_key, compile_guard, describe_key_difference, layout_key, live_check, unmet_marks, value_key
@@ -46,7 +48,7 @@ def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict
         if source.path is None:
             constant = source.constant
             # Lifted tensors never receive gradients (eager's Function does not see them).
-            value = constant.detach() if constant is not None and constant.requires_grad else constant
+            value = _detached(constant) if constant is not None else constant
             getters.append(lambda args, kwargs, v=value: v)
             continue
         get = make_getter(source.path)
@@ -76,7 +78,11 @@ def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        detached = value.detach()
+        setattr(detached, LIFTED_FROM, value)  # for backward() in backward (tracer.recompute)
+        return detached
+    return value
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -456,7 +462,10 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
                                  state=python_state, state_base=state_base,
                                  bwd_reads=tuple(r for r in data_reads if r.guards_backward))
-    checks = _checks(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads)
+    checks, run = once(pair.function_name, python_state.single_use, _checks(
+        pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads),
+        _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
+                             function if setup_style else None, make_writer(pair.outside_writes)), python_state))
     return Capture(
         pair=pair, python_state=python_state, masks=dict(masks or {}), _checks=checks, fits=_all_of(checks),
         dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards,
@@ -464,8 +473,4 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _function=function_cls, data_reads=data_reads,
-        run=_with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                                  function if setup_style else None, make_writer(pair.outside_writes)),
-                          python_state),
-    )
+        _function=function_cls, data_reads=data_reads, run=run)

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from ..errors import GuardMismatchError
-from ..spec import MISSING, STRICT_MARKS, is_dynamo_mark, marks
+from ..spec import MISSING
+from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
 __all__ = ["autocast_key", "call_key", "live_check", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
@@ -66,7 +67,12 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return (type(value), tuple(value_key(v, inner) for v in value))
     if isinstance(value, dict):
         inner = _open | {id(value)}
-        return (dict, tuple((k, value_key(v, inner)) for k, v in value.items()))
+        # Keys by their own keys too: {-0.0: v} is not {0.0: v}, nor (0.0,) (-0.0,).
+        return (type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each.
+        inner = _open | {id(value)}
+        return (type(value), frozenset(value_key(v, inner) for v in value))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         # What its forward (torch's own, in library code) reads is the rest of its state: each
@@ -102,17 +108,28 @@ def _library_name(module: Any) -> bool:
 
 
 def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
-    """A user class's data attributes, its bases' included (methods are code, keyed by the
-    class's identity)."""
+    """A user class's attributes, its bases' included: data by value, methods (functions,
+    static and class methods, properties) by the function objects themselves, so that
+    ``Ops.act = staticmethod(torch.tanh)`` rebinding one is a different key (the class's
+    identity does not change). The key holds those objects, so their ids are never reused."""
     found: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         if _library_name(klass.__module__):
             continue
         for k, v in vars(klass).items():
-            if not (k.startswith("__") and k.endswith("__")) and not isinstance(
-                    v, (types.FunctionType, staticmethod, classmethod, property)):
+            if not (k.startswith("__") and k.endswith("__")):
                 found[k] = v
-    return tuple((k, value_key(v, inner)) for k, v in found.items())
+    return tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+
+
+_CODE = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def _code_key(v: Any) -> tuple[Any, ...]:
+    """A method kept on a class, by what runs when it is called or read."""
+    if isinstance(v, property):
+        return ("code", v.fget, v.fset, v.fdel)
+    return ("code", getattr(v, "__func__", v))
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:

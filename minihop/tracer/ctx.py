@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import CtxArgumentError
-from .recorder import format_frame, user_frame
+from .frames import format_frame, user_frame
 
 __all__ = ["CtxRecord", "ProxyCtx", "check_ctx_arguments"]
 

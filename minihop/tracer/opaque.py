@@ -34,6 +34,7 @@ import torch
 from ..errors import UnsupportedOperationError
 from ..spec import MISSING
 from .bytecode import instructions
+from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
 
@@ -158,7 +159,8 @@ def entry_points(value: Any) -> list[tuple[Any, Any]]:
     and backward), the ``forward`` of each user submodule of an ``nn.Module``, a user
     object's ``__call__``, a bound method's function."""
     found: list[tuple[Any, Any]] = []
-    owner = getattr(value, "__self__", None)
+    # Only a method has a __self__; probing any object would run a user __getattr__ (userattr).
+    owner = value.__self__ if isinstance(value, (types.MethodType, types.BuiltinMethodType)) else None
     owner = getattr(owner, "fn_cls", owner)  # @minihop.captured's apply: its CapturedFunction's
     if isinstance(value, type) and issubclass(value, torch.autograd.Function):
         owner = value  # minihop.apply(Inner, x), Inner.apply(x)
@@ -271,6 +273,9 @@ class Finder:
     def note_chain(self, phase: str, code: types.CodeType, chain: Any, value: Any, end: Any, on_args: bool) -> None:
         """A chain the code reads, from ``value`` (its root's) to ``end``."""
         self.reachable.append(end)
+        if isinstance(end, UserAttribute):  # code pystate did not run (see userattr)
+            self.reasons.append(f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
+                                f'analyse (File "{code.co_filename}", line {chain.line})')
         if on_args and isinstance(value, torch.Tensor) and chain.steps[:1] and chain.steps[0][0] == "attr" \
                 and chain.steps[0][1] in TENSOR_STATE:
             refuse_tensor_state(self.function, phase, chain.root, chain.steps[0][1],

@@ -38,10 +38,13 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import is_structseq
 
 from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError, UnsupportedOutputError
-from ..spec import Pair, bind_arguments, marks
+from ..spec import Pair
+from ..arguments import bind_arguments, marks
 from ..structure import OutputSpec, Path, attributes, format_path, iter_leaves, make_getter, replace_tensors
 from ..graph_names import body_names, constant_name, input_name, outer_input_name
-from .recorder import GraphRecorder, RecordingMode, format_frame, refusal_for, user_frame, user_frame_of
+from .frames import format_frame, user_frame, user_frame_of
+from .recorder import GraphRecorder, RecordingMode
+from .refusals import refusal_for
 from .trace import TRACE_LOCK, TraceInputs
 
 __all__ = ["trace_program"]

@@ -46,6 +46,9 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
 from . import collectives, effects, hidden, opaque
+from .iterators import refuse_iterator_read
+from .settings import setting_place
+from .userattr import UserAttribute, served_by_user_code
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
 
@@ -165,6 +168,9 @@ def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
+            what = served_by_user_code(value, key, _library_module)
+            if what is not None:  # never run the user's getter here (see userattr)
+                return UserAttribute(value, key, what)
             try:
                 value = getattr(value, key)
             except Exception:
@@ -430,12 +436,15 @@ class StateTracker:
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = _walk(value, named) if named else value  # what the code calls or reads
+                if not root.uses_args:  # (arguments: pipeline asked before the trace)
+                    refuse_iterator_read(self.name, phase, chain.root, named_end)
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
                 if _reads_environment(value, named):
                     self._add_read(_ENVIRONMENT, phase, code, chain.line)
-                if id(named_end) in _FLAG_PLACES:
-                    self._add_read(_FLAG_PLACES[id(named_end)], phase, code, chain.line)
+                setting = _FLAG_PLACES.get(id(named_end)) or setting_place(named_end)
+                if setting is not None:
+                    self._add_read(setting, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: not the user's state
                 if root.description not in seen_roots:
@@ -543,8 +552,12 @@ class StateTracker:
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
-                if seen is None or isinstance(first, _ATOMS):
+                if isinstance(first, _ATOMS):
                     continue
+                if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
+                    seen = _argument_seen(first, self.args, self.parts.argnames)
+                    if seen is None:
+                        continue
                 steps = (*seen.steps, *chain.steps[1:])
                 end = _walk(first, chain.steps[1:])
                 if _guarded_value(end):
@@ -768,6 +781,15 @@ class StateTracker:
             "Draw with torch instead (torch.rand(()) is recorded and drawn again on every "
             "call), pass the number in as an argument, or run it eagerly with "
             "minihop.function(F, fallback='eager').", where=where)
+
+
+def _argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) -> _Seen | None:
+    """``value`` as an argument (by identity), for a backward read through ctx: forward's key
+    held its state, but the caller may change it before backward (``drop.eval()``)."""
+    for i, a in enumerate(args):
+        if a is value:
+            return _Seen(a, _Root(argname(i, argnames), lambda call, i=i: call[i], True), (), "attrs", None)
+    return None
 
 
 def _atom_tuple(value: Any) -> bool:

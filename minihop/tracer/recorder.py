@@ -4,7 +4,10 @@ Place in the pipeline: the tracer's engine. ``GraphRecorder`` (a ``torch.fx.Trac
 ``fx.Graph`` and the map from each fake value to the node that produced it; ``RecordingMode``
 (a ``TorchFunctionMode``) sees every torch call the user's code makes, runs it on fake values
 (so ``x.shape``, ``x.dtype`` and ``isinstance`` answer for real) and hands calls that produce
-tensors to the active recorder.
+tensors to the active recorder. Its helpers, one job each: ``special_calls`` (the calls handled
+by a table row instead of being run and recorded), ``call_forms`` (how a node is spelled),
+``op_args`` (the tensors among a call's arguments), ``refusals`` (torch's exceptions turned into
+minihop's) and ``frames`` (the user's source line).
 
 Invariant: every fake tensor the user's code can reach maps to exactly one node of the graph
 being recorded, or is resolved (lifted, or saved from forward) on first use.
@@ -12,17 +15,10 @@ being recorded, or is resolved (lifted, or saved from forward) on first use.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import linecache
 import operator
 import threading
-import os
-import sys
-import traceback
 import types
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import sympy
@@ -34,26 +30,27 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
-    UnsupportedOperatorException,
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
-from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import collectives, numpy_bridge, operators, recompute
+from . import operators, recompute
+from .frames import format_frame, stack_trace, user_frame, user_frame_object
+from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
+from .op_args import any_leaf, is_tensor, map_plain, tensors_in
 from .operators import Form
-from .special_calls import AUTOCAST_SWITCHES, BEFORE_RUN
+from .refusals import fake_data_missing, refusal_for
+from .special_calls import AUTOCAST_SWITCHES, NOT_SPECIAL, special_call
 from .tensor_state import rewrite_autograd_call
-from ..errors import DataDependentError, MinihopError, SideEffectError, UnsupportedOperationError
-from ..spec import append_node
+from ..errors import UnsupportedOperationError
+from ..fxgraph import append_node
 
-__all__ = ["GraphRecorder", "RecordingMode", "user_frame", "format_frame", "tracing",
-           "refusal_for", "user_frame_of"]
+__all__ = ["GraphRecorder", "RecordingMode", "tracing"]
 
 _state = threading.local()
 
@@ -62,9 +59,6 @@ def tracing() -> bool:
     """Whether this thread is inside a minihop trace (user code running on fake values)."""
     return getattr(_state, "depth", 0) > 0
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_MINIHOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP_DIRS = (_TORCH_DIR, _MINIHOP_DIR, os.path.dirname(operator.__file__))
 
 _SYMPY_OPS: dict[type, Callable[..., Any]] = {
     sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
@@ -83,172 +77,6 @@ _SCALAR_READS = frozenset({"item", "tolist"})
 # Value reads whose result leaves torch (an array, a pickle): refused, never answered.
 _COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
                          "__getstate__"})
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
-                   GuardOnDataDependentSymNode)
-# Where torch's tracing machinery defines its exceptions: these and every ``torch._*`` module
-# but ``torch._C`` (which holds eager's own, such as ``torch.linalg.LinAlgError``). None of
-# them is eager's or the user's to catch.
-_INTERNAL_MODULES = ("torch.fx", "torch.utils._sympy", "sympy")
-# Built-in exceptions that only fake tensors or symbolic sizes raise (eager runs the same
-# call): (type, part of the message).
-_FAKE_ONLY_DATA = ((RuntimeError, "its data is not allocated yet"),)
-_NO_FAKE_KERNEL = ((RuntimeError, "fake impl"), (RuntimeError, "fake kernel"))
-_FAKE_ONLY = (*_NO_FAKE_KERNEL,
-              (RuntimeError, "with symbolic sizes/strides"),
-              (RuntimeError, "size_bytes_is_heap_allocated_"),
-              (TypeError, "unhashable type: non-nested SymInt"),
-              # torch's C++ invariants, tripped by fake tensors (torch.distributions' validation
-              # of a masked_select result): never what eager raises.
-              (RuntimeError, "INTERNAL ASSERT FAILED"),
-              (AssertionError, "Please convert all Tensors to FakeTensors first"))
-
-
-def _matches(error: BaseException, table: tuple[tuple[type, str], ...]) -> bool:
-    return any(type(error) is kind and text in str(error) for kind, text in table)
-
-
-def _is_internal(error: BaseException) -> bool:
-    module = type(error).__module__ or ""
-    if type(error) is AssertionError:
-        # An assertion inside torch's private packages (its tracing machinery's invariants);
-        # not torch._assert, which is the user's own assertion (torch/__init__.py).
-        frames = traceback.extract_tb(error.__traceback__)
-        if not frames:
-            return False
-        parts = os.path.relpath(frames[-1].filename, _TORCH_DIR).split(os.sep)
-        return len(parts) > 1 and (parts[0].startswith("_") or parts[0] == "fx"
-                                   or (parts[0] == "utils" and parts[1].startswith("_")))
-    if module.startswith("torch._"):
-        return not (module == "torch._C" or module.startswith("torch._C."))
-    return any(module == m or module.startswith(m + ".") for m in _INTERNAL_MODULES)
-
-
-def user_frame_of(error: BaseException) -> traceback.FrameSummary | None:
-    """The innermost frame of ``error``'s traceback that belongs to the user's code."""
-    found = None
-    for frame in traceback.extract_tb(error.__traceback__):
-        if not frame.filename.startswith(_SKIP_DIRS) and not frame.filename.startswith("<"):
-            found = frame
-    return found
-
-
-def refusal_for(error: BaseException, describe: str, op: Any | None,
-                where: str | None) -> MinihopError | None:
-    """minihop's coded refusal for an exception that fake tensors or torch's tracing machinery
-    raised while ``describe`` (``"F.backward"``) ran ``op``; None for any other exception
-    (the user's own, eager's own, minihop's), which must reach the caller unchanged.
-
-    The one place where torch-internal exception types are turned into minihop's.
-    """
-    if isinstance(error, MinihopError):
-        return None
-    message = str(error)
-    internal = _is_internal(error)
-    fake_only = _matches(error, _FAKE_ONLY)
-    fake_data = _matches(error, _FAKE_ONLY_DATA)
-    if not (internal or fake_only or fake_data):
-        return None
-    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        name: str | None = str(op)  # namespace.op.overload: the name the user registered
-    else:
-        name = getattr(op, "__name__", None) or (str(op) if op is not None else None)
-    calls = f"calls {name}" if name else "runs code"
-    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
-    if isinstance(error, _DATA_DEPENDENT) or fake_data:
-        return DataDependentError(
-            f"{describe} {calls}, whose result depends on tensor values.",
-            "minihop traces on fake tensors that have shapes and dtypes but no values, so "
-            "Python control flow or numbers taken from tensor data (.item(), .tolist(), "
-            "bool(t), torch.tensor of a tensor's elements, data-dependent output shapes) cannot "
-            "be captured.",
-            "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
-            "Python argument; or run this Function eagerly.",
-            where=where)
-    if isinstance(error, UnsupportedOperatorException) or _matches(error, _NO_FAKE_KERNEL):
-        return UnsupportedOperationError(
-            f"{describe} {calls}, which has no fake-tensor implementation.",
-            "minihop must run every op on fake tensors to learn output shapes.",
-            "Register a fake (meta) kernel for the op, or run this Function eagerly.",
-            where=where)
-    if isinstance(error, FakeTensorDeviceMismatchError):
-        return UnsupportedOperationError(
-            f"{describe} {calls} on tensors on different devices.\n  found: {first}",
-            "Eager fails on this call too (a RuntimeError: tensors on two devices, or a device "
-            "torch was not built for); minihop finds it while tracing, on fake tensors.",
-            "Create the tensors on the device of the inputs (torch.tensor(v, device=x.device)), "
-            "or move them with .to(x.device).",
-            where=where)
-    subject = f"{describe} calls {name}, which fails" if name else f"{describe} fails"
-    kind = (f"torch's internal {type(error).__name__}" if internal
-            else f"a {type(error).__name__} that only fake tensors raise")
-    return UnsupportedOperationError(
-        f"{subject} on minihop's fake tensors with {kind}.\n  found: {first}",
-        "minihop runs forward and backward on fake tensors; this error comes from that "
-        "machinery, not from the call eager would make.",
-        "Run this Function eagerly (minihop.function(F, fallback='eager')), or rewrite the "
-        "call with ops that work on fake tensors.",
-        where=where)
-
-
-def is_library_code(filename: str) -> bool:
-    """Whether ``filename`` is torch's, minihop's or the standard operator module's."""
-    return filename.startswith(_SKIP_DIRS)
-
-
-def _user_frame_object() -> tuple[FrameType | None, bool]:
-    """The innermost frame of the user's code, and whether it is the innermost frame outside
-    torch and minihop (False when code without a file, ``exec``'s ``<string>``, came first:
-    the frame found is then not the one whose next instruction takes the result)."""
-    f = sys._getframe(2)
-    direct = True
-    while f is not None:
-        filename = f.f_code.co_filename
-        if not filename.startswith(_SKIP_DIRS):
-            if not filename.startswith("<"):
-                return f, direct
-            direct = False
-        f = f.f_back  # type: ignore[assignment]
-    return None, False
-
-
-def user_frame() -> traceback.FrameSummary | None:
-    """The innermost frame that belongs to the user's code (not torch's, not minihop's)."""
-    f, _ = _user_frame_object()
-    return None if f is None else traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
-
-
-def _stack_trace(frame: FrameType) -> str:
-    """``traceback.format_list`` of the frame's summary, written directly (once per recorded
-    op: building the summary and the stack of one frame cost more than the text)."""
-    code, lineno = frame.f_code, frame.f_lineno
-    line = linecache.getline(code.co_filename, lineno).strip() if lineno is not None else ""
-    head = f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n'
-    return f"{head}    {line}\n" if line else head
-
-
-def format_frame(frame: traceback.FrameSummary | None) -> str | None:
-    if frame is None:
-        return None
-    return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}: {(frame.line or "").strip()}'
-
-
-def _target_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               form: Form | None) -> tuple[str, Any, tuple[Any, ...]]:
-    """Choose how a call is written in the graph: (op, target, args), as the user wrote it
-    (``form``: the Python operator their syntax meant, see operators), in Dynamo's forms."""
-    if form is not None and not kwargs:
-        target, reflected = form
-        return "call_function", target, (args[1], args[0]) if reflected else args
-    name = getattr(func, "__name__", None)
-    owner = getattr(func, "__qualname__", "").split(".")[0]
-    if owner in ("TensorBase", "Tensor") and name is not None:
-        if name == "__getitem__":
-            return "call_function", operator.getitem, args
-        return "call_method", name, args
-    if name == "__get__" and hasattr(func, "__self__"):
-        # A tensor property such as ``x.T`` or ``x.real``.
-        return "call_function", getattr, (args[0], func.__self__.__name__)
-    return "call_function", func, args
 
 
 class GraphRecorder:
@@ -405,21 +233,21 @@ class GraphRecorder:
         return value
 
     def to_graph_arg(self, value: Any) -> Any:
-        return _map_plain(self._graph_value, value)
+        return map_plain(self._graph_value, value)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
                form: Form | None = None) -> fx.Node:
-        op, target, args = _target_of(func, args, kwargs, form)
+        op, target, args = graph_call(func, args, kwargs, form)
         if kwargs and isinstance(func, types.FunctionType) and func.__module__ == "torch.nn.functional":
-            kwargs = _passed_kwargs(func, kwargs)
+            kwargs = passed_kwargs(func, kwargs)
         graph_args = self.to_graph_arg(args)
         if self.pending_alias is not None:
             graph_args = self._read_pending_alias(args, graph_args)
         node = self.create_node(op, target, graph_args, self.to_graph_arg(kwargs))
-        frame, direct = _user_frame_object()
+        frame, direct = user_frame_object()
         use = None
         if frame is not None:
-            node.meta["stack_trace"] = _stack_trace(frame)
+            node.meta["stack_trace"] = stack_trace(frame)
             if direct:
                 use = result_use(frame)
         if isinstance(result, torch.Tensor):
@@ -446,83 +274,6 @@ class GraphRecorder:
                     if i < len(names) and names[i] is not None:
                         self.stored[item_node] = names[i]
         return node
-
-
-@functools.lru_cache(maxsize=512)
-def _defaults(func: types.FunctionType) -> dict[str, Any]:
-    try:
-        params = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-
-
-def _passed_kwargs(func: types.FunctionType, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A ``torch.nn.functional`` function (``F.relu``, ``F.softmax``) hands every keyword to the
-    mode, its defaults filled in (``inplace=False``, ``_stacklevel=3``); the user passed only
-    the others, and Dynamo records only those. A constant equal to its default is dropped."""
-    defaults = _defaults(func)
-    return {k: v for k, v in kwargs.items()
-            if not (k in defaults and type(v) is type(defaults[k])
-                    and isinstance(v, (bool, int, float, str, type(None))) and v == defaults[k])}
-
-
-# Per-op helpers for the common containers of op arguments and results (tuples, lists, dicts),
-# done by hand: pytree's general machinery costs tens of microseconds an op, a large part of
-# a capture. Anything else (namedtuples, other pytree nodes) goes to pytree.
-_PLAIN = (tuple, list, dict)
-
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
-
-
-def _is_real_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
-
-
-def _tensors_in(value: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors among an op's arguments (in plain containers too: ``_foreach_add_``)."""
-    kind = type(value)
-    if kind is tuple or kind is list:
-        for v in value:
-            _tensors_in(v, found)
-    elif kind is dict:
-        for v in value.values():
-            _tensors_in(v, found)
-    elif isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, _PLAIN):
-        found.extend(v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor))
-    return found
-
-
-def _any_leaf(test: Callable[[Any], bool], value: Any) -> bool:
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return any(_any_leaf(test, v) for v in value)
-    if kind is dict:
-        return any(_any_leaf(test, v) for v in value.values())
-    if isinstance(value, _PLAIN):  # a subclass: namedtuple, OrderedDict, ...
-        return any(test(v) for v in tree_flatten(value)[0])
-    return test(value)
-
-
-def _map_plain(fn: Callable[[Any], Any], value: Any) -> Any:
-    kind = type(value)
-    if kind is tuple:
-        return tuple(_map_plain(fn, v) for v in value)
-    if kind is list:
-        return [_map_plain(fn, v) for v in value]
-    if kind is dict:
-        return {k: _map_plain(fn, v) for k, v in value.items()}
-    if kind is slice:
-        # x[:n] with a symbolic n: the bound must be the size's node, not the SymInt itself
-        # (which would be replayed as the size it had while tracing).
-        return slice(_map_plain(fn, value.start), _map_plain(fn, value.stop), _map_plain(fn, value.step))
-    if isinstance(value, _PLAIN):
-        return tree_map(fn, value)
-    return fn(value)
 
 
 class RecordingMode(PreDispatchTorchFunctionMode):
@@ -582,34 +333,23 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         kwargs = kwargs or {}
         form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
-        try:
-            special = BEFORE_RUN.get(func)  # autocast switches, grad mode, backward (special_calls)
-        except TypeError:  # an unhashable callable: no special call
-            special = None
+        # Autocast switches, grad mode, backward, numpy bridge, collectives (special_calls).
+        special = special_call(func)
         if recorder is None:
             # Autocast has switched itself already: nothing to record, nothing to run.
             return None if special in AUTOCAST_SWITCHES else func(*args, **kwargs)
         if special is not None:
-            return special(self, recorder, func, args, kwargs)
-        if collectives.is_collective(func):
-            # Written as its functional collective (or refused): run on fake tensors it would
-            # communicate nothing and leave no node.
-            return collectives.record(self, func, args, kwargs, self.describe(),
-                                      format_frame(user_frame()))
-        if func is torch.from_numpy or func is torch.as_tensor:
-            tensor = numpy_bridge.from_array(args[0]) if args else None
-            if tensor is not None:  # an array tracing made from tensor data (numpy_bridge)
-                return tensor
-        if getattr(func, "__name__", None) == "numpy" and args and isinstance(args[0], FakeTensor):
-            return numpy_bridge.to_array(args[0], format_frame(user_frame()))
+            result = special(self, recorder, func, args, kwargs)
+            if result is not NOT_SPECIAL:
+                return result
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
         # Which arguments an op writes into is read off their version counters (each in-place
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
-        tensors = _tensors_in(kwargs, _tensors_in(args, [])) if kwargs else _tensors_in(args, [])
+        tensors = tensors_in(kwargs, tensors_in(args, [])) if kwargs else tensors_in(args, [])
         if any(type(t) is not FakeTensor and not isinstance(t, FakeTensor) for t in tensors):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
-            tensors = _tensors_in(kwargs, _tensors_in(args, []))
+            tensors = tensors_in(kwargs, tensors_in(args, []))
         versions = [t._version for t in tensors]
         name = getattr(func, "__name__", None)
         unbacked = self.unbacked
@@ -622,7 +362,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         except Exception as e:
             if self.on_constant is not None and name not in _VALUE_READS and \
                     (type(e) in (DynamicOutputShapeException, DataDependentOutputException)
-                     or _matches(e, _FAKE_ONLY_DATA)):
+                     or fake_data_missing(e)):
                 result = self.on_constant(func, args, kwargs)
                 if result is not None:
                     recorder.record(func, args, kwargs, result, form)
@@ -643,7 +383,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         if func is torch.Tensor.__setitem__:  # returns None but writes into its first argument
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
-        if isinstance(result, torch.Tensor) or _any_leaf(_is_tensor, result) or written:
+        if isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
             node = recorder.record(func, args, kwargs, result, form)
             if written:
                 recorder.note_mutation(node, written)

@@ -1,13 +1,25 @@
-"""The calls the recording mode handles itself, as a table: ``BEFORE_RUN[func]`` is the handler.
+"""The calls the recording mode handles itself, as a table of handlers.
 
 Place in the pipeline: tracer, read by ``recorder.RecordingMode.__torch_function__`` before it
-runs a call. Each handler is ``(mode, recorder, func, args, kwargs) -> result`` and replaces
-running and recording the call the ordinary way: autocast's switches become graph nodes, the
-user's own grad-mode switches are recorded where they switch, and ``backward()`` is recorded as
-a grad node and a ``.grad`` accumulation (``recompute``).
+runs a call (``special_call(func)``). Each handler is ``(mode, recorder, func, args, kwargs) ->
+result`` and replaces running and recording the call the ordinary way, or answers
+``NOT_SPECIAL`` to let it run and be recorded as usual. The rows, by how a call is known:
+
+- ``BEFORE_RUN`` (by identity): autocast's switches become graph nodes, the user's own
+  grad-mode switches are recorded where they switch, ``backward()`` is recorded as a grad node
+  and a ``.grad`` accumulation (``recompute``), ``torch.from_numpy``/``torch.as_tensor`` of an
+  array tracing made give its tensor (``numpy_bridge``);
+- ``BY_NAME`` (by ``__name__``, every spelling of a method): ``tensor.numpy()`` on a fake tensor
+  gives a traced array (``numpy_bridge``);
+- ``BY_KIND`` (by a test on the callable): ``torch.distributed``'s collectives are written as
+  their functional collectives or refused (``collectives``).
+
 The other calls special to the recorder are keyed by name (``recorder._VALUE_READS``: values
 read out of tensors) or are ``Tensor.__setitem__`` (recorded as ``operator.setitem`` after it
 runs, since it returns None). A new special call is a handler and a row here.
+
+Invariant: a call matches at most one row (identity first, then name, then kind), and what a
+row does not handle runs exactly as an ordinary call.
 """
 
 from __future__ import annotations
@@ -17,13 +29,18 @@ from typing import Any
 import torch
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
-from . import recompute
+from torch._subclasses.fake_tensor import FakeTensor
+
+from . import collectives, grad_modes, numpy_bridge, recompute
 
 # The handlers' ``mode`` is a ``recorder.RecordingMode`` and ``recorder`` its ``GraphRecorder``
 # (typed Any: recorder imports this module).
 RecordingMode = GraphRecorder = Any
 
-__all__ = ["AUTOCAST_SWITCHES", "BEFORE_RUN"]
+__all__ = ["AUTOCAST_SWITCHES", "BEFORE_RUN", "BY_KIND", "BY_NAME", "NOT_SPECIAL", "special_call"]
+
+# A handler's answer for a call it leaves alone: run and record it the ordinary way.
+NOT_SPECIAL: Any = object()
 
 
 def _enter_autocast_node(mode: RecordingMode, recorder: GraphRecorder, func: Any,
@@ -38,27 +55,66 @@ def _exit_autocast_node(mode: RecordingMode, recorder: GraphRecorder, func: Any,
     recorder.record(func, (mode.autocast_nodes.pop(),), {}, None)
 
 
-def _grad_mode_switch(mode: RecordingMode, recorder: GraphRecorder, func: Any,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # The user's own ``torch.enable_grad()``/``no_grad()`` inside forward or backward: part of
-    # the program (Dynamo records it the same way, and only a real switch: ``no_grad()`` where
-    # grad is already off records nothing).
-    if bool(args[0]) != torch.is_grad_enabled():
-        recorder.record(func, args, kwargs, None)
-    return func(*args, **kwargs)
-
-
 def _backward(mode: RecordingMode, recorder: GraphRecorder, func: Any,
               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # Checkpoint-style backwards: a grad node and a .grad accumulation (see recompute).
-    return recompute.backward(recorder, func, args, kwargs, mode.describe(), mode.where())
+    return recompute.backward(recorder, func, args, kwargs, mode.describe(), mode.where(),
+                              getattr(mode, "sources", {}))
+
+
+def _from_array(mode: RecordingMode, recorder: GraphRecorder, func: Any,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # An array tracing made from tensor data (``numpy_bridge``) gives its tensor back; any
+    # other array is the user's constant, made into a tensor as usual.
+    tensor = numpy_bridge.from_array(args[0]) if args else None
+    return NOT_SPECIAL if tensor is None else tensor
+
+
+def _to_array(mode: RecordingMode, recorder: GraphRecorder, func: Any,
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # ``tensor.numpy()`` on a fake tensor: a traced array over it (``numpy_bridge``).
+    if args and isinstance(args[0], FakeTensor):
+        return numpy_bridge.to_array(args[0], mode.where())
+    return NOT_SPECIAL
+
+
+def _collective(mode: RecordingMode, recorder: GraphRecorder, func: Any,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # Written as its functional collective (or refused): run on fake tensors it would
+    # communicate nothing and leave no node.
+    return collectives.record(mode, func, args, kwargs, mode.describe(), mode.where())
 
 
 AUTOCAST_SWITCHES = (_enter_autocast_node, _exit_autocast_node)  # outside a recording: nothing
 BEFORE_RUN: dict[Any, Any] = {
     _enter_autocast: _enter_autocast_node,
     _exit_autocast: _exit_autocast_node,
-    torch._C._set_grad_enabled: _grad_mode_switch,
+    # The user's own enable_grad()/no_grad(): as eager's in either backward mode (grad_modes).
+    torch._C._set_grad_enabled: grad_modes.switch,
     torch.Tensor.backward: _backward,
     torch.autograd.backward: _backward,
+    torch.from_numpy: _from_array,
+    torch.as_tensor: _from_array,
 }
+BY_NAME: dict[str, Any] = {
+    "numpy": _to_array,
+}
+BY_KIND: tuple[tuple[Any, Any], ...] = (
+    (collectives.is_collective, _collective),
+)
+
+
+def special_call(func: Any) -> Any:
+    """The handler of the row ``func`` matches, or None for an ordinary call."""
+    try:
+        handler = BEFORE_RUN.get(func)
+    except TypeError:  # an unhashable callable: in no identity row
+        handler = None
+    if handler is None:
+        name = getattr(func, "__name__", None)
+        handler = BY_NAME.get(name) if type(name) is str else None
+        if handler is None:
+            for matches, kind_handler in BY_KIND:
+                if matches(func):
+                    return kind_handler
+    return handler

@@ -39,7 +39,7 @@ from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ..errors import DataDependentError
 from ..spec import RANGE_CHECK, DataRead
-from .recorder import format_frame, user_frame
+from .frames import format_frame, user_frame
 from .values import ancestors, refuse_data_read
 
 __all__ = ["Plan", "Retrace", "UnbackedValues"]
@@ -76,7 +76,7 @@ class _Origin:
 
 
 class UnbackedValues:
-    """The unbacked symbols of one trace (``tracing``: its ``_Tracing``) under ``plan``."""
+    """The unbacked symbols of one trace (``tracing``: its ``session.Tracing``) under ``plan``."""
 
     def __init__(self, tracing: Any, plan: Plan) -> None:
         self.t = tracing

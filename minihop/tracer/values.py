@@ -113,7 +113,7 @@ def refuse_data_read(describe: str, op: str, where: str | None, reason: str) -> 
 
 
 class ValueReader:
-    """Answers value reads for one trace (``tracing``: the trace's ``_Tracing``) and keeps the
+    """Answers value reads for one trace (``tracing``: the trace's ``session.Tracing``) and keeps the
     ``DataRead`` of each, in the order the user's code made them."""
 
     def __init__(self, tracing: Any, real_args: tuple[Any, ...] | None) -> None:

@@ -1,0 +1,252 @@
+"""Running the user's backward on fake grads: once after forward, and again for a later call.
+
+Place in the pipeline: tracer, called by ``trace._trace_body`` once forward has run (with
+forward's outside writes replayed and ctx as forward left it): ``run_backward`` makes one fake
+grad per tensor output (laid out as ``GradSpec`` says), runs backward into the bwd recorder and
+checks what it returned against forward's arguments as eager does (count, types, shapes);
+``rerun_backward`` traces backward again for the same forward (other grad layouts, Python
+values that changed, values read from the call's data), the capture's ``rerun_backward``.
+
+Invariants: a backward that cannot be reached (no gradient can flow) never fails the capture,
+as eager never calls it; a rerun never runs forward again, and holds none of the call's
+tensors once it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from ..errors import BackwardOutputError
+from ..spec import RawCapture
+from ..structure import describe_output, iter_leaves
+from .backward_reads import forward_values_on_ctx
+from .ctx import ProxyCtx
+from .function_parts import FunctionParts
+from .names import FrameSnapshot, name_hints
+from .pystate import StateTracker
+from .session import TRACE_LOCK, Tracing
+from .unbacked import Retrace
+
+__all__ = ["BackwardRun", "GradSpec", "rerun_backward", "run_backward", "save_everything"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradSpec:
+    """The layout of one real incoming gradient, to trace backward for it (``None``: absent)."""
+
+    stride: tuple[int, ...]
+    requires_grad: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardRun:
+    """What one run of the user's backward gave: its gradients' nodes and node names."""
+
+    arg_grads: tuple[fx.Node | None, ...]
+    names: dict[fx.Node, str]
+    grad_names: tuple[str | None, ...]
+    grad_handed: tuple[bool, ...]  # per fwd output: backward received a tensor (not None)
+
+
+def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_outputs: int,
+                 fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
+                 grad_on: bool) -> BackwardRun:
+    """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``."""
+    # Backward: one grad per top-level item of forward's return value (None for non-tensors).
+    top_items = list(out) if isinstance(out, tuple) else [out]
+    grads: list[Any] = []
+    grad_names: list[str | None] = [None] * num_outputs
+    grad_handed = [False] * num_outputs
+    with t.fake_mode:
+        flat_index = 0
+        for item_index, item in enumerate(top_items):
+            g = None
+            if isinstance(item, torch.Tensor):
+                if parts.gradnames is not None and item_index < len(parts.gradnames):
+                    grad_names[flat_index] = parts.gradnames[item_index]
+                grad_spec = _CONTIGUOUS if grad_specs is None else grad_specs[flat_index]
+                if grad_spec is not None:
+                    g = _fake_grad(item, grad_spec)
+                    t.grad_of[id(g)] = flat_index
+                    grad_handed[flat_index] = True
+                    t.bwd.alive.append(g)
+            grads.append(g)
+            flat_index += len(_tensor_leaves(item))
+    for g in grads:
+        if g is not None:
+            # Dynamo's order: bwd takes the grads first, then the size symbols their shapes
+            # hold (saved from fwd), before anything backward reads.
+            t.lift_shape_symbols(t.bwd, g)
+    bwd_frame = FrameSnapshot()
+    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+    try:
+        with forward_values_on_ctx(t, ctx):  # forward's values, not the places' (backward_reads.py)
+            result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
+        arg_grads = _arg_grads(t, fake_args, result)
+        t.unbacked.flush(t.bwd)
+        t.unbacked.check_ranges(t.bwd)
+    except Exception:
+        if grad_can_flow and any(isinstance(item, torch.Tensor) for item in top_items):
+            raise
+        # No gradient can flow (grad mode off, no argument requires grad, no tensor output autograd
+        # sees: only tensors nested in a dict, say): eager never calls this backward, so its
+        # failure is not the caller's; bwd returns None for all.
+        t.reset_backward()
+        bwd_frame = FrameSnapshot()
+        arg_grads = (None,) * len(fake_args)
+    names = name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None,
+                       t.bwd.stored)
+    return BackwardRun(arg_grads, names, tuple(grad_names), tuple(grad_handed))
+
+
+def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
+    """Backward branches on values it receives: another backward call may take code that
+    reads other forward values, traced only then, after forward ran. So forward saves every
+    tensor backward can reach (what the user saved, tensors on ctx), as eager keeps them."""
+    record = ctx._minihop_record
+    reachable = [*(record.saved or ()), *(leaf for name, value in vars(ctx).items()
+                                          if not name.startswith("_minihop")
+                                          for _, leaf in iter_leaves(value))]
+    for value in reachable:
+        if t.is_traced(value):
+            t.bwd.node_for(value)  # a bwd placeholder, paired with its fwd node (bwd_saved)
+
+
+def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx, out: Any,
+                   num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
+                   fwd_names: dict[fx.Node, str], made: list[RawCapture],
+                   grad_specs: tuple[GradSpec | None, ...] | None,
+                   call_args: tuple[Any, ...] = (),
+                   call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
+    """Trace backward again, after the forward traced once: for grads laid out otherwise, for
+    Python values backward reads that changed since forward ran, or for values backward
+    takes out of its grads and saved values (``call_data``: the real ones, per fwd output and
+    per fwd node). Forward is not run again: what it left on ctx is what the forward that
+    really ran left (its reads are guarded), except that an argument object on ctx is the
+    call's own (``call_args``)."""
+    with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
+        t.reset_backward()
+        swapped: dict[str, Any] = {}
+        if call_args:
+            for name, value in vars(ctx).items():
+                for fake, real in zip(fake_args, call_args):
+                    if value is fake and not isinstance(fake, torch.Tensor):
+                        swapped[name] = value
+                        object.__setattr__(ctx, name, real)
+        t.unbacked.backward_again()
+        t.values.call_data = call_data
+        state = StateTracker(parts, call_args or fake_args, fn_cls)
+        state.on_symbolic = t.unbacked.escape
+        t.unrouted = state.opaque.reasons
+        state.start()
+        state.forward_done()  # what changes now, backward changes
+        try:
+            bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on)
+            python_state = state.finish(ctx)  # undone: the runtime replays them
+        except Retrace as again:
+            raise again.refusal from None  # forward is not traced again here
+        finally:
+            state.abort()
+            t.values.call_data = None  # the call's tensors are not kept
+            for name, value in swapped.items():
+                object.__setattr__(ctx, name, value)
+        return dataclasses.replace(
+            made[0], bwd_graph=t.bwd.graph,
+            grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
+            grad_names=bwd.grad_names, grad_handed=bwd.grad_handed, bwd_saved=tuple(t.bwd_saved),
+            arg_grads=bwd.arg_grads, names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),
+            python_state=python_state, data_reads=tuple(t.values.reads))
+
+
+_CONTIGUOUS = GradSpec((), False)
+
+
+def _fake_grad(out: torch.Tensor, spec: GradSpec) -> torch.Tensor:
+    """A fake grad for ``out``: its shape, dtype and device, with the spec's strides."""
+    if spec.stride:
+        g = torch.empty_strided(out.shape, spec.stride, dtype=out.dtype, device=out.device)
+    else:
+        g = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    if spec.requires_grad:
+        g.requires_grad_(True)
+    return g
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    describe_output(value, lambda v, _top: found.append(v) or 0, level=2)
+    return found
+
+
+def _arg_grads(t: Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node | None, ...]:
+    """Check what backward returned against forward's arguments, as eager does."""
+    name = t.parts.name
+    grads = result if isinstance(result, tuple) else (result,)
+    if len(grads) > len(args) and all(g is None for g in grads[len(args):]):
+        grads = grads[: len(args)]  # eager drops trailing Nones
+    if len(grads) != len(args):
+        raise BackwardOutputError(
+            f"{name}.backward returned {len(grads)} gradient(s), but forward takes "
+            f"{len(args)} argument(s) ({', '.join(t.parts.argnames) or '-'}).",
+            "autograd needs exactly one gradient (or None) per forward argument; eager "
+            "raises 'returned an incorrect number of gradients' for this Function.",
+            "Return one value per forward argument, None for those that need no gradient.",
+        )
+    nodes: list[fx.Node | None] = []
+    for i, (arg, g) in enumerate(zip(args, grads, strict=True)):
+        argname = t.parts.argnames[i] if i < len(t.parts.argnames) else f"args[{i}]"
+        if g is None:
+            nodes.append(None)
+            continue
+        if not isinstance(g, torch.Tensor):
+            raise BackwardOutputError(
+                f"{name}.backward returned a {type(g).__name__} as the gradient for "
+                f"argument {i} ({argname}).",
+                "A gradient must be a tensor or None.",
+                f"Return a tensor shaped like {argname}, or None.",
+            )
+        if not isinstance(arg, torch.Tensor):
+            raise BackwardOutputError(
+                f"{name}.backward returned a tensor as the gradient for argument {i} "
+                f"({argname}), which is a {type(arg).__name__}, not a tensor.",
+                "Only tensor arguments can receive gradients; eager raises 'returned a "
+                "gradient different than None ... not a Variable' for this Function.",
+                f"Return None at position {i}.",
+            )
+        expected = tuple(arg.shape)
+        found = tuple(g.shape)
+        if not _same_shape(expected, found) and not _expandable(expected, found):
+            raise BackwardOutputError(
+                f"{name}.backward returned a gradient of shape {list(found)} for argument "
+                f"{i} ({argname}).\n  expected: {list(expected)} (the shape of {argname})\n"
+                f"  found:    {list(found)}",
+                "A gradient must have its input's shape (or one that sums to it); eager "
+                "raises 'returned an invalid gradient' for this Function.",
+                "Fix the backward so this gradient has its input's shape.",
+            )
+        nodes.append(t.bwd.node_for(g))
+    return tuple(nodes)
+
+
+def _same_shape(expected: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
+    """Whether a gradient's shape is its input's. A data-dependent size (split by
+    ``sizes.tolist()``, then reshaped) cannot be compared at trace time: the equality is
+    checked on every call instead (an assert in bwd), where eager's autograd checks it."""
+    if len(expected) != len(found):
+        return False
+    for e, f in zip(expected, found, strict=True):
+        if isinstance(f, torch.SymInt) and free_unbacked_symbols(f):
+            torch._check(f == e)
+        elif f != e:
+            return False
+    return True
+
+
+def _expandable(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (autograd then sums the gradient back)."""
+    return len(shape) <= len(to) and all(a == b or a == 1 for a, b in zip(reversed(shape), reversed(to)))

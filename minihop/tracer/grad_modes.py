@@ -1,0 +1,101 @@
+"""The user's grad-mode switches inside backward, recorded as they act in eager in either mode.
+
+Place in the pipeline: tracer, the handler ``special_calls.BEFORE_RUN`` runs for
+``torch._C._set_grad_enabled`` (what ``torch.no_grad()``, ``torch.enable_grad()`` and
+``torch.set_grad_enabled(...)`` call).
+
+Why backward needs more than "record a real switch": backward is traced once, with grad off,
+and its graph runs in two modes -- grad off (an ordinary ``backward()``) and grad on
+(``create_graph=True``: eager runs the user's backward with grad enabled, so its ops are
+differentiated again). A ``torch.no_grad()`` block switches nothing in the trace, yet under
+``create_graph`` it is exactly what keeps its ops out of the double backward; and the end of a
+``torch.enable_grad()`` block restores whatever backward was entered with, not the trace's
+``False``. So in backward this module tracks the mode as eager would see it in either run --
+``AMBIENT`` (the mode backward was entered with), ``True`` or ``False`` -- and records a node
+whenever that changes:
+
+- a switch to ``True``/``False`` is ``_set_grad_enabled(flag)``;
+- a block's exit back to the mode it was entered in from ``AMBIENT`` is
+  ``_set_grad_enabled(ambient)``, where ``ambient = torch.is_grad_enabled()`` is read by the
+  graph when it first leaves ``AMBIENT`` (every departure leaves it from the entry mode).
+
+Which exit restores what is read from the grad-mode context manager doing the call (its
+``self`` in ``torch/autograd/grad_mode.py``'s frames): the mode when that object entered. A
+direct ``torch._C._set_grad_enabled(flag)`` or ``torch.set_grad_enabled(flag)`` as a function
+call is a switch to ``flag`` (as in eager, it lasts to the end of backward or the next switch).
+
+Forward (and anything else) keeps the plain rule: forward always runs with grad off, as traced,
+so only a real switch is recorded (Dynamo's layout).
+
+Invariant: in backward, the graph's grad mode after each recorded node is eager's in both a
+``create_graph=False`` and a ``create_graph=True`` run.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from types import FrameType
+from typing import Any
+
+import torch
+
+__all__ = ["switch"]
+
+_GRAD_MODE_FILE = sys.modules[torch.no_grad.__module__].__file__
+_OWN_DIR = __file__.rsplit("/", 2)[0]  # minihop/: the recording mode's frames sit between
+AMBIENT = "ambient"
+
+
+class _Modes:
+    """Backward's grad mode as eager sees it, while one graph is recorded."""
+
+    def __init__(self) -> None:
+        self.current: Any = AMBIENT
+        self.ambient_node: Any = None  # the graph's read of the mode backward was entered with
+        # id(context manager) -> (it, the mode when it entered): which mode its exit restores.
+        self.entered: dict[int, tuple[Any, Any]] = {}
+
+
+_modes: "weakref.WeakKeyDictionary[Any, _Modes]" = weakref.WeakKeyDictionary()
+
+
+def _context_manager() -> tuple[str, Any] | None:
+    """``(method, self)`` of the outermost torch grad-mode context-manager frame making this
+    call (``no_grad.__exit__`` calls ``set_grad_enabled.__init__``: the ``no_grad`` is the one),
+    or None for a direct call of ``torch._C._set_grad_enabled``."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+        frame = frame.f_back
+    found = None
+    while frame is not None and frame.f_code.co_filename == _GRAD_MODE_FILE:
+        found = (frame.f_code.co_name, frame.f_locals.get("self"))
+        frame = frame.f_back
+    return found
+
+
+def switch(mode: Any, recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Handle ``torch._C._set_grad_enabled(flag)`` while ``recorder`` records (see above)."""
+    flag = bool(args[0])
+    if getattr(mode, "phase", None) != "backward":
+        if flag != torch.is_grad_enabled():
+            recorder.record(func, args, kwargs, None)
+        return func(*args, **kwargs)
+    modes = _modes.get(recorder)
+    if modes is None:
+        modes = _modes[recorder] = _Modes()
+    caller = _context_manager()
+    new: Any = flag
+    if caller is not None and caller[1] is not None:
+        name, manager = caller
+        if name == "__exit__" and id(manager) in modes.entered:
+            new = modes.entered.pop(id(manager))[1]
+        elif name != "__exit__":
+            modes.entered.setdefault(id(manager), (manager, modes.current))
+    if new != modes.current:
+        if modes.current == AMBIENT and modes.ambient_node is None:
+            modes.ambient_node = recorder.record(torch.is_grad_enabled, (), {}, False)
+        value = modes.ambient_node if new == AMBIENT else new
+        recorder.create_node("call_function", func, (value,), {})
+        modes.current = new
+    return func(*args, **kwargs)

@@ -1,0 +1,98 @@
+"""Iterators passed in: refused before tracing, while they are still untouched.
+
+Place in the pipeline: tracer, asked by ``pipeline.run_pipeline`` before it traces. Tracing
+runs the user's forward on fake tensors; if forward takes values from an iterator or
+generator it was given (``next(it)``, ``for v in gen``), the trace advances it, and an
+iterator cannot be wound back (``hidden.restore`` can only wind back random generators). pystate
+sees the change after the trace and refuses it (MH106), but by then the value is gone:
+``fallback="eager"`` would run eager on a spent iterator and differ from eager.
+
+So an argument that is, or holds (in a list, tuple, dict, set or an object's attributes),
+an iterator of the standard library or a generator is refused before the trace runs (MH106,
+nothing taken); ``fallback="eager"`` then runs eager on the untouched iterator. Random
+generators are not refused here: tracing puts them back.
+
+pystate asks the same (``refuse_iterator_read``) of each value the code's chains name outside
+the arguments (a global ``COUNTER``, a closure's ``it[0]``), before the trace runs.
+
+Invariant: nothing is taken from an iterator by a capture that is refused.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from ..errors import SideEffectError
+from ..structure import attributes
+from .hidden import fingerprint
+
+__all__ = ["refuse_iterator_arguments", "refuse_iterator_read"]
+
+_ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.Tensor, type)
+_DEPTH = 6
+
+
+def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tuple[str, ...] = ()) -> None:
+    """Raise MH106 naming the first iterator found in ``args``."""
+    seen: set[int] = set()
+    for i, a in enumerate(args):
+        name = argnames[i] if i < len(argnames) else f"args[{i}]"
+        found = _find(a, name, seen, 0)
+        if found is not None:
+            raise SideEffectError(
+                f"{fn_name} is called with an iterator or generator ({found[0]}, a "
+                f"{type(found[1]).__name__}).",
+                "Tracing runs forward, and a value forward takes from an iterator cannot be "
+                "given back: the trace would spend what eager's call takes.",
+                "Pass the values (a list or tuple) instead of an iterator, or use "
+                "fallback='eager' (it runs eager on the untouched iterator).")
+
+
+def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> None:
+    """Raise MH106 if ``value``, which the code names at ``place`` (a global, a closure
+    cell, ``COUNTER[0]``), is an iterator: the same, before the trace takes from it."""
+    if not isinstance(value, _ATOMS) and _iterator(value):
+        raise SideEffectError(
+            f"{fn_name}.{phase} takes the next value of {place} (a {type(value).__name__}, an "
+            "iterator the code reads).",
+            "Tracing runs forward, and a value taken from an iterator cannot be given back: "
+            "the trace would spend what eager's call takes.",
+            "Pass the values in as an argument, or use fallback='eager' (it runs eager on "
+            "the untouched iterator).")
+
+
+def _iterator(value: Any) -> bool:
+    cls = type(value)
+    if issubclass(cls, random.Random) or cls.__module__.startswith("numpy"):
+        return False  # random generators are put back after tracing (hidden.restore)
+    return fingerprint(value) is not None
+
+
+def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] | None:
+    if isinstance(value, _ATOMS) or id(value) in seen or depth > _DEPTH:
+        return None
+    seen.add(id(value))
+    if _iterator(value):
+        return name, value
+    if isinstance(value, (list, tuple)):
+        items = ((f"{name}[{k}]", v) for k, v in enumerate(value))
+    elif isinstance(value, dict):
+        items = ((f"{name}[{k!r}]", v) for k, v in value.items())
+    elif isinstance(value, (set, frozenset)):
+        items = ((f"an item of {name}", v) for v in value)
+    elif isinstance(value, torch.nn.Module):
+        return None  # its state is keyed whole (runtime.guards.value_key)
+    else:
+        try:
+            items = ((f"{name}.{k}", v) for k, v in attributes(value).items())
+        except Exception:  # an object whose attributes cannot be listed: nothing to find
+            return None
+    for inner_name, v in items:
+        found = _find(v, inner_name, seen, depth + 1)
+        if found is not None:
+            return found
+    return None
+

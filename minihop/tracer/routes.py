@@ -1,0 +1,104 @@
+"""Routes to the tensors a Function reaches outside its arguments, to fetch them again per call.
+
+Place in the pipeline: tracer, built once per trace (``session.Tracing``) from the globals and
+closure cells forward and backward read (``names.free_values``). A tensor forward or backward
+reaches there (directly, as a held module's parameter or buffer, or inside a held list, tuple,
+dict or user object: ``TS[0]``, ``D["w"]``, ``H.w``) gets an input name and a function that
+fetches it as it is now; the trace lifts it as a graph input read through that function.
+
+Invariant: fetching anew on every call is what eager does: rebinding the name or replacing the
+tensor takes effect at the next call. A tensor no route reaches is not fetched here (the trace
+makes its capture single-use).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..graph_names import free_value_root, held_name, parameter_name, tensor_name
+from ..structure import attributes
+from .names import free_values
+from .pystate import is_library
+
+__all__ = ["closure_routes"]
+
+
+def closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
+    """id(tensor) -> (input name, how to fetch it now), for tensors forward/backward reach
+    through closure cells, globals, or the parameters and buffers of a module held there.
+
+    Fetching anew on every call is what eager does: rebinding the name or replacing the
+    parameter takes effect at the next call.
+    """
+    routes: dict[int, tuple[str, Callable[[], Any]]] = {}
+    for kind, name, value, fetch in free_values(fn):
+        _add_routes(routes, value, free_value_root(kind, name), fetch)
+    return routes
+
+
+def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
+                fetch: Callable[[], Any], depth: int = 0) -> None:
+    """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
+    to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
+    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
+    if isinstance(value, torch.Tensor):
+        routes.setdefault(id(value), (tensor_name(prefix), fetch))
+    elif isinstance(value, torch.nn.Module):
+        for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
+            routes.setdefault(id(tensor), (parameter_name(prefix, pname),
+                                           lambda f=fetch, p=pname: _module_tensor(f(), p)))
+    elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
+        for step, child in _held(value):
+            if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
+                # A list's position means what the code read (``ws[-1]``, ``ws[i]``) only while
+                # the list keeps its length: a longer list's last item is another position.
+                n = len(value) if isinstance(value, list) else None
+                _add_routes(routes, child, held_name(prefix, step[1]),
+                            lambda f=fetch, s=step, n=n: _step(f(), s, n), depth + 1)
+
+
+# How deep and how many tensors the routes into containers and objects go (cycles stop there).
+_ROUTE_DEPTH = 3
+_MAX_ROUTES = 256
+
+
+def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
+    """The (step, value) pairs a container or a user's object holds."""
+    if isinstance(value, (list, tuple)):
+        return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
+    if isinstance(value, dict):
+        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
+    if _is_user_object(value):
+        return [(("attr", k), v) for k, v in attributes(value).items()]
+    if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
+        return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
+    return []
+
+
+def _is_user_object(value: Any) -> bool:
+    """An instance of the user's own class (not a function, class or module): its attributes
+    hold the user's values."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.FunctionType, types.MethodType,
+                                                                   types.ModuleType, torch.nn.Module))
+            and not is_library(type(value)))
+
+
+def _step(owner: Any, step: tuple[str, Any], length: int | None = None) -> Any:
+    """``owner[key]`` or ``owner.name`` now; None where it is gone, or where a list no longer
+    has its ``length`` (the live check sees it)."""
+    kind, key = step
+    if length is not None and (not isinstance(owner, list) or len(owner) != length):
+        return None
+    try:
+        return owner[key] if kind == "item" else getattr(owner, key)
+    except (LookupError, AttributeError, TypeError):
+        return None
+
+
+def _module_tensor(module: torch.nn.Module, name: str) -> Any:
+    owner, _, leaf = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, leaf)
