@@ -507,6 +507,9 @@ class StateTracker:
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
                         old is MISSING or isinstance(old, _ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
                     continue
+                setter = getattr(type(owner), name, None)
+                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+                    continue  # a property's setter: the marker would run the user's code in it
                 try:
                     _setattr(owner, name, _Marker())
                 except Exception:
@@ -593,6 +596,8 @@ class StateTracker:
             found[id(value)] = _Seen(value, root, steps, kind, contents)
             children = (contents.items() if kind in ("attrs", "dict") else
                         enumerate(contents) if kind == "list" else ())
+            if isinstance(value, torch.nn.Module):
+                children = [*children, *value._modules.items()]
             for key, child in children:
                 step = ("attr", key) if kind == "attrs" else ("item", key)
                 queue.append((child, root, (*steps, step), depth + 1))
@@ -804,6 +809,10 @@ def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
     if type(value) in _UNWATCHED:
         return None, None
+    if isinstance(value, torch.nn.Module):
+        # Its plain attributes (``training``, ``self.steps``); parameters, buffers and
+        # submodules live in its underscore dicts (submodules are walked as children).
+        return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("_")}
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,
