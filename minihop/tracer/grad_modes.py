@@ -33,6 +33,7 @@ Invariant: in backward, the graph's grad mode after each recorded node is eager'
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from types import FrameType
@@ -43,7 +44,9 @@ import torch
 __all__ = ["switch"]
 
 _GRAD_MODE_FILE = sys.modules[torch.no_grad.__module__].__file__
-_OWN_DIR = __file__.rsplit("/", 2)[0]  # minihop/: the recording mode's frames sit between
+# minihop/ (with its separator: not a sibling package named minihop_*): the recording mode's
+# frames sit between the context manager and the handler.
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 AMBIENT = "ambient"
 
 
