@@ -45,6 +45,7 @@ class InputSource:
     dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
     # For a tensor reached through a closure, global or module: fetches its current value.
     live: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    read_in_backward: bool = False  # read by backward from ``live`` when backward runs (not by fwd)
 
     @property
     def lifted(self) -> bool:

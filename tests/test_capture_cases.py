@@ -318,7 +318,7 @@ class TestInputs:
             def backward(ctx, g):
                 return g * w
 
-        check(Closure, r(3), inputs=2, lifted=1)
+        check(Closure, r(3), inputs=3, lifted=2)  # w for forward, and w fetched when backward runs
         assert w.grad is None
 
     def test_global_tensor(self) -> None:
@@ -348,7 +348,7 @@ class TestInputs:
             def backward(ctx, g):
                 return g @ lin.weight
 
-        check(UseLinear, r(4, 3), inputs=3, lifted=2)
+        check(UseLinear, r(4, 3), inputs=4, lifted=3)  # and lin.weight fetched when backward runs
         assert lin.weight.grad is None and lin.bias.grad is None
 
     def test_module_argument(self) -> None:

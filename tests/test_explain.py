@@ -188,15 +188,18 @@ class TestExplainCaptured:
         assert report.guards[1] == "autocast == cpu torch.bfloat16 (cache on)"
 
     def test_live_inputs(self) -> None:
-        """Tensors read from a closure and a global are listed as fwd inputs and guarded."""
+        """Tensors read from a closure and a global are listed as fwd inputs and guarded; backward's
+        reads of them are inputs of their own, fetched again when backward runs."""
         live = make_live()
         report = minihop.explain(live, r(3), print_report=False)
-        assert len(report.fwd_inputs) == 3
+        assert len(report.fwd_inputs) == 5
+        assert [s.split(" <- ")[0] for s in report.fwd_inputs[3:]] == ["l_cell_bwd", "g__GLOBAL_W_bwd"]
+        assert all("backward reads when it runs" in s for s in report.fwd_inputs[3:])
         assert report.fwd_inputs[0].endswith("<- x")
         lifted = report.fwd_inputs[1:]
         assert any("cell" in s for s in lifted) and any("_GLOBAL_W" in s for s in lifted), lifted
         live_guards = [g for g in report.guards if "read anew each call" in g]
-        assert len(live_guards) == 2
+        assert len(live_guards) == 4
         assert any("cell" in g for g in live_guards) and any("_GLOBAL_W" in g for g in live_guards)
         check_result(live, r(3))
 

@@ -1130,9 +1130,11 @@ class TestHeldTensors:
             _replace_held(1.0, 3)()
 
     def test_lifted_inputs_are_named_by_where_they_are_held(self) -> None:
-        """Each held tensor is a fwd input named by its route (``g_held_list_0_``, ...)."""
+        """Each held tensor is a fwd input named by its route (``g_held_list_0_``, ...); backward's
+        reads of the same places are inputs of their own (``..._bwd``, fetched when backward runs)."""
         names = [n.name for n in minihop.capture(ScalesByHeld, x()).fwd.graph.nodes if n.op == "placeholder"]
-        assert names == ["l_x_", "g_held_list_0_", "g_held_dict_w_", "g_held_object_w_"]
+        assert names == ["l_x_", "g_held_list_0_", "g_held_dict_w_", "g_held_object_w_",
+                         "g_held_list_0_bwd", "g_held_dict_w_bwd", "g_held_object_w_bwd"]
 
 
 # ---- process-wide torch settings the code asks for -------------------------------------------

@@ -109,8 +109,12 @@ class _Backwards:
         self.retrace = retrace
         # Python values backward reads: checked when backward runs (eager's backward reads
         # them then), and a bwd traced again for values unlike the captured ones.
-        self.state_reads = tuple(r.place.get for r in state.reads_in("backward"))
-        self.state_base = state_base
+        # And tensors backward reads from a global, cell or attribute (``live_slots``): a
+        # tensor there of other properties than the traced one needs another bwd too.
+        live = live_slots(pair)
+        self.state_reads = (*(r.place.get for r in state.reads_in("backward")),
+                            *(lambda call_args, f=fetch: f() for _, fetch, _ in live))
+        self.state_base = (*state_base, *(base for _, _, base in live))
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
                             for a in pair.grad_assumptions)
@@ -220,6 +224,18 @@ class _Backwards:
             self.code.pop(((key, n), create_graph), None)
         self.variants.pop((key, n), None)
         self.writes.pop((key, n), None)
+
+
+def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[], Any], Any], ...]:
+    """Per saved value that is a tensor backward reads from a global, a cell or an attribute
+    (``InputSource.read_in_backward``, passed through fwd): ``(saved index, fetch, key)``,
+    ``fetch()`` giving what that place holds now, ``key`` the traced tensor's ``value_key``."""
+    placeholders = [n for n in pair.fwd_graph.nodes if n.op == "placeholder"]
+    sources = dict(zip(placeholders, pair.inputs, strict=True))
+    saved_nodes = pair.fwd_graph.output_node().args[0][1]
+    return tuple((i, source.live, value_key(source.constant)) for i, node in enumerate(saved_nodes)
+                 if (source := sources.get(node)) is not None and source.read_in_backward
+                 and source.live is not None)
 
 
 def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]], bool]:
@@ -335,6 +351,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     # unpacks that many times here too (the fast paths below unpack once).
     reads = pair.saved_reads
     exact_unpacks = bool(ctx_refs) and reads != 1
+    late = tuple((i, fetch) for i, fetch, _ in live_slots(pair))
 
     def run_fwd(ctx: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Runs fwd, saves for backward through ``ctx``; returns all fwd outputs."""
@@ -442,6 +459,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
                  call_args: tuple[Any, ...] = (), key: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """bwd on the grads of the top-level outputs and bwd's saved values, in its order;
         returns its gradients and the Python writes of the case that ran."""
+        if late:
+            # What the global, cell or attribute holds now: eager's backward reads it now.
+            saved = list(saved)
+            for i, fetch in late:
+                saved[i] = fetch()
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
         else:

@@ -24,6 +24,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..errors import BackwardOutputError
 from ..spec import RawCapture
 from ..structure import describe_output, iter_leaves
+from .backward_reads import forward_values_on_ctx
 from .ctx import ProxyCtx
 from .function_parts import FunctionParts
 from .names import FrameSnapshot, name_hints
@@ -53,8 +54,8 @@ class BackwardRun:
 
 
 def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_outputs: int,
-                  fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
-                  grad_on: bool) -> BackwardRun:
+                 fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
+                 grad_on: bool) -> BackwardRun:
     """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``."""
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
     top_items = list(out) if isinstance(out, tuple) else [out]
@@ -84,7 +85,8 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
     bwd_frame = FrameSnapshot()
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
-        result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
+        with forward_values_on_ctx(t, ctx):  # forward's values, not the places' (backward_reads.py)
+            result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)
         t.unbacked.check_ranges(t.bwd)
@@ -116,11 +118,11 @@ def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
 
 
 def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx, out: Any,
-                    num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
-                    fwd_names: dict[fx.Node, str], made: list[RawCapture],
-                    grad_specs: tuple[GradSpec | None, ...] | None,
-                    call_args: tuple[Any, ...] = (),
-                    call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
+                   num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
+                   fwd_names: dict[fx.Node, str], made: list[RawCapture],
+                   grad_specs: tuple[GradSpec | None, ...] | None,
+                   call_args: tuple[Any, ...] = (),
+                   call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
     """Trace backward again, after the forward traced once: for grads laid out otherwise, for
     Python values backward reads that changed since forward ran, or for values backward
     takes out of its grads and saved values (``call_data``: the real ones, per fwd output and

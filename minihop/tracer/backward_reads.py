@@ -1,0 +1,118 @@
+"""Tensors backward reads from a global, a closure cell or a class/module attribute.
+
+Place in the pipeline: tracer (used by ``trace.py`` while backward runs). Eager's backward reads
+such a tensor when backward runs, not when forward did: rebinding the global, replacing
+``F.W``, or writing into the tensor between forward and ``.backward()`` changes what backward
+computes. So a tensor backward reaches this way is not the forward value of the same tensor: it
+gets its own fake and its own fwd input (``InputSource.read_in_backward``), passed through fwd
+as a saved value, which the runtime fetches again (``live``) when backward runs.
+
+Invariant: one ``InputSource`` and one fwd placeholder per route, for the first trace and for
+every backward traced again (a tensor rebound to another shape then gets a fake of its own
+shape, bound to the same placeholder), so a variant's saved values are the capture's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+from ..spec import InputSource
+
+__all__ = ["BackwardReads", "forward_values_on_ctx"]
+
+Routes = dict[int, tuple[str, Callable[[], Any]]]
+
+
+class BackwardReads:
+    """The tensors one capture's backward read from their live places (see module docstring).
+
+    ``tracing`` is the trace's state: its ``closure_routes``, ``_fake``, ``sources``,
+    ``_add_source`` and ``fwd`` recorder are used as ``_lift_real`` uses them.
+    """
+
+    def __init__(self, tracing: Any, routes: Callable[[], Routes]) -> None:
+        self.t = tracing
+        self.routes = routes  # the routes as they are now (a rebound name leads to its new tensor)
+        self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
+        # route name -> (its source, the first fake: the one whose placeholder the others share)
+        self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
+
+    def lift(self, real: torch.Tensor) -> torch.Tensor | None:
+        """Backward's fake for ``real``, or None when no live route reaches it."""
+        entry = self.fakes.get(id(real))
+        if entry is not None and entry[0] is real:
+            return entry[1]
+        route = self.t.closure_routes.get(id(real))
+        if route is None:
+            self.t.closure_routes = self.routes()
+            route = self.t.closure_routes.get(id(real))
+            if route is None:
+                return None
+        name, live = route
+        # Its own fake, never forward's for the same tensor: forward's value and what the same
+        # place holds when backward runs may differ.
+        with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+            alias = real.detach()  # a new tensor object: a new fake (fakes are memoised per tensor)
+        fake = self.t._fake(alias)
+        if real.requires_grad:
+            fake.requires_grad_(True)
+        self.fakes[id(real)] = (real, fake)
+        known = self.by_route.get(name)
+        if known is None:
+            taken = {s.name for s in self.t.sources.values()}
+            source = InputSource(name if name not in taken else f"{name}bwd",
+                                 f"tensor {name} backward reads when it runs", None, None, real,
+                                 live=live, read_in_backward=True)
+            self.by_route[name] = (source, fake)
+            self.t._add_source(fake, source)
+            return fake
+        source, first = known
+        self.t._add_source(fake, source)
+        node = self.t.fwd.node_of.get(id(first))
+        if node is not None:  # traced again: the placeholder forward already has
+            self.t.fwd.node_of[id(fake)] = node
+            self.t.fwd.alive.append(fake)
+        return fake
+
+
+@contextlib.contextmanager
+def forward_values_on_ctx(t: Any, ctx: Any) -> Iterator[None]:
+    """While backward runs, the real tensors forward put on ctx (``save_for_backward(W)``,
+    ``ctx.w = W`` with W a global) are forward's values of them, not reads of their places:
+    eager's backward gets forward's object there whatever the global holds by then. So each is
+    replaced by forward's fake of it (``save_for_backward``'s for good: it is then saved as the
+    fwd input it is; an attribute until backward ends, unless backward rebinds it)."""
+    def forward_fake(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+            return value
+        phase, t.phase = t.phase, "forward"
+        try:
+            return t._lift_real(value)
+        finally:
+            t.phase = phase
+
+    record = ctx._minihop_record
+    if record.saved:
+        record.saved = tuple(forward_fake(v) for v in record.saved)
+    swapped: dict[str, tuple[Any, Any]] = {}
+    for name, value in list(vars(ctx).items()):
+        if name.startswith("_minihop"):
+            continue
+        if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+            new = type(value)(forward_fake(v) for v in value) if type(value) is tuple else value
+        else:
+            new = forward_fake(value)
+        if new is not value:
+            swapped[name] = (value, new)
+            object.__setattr__(ctx, name, new)
+    try:
+        yield
+    finally:
+        for name, (value, new) in swapped.items():
+            if vars(ctx).get(name) is new:  # backward did not rebind it
+                object.__setattr__(ctx, name, value)
