@@ -161,14 +161,16 @@ def _cell_value(cell: Any) -> Any:
         return MISSING
 
 
-def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
+def _walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True) -> Any:
+    """The value at ``steps`` from ``value``. ``analysing``: stop at a step computed by user
+    code (userattr); guards (``analysing=False``) walk chains analysis found free of them."""
     for kind, key in steps:
         if value is MISSING:
             return MISSING
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
-            what = served_by_user_code(value, key, _library_module)
+            what = served_by_user_code(value, key, _library_module) if analysing else None
             if what is not None:  # never run the user's getter here (see userattr)
                 return UserAttribute(value, key, what)
             try:
@@ -190,8 +192,8 @@ def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
         return Place(text, lambda args, r=root: _RootBox(r.fetch(args)), ("attr", "value"), root.uses_args,
                      root.fetch)
     owner_steps = steps[:-1]
-    return Place(text, lambda args, r=root, s=owner_steps: _walk(r.fetch(args), s), steps[-1],
-                 root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s))
+    return Place(text, lambda args, r=root, s=owner_steps: _walk(r.fetch(args), s, False), steps[-1],
+                 root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s, False))
 
 
 def _reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
@@ -455,7 +457,8 @@ class StateTracker:
                 if chain.use in ("receiver", "increment"):
                     continue
                 end = _walk(value, chain.steps)
-                if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)):
+                if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)) \
+                        or isinstance(end, UserAttribute):  # single-use (opaque): no guard runs it
                     continue
                 self._add_read(_place(root, chain.steps), phase, code, chain.line)
                 if isinstance(end, functools.partial):
@@ -557,7 +560,7 @@ class StateTracker:
                         continue
                 steps = (*seen.steps, *chain.steps[1:])
                 end = _walk(first, chain.steps[1:])
-                if _guarded_value(end):
+                if _guarded_value(end) and not isinstance(end, UserAttribute):
                     self._add_read(_place(seen.root, steps), phase, code, chain.line)
 
     # writes: snapshots of everything reachable from the roots
