@@ -32,6 +32,7 @@ from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
 from ..spec import EFFECT, InputSource
 from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
+from .backward_reads import BackwardReads
 from .effects import refuse_generators
 from .frames import format_frame, user_frame, user_frame_of
 from .function_parts import FunctionParts
@@ -90,6 +91,8 @@ class Tracing:
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**closure_routes(parts.backward), **closure_routes(parts.forward)}
+        self.backward_reads = BackwardReads(self, lambda: {**closure_routes(parts.backward),
+                                                           **closure_routes(parts.forward)})
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
@@ -206,6 +209,9 @@ class Tracing:
         return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
+        late = self.backward_reads.lift(real) if self.phase == "backward" else None
+        if late is not None:
+            return late  # read from its place when backward runs (tracer/backward_reads.py)
         fake = self.real_to_fake.get(id(real))
         if fake is None:
             fake = self._fake(real)
