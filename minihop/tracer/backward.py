@@ -24,6 +24,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..errors import BackwardOutputError
 from ..spec import RawCapture
 from ..structure import describe_output, iter_leaves
+from .backward_reads import forward_values_on_ctx
 from .ctx import ProxyCtx
 from .function_parts import FunctionParts
 from .names import FrameSnapshot, name_hints
@@ -84,7 +85,8 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
     bwd_frame = FrameSnapshot()
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
-        result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
+        with forward_values_on_ctx(t, ctx):  # forward's values, not the places' (backward_reads.py)
+            result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)
         t.unbacked.check_ranges(t.bwd)

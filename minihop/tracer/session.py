@@ -39,6 +39,7 @@ from .names import FrameSnapshot, capture_locals, input_name
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
 from .refusals import refusal_for
+from .backward_reads import BackwardReads
 from .routes import closure_routes
 from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
 from .shape_guards import ArgSource
@@ -90,6 +91,8 @@ class Tracing:
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**closure_routes(parts.backward), **closure_routes(parts.forward)}
+        self.backward_reads = BackwardReads(self, lambda: {**closure_routes(parts.backward),
+                                                           **closure_routes(parts.forward)})
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)
@@ -205,6 +208,9 @@ class Tracing:
         return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
+        late = self.backward_reads.lift(real) if self.phase == "backward" else None
+        if late is not None:
+            return late  # read from its place when backward runs (tracer/backward_reads.py)
         fake = self.real_to_fake.get(id(real))
         if fake is None:
             fake = self._fake(real)
