@@ -20,9 +20,10 @@ import torch.fx as fx
 from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
-from ..structure import OutputSpec, argname, make_getter
+from ..structure import OutputSpec, argname
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
+from .fetch import fetch_positional, fetcher
 from .single_use import once
 from .streams import run_on_stream
 from .writes import Writer, make_writer
@@ -38,34 +39,6 @@ _is_compiling = torch.compiler.is_compiling
 _transforms_active = torch._C._are_functorch_transforms_active
 
 
-def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
-    """One generated function pulling every fwd input out of the caller's arguments."""
-    getters = []
-    for source in inputs:
-        if source.live is not None:
-            getters.append(lambda args, kwargs, f=source.live: _detached(f()))
-            continue
-        if source.path is None:
-            constant = source.constant
-            # Lifted tensors never receive gradients (eager's Function does not see them).
-            value = constant.detach() if constant is not None and constant.requires_grad else constant
-            getters.append(lambda args, kwargs, v=value: v)
-            continue
-        get = make_getter(source.path)
-        if source.dim is not None:
-            getters.append(lambda args, kwargs, g=get, d=source.dim: g(args, kwargs).size(d))
-        elif source.lifted:
-            getters.append(lambda args, kwargs, g=get: _detached(g(args, kwargs)))
-        else:
-            getters.append(get)
-    gs = tuple(getters)
-
-    def fetch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        return [g(args, kwargs) for g in gs]
-
-    return fetch
-
-
 def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A GraphModule over a copy of ``gm``'s graph (nodes, names and ``meta`` copied; the
     values in ``meta`` shared): editing it leaves ``gm`` as it was."""
@@ -75,10 +48,6 @@ def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
     for node in gm.graph.nodes:
         env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
-def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -124,7 +93,7 @@ class Capture:
     fits: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     # Python values forward and backward took out of tensor data (``tracer.values``); the
     # ones guarding forward are recomputed from each call's inputs (one check per read), those
-    # guarding backward before each backward (``runtime.function``).
+    # guarding backward before each backward (``runtime.backwards``).
     data_reads: tuple[DataRead, ...] = ()
     run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
@@ -204,7 +173,7 @@ class Capture:
     def fwd_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
         """The fwd graph's inputs for this call, in the graph contract's order (lifted tensors
         detached, size symbols as ints): what another system's fwd of this Function takes."""
-        return _fetcher(self.inputs)(self.bind(args, kwargs), {})
+        return fetcher(self.inputs)(self.bind(args, kwargs), {})
 
     def save(self, path: str) -> None:
         """Write the capture to ``path``, a versioned artifact ``minihop.load`` reads (format: ``runtime/artifact.py``)."""
@@ -213,27 +182,13 @@ class Capture:
         save_capture(self, path)
 
 
-def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None:
-    """Each fwd input as an expression over ``args``, when each is a whole positional argument
-    (``args[0]``; a tensor, or a dynamic int) or a size of one (``args[0].size(1)``, a size
-    symbol). A one-step argument path is never a lifted tensor's."""
-    picks = []
-    for source in inputs:
-        if source.live is not None or source.path is None \
-                or len(source.path) != 1 or source.path[0][0] != "arg":
-            return None
-        i = int(source.path[0][1])
-        picks.append(f"args[{i}]" if source.dim is None else f"args[{i}].size({int(source.dim)})")
-    return tuple(picks)
-
-
 def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
             spec: OutputSpec, top_level: tuple[bool, ...],
             user_function: type | None = None, writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
     """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
     allows (decided here, once; see ``make_function`` for the Function's calling forms).
     ``writer`` puts what forward wrote outside its return value in place (``writes.py``)."""
-    fetch = _fetch_positional(inputs, arity)
+    fetch = fetch_positional(inputs, arity)
     run = _plain_runner(function, fetch, spec, top_level, writer)
     transformable = getattr(function, "transformable", None)
     custom_vmap = user_function is not None and \
@@ -260,18 +215,6 @@ def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, 
         return run(args)
 
     return run_any
-
-
-def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[tuple[Any, ...]], Any] | None:
-    """``args -> fwd inputs``, or None when the arguments are the fwd inputs."""
-    picks = _positional_picks(inputs)
-    if picks is None:
-        fetch_any = _fetcher(inputs)
-        return lambda args: fetch_any(args, {})
-    if picks == tuple(f"args[{i}]" for i in range(arity)):
-        return None
-    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'{p}, ' for p in picks)})")
-    return fetch
 
 
 def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tuple[Any, ...]], Any] | None,
@@ -439,7 +382,7 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
 def _value_check(read: DataRead) -> Callable[[tuple[Any, ...]], bool]:
     """``args -> bool``: whether ``read``'s graph gives its captured value for these arguments
     (its inputs fetched as fwd inputs are)."""
-    fetch = _fetcher(read.sources)
+    fetch = fetcher(read.sources)
     return lambda args: read.holds(read.graph, fetch(args, {}))
 
 
