@@ -33,10 +33,11 @@ import torch.fx as fx
 
 from ..errors import UnsupportedOperationError
 from ..spec import GRAD_TOGGLE, NO_STATE, DataRead, Pair, PythonState
+from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "live_slots"]
+__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
@@ -92,8 +93,8 @@ class Backwards:
         # tensor there of other properties than the traced one needs another bwd too.
         live = live_slots(pair)
         self.state_reads = (*(r.place.get for r in state.reads_in("backward")),
-                            *(lambda call_args, f=fetch: f() for _, fetch, _ in live))
-        self.state_base = (*state_base, *(base for _, _, base in live))
+                            *(lambda call_args, f=fetch: tensor_key(f(call_args)) for _, fetch, _ in live))
+        self.state_base = (*state_base, *(base if base is _NEVER else value_key(base) for _, _, base in live))
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
                             for a in pair.grad_assumptions)
@@ -205,16 +206,46 @@ class Backwards:
         self.writes.pop((key, n), None)
 
 
-def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[], Any], Any], ...]:
-    """Per saved value that is a tensor backward reads from a global, a cell or an attribute
-    (``InputSource.read_in_backward``, passed through fwd): ``(saved index, fetch, key)``,
-    ``fetch()`` giving what that place holds now, ``key`` the traced tensor's ``value_key``."""
+def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[tuple[Any, ...]], Any], Any], ...]:
+    """Per saved value that is a tensor backward reads when it runs (``InputSource.
+    read_in_backward``, passed through fwd): ``(saved index, fetch, key)``. ``fetch(call_args)``
+    gives what its place holds now (a global, cell or attribute; or a module argument's
+    parameter or buffer, from the call's arguments), ``key`` the traced tensor's properties."""
     placeholders = [n for n in pair.fwd_graph.nodes if n.op == "placeholder"]
     sources = dict(zip(placeholders, pair.inputs, strict=True))
     saved_nodes = pair.fwd_graph.output_node().args[0][1]
-    return tuple((i, source.live, value_key(source.constant)) for i, node in enumerate(saved_nodes)
-                 if (source := sources.get(node)) is not None and source.read_in_backward
-                 and source.live is not None)
+    slots = []
+    for i, node in enumerate(saved_nodes):
+        source = sources.get(node)
+        if source is None or not source.read_in_backward:
+            continue
+        if source.live is not None:
+            fetch: Callable[[tuple[Any, ...]], Any] = lambda call_args, f=source.live: f()
+        elif source.path is not None:
+            fetch = lambda call_args, g=make_getter(source.path): g(call_args, {})
+        else:
+            continue
+        slots.append((i, fetch, tensor_key(node.meta.get("val"))))
+    return tuple(slots)
+
+
+def keeps_arguments(pair: Pair, state: PythonState) -> bool:
+    """Whether backward needs the call's arguments: it reads or writes Python state in them,
+    or reads a module argument's tensor when it runs (forward keeps them on ctx)."""
+    return state.backward_uses_args or any(s.read_in_backward and s.live is None and s.path is not None
+                                           for s in pair.inputs)
+
+
+def tensor_key(value: Any) -> Any:
+    """What a bwd traced for a tensor relies on: its type, shape, dtype, device, layout,
+    requires_grad (symbolic sizes: never equal, so a changed tensor is traced again)."""
+    if not isinstance(value, torch.Tensor):
+        return _NEVER
+    if _symbolic(tuple(value.shape)):
+        return _NEVER
+    kind = "tensor" if type(value) in (torch.Tensor, torch.nn.Parameter) or type(value).__name__ == "FakeTensor" \
+        else type(value).__qualname__
+    return (kind, tuple(value.shape), str(value.dtype), str(value.device), str(value.layout), value.requires_grad)
 
 
 def _bwd_value_check(read: DataRead) -> Callable[[Sequence[Any], Sequence[Any]], bool]:

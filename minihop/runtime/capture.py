@@ -21,6 +21,7 @@ from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec, argname
+from .backwards import keeps_arguments
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
 from .fetch import fetch_positional, fetcher
@@ -352,11 +353,12 @@ def _over_args(expression: str, arg_indices: tuple[int, ...]) -> str:
     return re.sub(r"\bT\[(\d+)\]", lambda m: f"args[{arg_indices[int(m[1])]}]", expression)
 
 
-def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> Callable[[tuple[Any, ...]], Any]:
+def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState,
+                 pair: Pair) -> Callable[[tuple[Any, ...]], Any]:
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
     them on every call; tracing undid its own)."""
     writes = state.writes_in("forward")
-    if state.backward_uses_args:
+    if keeps_arguments(pair, state):
         inner = run
 
         def run(args: tuple[Any, ...]) -> Any:
@@ -404,7 +406,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
     checks, run = once(pair.function_name, python_state.single_use, _checks(
         pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads),
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                             function if setup_style else None, make_writer(pair.outside_writes)), python_state))
+                             function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair))
     return Capture(
         pair=pair, python_state=python_state, masks=dict(masks or {}), _checks=checks, fits=_all_of(checks),
         dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards,

@@ -27,7 +27,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..spec import NO_STATE, DataRead, Pair, PythonState
-from .backwards import MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, live_slots
+from .backwards import MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, keeps_arguments, live_slots
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
 from .guards import compile_live_check
@@ -67,7 +67,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     what torch.func transforms require), ``F.transformable`` is a second class in that style,
     used while a transform is active (see ``make_transformable``).
     """
-    layout = Layout.of(pair, keeps_args=state.backward_uses_args)
+    layout = Layout.of(pair, keeps_args=keeps_arguments(pair, state))
     bwd_plain = without_body_toggles(pair.bwd_graph, "bwd_body")
     backwards = Backwards(pair, layout.top_idx, retrace, state, state_base, bwd_reads)
     backwards.plain = bwd_plain
@@ -117,7 +117,7 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
             # What the global, cell or attribute holds now: eager's backward reads it now.
             saved = list(saved)
             for i, fetch in late:
-                saved[i] = fetch()
+                saved[i] = fetch(call_args)
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
         else:
