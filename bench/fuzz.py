@@ -45,6 +45,7 @@ from .report import update_section  # noqa: E402
 from generate import RandomChooser, generate_case  # noqa: E402
 from generate_data import generate_data_case  # noqa: E402
 from generate_modes import generate_modes_case  # noqa: E402
+from generate_outside import generate_outside_case  # noqa: E402
 from generate_reads import generate_reads_case  # noqa: E402
 from generate_state import generate_state_case  # noqa: E402
 from generate_effects import generate_effects_case, run_effects_case  # noqa: E402
@@ -64,6 +65,8 @@ GENERATORS = {"plain": (generate_case, run_case, "fuzz", "Fuzzing"),
               "modes": (generate_modes_case, run_modes_case, "fuzz-modes",
                         "Fuzzing: sizes x values x transforms x modes"),
               "reads": (generate_reads_case, run_state_case, "fuzz-reads", "Fuzzing: reads"),
+              "outside": (generate_outside_case, run_state_case, "fuzz-outside",
+                          "Fuzzing: outside spellings"),
               "effects": (generate_effects_case, run_effects_case, "fuzz-effects", "Fuzzing: effects")}
 # The paragraph under each section's title.
 ABOUT = {
@@ -93,6 +96,15 @@ ABOUT = {
         "names) and access forms (direct, helper, lambda, method, another Function's apply, "
         "getattr), the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
+    "Fuzzing: outside spellings": (
+        "The red team's generator (issues 28/29): random `autograd.Function`s composed by "
+        "`tests/fuzz/generate_outside.py` from the spellings that differed from eager when "
+        "tried from outside (a staticmethod rebound on a class argument, a classmethod, a "
+        "property, a counting descriptor, `__getattr__`, `-0.0` in a frozenset or as a dict "
+        "key, a `ContextVar`, a `singledispatch` table, a growing list's last tensor, a global "
+        "iterator) and `generate_reads`' access forms, the state changed between calls and "
+        "before backward; run by `tests/fuzz/oracle_state.py` through `minihop.apply` and "
+        "`fallback=\"eager\"`."),
     "Fuzzing: data-dependent values": (
         "Differential fuzzing of data-dependent values against eager: random "
         "`autograd.Function`s whose forward and backward take Python values out of tensor "

@@ -229,12 +229,14 @@ def _parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     fuzz.add_argument("--output", type=Path, default=RESULTS)
     fuzz.add_argument("--dump", type=Path, help="write each failing case's source here")
-    fuzz.add_argument("--generator", choices=("data-dependent", "effects", "modes", "plain", "python-state", "reads"),
+    fuzz.add_argument("--generator", choices=("data-dependent", "effects", "modes", "outside", "plain", "python-state",
+                                                       "reads"),
                       default="plain",
                       help="python-state: the Python-state generator (tests/fuzz/generate_state.py); "
                            "data-dependent: the data-dependent one (tests/fuzz/generate_data.py); "
                            "modes: sizes x values x transforms x modes (tests/fuzz/generate_modes.py); "
                            "reads: what a capture reads (tests/fuzz/generate_reads.py); "
+                           "outside: the red team's spellings (tests/fuzz/generate_outside.py); "
                            "effects: the effects one (tests/fuzz/generate_effects.py)")
     parity = questions.add_parser("parity-data", help="docs/parity.md's data-dependent parity rows (no timing)")
     parity.set_defaults(run=_parity_data)

@@ -52,7 +52,8 @@ docs/ARCHITECTURE.md); everything here calls it.
 """
 
 from . import ops  # the public op namespace: ``minihop.ops.autograd_function_apply`` after ``import minihop``
-from .cache import CacheStats, CapturedFunction, apply, captured, clear_cache, counters, function, reset
+from .cache import CacheStats, CapturedFunction
+from .entries import apply, captured, clear_cache, counters, function, reset
 from .errors import (
     BackwardOutputError,
     CtxArgumentError,

@@ -1,7 +1,7 @@
 """The guarded capture cache behind ``minihop.apply``, ``minihop.function`` and ``@captured``.
 
 Place in the pipeline: above it (it calls ``pipeline.run_pipeline``). One ``CapturedFunction`` per
-user Function and policy; all entry points share this one implementation.
+user Function and policy; all entry points (``entries``) share this one implementation.
 
 The key of an entry (its guards) is: the Function class and the identity of its
 ``forward``/``backward``/``vjp``/``setup_context`` (a redefined method never hits a stale
@@ -42,11 +42,10 @@ from typing import Any, Literal
 import torch
 
 from .errors import MinihopError
-from .pipeline import Capture, dynamic_dims, run_pipeline, function_parts, guard_key, run_on_stream, tracing
+from .pipeline import Capture, dynamic_dims, run_pipeline, guard_key, tracing
 from .arguments import bind_arguments
 
-__all__ = ["CacheStats", "CapturedFunction", "function", "captured", "apply", "clear_cache",
-           "counters", "reset"]
+__all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
 
 Fallback = Literal["raise", "eager"]
 _is_compiling = torch.compiler.is_compiling
@@ -121,7 +120,7 @@ class CapturedFunction:
         # misses, None where they differed; and whether a symbolic trace was refused.
         self._seen: dict[tuple[int, int], tuple[int | None, ...]] = {}
         self._auto_failed = False
-        _all.add(self)
+        ALIVE.add(self)
 
     def __repr__(self) -> str:
         return (f"<minihop.function {self.fn_cls.__qualname__} fallback={self.fallback!r} "
@@ -168,7 +167,7 @@ class CapturedFunction:
                         break
                     with self._lock:
                         self.stats.hits += 1
-                        _totals["cache_hits"] += 1
+                        TOTALS["cache_hits"] += 1
                     return cap.run(args)
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
@@ -195,10 +194,10 @@ class CapturedFunction:
                 entry = self._capture(key, args, dims)
             else:
                 self.stats.hits += 1
-                _totals["cache_hits"] += 1
+                TOTALS["cache_hits"] += 1
             if isinstance(entry, _Refused):
                 self.stats.eager_calls += 1
-                _totals["fallbacks"] += 1
+                TOTALS["fallbacks"] += 1
         if isinstance(entry, _Refused):
             return self._eager_apply(*args)
         if entry.python_state.single_use:
@@ -275,7 +274,7 @@ class CapturedFunction:
         try:
             entry: Capture | _Refused = self._traced(args, dims)
             self.stats.captures += 1
-            _totals["captures"] += 1
+            TOTALS["captures"] += 1
             key = (key[0], entry.key)  # its own dimensions' key (static, if it fell back)
         except MinihopError as e:
             if self.fallback == "raise":
@@ -328,136 +327,12 @@ class CapturedFunction:
             warnings.warn(message, stacklevel=4)
 
 
-_default: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()  # those made by apply
-# Every CapturedFunction alive (for reset()), and process-wide totals (for counters()).
-_all: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()
-_totals: dict[str, int] = {"captures": 0, "cache_hits": 0, "fallbacks": 0}
-_default_lock = threading.Lock()
-
-
-def _default_for(fn_cls: type) -> CapturedFunction:
-    # Kept on the class itself (not in a registry keyed by it): the two then form a cycle the
-    # garbage collector frees when the user drops the class, captures included.
-    if not isinstance(fn_cls, type):
-        function_parts(fn_cls)  # raises minihop's error for a non-Function
-    found = fn_cls.__dict__.get("_minihop_default")
-    if found is None:
-        with _default_lock:
-            found = fn_cls.__dict__.get("_minihop_default")
-            if found is None:
-                found = CapturedFunction(fn_cls)
-                type.__setattr__(fn_cls, "_minihop_default", found)
-                _default.add(found)
-    return found
-
-
-def apply(fn_cls: type, *args: Any, **kwargs: Any) -> Any:
-    """Drop-in for ``fn_cls.apply(*args, **kwargs)``: strict (unsupported Functions raise),
-    captured once per distinct guard key.
-
-    >>> import torch, minihop
-    >>> from minihop.demo import MySin
-    >>> x = torch.randn(4, requires_grad=True)
-    >>> torch.allclose(minihop.apply(MySin, x), MySin.apply(x))   # captured, then cached
-    True
-    """
-    if _is_compiling():
-        return fn_cls.apply(*args, **kwargs)  # see CapturedFunction.apply
-    found = getattr(fn_cls, "__dict__", _NOTHING).get("_minihop_default")
-    return (found or _default_for(fn_cls))._apply(args, kwargs)
-
-
-class _OnStream(CapturedFunction):
-    """A ``CapturedFunction`` whose calls run on a given CUDA stream (``runtime.streams``)."""
-
-    def __init__(self, fn_cls: type, stream: Any, **options: Any) -> None:
-        super().__init__(fn_cls, **options)
-        self.stream = stream
-
-    def apply(self, *args: Any, **kwargs: Any) -> Any:
-        return run_on_stream(lambda: CapturedFunction.apply(self, *args, **kwargs),
-                             (*args, *kwargs.values()), self.stream)
-
-    __call__ = apply
-
-
-def function(fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
-             cache_limit: int = 8, stream: Any = None) -> CapturedFunction:
-    """A ``CapturedFunction`` for ``fn_cls`` with its own cache and policy.
-
-    ``stream``: a ``torch.cuda.Stream`` to run every call's forward (and so its backward) on,
-    with the synchronisation that keeps inputs, outputs and saved tensors valid across it and
-    the caller's stream (as docs/integration.md describes). By default calls run on the
-    caller's current stream, as eager's would.
-
-    >>> import torch, minihop
-    >>> from minihop.demo import MySin
-    >>> sin = minihop.function(MySin, fallback="eager", dynamic=True)
-    >>> _ = sin(torch.randn(4, requires_grad=True)), sin(torch.randn(6, requires_grad=True))
-    >>> sin.stats                 # one capture serves both sizes
-    CacheStats(hits=1, captures=1, eager_calls=0, evictions=0)
-    """
-    options = dict(fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
-    if stream is not None:
-        return _OnStream(fn_cls, stream, **options)
-    return CapturedFunction(fn_cls, **options)
-
-
-def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
-             cache_limit: int = 8) -> Any:
-    """Class decorator: ``F.apply`` itself goes through minihop (``@captured`` or
-    ``@captured(fallback="eager")``).
-
-    >>> import torch, minihop
-    >>> @minihop.captured
-    ... class Double(torch.autograd.Function):
-    ...     @staticmethod
-    ...     def forward(ctx, x):
-    ...         return x * 2
-    ...     @staticmethod
-    ...     def backward(ctx, g):
-    ...         return g * 2
-    >>> Double.apply(torch.ones(2, requires_grad=True))
-    tensor([2., 2.], grad_fn=<...>)
-    """
-
-    def decorate(cls: type) -> type:
-        if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
-            raise TypeError(f"@minihop.captured decorates autograd.Function subclasses, not {cls!r}")
-        # The class as written, for torch.compile: same methods, torch's own apply.
-        twin = type(cls.__name__, (cls,), {"apply": torch.autograd.Function.__dict__["apply"],
-                                           "__module__": cls.__module__,
-                                           "__qualname__": cls.__qualname__})
-        cf = CapturedFunction(cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit,
-                              eager_apply=cls.apply, compile_cls=twin)
-        cls.apply = staticmethod(cf.apply)  # type: ignore[method-assign]
-        cls.minihop = cf  # type: ignore[attr-defined]
-        return cls
-
-    return decorate(fn_cls) if fn_cls is not None else decorate
+# Every CapturedFunction alive (for entries.reset()), and process-wide totals (entries.counters()).
+ALIVE: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()
+TOTALS: dict[str, int] = {"captures": 0, "cache_hits": 0, "fallbacks": 0}
 
 
 # Function name -> why its last capture was single-use (for measuring; never read on a hit).
 counters_single_use: dict[str, tuple[str, ...]] = {}
 
 
-def counters() -> dict[str, int]:
-    """Process-wide totals: ``captures``, ``cache_hits`` and ``fallbacks`` (eager runs)."""
-    return dict(_totals)
-
-
-def reset() -> None:
-    """Clear every minihop cache and zero the counters."""
-    clear_cache()
-    for cf in list(_all):
-        cf.clear()
-        cf.stats = CacheStats()
-    for name in _totals:
-        _totals[name] = 0
-
-
-def clear_cache() -> None:
-    """Forget every capture made by ``minihop.apply``."""
-    with _default_lock:
-        for cf in list(_default):
-            cf.clear()

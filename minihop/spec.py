@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from .structure import OutputSpec, Path, Step, format_path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "LIFTED_FROM", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
            "Place", "PythonState", "RANGE_CHECK", "RawCapture", "StateRead", "StateWrite", "same_value"]
 
 
@@ -325,6 +325,10 @@ GRAD_TOGGLE = "minihop_grad_toggle"
 # The meta key of a node kept for its effect on state outside the graph's values (torch's
 # random state read or set, ``.grad`` accumulated): how it is handled, for ``explain``.
 EFFECT = "minihop_effect"
+
+# The attribute on a lifted input's detached copy (the runtime detaches lifted inputs) naming
+# the tensor it came from: backward() inside backward accumulates into that one's ``.grad``.
+LIFTED_FROM = "_minihop_lifted_from"
 
 # The meta key of the nodes the tracer adds to check an unbacked size's value range (its size
 # read, each bound's comparison and assert: what torch.fx's ``insert_deferred_runtime_asserts``

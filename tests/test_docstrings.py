@@ -18,8 +18,8 @@ import minihop
 import minihop.testing
 
 # Modules whose docstrings hold the examples (the public names are defined there).
-MODULES = ("minihop", "minihop.pipeline", "minihop.cache", "minihop.explain", "minihop.testing",
-           "minihop.rewire.contract")
+MODULES = ("minihop", "minihop.pipeline", "minihop.entries", "minihop.explain",
+           "minihop.testing", "minihop.rewire.contract")
 # The names issue 33 asks an example of, as a user reaches them.
 WITH_EXAMPLES = ("capture", "apply", "function", "captured", "trace", "explain", "load", "check_consistent")
 

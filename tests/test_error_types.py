@@ -139,15 +139,14 @@ def _torch_save(ctx: Any, a: torch.Tensor) -> torch.Tensor:
     return a * 2
 
 
-_OUTSIDE_LEAF = torch.ones(3, requires_grad=True)
-
-
 def _backward_inside_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-    # backward() into a tensor from outside the Function: its .grad is state a capture does not
-    # write (one the Function makes itself is captured: tests/test_recompute.py).
+    # backward() into the Function's own input, not detached: eager's reaches through it into
+    # the caller's graph (one the Function makes itself, or a module's parameter, is captured:
+    # tests/test_recompute.py).
+    a, = ctx.saved_tensors
     with torch.enable_grad():
-        (_OUTSIDE_LEAF * 2).sum().backward()
-    return g * _OUTSIDE_LEAF.grad
+        (a * 2).sum().backward()
+    return g * 2
 
 
 def _double(t: torch.Tensor) -> torch.Tensor:
@@ -198,7 +197,7 @@ HOSTILE: dict[str, type] = {
     "pickle": fn(lambda ctx, a: pickle.loads(pickle.dumps(a.detach())) * 2, G),
     "copy.deepcopy": fn(lambda ctx, a: copy.deepcopy(a) * 2, G),
     "torch.func.grad in forward": fn(lambda ctx, a: torch.func.grad(lambda t: (t * t).sum())(a), G),
-    "backward() inside backward": fn(lambda ctx, a: a * 2, _backward_inside_backward),
+    "backward() inside backward": fn(lambda ctx, a: ctx.save_for_backward(a) or a * 2, _backward_inside_backward),
     "hook on a no-grad tensor": fn(lambda ctx, a: (a * 2).register_hook(lambda g: g), G),
     "torch.compile inside forward": fn(lambda ctx, a: _compiled_double(a), G),
     "torch._assert fails": fn(lambda ctx, a: torch._assert(a.shape[0] == 4, "needs four") or a * 2, G),
@@ -520,7 +519,7 @@ def test_saved_python_value_tensor_double_backward() -> None:
 
 
 def test_backward_call_inside_traced_code_is_mh106() -> None:
-    """Tensor.backward() inside backward that reaches a tensor from outside the Function is MH106: it accumulates into that tensor's .grad, which the capture does not write."""
+    """Tensor.backward() inside backward that reaches the Function's own input is MH106: eager's reaches through it into the caller's graph, which the capture does not record."""
     F = HOSTILE["backward() inside backward"]
     with pytest.raises(minihop.SideEffectError,
                        match=r"\[MH106\] F\.backward calls backward\(\), which reaches a tensor of shape \[3\] "

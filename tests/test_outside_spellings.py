@@ -14,6 +14,7 @@ must still equal eager); it may never differ.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import itertools
 import math
@@ -428,3 +429,106 @@ def test_the_last_tensor_of_a_growing_global_list():
 
     _matches_eager(F, lambda i: (_x(i),), between=lambda i: WEIGHTS.append(torch.full((4,), i + 2.0)),
                    reset=reset, refusable=False)
+
+
+# -- settings read through a call: guarded by their answer -------------------------------------
+
+SCALE_VAR: contextvars.ContextVar[float] = contextvars.ContextVar("scale", default=1.0)
+
+
+def test_a_context_variable_set_between_calls_and_before_backward():
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * SCALE_VAR.get()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * SCALE_VAR.get()
+
+    _matches_eager(F, lambda i: (_x(i),), between=lambda i: SCALE_VAR.set(i + 1.0),
+                   mid=lambda i: SCALE_VAR.set(i + 7.0), reset=lambda: SCALE_VAR.set(1.0), refusable=False)
+
+
+def test_torch_thread_count_changed_between_calls():
+    before = torch.get_num_threads()
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * torch.get_num_threads()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    try:
+        _matches_eager(F, lambda i: (_x(i),), between=lambda i: torch.set_num_threads([1, 2, 2, 1][i]),
+                       refusable=False)
+    finally:
+        torch.set_num_threads(before)
+
+
+DISPATCH: dict[str, Any] = {}
+
+
+def test_a_singledispatch_function_registered_for_a_new_type_between_calls():
+    def fresh():
+        @functools.singledispatch
+        def scale_of(value):
+            return 1.0
+
+        return scale_of
+
+    class Box:
+        k = 3.0
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, box):
+            return t * DISPATCH["scale"](box)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        if i == 2:
+            DISPATCH["scale"].register(Box)(lambda v: v.k)
+
+    box = Box()
+    _matches_eager(F, lambda i: (_x(i), box), between=between,
+                   reset=lambda: DISPATCH.update(scale=fresh()), refusable=False)
+
+
+# -- iterators the code reaches outside its arguments: refused before the trace takes from them --
+
+COUNTERS: list[Any] = [None]
+
+
+def test_a_global_counter_read_with_next():
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * next(COUNTERS[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    _matches_eager(F, lambda i: (_x(i),), reset=lambda: COUNTERS.__setitem__(0, itertools.count(1)))
+
+
+def test_a_closure_iterator_read_with_next():
+    it: list[Any] = [None]
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * next(it[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    _matches_eager(F, lambda i: (_x(i),), reset=lambda: it.__setitem__(0, iter([1.0, 2.0, 3.0, 4.0])))

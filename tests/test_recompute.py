@@ -307,12 +307,151 @@ def test_explain_names_the_recomputation() -> None:
     assert "backward: backward() [" in text and "]: recomputed: torch.autograd.grad" in text
 
 
-def test_parameter_leaf_is_refused() -> None:
-    """backward() into a module's parameters (.grad eager writes) is refused, coded; fallback runs it."""
-    lin = torch.nn.Linear(4, 4)
-    x = torch.randn(3, 4, requires_grad=True)
+# -- run_function a module: backward() accumulates into its parameters' .grad (issue 31) -----
+
+def _module_calls(apply: Apply, module: torch.nn.Module, make: Callable[[], tuple[Any, ...]],
+                  n: int, seed: int) -> tuple[list[Any], torch.Tensor]:
+    """N calls sharing one module, from one seed: outputs, whether they require grad, the tensor
+    arguments' .grad and every parameter's .grad after each call (they accumulate over calls,
+    as in eager), and the global random state after all of them."""
+    torch.manual_seed(seed)
+    results = []
+    for _ in range(n):
+        args = make()
+        out = apply(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        weights = [torch.randn(o.shape) for o in outs]
+        if any(o.requires_grad for o in outs):
+            torch.autograd.backward(outs, weights)
+        results.append(([o.detach() for o in outs], [o.requires_grad for o in outs],
+                        [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad],
+                        [None if p.grad is None else p.grad.clone() for p in module.parameters()]))
+    return results, torch.get_rng_state()
+
+
+def _module_matches_eager(fn_cls: type, build: Callable[[], torch.nn.Module],
+                          args: Callable[[torch.nn.Module], Callable[[], tuple[Any, ...]]],
+                          mode: str, n: int = 3) -> None:
+    torch.manual_seed(1)
+    eager_module = build()
+    mine_module = build()
+    mine_module.load_state_dict(eager_module.state_dict())
+    eager, eager_state = _module_calls(fn_cls.apply, eager_module, args(eager_module), n, 0)
+    run: Apply = {"strict": minihop.function(fn_cls), "fallback": minihop.function(fn_cls, fallback="eager"),
+                  "apply": lambda *a: minihop.apply(fn_cls, *a)}[mode]
+    mine, mine_state = _module_calls(run, mine_module, args(mine_module), n, 0)
+    for i, (e, m) in enumerate(zip(eager, mine, strict=True)):
+        assert m[1] == e[1], f"call {i}: requires_grad of the outputs"
+        for part, what in ((0, "outputs"), (2, "argument grads"), (3, "parameter grads")):
+            assert len(m[part]) == len(e[part])
+            for k, (ev, mv) in enumerate(zip(e[part], m[part], strict=True)):
+                assert (ev is None) == (mv is None), f"call {i}: {what} {k}"
+                if ev is not None:
+                    assert torch.equal(mv, ev), f"call {i}: {what} {k} differ"
+    assert torch.equal(mine_state, eager_state), "the random stream after the calls differs"
+    if mode == "strict":
+        assert run.stats.eager_calls == 0 and run.stats.captures == 1, run.stats
+
+
+def _checkpoint_module_args(preserve: bool = True, requires_grad: bool = True):
+    x0 = torch.randn(3, 4)
+
+    def args(module: torch.nn.Module) -> Callable[[], tuple[Any, ...]]:
+        return lambda: (module, preserve, x0.clone().requires_grad_(requires_grad))
+    return args
+
+
+def _sequential_with_dropout() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.GELU(),
+                               torch.nn.Linear(8, 4), torch.nn.Dropout(0.1))
+
+
+@pytest.mark.parametrize("mode", ["strict", "fallback", "apply"])
+class TestModuleParameters:
+    """``checkpoint(module, x, use_reentrant=True)``: the recomputation reads the module's own
+    parameters and eager's ``torch.autograd.backward`` accumulates into their ``.grad``."""
+
+    def test_linear(self, mode: str) -> None:
+        _module_matches_eager(CheckpointFunction, lambda: torch.nn.Linear(4, 4),
+                              _checkpoint_module_args(), mode)
+
+    def test_torchs_own_checkpoint_function(self, mode: str) -> None:
+        from torch.utils.checkpoint import CheckpointFunction as TorchCheckpointFunction
+        _module_matches_eager(TorchCheckpointFunction, _sequential_with_dropout,
+                              _checkpoint_module_args(), mode)
+
+    def test_sequential_with_dropout(self, mode: str) -> None:
+        """Dropout inside the module: the recomputation draws forward's masks (random-state
+        replay) and the parameters' .grad are eager's, bit for bit."""
+        _module_matches_eager(CheckpointFunction, _sequential_with_dropout, _checkpoint_module_args(), mode)
+
+    def test_megatron_tracker_with_module(self, mode: str) -> None:
+        """Megatron's CheckpointFunction with its random-state tracker, run_function an
+        nn.Sequential with dropout."""
+        tracker = RngStatesTracker()
+        tracker.add("model-parallel-rng", 1234)
+        x0 = torch.randn(3, 4)
+
+        def args(module: torch.nn.Module) -> Callable[[], tuple[Any, ...]]:
+            return lambda: (module, tracker, x0.clone().requires_grad_())
+        _module_matches_eager(TrackedCheckpointFunction, _sequential_with_dropout, args, mode)
+
+    def test_input_without_grad(self, mode: str) -> None:
+        """The first layer's input needs no grad: eager's output does not require grad (the
+        parameters are not the Function's inputs), and neither does minihop's."""
+        _module_matches_eager(CheckpointFunction, lambda: torch.nn.Linear(4, 4),
+                              _checkpoint_module_args(requires_grad=False), mode)
+
+
+def test_closure_leaf_accumulates() -> None:
+    """backward() into a global leaf tensor: eager accumulates into its .grad on each backward
+    and the Function reads it; so does the capture."""
+    w = torch.ones(3, requires_grad=True)
+
+    class Uses(Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            with torch.enable_grad():
+                (w * 2).sum().backward()
+            return g * w.grad
+
+    results = {}
+    for name, run in (("eager", Uses.apply), ("strict", minihop.function(Uses))):
+        w.grad = None
+        grads = []
+        for i in range(3):
+            x = torch.randn(3, requires_grad=True, generator=torch.Generator().manual_seed(i))
+            run(x).sum().backward()
+            grads.append((x.grad, w.grad.clone()))
+        results[name] = grads
+    for (ex, ew), (mx, mw) in zip(results["eager"], results["strict"], strict=True):
+        assert torch.equal(mx, ex) and torch.equal(mw, ew)
+
+
+def test_own_input_not_detached_is_refused() -> None:
+    """backward() through the Function's own input (not detached) is refused, coded; eager's
+    reaches into the caller's graph. fallback runs it."""
+
+    class Through(Function):
+        @staticmethod
+        def forward(ctx, a):
+            ctx.save_for_backward(a)
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            a, = ctx.saved_tensors
+            with torch.enable_grad():
+                (a * 3).sum().backward()
+            return g * 2
+
+    x = torch.randn(3, requires_grad=True)
     with pytest.raises(minihop.SideEffectError, match=r"\[MH106\] .*backward\(\), which reaches a tensor"):
-        minihop.apply(CheckpointFunction, lin, True, x)
-    cf = minihop.function(CheckpointFunction, fallback="eager")
-    cf(lin, True, x).sum().backward()
-    assert cf.stats.eager_calls == 1 and lin.weight.grad is not None
+        minihop.apply(Through, x)
+    cf = minihop.function(Through, fallback="eager")
+    cf(x).sum().backward()
+    assert cf.stats.eager_calls == 1 and torch.equal(x.grad, torch.full((3,), 5.0))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..spec import InputSource
+from ..spec import LIFTED_FROM, InputSource
 from ..structure import make_getter
 
 __all__ = ["fetch_positional", "fetcher"]
@@ -33,7 +33,7 @@ def fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[
         if source.path is None:
             constant = source.constant
             # Lifted tensors never receive gradients (eager's Function does not see them).
-            value = constant.detach() if constant is not None and constant.requires_grad else constant
+            value = _detached(constant) if constant is not None else constant
             getters.append(lambda args, kwargs, v=value: v)
             continue
         get = make_getter(source.path)
@@ -52,7 +52,11 @@ def fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[
 
 
 def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        detached = value.detach()
+        setattr(detached, LIFTED_FROM, value)  # for backward() in backward (tracer.recompute)
+        return detached
+    return value
 
 
 def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None:

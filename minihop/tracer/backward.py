@@ -54,8 +54,8 @@ class BackwardRun:
 
 
 def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_outputs: int,
-                  fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
-                  grad_on: bool) -> BackwardRun:
+                 fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
+                 grad_on: bool) -> BackwardRun:
     """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``."""
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
     top_items = list(out) if isinstance(out, tuple) else [out]
@@ -118,11 +118,11 @@ def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
 
 
 def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx, out: Any,
-                    num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
-                    fwd_names: dict[fx.Node, str], made: list[RawCapture],
-                    grad_specs: tuple[GradSpec | None, ...] | None,
-                    call_args: tuple[Any, ...] = (),
-                    call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
+                   num_outputs: int, fake_args: tuple[Any, ...], grad_on: bool,
+                   fwd_names: dict[fx.Node, str], made: list[RawCapture],
+                   grad_specs: tuple[GradSpec | None, ...] | None,
+                   call_args: tuple[Any, ...] = (),
+                   call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
     """Trace backward again, after the forward traced once: for grads laid out otherwise, for
     Python values backward reads that changed since forward ran, or for values backward
     takes out of its grads and saved values (``call_data``: the real ones, per fwd output and

@@ -36,11 +36,10 @@ _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monot
                     "monotonic_ns", "process_time", "process_time_ns"),
            "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4")}
 # Seeding torch's generators: not a tensor operation, so it would run once, while tracing.
-# (torch's CPU ``set_rng_state`` is not one: it is a graph node, see recompute.)
+# (torch's and torch.cuda's ``set_rng_state`` are not: they are graph nodes, see recompute.)
 _SEEDS = {"torch": ("manual_seed", "seed"),
           "torch.random": ("manual_seed", "seed"),
-          "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
-                         "set_rng_state_all")}
+          "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state_all")}
 # Messages (``from warnings import warn``, ``from logging import info``): sent once while
 # tracing, never by the graphs; refused (effects.MessageWatch sees the module-attribute calls).
 _MESSAGES = {"warnings": ("warn", "warn_explicit"),

@@ -12,7 +12,10 @@ an iterator of the standard library or a generator is refused before the trace r
 nothing taken); ``fallback="eager"`` then runs eager on the untouched iterator. Random
 generators are not refused here: tracing puts them back.
 
-Invariant: nothing is taken from an argument's iterator by a capture that is refused.
+pystate asks the same (``refuse_iterator_read``) of each value the code's chains name outside
+the arguments (a global ``COUNTER``, a closure's ``it[0]``), before the trace runs.
+
+Invariant: nothing is taken from an iterator by a capture that is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..errors import SideEffectError
 from ..structure import attributes
 from .hidden import fingerprint
 
-__all__ = ["refuse_iterator_arguments"]
+__all__ = ["refuse_iterator_arguments", "refuse_iterator_read"]
 
 _ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.Tensor, type)
 _DEPTH = 6
@@ -45,7 +48,20 @@ def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tup
                 "Tracing runs forward, and a value forward takes from an iterator cannot be "
                 "given back: the trace would spend what eager's call takes.",
                 "Pass the values (a list or tuple) instead of an iterator, or use "
-                "fallback=\"eager\" (it runs eager on the untouched iterator).")
+                "fallback='eager' (it runs eager on the untouched iterator).")
+
+
+def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> None:
+    """Raise MH106 if ``value``, which the code names at ``place`` (a global, a closure
+    cell, ``COUNTER[0]``), is an iterator: the same, before the trace takes from it."""
+    if not isinstance(value, _ATOMS) and _iterator(value):
+        raise SideEffectError(
+            f"{fn_name}.{phase} takes the next value of {place} (a {type(value).__name__}, an "
+            "iterator the code reads).",
+            "Tracing runs forward, and a value taken from an iterator cannot be given back: "
+            "the trace would spend what eager's call takes.",
+            "Pass the values in as an argument, or use fallback='eager' (it runs eager on "
+            "the untouched iterator).")
 
 
 def _iterator(value: Any) -> bool:

@@ -30,8 +30,8 @@ __all__ = ["check_returned", "hidden_outputs", "refuse_hidden_tensors", "refuse_
 
 
 def hidden_outputs(t: Tracing, found: tuple[OutsideTensor, ...],
-                    flat: list[torch.Tensor],
-                    top: list[bool], fake_args: tuple[Any, ...]) -> tuple[OutsideWrite, ...]:
+                   flat: list[torch.Tensor],
+                   top: list[bool], fake_args: tuple[Any, ...]) -> tuple[OutsideWrite, ...]:
     """Each tensor forward put outside its return value becomes a hidden fwd output (appended
     to ``flat``, not top-level); returns the writes the runtime repeats on every call."""
     arg_ids = {id(a) for a in fake_args if isinstance(a, torch.Tensor)}

@@ -46,6 +46,8 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from ..structure import argname, attributes
 from . import collectives, effects, hidden, opaque
+from .iterators import refuse_iterator_read
+from .settings import setting_place
 from .userattr import UserAttribute, served_by_user_code
 from .chains import Chain, CodeFacts, code_facts
 from .names import code_of
@@ -434,12 +436,15 @@ class StateTracker:
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = _walk(value, named) if named else value  # what the code calls or reads
+                if not root.uses_args:  # (arguments: pipeline asked before the trace)
+                    refuse_iterator_read(self.name, phase, chain.root, named_end)
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
                 if _reads_environment(value, named):
                     self._add_read(_ENVIRONMENT, phase, code, chain.line)
-                if id(named_end) in _FLAG_PLACES:
-                    self._add_read(_FLAG_PLACES[id(named_end)], phase, code, chain.line)
+                setting = _FLAG_PLACES.get(id(named_end)) or setting_place(named_end)
+                if setting is not None:
+                    self._add_read(setting, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: not the user's state
                 if root.description not in seen_roots:

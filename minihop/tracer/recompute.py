@@ -17,8 +17,9 @@ How they are captured:
   own ops (the recomputation under ``enable_grad``) make the autograd graph at run time, so the
   bwd graph holds the recomputation and its differentiation; ``.grad`` reads after it are
   ordinary graph reads of the real leaves.
-- ``torch.get_rng_state()`` and ``torch.set_rng_state(s)`` become graph nodes (the functions
-  themselves), in program order: forward reads the generator's state when the capture runs,
+- ``torch.get_rng_state()`` and ``torch.set_rng_state(s)`` (and ``torch.cuda``'s, also as
+  ``fork_rng(devices=[0])`` calls them) become graph nodes (the functions themselves), in
+  program order: forward reads the generator's state when the capture runs,
   backward puts it back, draws, and ``fork_rng`` restores it, exactly as eager does. While
   tracing, random ops run on fake tensors and never touch the real generator, so nothing is
   set for real.
@@ -26,10 +27,17 @@ How they are captured:
 ``rng_state_recorded`` also swaps in ``numpy_bridge.from_numpy`` for ``torch.from_numpy`` (like
 the random-state functions, not a torch function a mode sees).
 
+- A leaf from outside that ``backward()`` reaches -- a parameter of the module passed as
+  ``run_function``, a closure or global tensor -- is read in the bwd graph as
+  ``lifted_from(its input)``: the runtime hands the Function lifted inputs detached (they get
+  no gradient from it, as in eager) and tags each copy with the tensor it came from, so the
+  recomputation is differentiated with respect to the real leaf and ``accumulate_grad`` writes
+  its ``.grad``, as eager's ``AccumulateGrad`` does during the outer backward.
+
 Invariant (unknown means unsafe): ``.grad`` is accumulated only into leaves the traced code
-made itself (``x.detach().requires_grad_()``); a ``backward()`` that reaches a leaf from
-outside the Function (a module's parameter, an input, a closure tensor) is refused (MH106):
-its ``.grad`` is state eager writes and this capture would not.
+made itself (``x.detach().requires_grad_()``) and into leaf tensors lifted from outside; a
+``backward()`` that reaches one of the Function's own tensor inputs (not detached: eager's
+reaches through it into the caller's graph) or a non-leaf is refused (MH106).
 """
 
 from __future__ import annotations
@@ -42,10 +50,10 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
-from ..spec import EFFECT
+from ..spec import EFFECT, LIFTED_FROM
 from . import numpy_bridge
 
-__all__ = ["accumulate_grad", "backward", "rng_state_recorded"]
+__all__ = ["accumulate_grad", "backward", "lifted_from", "rng_state_recorded"]
 
 _state = threading.local()
 # The functions as torch defines them (graph nodes call these, never the tracing stand-ins).
@@ -53,13 +61,20 @@ _GET = torch.random.get_rng_state
 _SET = torch.random.set_rng_state
 
 
-def accumulate_grad(leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> None:
+def accumulate_grad(leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                    create_graph: bool = False) -> None:
     """Add each gradient into its leaf's ``.grad`` as autograd's ``AccumulateGrad`` does for
     ``backward()`` without ``create_graph``: a leaf without ``.grad`` takes the gradient (a
     detached copy: eager's may be the same storage, never one the user holds elsewhere), one
-    with a ``.grad`` has it added in place."""
+    with a ``.grad`` has it added in place. With ``create_graph`` (grad mode on, as the engine
+    runs it) ``.grad`` keeps the gradient's graph: a copy of it, or ``.grad + g`` out of place."""
     for leaf, g in zip(leaves, grads, strict=True):
         if g is None:
+            continue
+        if create_graph:
+            with torch.enable_grad():
+                leaf.grad = g.clone(memory_format=torch.contiguous_format) if leaf.grad is None \
+                    else leaf.grad + g
             continue
         with torch.no_grad():
             if leaf.grad is None:
@@ -99,7 +114,7 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 
 
 def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-             describe: str, where: str | None) -> None:
+             describe: str, where: str | None, sources: dict[int, Any] | None = None) -> None:
     """Record ``torch.autograd.backward(...)`` or ``tensor.backward(...)`` (``func``) as a grad
     node and an ``accumulate_grad`` node, and do the same to the fake leaves."""
     if func is torch.Tensor.backward:
@@ -113,39 +128,64 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
         outputs = _as_tuple(bound["tensors"])
         given = bound.get("grad_tensors")
         grads = _as_tuple(bound.get("grad_variables") if given is None else given)
-    if bound.get("create_graph"):
-        raise SideEffectError(
-            f"{describe} calls backward(create_graph=True).",
-            "minihop records backward() inside a Function as a gradient computation and a "
-            ".grad accumulation; the graph-building accumulation is not written.",
-            "Use torch.autograd.grad(..., create_graph=True) and use its result, or run this "
-            "Function eagerly.", where=where)
+    create_graph = bool(bound.get("create_graph"))
     inputs = _as_tuple(bound.get("inputs"))
     leaves = list(inputs) if inputs else _leaves(outputs)
     for leaf in leaves:
         node = recorder.node_of.get(id(leaf))
+        source = (sources or {}).get(id(leaf))
+        if node is not None and node.op == "placeholder" and source is not None and source.lifted \
+                and leaf.is_leaf and recorder.graph is node.graph:
+            _read_as_lifted_from(recorder, leaf, node)
+            continue
         if node is None or node.op == "placeholder":
             raise SideEffectError(
                 f"{describe} calls backward(), which reaches a tensor of shape "
-                f"{list(leaf.shape)} that the Function did not make (a module's parameter, an "
-                "input or a tensor from outside) and accumulates into its .grad.",
-                "minihop accumulates .grad, as eager does, only into leaves the traced code made "
-                "itself (x.detach().requires_grad_()); .grad of a tensor from outside is state "
-                "this capture does not write.",
-                "Detach what the recomputation reads inside the Function and return its "
+                f"{list(leaf.shape)} that the Function did not make (one of its own tensor "
+                "inputs, not detached, or a tensor from outside that is not a leaf) and "
+                "accumulates into its .grad.",
+                "minihop accumulates .grad, as eager does, into leaves the traced code made "
+                "itself (x.detach().requires_grad_()) and into leaf tensors read from a module, "
+                "closure or global (a run_function's parameters); eager's backward() through the "
+                "Function's own input reaches the caller's graph, which a capture does not record.",
+                "Detach the input inside backward (x.detach().requires_grad_()) and return its "
                 "gradient, or run this Function eagerly.", where=where)
     if not leaves:
         return
     grad_kwargs = {"grad_outputs": grads or None, "retain_graph": bound.get("retain_graph"),
                    "allow_unused": True}
+    if create_graph:  # the gradients (and so .grad) keep their graph, for a double backward
+        grad_kwargs["create_graph"] = True
     result = torch.autograd.grad(outputs, leaves, **grad_kwargs)
     recorder.record(torch.autograd.grad, (outputs, tuple(leaves)), grad_kwargs, result)
-    node = recorder.record(accumulate_grad, (tuple(leaves), tuple(result)), {}, None)
+    node = recorder.record(accumulate_grad, (tuple(leaves), tuple(result)),
+                           {"create_graph": True} if create_graph else {}, None)
     recorder.note_mutation(node, tuple(leaves))
     node.meta[EFFECT] = (f"backward() [{where}]: recomputed: torch.autograd.grad over the graph's "
                          f"own recomputation, then .grad accumulated into its {len(leaves)} leaf "
                          "tensor(s) as eager's AccumulateGrad does")
-    accumulate_grad(leaves, result)
+    accumulate_grad(leaves, result, create_graph)
+
+
+def lifted_from(value: torch.Tensor) -> torch.Tensor:
+    """The tensor a lifted input's detached copy was made from at run time (the runtime
+    detaches lifted inputs: the Function gives them no gradient, as eager's does not)."""
+    return getattr(value, LIFTED_FROM, value)
+
+
+def _read_as_lifted_from(recorder: Any, leaf: torch.Tensor, placeholder: Any) -> None:
+    """A module's parameter (or a closure tensor) the recomputation reads, reached by
+    ``backward()``: eager's recomputation reads the real leaf and accumulates into its
+    ``.grad``. Every use of its placeholder in this graph reads ``lifted_from(placeholder)``
+    instead (the real tensor; the placeholder holds its detached copy), so the graph's
+    recomputation is differentiated with respect to it and ``accumulate_grad`` writes it."""
+    graph = placeholder.graph
+    first = min(placeholder.users, key=list(graph.nodes).index)
+    with graph.inserting_before(first):
+        live = graph.call_function(lifted_from, (placeholder,))
+    live.meta["val"] = leaf
+    placeholder.replace_all_uses_with(live, delete_user_cb=lambda user: user is not live)
+    recorder.node_of[id(leaf)] = live
 
 
 def _get_rng_state() -> torch.Tensor:
@@ -172,6 +212,37 @@ def _set_rng_state(new_state: torch.Tensor) -> None:
     return None
 
 
+# torch.cuda's generator: the same, for Functions written for GPUs (Megatron, checkpoint's
+# device states). ``device`` is recorded as passed. Without CUDA, eager's get raises
+# (``_lazy_init``) and its set is queued for a CUDA initialisation that never comes: the
+# stand-in's get calls torch's own to raise the same error, and the recorded set calls it when
+# the graph runs, queueing just as eager does.
+_CUDA_GET = torch.cuda.get_rng_state
+_CUDA_SET = torch.cuda.set_rng_state
+
+
+def _cuda_get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    mode = _recording()
+    if mode is None:
+        return _CUDA_GET(device)
+    with torch._C.DisableTorchFunction():
+        fake = mode.fake_mode.from_tensor(_CUDA_GET(device))
+    node = mode.recorder.record(_CUDA_GET, (device,), {}, fake)
+    node.meta[EFFECT] = "torch.cuda.get_rng_state(): replayed: the generator's state is read when the graph runs"
+    mode.recorder.note_mutation(node, ())
+    return fake
+
+
+def _cuda_set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    mode = _recording()
+    if mode is None:
+        return _CUDA_SET(new_state, device)
+    node = mode.recorder.record(_CUDA_SET, (new_state, device), {}, None)
+    node.meta[EFFECT] = "torch.cuda.set_rng_state(...): replayed: the generator's state is set when the graph runs"
+    mode.recorder.note_mutation(node, ())
+    return None
+
+
 def _recording() -> Any:
     mode = getattr(_state, "mode", None)
     return mode if mode is not None and mode.recorder is not None else None
@@ -181,6 +252,9 @@ def _recording() -> Any:
 # outside a recording. torch.from_numpy is numpy_bridge's (not a torch function a mode sees).
 _STAND_INS = [(home, name, stand_in) for home in (torch, torch.random)
               for name, stand_in in (("get_rng_state", _get_rng_state), ("set_rng_state", _set_rng_state))]
+_STAND_INS += [(home, name, stand_in) for home in (torch.cuda, torch.cuda.random)
+               for name, stand_in in (("get_rng_state", _cuda_get_rng_state),
+                                      ("set_rng_state", _cuda_set_rng_state))]
 _STAND_INS.append((torch, "from_numpy", numpy_bridge.from_numpy))
 _lock = threading.Lock()
 _users = [0]  # traces (any thread) inside rng_state_recorded: the stand-ins stay while any is

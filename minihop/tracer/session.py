@@ -32,6 +32,7 @@ from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
 from ..spec import EFFECT, InputSource
 from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
+from .backward_reads import BackwardReads
 from .effects import refuse_generators
 from .frames import format_frame, user_frame, user_frame_of
 from .function_parts import FunctionParts
@@ -112,6 +113,7 @@ class Tracing:
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
         self.phase = "forward"
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
+        self.mode.sources = self.sources  # recompute: which tensors are lifted (outside leaves)
         self.values = ValueReader(self, None)
         self.mode.on_value = self.values.read
         self.mode.on_constant = self.values.constant_result

@@ -58,7 +58,8 @@ def _exit_autocast_node(mode: RecordingMode, recorder: GraphRecorder, func: Any,
 def _backward(mode: RecordingMode, recorder: GraphRecorder, func: Any,
               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # Checkpoint-style backwards: a grad node and a .grad accumulation (see recompute).
-    return recompute.backward(recorder, func, args, kwargs, mode.describe(), mode.where())
+    return recompute.backward(recorder, func, args, kwargs, mode.describe(), mode.where(),
+                              getattr(mode, "sources", {}))
 
 
 def _from_array(mode: RecordingMode, recorder: GraphRecorder, func: Any,

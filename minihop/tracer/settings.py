@@ -1,0 +1,54 @@
+"""Process and context settings the code reads through a call: guarded like a global.
+
+Place in the pipeline: tracer, asked by ``pystate`` for each value the code's chains name.
+Some state is not an attribute anyone can snapshot but the answer of a call: torch's thread
+counts (``torch.get_num_threads()``), a ``contextvars.ContextVar``'s ``.get()`` (the
+context-local setting libraries use for "current precision", "current scale") and a
+``functools.singledispatch`` function's table (``register`` adds to it in place). A capture bakes
+the answer in, so a later call after ``torch.set_num_threads(2)``, ``VAR.set(3.0)`` or
+``fn.register(Box)`` would reuse it. Each such read is a place whose value is the call's answer, checked on every call
+(and before backward for backward's reads), as pystate's ``_FLAG_PLACES`` are.
+
+Invariant: a call that reads a setting named here is guarded by the setting's value.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import types
+from typing import Any
+
+import torch
+
+from ..spec import MISSING, Place
+
+__all__ = ["setting_place"]
+
+_TORCH = {id(fn): fn for fn in (torch.get_num_threads, torch.get_num_interop_threads)}
+
+
+class _Box:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def setting_place(end: Any) -> Place | None:
+    """The place for ``end`` (what a chain of the code names) when calling it reads a setting."""
+    fn = _TORCH.get(id(end))
+    if fn is not None:
+        return Place(f"torch.{fn.__name__}()", lambda args: _Box(fn()), ("attr", "value"), False,
+                     lambda args: fn())
+    # Only functions and C methods are probed (getattr on any object could run its __getattr__).
+    registry = getattr(end, "registry", None) if isinstance(end, types.FunctionType) and \
+        callable(getattr(end, "dispatch", None)) else None
+    if isinstance(registry, types.MappingProxyType):  # functools.singledispatch: its table
+        return Place(f"{getattr(end, '__qualname__', 'a singledispatch function')}'s registry",
+                     lambda args: _Box(tuple(registry.items())), ("attr", "value"), False,
+                     lambda args: tuple(registry.items()))
+    var = end.__self__ if isinstance(end, types.BuiltinMethodType) else None
+    if isinstance(var, contextvars.ContextVar) and getattr(end, "__name__", "") == "get":
+        return Place(f"ContextVar {var.name!r}", lambda args: _Box(var.get(MISSING)), ("attr", "value"), False,
+                     lambda args: var.get(MISSING))
+    return None
