@@ -42,7 +42,7 @@ from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
 from .tracer.iterators import refuse_iterator_arguments
-from .tracer.pystate import arg_masks as _arg_masks
+from .tracer.roots import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 

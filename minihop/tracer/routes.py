@@ -22,7 +22,7 @@ import torch
 from ..graph_names import free_value_root, held_name, parameter_name, tensor_name
 from ..structure import attributes
 from .names import free_values
-from .pystate import is_library
+from .library import is_library
 
 __all__ = ["closure_routes"]
 

@@ -1,0 +1,311 @@
+"""The heap watch: one snapshot of the Python state a trace can reach, one diff, one rule table.
+
+Place in the pipeline: tracer, driven by ``pystate.StateTracker``. Before forward is traced,
+``snapshot`` records every object reachable from the roots the read analysis found
+(``roots``: globals, closure cells, classes, objects reached from them) and from the
+arguments: a shallow copy of what each holds. After forward and after backward a second
+snapshot is taken and ``changes`` lists every difference, once. ``classify`` turns each
+difference into what the capture does about it, by the first row of ``RULES`` (data:
+condition -> outcome) that matches: a replayable ``StateWrite`` kind (``add``, ``extend``,
+``set``, ``copy``) or a refusal (``SideEffectError``, raised by the tracker with the place and
+the source line). ``restore`` puts every snapshotted object back as it was, so tracing leaves
+Python state as it found it. ``ATOMS`` is the one tuple of values a write may replay as they are.
+
+A new kind of write is handled by adding a row to ``RULES`` (above the catch-all refusal), and
+a new kind of holder by teaching ``contents_of`` what it holds; nothing else compares state.
+
+Invariant: every object of a snapshot that is still reachable afterwards and changed yields
+its differences from ``changes``; each is classified by exactly one rule, and the last rule
+refuses, so an unforeseen change is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ..spec import MISSING
+from ..structure import argname, attributes
+from . import effects, hidden
+from .library import is_library
+from .roots import StateRoot, cell_value
+
+__all__ = ["ATOMS", "RULES", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
+           "del_attr", "restore", "same", "set_attr", "snapshot"]
+
+# The values a write may replay as they are (and a ctx attribute may hold as a value, not a holder).
+ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
+MAX_OBJECTS = 2000  # a snapshot walks at most this many objects ...
+MAX_DEPTH = 6       # ... and this deep below its roots
+
+
+@dataclasses.dataclass
+class Seen:
+    """One object of a snapshot: how to find it again, and a copy of its contents."""
+
+    obj: Any
+    root: StateRoot
+    steps: tuple[tuple[str, Any], ...]
+    kind: str  # "attrs", "list", "dict", "set", "globals", "cell"
+    contents: Any
+
+
+def snapshot(roots: Iterable[StateRoot], args: tuple[Any, ...], argnames: tuple[str, ...],
+             real_of: Callable[[Any], Any] | None = None) -> dict[int, Seen]:
+    """Every object reachable from ``roots`` and the arguments, with a shallow copy of what it
+    holds (``real_of``: the user's own binding of a global or cell minihop stood in for)."""
+    found: dict[int, Seen] = {}
+    queue: collections.deque[tuple[Any, StateRoot, tuple[tuple[str, Any], ...], int]] = collections.deque()
+    globals_seen: dict[int, tuple[Any, dict[str, Any]]] = {}
+    for root in roots:
+        value = root.fetch(args)
+        if root.home is not None and root.home[0] == "globals":
+            _, g, name = root.home
+            entry = globals_seen.setdefault(id(g), (g, {}))
+            bound = g.get(name, MISSING)
+            entry[1][name] = bound if real_of is None else real_of(bound)
+        elif root.home is not None:
+            cell = root.home[1]
+            bound = cell_value(cell)  # the user's own binding, not minihop's stand-in
+            found.setdefault(id(cell), Seen(cell, root, (), "cell", bound if real_of is None else real_of(bound)))
+        queue.append((value, root, (), 0))
+    for i, a in enumerate(args):
+        queue.append((a, StateRoot(argname(i, argnames),
+                                   lambda args, i=i: args[i] if i < len(args) else MISSING, True), (), 0))
+    for gid, (g, names) in globals_seen.items():
+        found[gid] = Seen(g, StateRoot("globals", lambda args, g=g: g, False), (), "globals", dict(names))
+    while queue and len(found) < MAX_OBJECTS:
+        value, root, steps, depth = queue.popleft()
+        if id(value) in found or depth > MAX_DEPTH:
+            continue
+        kind, contents = contents_of(value)
+        if kind is None:
+            continue
+        found[id(value)] = Seen(value, root, steps, kind, contents)
+        children = (contents.items() if kind in ("attrs", "dict") else
+                    enumerate(contents) if kind == "list" else ())
+        if isinstance(value, torch.nn.Module):
+            children = [*children, *value._modules.items()]
+        for key, child in children:
+            step = ("attr", key) if kind == "attrs" else ("item", key)
+            queue.append((child, root, (*steps, step), depth + 1))
+    return found
+
+
+def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[tuple[Seen, tuple[str, Any], Any, Any]]:
+    """Each difference from snapshot ``old`` to ``new``: (what was seen, step, before, after).
+    An object no longer reachable is left out: nothing of it is state the next call sees."""
+    for key, was in old.items():
+        later = new.get(key)
+        if later is None or later.obj is not was.obj:
+            continue
+        if same(was.kind, was.contents, later.contents):
+            continue
+        for step, before, after in differences(was.kind, was.contents, later.contents):
+            yield was, step, before, after
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One difference, with what the tracker knows of its place (for the rules)."""
+
+    kind: str                  # the snapshot kind of the object changed ("attrs", "list", ...)
+    step: tuple[str, Any]      # ("attr", name), ("item", key), ("extend", None), ("cell", None), ("whole", None)
+    before: Any
+    after: Any
+    guarded: bool = False      # the place is a guarded read: the same before every call
+    increment: bool = False    # the code writes it with ``+=``/``-=``
+
+
+def _atomic(value: Any) -> bool:
+    return isinstance(value, ATOMS) and not isinstance(value, torch.Tensor) or atom_tuple(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """``when`` a change matches, the capture does ``outcome``: a ``StateWrite`` kind, or
+    "refuse" (``what`` the message says the code did; ``tensor``: advise returning it)."""
+
+    name: str
+    when: Callable[[Change], bool]
+    outcome: str
+    what: str = ""
+    tensor: bool = False
+
+
+# First match wins; the last row matches everything, so nothing unforeseen is replayed.
+RULES: tuple[Rule, ...] = (
+    Rule("a random generator or iterator moved", lambda c: c.kind == "hidden", "refuse-hidden"),
+    Rule("Python values appended", lambda c: c.step == ("extend", None)
+         and all(isinstance(v, ATOMS) or atom_tuple(v) for v in c.after), "extend"),
+    Rule("objects appended", lambda c: c.step == ("extend", None), "refuse",
+         "appends objects minihop cannot repeat to"),
+    # An unguarded counter is replayed as its increment, exact for ints only.
+    Rule("a counter incremented by a whole number", lambda c: _atomic(c.after) and not c.guarded and c.increment
+         and type(c.before) is int and type(c.after) is int, "add"),
+    Rule("a counter incremented otherwise", lambda c: _atomic(c.after) and not c.guarded and c.increment,
+         "refuse", "increments (not by whole numbers)"),
+    # A value set outright, or a guarded one (the same before every call): set again.
+    Rule("a Python value set", lambda c: _atomic(c.after), "set"),
+    # Deleted (``opts.pop("k")``) or a fresh container of constants set (``Recorder.meta =
+    # {"seen": []}``): replayed as eager does it, each call.
+    Rule("deleted", lambda c: c.step[0] != "whole" and c.after is MISSING, "set"),
+    Rule("a fresh container of constants set", lambda c: c.step[0] != "whole"
+         and effects.constant_container(c.after), "copy"),
+    Rule("a tensor put", lambda c: isinstance(c.after, torch.Tensor) or holds_tensor(c.after), "refuse",
+         "puts a tensor into", tensor=True),
+    Rule("anything else", lambda c: True, "refuse", "changes"),
+)
+
+
+def classify(change: Change) -> Rule:
+    """The first rule of ``RULES`` that ``change`` matches."""
+    return next(rule for rule in RULES if rule.when(change))
+
+
+def argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) -> Seen | None:
+    """``value`` as an argument (by identity), for a backward read through ctx: forward's key
+    held its state, but the caller may change it before backward (``drop.eval()``)."""
+    for i, a in enumerate(args):
+        if a is value:
+            return Seen(a, StateRoot(argname(i, argnames), lambda call, i=i: call[i], True), (), "attrs", None)
+    return None
+
+
+def atom_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(v, ATOMS) or atom_tuple(v) for v in value)
+
+
+def holds_tensor(value: Any) -> bool:
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(isinstance(v, torch.Tensor) or holds_tensor(v) for v in items)
+
+
+UNWATCHED = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Tensor,
+                        torch.nn.Parameter, types.ModuleType, types.FunctionType, tuple, frozenset})
+
+
+def contents_of(value: Any) -> tuple[str | None, Any]:
+    """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
+    if type(value) in UNWATCHED:
+        return None, None
+    if isinstance(value, torch.nn.Module):
+        # Its plain attributes (``training``, ``self.steps``); parameters, buffers and
+        # submodules live in its underscore dicts (submodules are walked as children).
+        return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
+                                                       types.BuiltinFunctionType, types.MethodType,
+                                                       staticmethod, classmethod, property, tuple,
+                                                       frozenset, torch.nn.Module)) or value is MISSING:
+        return None, None
+    state = hidden.fingerprint(value)
+    if state is not None:
+        return "hidden", state  # a random generator or an iterator: refused if it moves
+    if isinstance(value, (list, collections.deque)):
+        return "list", list(value)
+    if isinstance(value, dict):
+        return "dict", dict(value)
+    if isinstance(value, set):
+        return "set", set(value)
+    if isinstance(value, type):
+        if is_library(value) or not issubclass(value, torch.autograd.Function) and value.__module__ == "builtins":
+            return None, None
+        return "attrs", class_state(value)
+    if is_library(type(value)) and not plain_holder(value):
+        return None, None
+    try:
+        return "attrs", attributes(value)
+    except Exception:
+        return None, None
+
+
+def class_state(cls: type) -> dict[str, Any]:
+    """A class's own data attributes: its methods, dunders and minihop's own entries are not state."""
+    return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_minihop")
+            and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
+
+
+def plain_holder(value: Any) -> bool:
+    """A library object that only holds the user's values as attributes (``SimpleNamespace``,
+    ``argparse.Namespace``, ``threading.local``): watched like the user's own objects. Other
+    library objects keep their own bookkeeping (a logger's cache), which is not the user's."""
+    cls = type(value)
+    return isinstance(value, (types.SimpleNamespace, threading.local)) or \
+        (cls.__module__ == "argparse" and cls.__name__ == "Namespace")
+
+
+def same(kind: str, old: Any, new: Any) -> bool:
+    if kind == "cell":
+        return old is new or (isinstance(old, ATOMS) and type(old) is type(new) and old == new)
+    if kind in ("attrs", "dict", "globals"):
+        return old.keys() == new.keys() and all(old[k] is new[k] for k in old)
+    if kind == "list":
+        return len(old) == len(new) and all(a is b for a, b in zip(old, new))
+    return old == new
+
+
+def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any], Any, Any]]:
+    if kind == "cell":
+        yield ("cell", None), old, new
+        return
+    if kind in ("attrs", "dict", "globals"):
+        step_kind = "attr" if kind == "attrs" else "item"
+        for k in (*old.keys(), *(k for k in new if k not in old)):
+            a, b = old.get(k, MISSING), new.get(k, MISSING)
+            if a is not b:
+                yield (step_kind, k), a, b
+        return
+    if kind == "list" and len(new) >= len(old) and all(a is b for a, b in zip(old, new)):
+        yield ("extend", None), None, new[len(old):]
+        return
+    yield ("whole", None), old, new
+
+
+def restore(snapshot: dict[int, Seen]) -> None:
+    """Put every watched object back as the snapshot saw it."""
+    for seen in snapshot.values():
+        obj, old = seen.obj, seen.contents
+        try:
+            if seen.kind == "globals":
+                for k, v in old.items():
+                    if v is MISSING:
+                        obj.pop(k, None)
+                    elif obj.get(k, MISSING) is not v:
+                        obj[k] = v
+            elif seen.kind == "cell":
+                if old is not MISSING and cell_value(obj) is not old:
+                    obj.cell_contents = old
+            elif seen.kind == "hidden":
+                if hidden.fingerprint(obj) != old:
+                    hidden.restore(obj, old)
+            elif seen.kind in ("list", "dict", "set"):
+                if not same(seen.kind, old, obj):
+                    obj.clear()
+                    (obj.extend if seen.kind == "list" else obj.update)(old)
+            elif seen.kind == "attrs":
+                now = contents_of(obj)[1] or {}
+                for k in now:
+                    if k not in old:
+                        del_attr(obj, k)
+                for k, v in old.items():
+                    if now.get(k, MISSING) is not v:
+                        set_attr(obj, k, v)
+        except Exception:
+            continue
+
+
+def set_attr(obj: Any, name: str, value: Any) -> None:
+    # object.__setattr__ past a user's own __setattr__; a thread-local's needs its own.
+    setter = type.__setattr__ if isinstance(obj, type) else setattr if plain_holder(obj) else object.__setattr__
+    setter(obj, name, value)
+
+
+def del_attr(obj: Any, name: str) -> None:
+    deleter = type.__delattr__ if isinstance(obj, type) else delattr if plain_holder(obj) else object.__delattr__
+    deleter(obj, name)

@@ -1,0 +1,55 @@
+"""Which modules, functions and classes are the user's and which a library's.
+
+Place in the pipeline: tracer, asked by the read analysis (``roots``), the heap watch
+(``heap``), ``pystate`` and ``routes``. A library's module state (torch, the standard library,
+minihop, installed packages, the test runner) is not the user's to change: chains through it
+are neither guarded nor watched, and its functions are not analysed.
+
+Invariant: the answer depends only on a module's name and where its file is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import sysconfig
+import types
+from typing import Any
+
+__all__ = ["LIBRARY_PACKAGES", "NEVER_DRAW", "is_library", "is_user_function", "library_module"]
+
+LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_extensions",
+                               "functorch", "builtins", "_pytest", "pytest", "pluggy",
+                               *sys.stdlib_module_names})
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+
+
+@functools.lru_cache(maxsize=4096)
+def library_module(name: str) -> bool:
+    top = name.split(".")[0]
+    if top in LIBRARY_PACKAGES:
+        return True
+    module = sys.modules.get(top)
+    file = getattr(module, "__file__", None) or ""
+    return bool(file) and file.startswith(_INSTALLED)
+
+
+def is_library(value: Any) -> bool:
+    """Whether ``value`` (a module, function or class) belongs to torch, the standard library,
+    minihop or the test runner: its module state is not the user's to change, so chains
+    through it are neither guarded nor watched. (Functions the user's code reaches through
+    its own globals are analysed wherever they are defined.)"""
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+    else:
+        name = getattr(value, "__module__", None) or ""
+    return library_module(name) if isinstance(name, str) else False
+
+
+def is_user_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and not is_library(value)
+
+
+# Library packages whose functions never draw from Python's random generator.
+NEVER_DRAW = frozenset({"torch", "math", "operator", "builtins", "functools", "itertools", "typing",
+                         "minihop", "numbers", "cmath", "_operator"})

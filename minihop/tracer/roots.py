@@ -1,0 +1,277 @@
+"""Where the user's code reads Python state from: its roots, found in the bytecode.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker`` before the trace (and by
+``pipeline`` for ``arg_masks``). The three methods of a Function, and the user's helper
+functions they reach through globals, closures and bound methods, are analysed
+(``analysed``); each chain a code reads (``chains.Chain``) is resolved to a ``StateRoot``: a
+global, a closure cell, an argument or a parameter's default, found anew on every call. A
+``Place`` at steps below a root (``place_at``) is what a ``StateRead`` guards and a
+``StateWrite`` replays. The heap watch (``heap``) snapshots from these same roots.
+
+Invariant: a root is resolved from the function's own globals/closure/parameters, never from
+a value seen while tracing, so a guard re-reads the caller's current state on every call.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import functools
+import inspect
+import os
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ..spec import MISSING, Place
+from . import opaque
+from .chains import Chain, CodeFacts, code_facts
+from .library import is_user_function, library_module
+from .names import code_of
+from .userattr import UserAttribute, served_by_user_code
+
+__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "RootBox", "StateRoot", "analysed", "arg_masks",
+           "cell_value", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root", "walk"]
+
+@dataclasses.dataclass(frozen=True)
+class StateRoot:
+    """A chain's start, resolved: how to find it on a call, and its name."""
+
+    description: str
+    fetch: Callable[[tuple[Any, ...]], Any]
+    uses_args: bool
+    # Where the root itself is stored: ("globals", the globals dict, name) or ("cell", cell).
+    home: tuple[Any, ...] | None = None
+
+
+def function_of(fn: Any) -> Any:
+    return inspect.unwrap(getattr(fn, "__func__", fn))
+
+
+def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | None = None) -> StateRoot | None:
+    """Where ``chain``'s root lives, for ``fn``'s code: a global, a closure cell, or one of
+    the call's arguments (``params``: parameter name -> argument index, or "ctx"); a
+    parameter past the ``passed`` arguments is its default, state like a global."""
+    fn = function_of(fn)
+    code = fn.__code__
+    if chain.root_kind == "global":
+        g = fn.__globals__
+        name = chain.root
+        if name not in g and hasattr(builtins, name):
+            return None  # a builtin (len, print, ...): not the user's state
+        return StateRoot(name, lambda args, g=g, n=name: g.get(n, MISSING), False, ("globals", g, name))
+    if chain.root_kind == "deref":
+        if chain.root not in code.co_freevars:
+            return None  # a local captured by an inner function
+        cell = fn.__closure__[code.co_freevars.index(chain.root)]
+        return StateRoot(chain.root, lambda args, c=cell: cell_value(c), False, ("cell", cell))
+    where = params.get(chain.root)
+    if isinstance(where, Bound) and chain.root not in code_facts(code).reassigned:
+        return StateRoot(where.description, lambda args, o=where.obj: o, False)
+    if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
+        # A parameter left out of the call holds its default: the same object every call
+        # (``cache=[]``), state like a global's.
+        default = default_of(fn, chain.root)
+        if passed is not None and where >= passed and default is not MISSING:
+            # Not in the call key (no argument was passed for it): read and written as state.
+            return StateRoot(f"{fn.__name__}'s default {chain.root}", lambda args, d=default: d, False)
+        return StateRoot(chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d, True)
+    return None
+
+
+def default_of(fn: Any, name: str) -> Any:
+    """Parameter ``name``'s default value in ``fn``, or MISSING (read off the code: a
+    signature object per chain costs more than the rest of the analysis)."""
+    code = fn.__code__
+    positional = code.co_varnames[:code.co_argcount]
+    if name in positional:
+        defaults = fn.__defaults__ or ()
+        i = positional.index(name) - (len(positional) - len(defaults))
+        return defaults[i] if i >= 0 else MISSING
+    return (fn.__kwdefaults__ or {}).get(name, MISSING)
+
+
+def cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return MISSING
+
+
+def walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True) -> Any:
+    """The value at ``steps`` from ``value``. ``analysing``: stop at a step computed by user
+    code (userattr); guards (``analysing=False``) walk chains analysis found free of them."""
+    for kind, key in steps:
+        if value is MISSING:
+            return MISSING
+        if kind == "attr":
+            if isinstance(value, torch.Tensor) and key not in value.__dict__:
+                return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
+            what = served_by_user_code(value, key, library_module) if analysing else None
+            if what is not None:  # never run the user's getter here (see userattr)
+                return UserAttribute(value, key, what)
+            try:
+                value = getattr(value, key)
+            except Exception:
+                return MISSING
+        else:
+            try:
+                value = value[key]
+            except Exception:
+                return MISSING
+    return value
+
+
+def place_at(root: StateRoot, steps: tuple[tuple[str, Any], ...], analysing: bool = False) -> Place:
+    """The place at ``root.steps`` (its owner found anew on every call)."""
+    text = root.description + "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
+    if not steps:
+        return Place(text, lambda args, r=root: RootBox(r.fetch(args)), ("attr", "value"), root.uses_args,
+                     root.fetch)
+    owner_steps = steps[:-1]
+    return Place(text, lambda args, r=root, s=owner_steps, a=analysing: walk(r.fetch(args), s, a), steps[-1],
+                 root.uses_args, lambda args, f=root.fetch, s=steps, a=analysing: walk(f(args), s, a))
+
+
+def reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
+    """``os.environ[...]``, ``os.environ.get``, ``os.getenv`` (or those bound by name): the
+    environment is a read like any global, guarded whole (it is small, and which key the code
+    reads is an argument the bytecode chain does not hold)."""
+    if value is os:
+        return bool(steps) and steps[0] == ("attr", "environ") or steps[:1] == (("attr", "getenv"),)
+    return value is os.environ or value is os.getenv
+
+
+def environment(args: tuple[Any, ...]) -> dict[Any, Any]:
+    return dict(getattr(os.environ, "_data", os.environ))  # the raw bytes: no decoding per call
+
+
+ENVIRONMENT = Place("the environment (os.environ)", lambda args: RootBox(environment(args)),
+                     ("attr", "value"), False, environment)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """A method's first parameter, bound to the user's object or class it was called on."""
+
+    obj: Any
+    description: str
+
+
+def flag_place(fn: Callable[[], Any]) -> Place:
+    return Place(f"torch.{fn.__name__}()", lambda args: RootBox(fn()), ("attr", "value"), False,
+                 lambda args: fn())
+
+
+# Settings that read the same inside forward/backward as at the call (grad mode does not:
+# autograd turns it off there, so it is not one of them).
+FLAG_PLACES = {id(fn): flag_place(fn) for fn in (
+    torch.get_default_dtype, torch.are_deterministic_algorithms_enabled,
+    torch.is_deterministic_algorithms_warn_only_enabled, torch.get_float32_matmul_precision,
+    torch.is_anomaly_enabled, torch.is_anomaly_check_nan_enabled)}
+
+
+class RootBox:
+    """A root value seen as a place (its ``value`` attribute), for reads of a whole global."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def guarded_value(value: Any) -> bool:
+    """All but Python modules and tensors (lifted inputs); a module keyed whole (value_key)."""
+    return value is MISSING or not isinstance(value, (types.ModuleType, torch.Tensor))
+
+
+def params_of(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
+    """Parameter name -> argument index (or "ctx") for one of the user's methods."""
+    code = code_of(fn)
+    if code is None:
+        return {}
+    names = code.co_varnames[:code.co_argcount]
+    if method == "forward":
+        offset = 0 if uses_setup else 1
+        found: dict[str, Any] = {n: i - offset for i, n in enumerate(names) if i >= offset}
+        if not uses_setup and names:
+            found[names[0]] = "ctx"
+        return found
+    return {names[0]: "ctx"} if names else {}
+
+
+def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, Any]]]:
+    """Each method, and each user helper function it reaches through globals or closures
+    (their parameters are not the Function's arguments), with its code's facts."""
+    seen: set[int] = set()
+    todo = [(phase, fn, params, 0) for phase, fn, params in methods]
+    while todo:
+        phase, fn, params, depth = todo.pop(0)
+        code = code_of(fn)
+        if code is None or (id(code), phase) in seen:
+            continue
+        seen.add((id(code), phase))  # type: ignore[arg-type]
+        facts = code_facts(code)
+        fn = function_of(fn)
+        yield phase, fn, facts, params
+        if depth >= 3:
+            continue
+        for chain in facts.chains:
+            root = resolve_root(fn, chain, {})
+            if root is None or root.uses_args:
+                continue
+            steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
+            value = walk(root.fetch(()), steps)
+            value = value.__func__ if isinstance(value, staticmethod) else value
+            if isinstance(value, functools.partial):
+                value = value.func  # what a partial calls reads what it reads
+            if is_user_function(value):
+                todo.append((phase, value, {}, depth + 1))
+            elif isinstance(value, types.MethodType) and is_user_function(value.__func__) \
+                    and value.__func__.__code__.co_argcount:
+                # ``Config.scale_for(x)``, ``CFG.scale()``: a method of the user's class or
+                # object; its ``cls``/``self`` is that object, state like the root it hangs from.
+                holder = place_at(root, steps[:-1]).description if steps else root.description
+                todo.append((phase, value.__func__, {value.__func__.__code__.co_varnames[0]:
+                                                     Bound(value.__self__, holder)}, depth + 1))
+            todo += [(phase, f, {f.__code__.co_varnames[0]: Bound(o, root.description)} if o is not None else {},
+                      depth + 1) for f, o in opaque.entry_points(value)]  # an inner apply, a module, ...
+
+
+def methods_of(parts: Any) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
+    uses_setup = parts.setup_context is not None
+    found = [("forward", parts.forward, params_of(parts.forward, "forward", uses_setup))]
+    if parts.setup_context is not None:
+        found.append(("forward", parts.setup_context, params_of(parts.setup_context, "setup_context", True)))
+    found.append(("backward", parts.backward, params_of(parts.backward, "backward", True)))
+    return tuple(found)
+
+
+def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
+    """Attributes of argument objects that forward/backward only increment (``cfg.calls +=
+    1``) or mutate (``cfg.log.append``): left out of the call key, since every call changes
+    them; the replayed write keeps them as eager does. Only for arguments the code does not
+    pass on to other functions (which might read them)."""
+    masks: dict[int, set[str]] = collections.defaultdict(set)
+    values: dict[int, set[str]] = collections.defaultdict(set)
+    escaped: set[int] = set()
+    for _phase, fn, facts, params in analysed(methods_of(parts)):
+        for chain in facts.chains:
+            where = params.get(chain.root) if chain.root_kind == "fast" else None
+            if not isinstance(where, int):
+                continue
+            if chain.root in facts.escaping or chain.root in facts.reassigned:
+                escaped.add(where)
+            if not chain.steps:
+                continue
+            attr = str(chain.steps[0][1])
+            if chain.use == "increment" and len(chain.steps) == 1:
+                masks[where].add(attr)
+            elif chain.use == "receiver" and len(chain.steps) == 1:
+                pass  # the receiver of a store or mutating call: not read as a value
+            else:
+                values[where].add(attr)
+    return {i: frozenset(m - values[i]) for i, m in masks.items() if i not in escaped and m - values[i]}
