@@ -33,16 +33,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import SideEffectError
+from .atoms import CONSTANTS
 
 __all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it"]
 
-_CONSTANTS = (int, float, bool, str, bytes, complex, type(None))
 
 
 def constant_container(value: Any, depth: int = 0) -> bool:
     """A list, dict, tuple or set built only of constants (nested, at most a few levels): a
     value a write can replay by setting a fresh copy of it on each call."""
-    if isinstance(value, _CONSTANTS):
+    if isinstance(value, CONSTANTS):
         return depth > 0
     if depth > 4 or type(value) not in (list, dict, tuple, set, frozenset):
         return False

@@ -9,7 +9,7 @@ difference into what the capture does about it, by the first row of ``RULES`` (d
 condition -> outcome) that matches: a replayable ``StateWrite`` kind (``add``, ``extend``,
 ``set``, ``copy``) or a refusal (``SideEffectError``, raised by the tracker with the place and
 the source line). ``restore`` puts every snapshotted object back as it was, so tracing leaves
-Python state as it found it. ``ATOMS`` is the one tuple of values a write may replay as they are.
+Python state as it found it. ``atoms.ATOMS`` is the one tuple of values a write may replay as they are.
 
 A new kind of write is handled by adding a row to ``RULES`` (above the catch-all refusal), and
 a new kind of holder by teaching ``contents_of`` what it holds; nothing else compares state.
@@ -33,14 +33,13 @@ import torch
 from ..spec import MISSING
 from ..structure import argname, attributes
 from . import effects, hidden
+from .atoms import ATOMS, CONSTANTS
 from .library import is_library
 from .roots import StateRoot, cell_value
 
-__all__ = ["ATOMS", "RULES", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
+__all__ = ["RULES", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
            "del_attr", "restore", "same", "set_attr", "snapshot"]
 
-# The values a write may replay as they are (and a ctx attribute may hold as a value, not a holder).
-ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
 MAX_OBJECTS = 2000  # a snapshot walks at most this many objects ...
 MAX_DEPTH = 6       # ... and this deep below its roots
 
@@ -187,7 +186,7 @@ def holds_tensor(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) or holds_tensor(v) for v in items)
 
 
-UNWATCHED = frozenset({int, float, bool, str, bytes, complex, type(None), torch.Tensor,
+UNWATCHED = frozenset({*CONSTANTS, torch.Tensor,
                         torch.nn.Parameter, types.ModuleType, types.FunctionType, tuple, frozenset})
 
 

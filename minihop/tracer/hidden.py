@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from .atoms import CONSTANTS
+
 __all__ = ["ReadWatch", "describe_global", "fingerprint", "restore", "taking", "watched"]
 
 # Reads of the clock and of the system's entropy: a value that differs on every call.
@@ -44,7 +46,6 @@ _SEEDS = {"torch": ("manual_seed", "seed"),
 # tracing, never by the graphs; refused (effects.MessageWatch sees the module-attribute calls).
 _MESSAGES = {"warnings": ("warn", "warn_explicit"),
              "logging": ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")}
-_ATOMS = (int, float, bool, str, bytes, complex, type(None))
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
@@ -74,7 +75,7 @@ def fingerprint(value: Any) -> Any:
         frame = value.gi_frame
         if frame is None:
             return ()  # finished: it cannot change any more
-        return (frame.f_lasti, tuple((k, id(v), v if isinstance(v, _ATOMS) else None)
+        return (frame.f_lasti, tuple((k, id(v), v if isinstance(v, CONSTANTS) else None)
                                      for k, v in frame.f_locals.items()))
     if cls.__module__ in ("itertools", "builtins") and hasattr(cls, "__next__"):
         try:

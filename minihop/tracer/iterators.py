@@ -27,11 +27,11 @@ import torch
 
 from ..errors import SideEffectError
 from ..structure import attributes
+from .atoms import LEAVES
 from .hidden import fingerprint
 
 __all__ = ["refuse_iterator_arguments", "refuse_iterator_read"]
 
-_ATOMS = (int, float, bool, str, bytes, complex, type(None), torch.Tensor, type)
 _DEPTH = 6
 
 
@@ -54,7 +54,7 @@ def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tup
 def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> None:
     """Raise MH106 if ``value``, which the code names at ``place`` (a global, a closure
     cell, ``COUNTER[0]``), is an iterator: the same, before the trace takes from it."""
-    if not isinstance(value, _ATOMS) and _iterator(value):
+    if not isinstance(value, LEAVES) and _iterator(value):
         raise SideEffectError(
             f"{fn_name}.{phase} takes the next value of {place} (a {type(value).__name__}, an "
             "iterator the code reads).",
@@ -72,7 +72,7 @@ def _iterator(value: Any) -> bool:
 
 
 def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] | None:
-    if isinstance(value, _ATOMS) or id(value) in seen or depth > _DEPTH:
+    if isinstance(value, LEAVES) or id(value) in seen or depth > _DEPTH:
         return None
     seen.add(id(value))
     if _iterator(value):

@@ -45,7 +45,8 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, opaque
-from .heap import ATOMS, Seen, argument_seen, del_attr, set_attr
+from .atoms import ATOMS
+from .heap import Seen, argument_seen, del_attr, set_attr
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
 from .names import code_of
