@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from ..errors import SideEffectError
 from ..spec import Location, Root
 from ..structure import Path, _is_object_container, attributes, iter_leaves
+from .heap import class_state, del_attr, same, set_attr
 from .names import free_values
 
 __all__ = ["OutsideTensor", "OutsideSnapshot", "outside_roots", "snapshot_outside",
@@ -174,7 +175,7 @@ def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
     elif isinstance(value, _Globals):
         kind, step, items = "globals", "key", []  # their values are roots of their own
     elif _is_user_class(value):
-        kind, step, items = "class", "attr", list(_class_values(value).items())
+        kind, step, items = "class", "attr", list(class_state(value).items())
     elif _is_object_container(value) or isinstance(value, torch.nn.Module):
         # A module argument too: ``mod.last = y`` is a plain attribute, as on any object.
         kind, step, items = "object", "attr", list(attributes(value).items())
@@ -190,17 +191,11 @@ def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
         _walk(item, root, path + ((step, key),), fetch, found, seen, depth + 1)
 
 
-def _class_values(cls: type) -> dict[str, Any]:
-    """A class's own data attributes (its methods and dunders are not state)."""
-    return {k: v for k, v in vars(cls).items() if not k.startswith("__")
-            and not isinstance(v, (staticmethod, classmethod, property, types.FunctionType))}
-
-
 def _contents(c: _Container) -> Any:
     if c.kind == "globals":
         return {n: c.value.g[n] for n in c.value.names if n in c.value.g}
     if c.kind == "class":
-        return _class_values(c.value)
+        return class_state(c.value)
     if c.kind == "list":
         return list(c.value)
     if c.kind == "dict":
@@ -211,10 +206,7 @@ def _contents(c: _Container) -> Any:
 
 
 def _changed(c: _Container) -> bool:
-    now = _contents(c)
-    if c.kind == "list":
-        return len(now) != len(c.before) or any(a is not b for a, b in zip(now, c.before))
-    return now.keys() != c.before.keys() or any(now[k] is not c.before[k] for k in now)
+    return not same("list" if c.kind == "list" else "dict", c.before, _contents(c))
 
 
 def _restore(c: _Container) -> None:
@@ -230,22 +222,16 @@ def _set_contents(c: _Container, contents: Any) -> None:
                 c.value.g[name] = contents[name]
             else:
                 c.value.g.pop(name, None)
-    elif c.kind == "class":
-        for name in _class_values(c.value):
-            if name not in contents:
-                delattr(c.value, name)
-        for name, v in contents.items():
-            setattr(c.value, name, v)
     elif c.kind == "dict":
         c.value.clear()
         c.value.update(contents)
-    else:
+    else:  # a class, an object, a tensor's attributes: past any user __setattr__, as the heap does
         now = _contents(c)
         for name in now:
             if name not in contents:
-                object.__delattr__(c.value, name)
+                del_attr(c.value, name)
         for name, v in contents.items():
-            object.__setattr__(c.value, name, v)
+            set_attr(c.value, name, v)
 
 
 @functools.lru_cache(maxsize=1)
