@@ -237,7 +237,7 @@ def _runtime_reads(reads: tuple[DataRead, ...], pair: Pair) -> tuple[DataRead, .
 
 @functools.lru_cache(maxsize=256)
 def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
-    """Per argument position, attributes the call key leaves out (see ``pystate.arg_masks``)."""
+    """Per argument position, attributes the call key leaves out (see ``tracer.roots.arg_masks``)."""
     return _arg_masks(parts)
 
 

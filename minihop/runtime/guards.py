@@ -194,7 +194,7 @@ def _autocast_enabled(device: str) -> bool:
 def masked_key(value: Any, masked: frozenset[str]) -> Any:
     """``value``'s key without the attributes in ``masked`` (counters the Function itself
     increments on an argument object: every call changes them, and the replayed write keeps
-    them as eager does; see ``tracer.pystate.arg_masks``)."""
+    them as eager does; see ``tracer.roots.arg_masks``)."""
     attrs = attributes(value)
     if not attrs or isinstance(value, (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
         return value_key(value)

@@ -1,7 +1,7 @@
 """Effects of the user's code that are not Python-state writes: torch generators handed to
 ops, and messages (``logging``) sent while it is traced.
 
-Place in the pipeline: tracer, beside pystate's heap watch. The recorder notes each
+Place in the pipeline: tracer, beside the heap watch (``heap``). The recorder notes each
 ``torch.Generator`` that reaches a recorded op (``note_generator``); the trace asks
 ``refuse_generators`` once the phase's code has run. ``MessageWatch`` sees ``logging`` calls
 made while the user's code runs.

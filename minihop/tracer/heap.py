@@ -186,8 +186,8 @@ def holds_tensor(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) or holds_tensor(v) for v in items)
 
 
-UNWATCHED = frozenset({*CONSTANTS, torch.Tensor,
-                        torch.nn.Parameter, types.ModuleType, types.FunctionType, tuple, frozenset})
+UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.ModuleType, types.FunctionType,
+                       tuple, frozenset})
 
 
 def contents_of(value: Any) -> tuple[str | None, Any]:
@@ -199,9 +199,9 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
         # submodules live in its underscore dicts (submodules are walked as children).
         return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("_")}
     if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
-                                                       types.BuiltinFunctionType, types.MethodType,
-                                                       staticmethod, classmethod, property, tuple,
-                                                       frozenset, torch.nn.Module)) or value is MISSING:
+                                                      types.BuiltinFunctionType, types.MethodType,
+                                                      staticmethod, classmethod, property, tuple,
+                                                      frozenset, torch.nn.Module)) or value is MISSING:
         return None, None
     state = hidden.fingerprint(value)
     if state is not None:

@@ -19,8 +19,8 @@ from typing import Any
 __all__ = ["LIBRARY_PACKAGES", "NEVER_DRAW", "is_library", "is_user_function", "library_module"]
 
 LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_extensions",
-                               "functorch", "builtins", "_pytest", "pytest", "pluggy",
-                               *sys.stdlib_module_names})
+                              "functorch", "builtins", "_pytest", "pytest", "pluggy",
+                              *sys.stdlib_module_names})
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
 
 
@@ -52,4 +52,4 @@ def is_user_function(value: Any) -> bool:
 
 # Library packages whose functions never draw from Python's random generator.
 NEVER_DRAW = frozenset({"torch", "math", "operator", "builtins", "functools", "itertools", "typing",
-                         "minihop", "numbers", "cmath", "_operator"})
+                        "minihop", "numbers", "cmath", "_operator"})

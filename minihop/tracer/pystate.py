@@ -213,7 +213,8 @@ class StateTracker:
                 name = str(target.steps[-1][1])
                 old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
-                        old is MISSING or isinstance(old, ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
+                        old is MISSING or isinstance(old, ATOMS)) or \
+                        any(o is owner and n == name for o, n, _ in marked):
                     continue
                 setter = getattr(type(owner), name, None)
                 if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):

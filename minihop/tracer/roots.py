@@ -150,7 +150,7 @@ def environment(args: tuple[Any, ...]) -> dict[Any, Any]:
 
 
 ENVIRONMENT = Place("the environment (os.environ)", lambda args: RootBox(environment(args)),
-                     ("attr", "value"), False, environment)
+                    ("attr", "value"), False, environment)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +203,8 @@ def params_of(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
     return {names[0]: "ctx"} if names else {}
 
 
-def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]) -> Iterator[tuple[str, Any, CodeFacts, dict[str, Any]]]:
+def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
+             ) -> Iterator[tuple[str, Any, CodeFacts, dict[str, Any]]]:
     """Each method, and each user helper function it reaches through globals or closures
     (their parameters are not the Function's arguments), with its code's facts."""
     seen: set[int] = set()

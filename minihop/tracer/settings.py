@@ -7,7 +7,7 @@ context-local setting libraries use for "current precision", "current scale") an
 ``functools.singledispatch`` function's table (``register`` adds to it in place). A capture bakes
 the answer in, so a later call after ``torch.set_num_threads(2)``, ``VAR.set(3.0)`` or
 ``fn.register(Box)`` would reuse it. Each such read is a place whose value is the call's answer, checked on every call
-(and before backward for backward's reads), as pystate's ``_FLAG_PLACES`` are.
+(and before backward for backward's reads), as ``roots.FLAG_PLACES`` are.
 
 Invariant: a call that reads a setting named here is guarded by the setting's value.
 """
