@@ -633,6 +633,7 @@ class StateTracker:
         self.stop()
         if not self.finished:
             self.finished = True
+            self.opaque.put_back()  # what unanalysed code wrote, then what pystate watched
             _restore(self.before)
             self._unmark()
 
@@ -698,6 +699,7 @@ class StateTracker:
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             self.read_ctx_chains(ctx)
+            self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
         finally:
             self.abort()
         return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
