@@ -161,14 +161,16 @@ def _cell_value(cell: Any) -> Any:
         return MISSING
 
 
-def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
+def _walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True) -> Any:
+    """The value at ``steps`` from ``value``. ``analysing``: stop at a step computed by user
+    code (userattr); guards (``analysing=False``) walk chains analysis found free of them."""
     for kind, key in steps:
         if value is MISSING:
             return MISSING
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
-            what = served_by_user_code(value, key, _library_module)
+            what = served_by_user_code(value, key, _library_module) if analysing else None
             if what is not None:  # never run the user's getter here (see userattr)
                 return UserAttribute(value, key, what)
             try:
@@ -183,15 +185,15 @@ def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
     return value
 
 
-def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
+def _place(root: _Root, steps: tuple[tuple[str, Any], ...], analysing: bool = False) -> Place:
     """The place at ``root.steps`` (its owner found anew on every call)."""
     text = root.description + "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
     if not steps:
         return Place(text, lambda args, r=root: _RootBox(r.fetch(args)), ("attr", "value"), root.uses_args,
                      root.fetch)
     owner_steps = steps[:-1]
-    return Place(text, lambda args, r=root, s=owner_steps: _walk(r.fetch(args), s), steps[-1],
-                 root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s))
+    return Place(text, lambda args, r=root, s=owner_steps, a=analysing: _walk(r.fetch(args), s, a), steps[-1],
+                 root.uses_args, lambda args, f=root.fetch, s=steps, a=analysing: _walk(f(args), s, a))
 
 
 def _reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
@@ -457,7 +459,10 @@ class StateTracker:
                 end = _walk(value, chain.steps)
                 if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)):
                     continue
-                self._add_read(_place(root, chain.steps), phase, code, chain.line)
+                # Through a user getter: a place that stops there (never runs it), so a backward
+                # read of it never matches and backward is traced again when it runs, running
+                # the getter then, as eager's backward does (the capture is single-use).
+                self._add_read(_place(root, chain.steps, isinstance(end, UserAttribute)), phase, code, chain.line)
                 if isinstance(end, functools.partial):
                     # What the partial passes is read too (its keywords may change in place).
                     for part in ("args", "keywords"):
@@ -507,6 +512,9 @@ class StateTracker:
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
                         old is MISSING or isinstance(old, _ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
                     continue
+                setter = getattr(type(owner), name, None)
+                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+                    continue  # a property's setter: the marker would run the user's code in it
                 try:
                     _setattr(owner, name, _Marker())
                 except Exception:
@@ -549,8 +557,8 @@ class StateTracker:
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
-                if isinstance(first, _ATOMS):
-                    continue
+                if isinstance(first, (*_ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
+                    continue  # a value, not a holder (a symbolic size is each call's own)
                 if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
                     seen = _argument_seen(first, self.args, self.parts.argnames)
                     if seen is None:
@@ -558,7 +566,7 @@ class StateTracker:
                 steps = (*seen.steps, *chain.steps[1:])
                 end = _walk(first, chain.steps[1:])
                 if _guarded_value(end):
-                    self._add_read(_place(seen.root, steps), phase, code, chain.line)
+                    self._add_read(_place(seen.root, steps, isinstance(end, UserAttribute)), phase, code, chain.line)
 
     # writes: snapshots of everything reachable from the roots
     def _snapshot(self) -> dict[int, _Seen]:
@@ -593,6 +601,8 @@ class StateTracker:
             found[id(value)] = _Seen(value, root, steps, kind, contents)
             children = (contents.items() if kind in ("attrs", "dict") else
                         enumerate(contents) if kind == "list" else ())
+            if isinstance(value, torch.nn.Module):
+                children = [*children, *value._modules.items()]
             for key, child in children:
                 step = ("attr", key) if kind == "attrs" else ("item", key)
                 queue.append((child, root, (*steps, step), depth + 1))
@@ -804,6 +814,10 @@ def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
     if type(value) in _UNWATCHED:
         return None, None
+    if isinstance(value, torch.nn.Module):
+        # Its plain attributes (``training``, ``self.steps``); parameters, buffers and
+        # submodules live in its underscore dicts (submodules are walked as children).
+        return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("_")}
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,

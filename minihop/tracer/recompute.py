@@ -52,6 +52,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import EFFECT, LIFTED_FROM
 from . import grad_modes, numpy_bridge
+from .tensor_state import refuse_inner_function_nodes
 
 __all__ = ["accumulate_grad", "backward", "lifted_from", "rng_state_recorded"]
 
@@ -129,6 +130,7 @@ def backward(recorder: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
         given = bound.get("grad_tensors")
         grads = _as_tuple(bound.get("grad_variables") if given is None else given)
     create_graph = bool(bound.get("create_graph"))
+    refuse_inner_function_nodes(outputs, describe, where)
     inputs = _as_tuple(bound.get("inputs"))
     leaves = list(inputs) if inputs else _leaves(outputs)
     for leaf in leaves:
