@@ -407,7 +407,11 @@ class StateTracker:
         self.analysed = tuple(_analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
         self.marked = self._mark_store_targets()
-        self.before = self._snapshot()
+        try:
+            self.before = self._snapshot()
+        except BaseException:
+            self._unmark()  # no tracker comes back to do it
+            raise
         self.after_forward: dict[int, _Seen] | None = None
         self.finished = False
 
@@ -508,13 +512,16 @@ class StateTracker:
                     continue  # guarded: the same before every call, so storing it again changes nothing
                 owner = place.owner(self.args)
                 name = str(target.steps[-1][1])
-                old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
+                setter = getattr(type(owner), name, None)
+                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+                    continue  # a property: reading or marking it would run the user's code in it
+                try:
+                    old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
+                except Exception:  # a user __getattr__: not a plain attribute to mark
+                    continue
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
                         old is MISSING or isinstance(old, _ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
                     continue
-                setter = getattr(type(owner), name, None)
-                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
-                    continue  # a property's setter: the marker would run the user's code in it
                 try:
                     _setattr(owner, name, _Marker())
                 except Exception:
