@@ -512,6 +512,9 @@ class StateTracker:
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
                         old is MISSING or isinstance(old, _ATOMS)) or any(o is owner and n == name for o, n, _ in marked):
                     continue
+                setter = getattr(type(owner), name, None)
+                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+                    continue  # a property's setter: the marker would run the user's code in it
                 try:
                     _setattr(owner, name, _Marker())
                 except Exception:
@@ -554,8 +557,8 @@ class StateTracker:
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
-                if isinstance(first, _ATOMS):
-                    continue
+                if isinstance(first, (*_ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
+                    continue  # a value, not a holder (a symbolic size is each call's own)
                 if seen is None and isinstance(first, torch.nn.Module):  # keyed whole, not snapshotted
                     seen = _argument_seen(first, self.args, self.parts.argnames)
                 if seen is None:
@@ -598,6 +601,8 @@ class StateTracker:
             found[id(value)] = _Seen(value, root, steps, kind, contents)
             children = (contents.items() if kind in ("attrs", "dict") else
                         enumerate(contents) if kind == "list" else ())
+            if isinstance(value, torch.nn.Module):
+                children = [*children, *value._modules.items()]
             for key, child in children:
                 step = ("attr", key) if kind == "attrs" else ("item", key)
                 queue.append((child, root, (*steps, step), depth + 1))
@@ -628,6 +633,7 @@ class StateTracker:
         self.stop()
         if not self.finished:
             self.finished = True
+            self.opaque.put_back()  # what unanalysed code wrote, then what pystate watched
             _restore(self.before)
             self._unmark()
 
@@ -693,6 +699,7 @@ class StateTracker:
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             self.read_ctx_chains(ctx)
+            self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
         finally:
             self.abort()
         return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
@@ -809,6 +816,10 @@ def _contents(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
     if type(value) in _UNWATCHED:
         return None, None
+    if isinstance(value, torch.nn.Module):
+        # Its plain attributes (``training``, ``self.steps``); parameters, buffers and
+        # submodules live in its underscore dicts (submodules are walked as children).
+        return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("_")}
     if isinstance(value, _ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                        types.BuiltinFunctionType, types.MethodType,
                                                        staticmethod, classmethod, property, tuple,

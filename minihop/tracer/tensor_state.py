@@ -13,6 +13,10 @@ than make a tensor:
   the caller's real tensor and the outer autograd graph. A graph has no such node: run on the
   fake tensor, the hook would be lost, silently. They are refused (MH104), so
   ``fallback="eager"`` runs the Function as eager does.
+- ``torch.autograd.grad`` (and ``backward()``, see ``recompute``) over an autograd graph that
+  holds another ``autograd.Function``'s node: the graph records that Function's forward ops
+  inlined, so at run time autograd differentiates those ops and never calls its own
+  ``backward`` (eager does). Refused (MH104) by ``refuse_inner_function_nodes``.
 
 Invariant: every other call passes through unchanged.
 """
@@ -26,7 +30,7 @@ import torch
 
 from ..errors import UnsupportedOperationError
 
-__all__ = ["rewrite_autograd_call"]
+__all__ = ["refuse_inner_function_nodes", "rewrite_autograd_call"]
 
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _HOOKS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
@@ -46,4 +50,32 @@ def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[
             f"Call {name}() on the tensor outside the Function (before or after apply), or run "
             "this Function eagerly (minihop.function(F, fallback='eager')).",
             where=where())
+    if func is torch.autograd.grad and args:
+        outputs = args[0]
+        refuse_inner_function_nodes((outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs),
+                                    describe(), where())
     return func, args
+
+
+def refuse_inner_function_nodes(outputs: tuple[Any, ...], describe: str, where: str | None) -> None:
+    """Raise MH104 if the autograd graph behind ``outputs`` holds a custom Function's node (a
+    ``BackwardCFunction``: ``Inner.apply`` called where grad is enabled). The captured graph
+    holds that Function's forward ops, not its backward: differentiated at run time, the
+    graph's gradient would be the ops', where eager's calls the Function's own backward."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if isinstance(fn, torch.autograd.function.BackwardCFunction):
+            raise UnsupportedOperationError(
+                f"{describe} differentiates (torch.autograd.grad or backward()) through "
+                f"{type(fn).__name__.removesuffix('Backward')}.apply, another autograd.Function.",
+                "minihop records the inner Function's forward ops into the graph; differentiated "
+                "when the graph runs, they give the ops' gradient, not the inner Function's own "
+                "backward that eager calls.",
+                "Call the inner Function's backward logic directly, or run this Function eagerly "
+                "(minihop.function(F, fallback='eager')).", where=where)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions if next_fn is not None)

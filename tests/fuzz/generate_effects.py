@@ -7,9 +7,15 @@ argument dict, tensors stored on a class or in a memo dict that backward reads, 
 constant set on a class and appended to in backward, ctx attributes and lists written in
 backward, ``functools.lru_cache`` helpers, ``torch.Generator`` objects made and seeded in the
 Function, draws from torch's global stream, ``warnings.warn``, ``logging``, a user exception
-raised after a write, and cyclic argument objects (a tree with parent links).
+raised after a write, and cyclic argument objects (a tree with parent links); and paths
+the analysis was not written for: an ``nn.Module``'s plain attributes, a list in a dict in a
+dict, a property's setter, a callable object counting its own calls, a classmethod counter,
+a counter in a closure over a closure, a helper module made with ``types.ModuleType`` writing
+its own global, a dict kept on ctx that backward reads and ``between()`` changes through an
+alias before ``.backward()``, an attribute backward reads changed through ``vars(obj)``.
 
-The source defines ``make()``, the interface of ``oracle_effects.compare``: fresh module state
+The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
+``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
 per mode (eager, strict ``minihop.function(F)``, ``minihop.function(F, fallback="eager")``),
 arguments per call, and a snapshot of every piece of state the Function writes (an
 lru_cache's hit counts and size are left out: tracing bypasses the cache, so a capture's
@@ -49,6 +55,12 @@ KINDS = {
     "ctx_backward": ("b", ""), "lru_helper": ("fb", ""), "generator": ("fb", ""),
     "global_stream": ("fb", ""), "warn": ("fb", ""), "logging": ("fb", ""),
     "raise_after_write": ("f", ""), "cycle_arg": ("f", "node"),
+    # Paths the analysis was not written for (issue 28: "what your analysis does not know"),
+    # judged by the eager comparison only.
+    "module_attr": ("fb", ""), "nested_container": ("fb", ""), "property_setter": ("fb", ""),
+    "callable_counter": ("fb", ""), "classmethod_counter": ("fb", ""),
+    "closure_closure_counter": ("fb", ""), "runtime_module_write": ("fb", ""),
+    "ctx_dict_alias": ("f", ""), "attr_alias_before_backward": ("b", ""),
 }
 
 
@@ -94,6 +106,25 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
                 "if RAISES[0] % 3 == 2:", f"    raise ValueError('call {{}} refused'.format(RAISES[0]))"], ""
     if kind == "cycle_arg":
         return [], "x * node.parent.w + node.w"
+    if kind == "module_attr":
+        return [f"STATS.steps += {r.choice([1, 2])}", f"STATS.last = {v}"], ""
+    if kind == "nested_container":
+        return [f"NEST['a']['log'].append(({phase!r}, int(x.shape[0])))"], ""
+    if kind == "property_setter":
+        return ["PS.value = int(x.shape[0])"], ""
+    if kind == "callable_counter":
+        return [], "x * SCALER()"
+    if kind == "classmethod_counter":
+        return ["Counter.bump()"], ""
+    if kind == "closure_closure_counter":
+        return [], "x * BUMP()"
+    if kind == "runtime_module_write":
+        return ["RT.hit()"], ""
+    if kind == "ctx_dict_alias":
+        # Backward reads a dict forward kept on ctx; between() changes it through an alias.
+        return ["ctx.cfg = CFGD"], ""
+    if kind == "attr_alias_before_backward":
+        return [], "x * CONF.s"
     raise AssertionError(kind)
 
 
@@ -107,6 +138,8 @@ def generate_source(r: random.Random) -> str:
         fwd.append("ctx.trail = [0]")
     if any(k == "memo_tensor" for k, _ in effects):
         bwd_terms.append("x * MEMO[ctx.n]")
+    if any(k == "ctx_dict_alias" for k, _ in effects):
+        bwd_terms.append("x * ctx.cfg['s']")
     for n, (kind, phase) in enumerate(effects):
         lines, term = _lines(kind, "forward" if phase == "f" else "backward", r, n)
         if kind == "global_counter":
@@ -119,7 +152,7 @@ def generate_source(r: random.Random) -> str:
     gl = [f"    global {', '.join(globals_)}"] if globals_ else []
     args = ", ".join(["x", *extra_args])
     out = [
-        "import functools, logging, warnings", "import torch", "",
+        "import functools, logging, types, warnings", "import torch", "",
         "def make():",
         "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
         *[f"    global_{g} = 0" for g in globals_],
@@ -135,6 +168,30 @@ def generate_source(r: random.Random) -> str:
         "    class Node:", "        def __init__(self, w, parent=None):",
         "            self.parent, self.w, self.children = parent, w, []",
         "            if parent is not None:", "                parent.children.append(self)", "",
+        "    class Stats(torch.nn.Module):", "        def __init__(self):",
+        "            super().__init__()", "            self.steps, self.last = 0, None", "",
+        "    STATS = Stats()", "    NEST = {'a': {'log': []}}", "",
+        "    class Prop:", "        def __init__(self):", "            self.history = []",
+        "        @property", "        def value(self):", "            return self.history[-1]",
+        "        @value.setter", "        def value(self, v):", "            self.history.append(v)", "",
+        "    PS = Prop()", "",
+        "    class Scaler:", "        def __init__(self):", "            self.calls = 0",
+        "        def __call__(self):", "            self.calls += 1",
+        "            return float(self.calls % 3 + 1)", "",
+        "    SCALER = Scaler()", "",
+        "    class Counter:", "        bumps = 0", "        @classmethod", "        def bump(cls):",
+        "            cls.bumps += 1", "",
+        "    def _counter():", "        box = [0]", "        def outer():", "            def inner():",
+        "                box[0] += 1", "                return float(box[0])", "            return inner()",
+        "        return outer, box", "",
+        "    BUMP, BOX = _counter()",
+        "    RT = types.ModuleType('fuzz_effects_rt')",
+        "    exec('hits = 0\\ndef hit():\\n    global hits\\n    hits += 1\\n', RT.__dict__)",
+        "    CFGD = {'s': 1.0}", "    ALIAS_CFG = CFGD", "",
+        "    class Conf:", "        pass", "", "    CONF = Conf()", "    CONF.s = 1.0", "",
+        "    def between(i):",
+        "        ALIAS_CFG['s'] = ALIAS_CFG['s'] + 0.5 * (i + 1)",
+        "        vars(CONF)['s'] = CONF.s * 2.0", "",
         "    class Fn(torch.autograd.Function):",
         *[f"        calls{n} = 0" for n, (k, _) in enumerate(effects) if k == "class_counter"],
         "        @staticmethod", f"        def forward(ctx, {args}):",
@@ -172,8 +229,9 @@ def generate_source(r: random.Random) -> str:
         "        own = lambda c: {k: plain(w) for k, w in vars(c).items() if not k.startswith('__') and not callable(w)"
         " and not isinstance(w, staticmethod)}",
         f"        return plain([LOG, STORE, MEMO, RAISES, heard, passed, own(Holder), own(Rec), own(Fn), "
-        f"table(3), [{', '.join(globals_)}]])",
-        "", "    return Fn, args, state",
+        f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
+        f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s])",
+        "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
 

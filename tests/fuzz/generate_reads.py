@@ -7,9 +7,16 @@ attribute; a user object's attribute; a class attribute of a user class passed a
 or held in a global; a bound method passed as an argument; a dict item or list item of a
 global; a closure cell; a global holding a library function; a global tensor; a tensor class
 attribute; a float whose sign is the value, ``-0.0`` included; an attribute named by a
-variable), an *access form* (directly in forward or backward, through a helper function,
+variable; and paths the analysis was not written for: a module nested in a ModuleDict and
+a Sequential, a callable object whose ``__call__`` reads its own attribute, a classmethod, a
+property, a closure over a closure, a helper module made at run time with
+``types.ModuleType``, an attribute changed through its ``__dict__`` held elsewhere, a list
+inside a list inside a dict changed through the inner list, a list of modules passed as an
+argument, a ``__slots__`` object), an *access form* (directly in forward or backward, through a helper function,
 through a lambda, through a method of a user object, through another Function's ``apply``,
-through ``getattr`` with a constant or a variable name), and *where* it is read (forward,
+through ``getattr`` with a constant or a variable name, through a helper calling a helper,
+through ``functools.partial``, through an inner Function's *backward* run by
+``torch.autograd.grad`` inside the phase), and *where* it is read (forward,
 backward or both). ``set_value(v)`` changes every holder to ``v``'s state; the oracle
 (``oracle_state.run_state_case``) sets a value before each call and another before
 ``.backward()`` (``STEPS``), and compares outputs and grads with eager's through
@@ -32,8 +39,14 @@ __all__ = ["HOLDERS", "ACCESS", "generate_reads_case"]
 HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "library_module_global",
            "library_module_arg", "object_global", "class_arg", "class_global", "bound_method_arg",
            "dict_global", "list_global", "cell", "library_function_global", "tensor_global",
-           "tensor_class_attribute", "signed_zero_global", "signed_zero_arg", "named_attribute")
-ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const")
+           "tensor_class_attribute", "signed_zero_global", "signed_zero_arg", "named_attribute",
+           # Paths the analysis was not written for (issue 28's "what your analysis does not
+           # know"): judged by the eager comparison only.
+           "nested_module_container", "callable_object", "classmethod_read", "property_read",
+           "closure_of_closure", "runtime_module", "dict_alias", "nested_list_alias",
+           "module_in_list_arg", "slots_object")
+ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
+          "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
 _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
 # OPEN (issue 28, not fixed): a tensor held in a global or a class attribute that backward
@@ -42,7 +55,9 @@ _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
 # through a helper crashes in rewire). Read in forward only until that is fixed.
 _FORWARD_ONLY = ("tensor_global", "tensor_class_attribute")
 
-_PRELUDE = '''import math
+_PRELUDE = '''import functools
+import math
+import types
 import torch
 from torch.autograd import Function
 
@@ -68,6 +83,51 @@ class Holder:
 class Settings:
     k = 2.0
     j = 5.0
+
+
+class Scaler:
+    def __init__(self):
+        self.k = 2.0
+
+    def __call__(self):
+        return self.k
+
+
+class ClassRead:
+    k = 2.0
+
+    @classmethod
+    def get(cls):
+        return cls.k
+
+
+class PropRead:
+    def __init__(self):
+        self._k = 2.0
+
+    @property
+    def k(self):
+        return self._k * 1.0
+
+
+class Slotted:
+    __slots__ = ("k",)
+
+    def __init__(self):
+        self.k = 2.0
+
+
+def _outer_reader():
+    box = [2.0]
+
+    def middle():
+        def inner():
+            return box[0]
+        return inner
+    return middle(), box
+
+
+NESTED_READ, NESTED_BOX = _outer_reader()
 
 
 def _setup_value(v):
@@ -118,6 +178,33 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
                 "math.copysign(2.0, ZERO)", [], "")
     if holder == "signed_zero_arg":
         return (["ZARG = [0.0]"], ["ZARG[0] = 0.0 if v > 1 else -0.0"], "math.copysign(2.0, z)", ["ZARG[0]"], "z")
+    if holder == "nested_module_container":
+        return (["NEST = torch.nn.ModuleDict({'a': torch.nn.Sequential(UserScale())})"],
+                ["NEST['a'][0].k = v", "NEST['a'][0].train(v > 1)"], "NEST['a'][0](torch.ones(()))", [], "")
+    if holder == "callable_object":
+        return (["SCALER = Scaler()"], ["SCALER.k = v"], "SCALER()", [], "")
+    if holder == "classmethod_read":
+        return ([], ["ClassRead.k = v"], "ClassRead.get()", [], "")
+    if holder == "property_read":
+        return (["PROP = PropRead()"], ["PROP._k = v"], "PROP.k", [], "")
+    if holder == "closure_of_closure":
+        return ([], ["NESTED_BOX[0] = v"], "NESTED_READ()", [], "")
+    if holder == "runtime_module":
+        # A helper module made at run time, its function reading the module's global.
+        return (["RTMOD = types.ModuleType('fuzz_runtime_helpers')",
+                 "exec('K = 2.0\\ndef scale():\\n    return K * 1.0\\n', RTMOD.__dict__)"],
+                ["RTMOD.K = v"], "RTMOD.scale()", [], "")
+    if holder == "dict_alias":
+        # The object's attribute changed through its __dict__ held elsewhere.
+        return (["ALIASED = Holder()", "ALIAS = vars(ALIASED)"], ["ALIAS['k'] = v"], "ALIASED.k", [], "")
+    if holder == "nested_list_alias":
+        return (["INNER_LIST = [2.0]", "OUTER = {'l': [INNER_LIST]}"], ["INNER_LIST[0] = v"],
+                "OUTER['l'][0][0]", [], "")
+    if holder == "module_in_list_arg":
+        return (["MODS = [UserScale()]"], ["MODS[0].k = v", "MODS[0].train(v > 0)"],
+                "mods[0](torch.ones(()))", ["MODS"], "mods")
+    if holder == "slots_object":
+        return (["SLOT = Slotted()"], ["SLOT.k = v"], "SLOT.k", [], "")
     # named_attribute: getattr with a name chosen by the value
     return (["NAME = ['k']"], ["NAME[0] = 'k' if v > 1 else 'j'", "Settings.j = v + 1"],
             "getattr(Settings, NAME[0])", [], "")
@@ -139,6 +226,24 @@ def _wrap(access: str, expr: str, params: str, n: int) -> tuple[list[str], str]:
         return ([f"class Inner_{n}(Function):", "    @staticmethod", "    def forward(ctx, t):",
                  f"        return t * {expr}", "    @staticmethod", "    def backward(ctx, g):",
                  f"        return g * {expr}"], f"Inner_{n}.apply(torch.ones(()))")
+    if access == "nested_helper":
+        return ([f"def leaf_{n}({params}):", f"    return {expr}", f"def helper_{n}({params}):",
+                 f"    return leaf_{n}({call_args})"], f"helper_{n}({call_args})")
+    if access == "partial":
+        return ([f"def _part_{n}(scale, {params}):" if params else f"def _part_{n}(scale):",
+                 f"    return scale * ({expr})", f"PART_{n} = functools.partial(_part_{n}, 1.0)"],
+                f"PART_{n}({call_args})")
+    if access == "inner_apply_backward" and not params:
+        # An inner Function whose BACKWARD reads the value; applied and differentiated inside
+        # forward/backward's own autograd (enable_grad): the read happens in the inner backward.
+        return ([f"class InnerB_{n}(Function):", "    @staticmethod", "    def forward(ctx, t):",
+                 "        return t * 1.0", "    @staticmethod", "    def backward(ctx, g):",
+                 f"        return g * {expr}",
+                 f"def inner_grad_{n}():",
+                 "    with torch.enable_grad():",
+                 "        t = torch.ones((), requires_grad=True)",
+                 f"        (d,) = torch.autograd.grad(InnerB_{n}.apply(t), t)",
+                 "    return d"], f"inner_grad_{n}()")
     if access == "getattr_const" and expr.startswith(("OBJ.", "Cfg.", "cls.")):
         owner, name = expr.split(".", 1)
         return ([], f"getattr({owner}, {name!r})")

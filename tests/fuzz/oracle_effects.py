@@ -2,8 +2,10 @@
 (strict) and ``minihop.function(F, fallback="eager")`` on fresh state, and compare.
 
 Used by ``tests/test_effects.py`` (hand-written cases) and ``generate_effects.py`` (generated
-ones). A case is a ``make()`` returning ``(F, args_of_call(i), state())``; each mode gets its
-own ``make()`` so its Python state starts fresh. Compared per call: outputs, every input's
+ones). A case is a ``make()`` returning ``(F, args_of_call(i), state())``, or with a fourth
+``between(i)`` that changes state after call ``i``'s forward and before its ``.backward()``
+(through an alias, as user code between the two would); each mode gets its own ``make()`` so
+its Python state starts fresh. Compared per call: outputs, every input's
 ``.grad``, the Python state between forward and ``.backward()`` and after it, the warnings
 the user's code gave; after all calls, torch's global random stream. Strict may refuse with a
 coded ``MinihopError`` (the comparison stops there); fallback must equal eager exactly.
@@ -29,7 +31,7 @@ Outcome = list[tuple[Any, ...]]
 def run_mode(mode: str, make: Make, calls: int = 3) -> Outcome:
     """What ``calls`` calls in ``mode`` ("eager", "strict", "fallback") did, one record each."""
     torch.manual_seed(1234)
-    fn_cls, args_of, state = make()
+    fn_cls, args_of, state, *hook = make()
     call = {"eager": fn_cls.apply, "strict": minihop.function(fn_cls),
             "fallback": minihop.function(fn_cls, fallback="eager")}[mode]
     records: Outcome = []
@@ -40,6 +42,8 @@ def run_mode(mode: str, make: Make, calls: int = 3) -> Outcome:
                 warnings.simplefilter("always")
                 out = call(*args)
                 between = repr(state())
+                if hook:
+                    hook[0](i)
                 outs = out if isinstance(out, tuple) else (out,)
                 loss = sum((o.float() * (k + 1)).sum() for k, o in enumerate(outs)
                            if isinstance(o, torch.Tensor) and o.requires_grad)
