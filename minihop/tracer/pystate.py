@@ -566,10 +566,10 @@ class StateTracker:
                 seen = index.get(id(first))
                 if isinstance(first, (*_ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
                     continue  # a value, not a holder (a symbolic size is each call's own)
-                if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
+                if seen is None and isinstance(first, torch.nn.Module):  # keyed whole, not snapshotted
                     seen = _argument_seen(first, self.args, self.parts.argnames)
-                    if seen is None:
-                        continue
+                if seen is None:
+                    continue
                 steps = (*seen.steps, *chain.steps[1:])
                 end = _walk(first, chain.steps[1:])
                 if _guarded_value(end):
