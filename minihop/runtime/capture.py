@@ -8,7 +8,6 @@ from the input paths, the ``autograd.Function`` subclass, and the output-rebuild
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 from collections.abc import Callable
