@@ -149,3 +149,24 @@ def test_source_is_readable_in_tracebacks() -> None:
     forward, backward = fn.source.split("\n\n")
     for code, text in ((fn.forward.__code__, forward), (fn.backward.__code__, backward)):
         assert "".join(linecache.getlines(code.co_filename)) == text + ("" if text.endswith("\n") else "\n")
+
+
+W = torch.tensor([1.0, 2.0])
+
+
+class ReadsGlobalInBackward(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * W
+
+
+def test_tensor_read_when_backward_runs() -> None:
+    """A tensor backward reads from a global is fetched when backward runs and checked against
+    the traced properties in one call; then the traced bwd runs on it."""
+    backward = source_of(ReadsGlobalInBackward, leaf(2)).split("\n\n")[1]
+    assert backward.splitlines()[1:4] == ["    late0 = fetch0(())", "    if traced0(late0):",
+                                          "        return bwd_body(g0, late0)"]

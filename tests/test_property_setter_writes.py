@@ -8,6 +8,11 @@ there (strict and fallback, no error). Such attributes are no longer marked: the
 only inside the trace, where it is the user's code minihop did not analyse. Each case runs 3
 calls eagerly, strict and fallback on fresh state (``tests/fuzz/oracle_effects.py``), sizes
 changing between calls; the state is also changed between calls by the caller.
+
+Reading the property to mark it ran its getter too: ``self.history[-1]`` on an empty list
+raised ``IndexError`` out of the tracker after other attributes had been marked, so a plain
+``stats.last = 2.5`` in the same backward showed ``<minihop: not stored yet>`` between forward
+and ``.backward()`` (``test_a_property_getter_that_raises_leaves_no_marker``).
 """
 
 from __future__ import annotations
@@ -83,5 +88,38 @@ def _make(holder_cls: type, phase: str):
 @pytest.mark.parametrize("holder_cls", [History, Stored])
 def test_store_through_a_property_setter_matches_eager(holder_cls: type, phase: str) -> None:
     verdicts = compare(_make(holder_cls, phase))
+    assert verdicts["fallback"] == "same", verdicts
+    assert verdicts["strict"] == "same" or verdicts["strict"].startswith("refused"), verdicts
+
+
+class Plain:
+    def __init__(self) -> None:
+        self.steps, self.last = 0, None
+
+
+@pytest.mark.parametrize("sizes", [(3, 3, 3), (3, 4, 3)])
+def test_a_property_getter_that_raises_leaves_no_marker(sizes: tuple[int, ...]) -> None:
+    def make():
+        stats, ps = Plain(), History()  # History.value's getter raises while history is empty
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                stats.steps += 2
+                stats.last = 2.5
+                ps.value = int(g.shape[0])
+                return g * 2
+
+        def args(i):
+            return (torch.randn(sizes[i], generator=torch.Generator().manual_seed(i)).requires_grad_(),)
+
+        def state():
+            return (stats.steps, repr(stats.last), list(ps.history))
+        return Fn, args, state
+    verdicts = compare(make)
     assert verdicts["fallback"] == "same", verdicts
     assert verdicts["strict"] == "same" or verdicts["strict"].startswith("refused"), verdicts

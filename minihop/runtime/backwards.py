@@ -37,7 +37,7 @@ from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "tensor_key"]
+__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "same_properties", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
@@ -227,6 +227,18 @@ def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[tuple[Any, ...]], Any],
             continue
         slots.append((i, fetch, tensor_key(node.meta.get("val"))))
     return tuple(slots)
+
+
+def same_properties(key: Any) -> Callable[[Any], bool] | None:
+    """``t -> bool``: whether tensor ``t`` has the properties ``key`` (a ``tensor_key``) says,
+    compiled once (no key built per backward); None for a key never equal (symbolic sizes)."""
+    if key is _NEVER or key[0] != "tensor":
+        return None
+    _, shape, dtype, device, layout, requires_grad = key
+    plain = (torch.Tensor, torch.nn.Parameter)
+    return lambda t: (type(t) in plain and t.shape == shape and str(t.dtype) == dtype
+                      and str(t.device) == device and str(t.layout) == layout
+                      and t.requires_grad == requires_grad)
 
 
 def keeps_arguments(pair: Pair, state: PythonState) -> bool:

@@ -207,17 +207,29 @@ def _forward(pair: Pair, layout: Layout, call_arguments: Callable[[], Any]) -> _
 
 def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | None, needs_key: bool,
               state_only: Callable[..., bool] | None, key_of: Callable[..., Any],
-              call_bwd: Callable[..., Any], writes: bool) -> _Source:
+              call_bwd: Callable[..., Any], writes: bool,
+              late: tuple[tuple[int, Callable[..., Any], Callable[[Any], bool]], ...] = ()) -> _Source:
     """``backward(ctx, *grads)``: the traced bwd called directly where nothing can differ from
     the trace; else the grads and saved values handed to ``call_bwd``, which picks (or traces)
-    the bwd variant for them, and the Python writes of that variant replayed."""
+    the bwd variant for them, and the Python writes of that variant replayed. ``late``: per
+    tensor backward reads when it runs, ``(saved index, fetch, check)``, given when they are the
+    key's only part: fetched first, and while each has the traced properties (``check``) the
+    traced bwd runs on them."""
     L = layout
     grads = _params(len(L.top_idx), "g")
     src = _Source(f"def backward(ctx, {''.join(g + ', ' for g in grads)}):")
     order = L.direct_order
     all_top = not L.nested_idx
     direct = (bwd_plain is not None and all_top and order is not None and not writes
-              and not L.exact_unpacks and (not needs_key or state_only is not None))
+              and not L.exact_unpacks and (not needs_key or state_only is not None or bool(late)))
+    if direct and late:
+        if L.keeps_args:
+            src.add("call_args = ctx.minihop_args")
+        for k, (_, fetch, _) in enumerate(late):
+            args_name = "call_args" if L.keeps_args else "()"
+            src.add(f"late{k} = {src.name('fetch' + str(k), fetch)}({args_name})")
+        checks = [f"{src.name('traced' + str(k), check)}(late{k})" for k, (_, _, check) in enumerate(late)]
+        src.add(f"if {' and '.join(checks)}:")
     if direct:
         code = bwd_plain
         if order != tuple(range(L.num_saved)):
@@ -226,16 +238,23 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
             code = without_body_toggles(pair.bwd_graph, "bwd_body", params=[*top, *(saved[i] for i in order)])
         # Eager's backward unpacks ctx.saved_tensors only if the user's does (one that does
         # not runs again after autograd freed its graph: backward() twice, no retain_graph).
-        args = [*grads, *(["*ctx.saved_tensors"] if L.ctx_refs or L.reads else []),
-                *(["*ctx.minihop_stash"] if L.stashed else [])]
+        args = [*grads, *(["*ctx.saved_tensors"] if L.ctx_refs or L.reads else [])]
+        if late:  # the stash as forward kept it, but what those places hold now
+            fetched = {i: f"late{k}" for k, (i, _, _) in enumerate(late)}
+            args += [fetched.get(i, f"ctx.minihop_stash[{j}]") for j, i in enumerate(L.stashed)]
+        elif L.stashed:
+            args.append("*ctx.minihop_stash")
         line = f"return {src.name('bwd_body', code)}({', '.join(args)})"
-        if not needs_key:
+        if late:
+            src.add(line, 2)
+        elif not needs_key:
             src.add(line)
             return src
-        # Backward's only reason for a key is the Python values it reads: while they are the
-        # captured ones (one compiled check), the traced bwd runs.
-        src.add(f"if {src.name('state_ok', state_only)}(()):")
-        src.add(line, 2)
+        else:
+            # Backward's only reason for a key is the Python values it reads: while they are
+            # the captured ones (one compiled check), the traced bwd runs.
+            src.add(f"if {src.name('state_ok', state_only)}(()):")
+            src.add(line, 2)
     # Unpack what the user saved, as eager does (version checks, unpack hooks): once per read
     # of ctx.saved_tensors in the user's backward.
     if L.all_via_ctx and not L.exact_unpacks:

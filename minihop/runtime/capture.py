@@ -8,7 +8,6 @@ from the input paths, the ``autograd.Function`` subclass, and the output-rebuild
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 from collections.abc import Callable
@@ -301,9 +300,11 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
     # fails the guard (see compile_live_check): the call is traced again, where the user's own
     # code meets the change as eager's would, instead of minihop's guard raising.
     places = {read.place.description: read.place.get for read in state.reads}
-    live = (*(lambda call, f=s.live: f() for s in pair.inputs if s.live is not None), *places.values())
+    # (Not a tensor only backward reads: backward checks it when it runs, as eager reads it then.)
+    fetched = tuple(s for s in pair.inputs if s.live is not None and not s.read_in_backward)
+    live = (*(lambda call, f=s.live: f() for s in fetched), *places.values())
     if live:
-        names = (*(s.description for s in pair.inputs if s.live is not None), *places)
+        names = (*(s.description for s in fetched), *places)
         lines: dict[str, str | None] = {}
         for r in state.reads:
             lines.setdefault(r.place.description, r.line)  # forward's line first

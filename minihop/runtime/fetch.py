@@ -23,10 +23,16 @@ from ..structure import make_getter
 __all__ = ["fetch_positional", "fetcher"]
 
 
-def fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
-    """One generated function pulling every fwd input out of the caller's arguments."""
-    getters = []
+def fetcher(inputs: tuple[InputSource, ...],
+            for_run: bool = False) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
+    """One generated function pulling every fwd input out of the caller's arguments. With
+    ``for_run`` (the capture's own runner), a tensor only backward reads is None: fwd passes it
+    through untouched and backward fetches it when it runs (``runtime.backwards.live_slots``)."""
+    getters: list[Callable[[tuple[Any, ...], dict[str, Any]], Any]] = []
     for source in inputs:
+        if for_run and source.read_in_backward:
+            getters.append(lambda args, kwargs: None)
+            continue
         if source.live is not None:
             getters.append(lambda args, kwargs, f=source.live: _detached(f()))
             continue
@@ -77,7 +83,7 @@ def fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[t
     """``args -> fwd inputs``, or None when the arguments are the fwd inputs."""
     picks = _positional_picks(inputs)
     if picks is None:
-        fetch_any = fetcher(inputs)
+        fetch_any = fetcher(inputs, for_run=True)
         return lambda args: fetch_any(args, {})
     if picks == tuple(f"args[{i}]" for i in range(arity)):
         return None

@@ -27,7 +27,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..spec import NO_STATE, DataRead, Pair, PythonState
-from .backwards import MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, keeps_arguments, live_slots
+from .backwards import MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, keeps_arguments, live_slots, same_properties
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
 from .guards import compile_live_check
@@ -78,10 +78,18 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     if bool(backwards.state_reads) and not backwards.checks and layout.materialize \
             and not layout.keeps_args and not backwards.reads_values and not live_slots(pair):
         state_only = compile_live_check(backwards.state_reads, backwards.state_base)
+    # Or its only reason is tensors it reads when it runs: fetched, and while each has the
+    # traced properties, the traced bwd runs on them.
+    late = ()
+    if live_slots(pair) and not state.reads_in("backward") and not backwards.checks \
+            and layout.materialize and not backwards.reads_values:
+        late = tuple((i, fetch, same_properties(base)) for i, fetch, base in live_slots(pair))
+        if any(check is None for _, _, check in late):
+            late = ()
     forward, backward, source = generate(
         pair, layout, call_arguments, bwd_plain=bwd_plain, needs_key=backwards.needs_key,
         state_only=state_only, key_of=backwards.key_of, call_bwd=call_bwd,
-        writes=bool(state.writes_in("backward")))
+        writes=bool(state.writes_in("backward")), late=late)
     if pair.once_differentiable:
         backward = once_differentiable(backward)
     namespace = {

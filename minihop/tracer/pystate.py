@@ -110,7 +110,11 @@ class StateTracker:
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
         self.marked = self._mark_store_targets()
-        self.before = self._snapshot()
+        try:
+            self.before = self._snapshot()
+        except BaseException:
+            self._unmark()  # no tracker comes back to do it
+            raise
         self.after_forward: dict[int, Seen] | None = None
         self.finished = False
 
@@ -211,14 +215,17 @@ class StateTracker:
                     continue  # guarded: the same before every call, so storing it again changes nothing
                 owner = place.owner(self.args)
                 name = str(target.steps[-1][1])
-                old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
+                setter = getattr(type(owner), name, None)
+                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+                    continue  # a property: reading or marking it would run the user's code in it
+                try:
+                    old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
+                except Exception:  # a user __getattr__: not a plain attribute to mark
+                    continue
                 if owner is MISSING or isinstance(owner, types.ModuleType) or not (
                         old is MISSING or isinstance(old, ATOMS)) or \
                         any(o is owner and n == name for o, n, _ in marked):
                     continue
-                setter = getattr(type(owner), name, None)
-                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
-                    continue  # a property's setter: the marker would run the user's code in it
                 try:
                     set_attr(owner, name, _Marker())
                 except Exception:
@@ -263,10 +270,10 @@ class StateTracker:
                 seen = index.get(id(first))
                 if isinstance(first, (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
                     continue  # a value, not a holder (a symbolic size is each call's own)
-                if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
+                if seen is None and isinstance(first, torch.nn.Module):  # keyed whole, not snapshotted
                     seen = argument_seen(first, self.args, self.parts.argnames)
-                    if seen is None:
-                        continue
+                if seen is None:
+                    continue
                 steps = (*seen.steps, *chain.steps[1:])
                 end = walk(first, chain.steps[1:])
                 if guarded_value(end):
@@ -298,6 +305,7 @@ class StateTracker:
         self.stop()
         if not self.finished:
             self.finished = True
+            self.opaque.put_back()  # what unanalysed code wrote, then what pystate watched
             heap.restore(self.before)
             self._unmark()
 
@@ -367,6 +375,7 @@ class StateTracker:
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             self.read_ctx_chains(ctx)
+            self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
         finally:
             self.abort()
         return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
