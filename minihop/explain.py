@@ -144,7 +144,10 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
         for i, key in enumerate(arg_keys):
             guards.append(f"{argname(i, cap.argnames)}: {_show_key(key)}")
         for source in cap.inputs:
-            if source.live is not None:
+            if source.read_in_backward:
+                guards.append(f"{source.name} ({source.description}): fetched when backward runs; "
+                              "other shape, dtype, device or requires_grad: backward traced again")
+            elif source.live is not None:
                 guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
                               "requires_grad as at capture (read anew each call)")
         if cap.shape_guards is not None:

@@ -35,6 +35,7 @@ from .runtime.capture import Capture, make_capture
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
+from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
 from .spec import DataRead, Pair, RawCapture
 from .arguments import bind_arguments, marks
@@ -172,7 +173,8 @@ def with_graphs(cap: Capture, *, fwd: fx.GraphModule | None = None,
     new = make_capture(edited, functools.partial(make_outer_graph, edited), cap.function, cap.key,
                        cap.capture_seconds, None, cap.dynamic_dims, cap.shape_guards, cap.python_state,
                        None, cap.masks, (), cap.data_reads)
-    return dataclasses.replace(new, _checks=cap._checks, fits=cap.fits)  # the call guards are cap's
+    # The call guards are cap's; a single-use cap's one call is spent by either capture.
+    return dataclasses.replace(new, _checks=cap._checks, fits=cap.fits, run=spending(cap._checks, new.run))
 
 
 def _copy_graph(graph: fx.Graph) -> fx.Graph:

@@ -169,8 +169,7 @@ def test_no_module_imports_dynamo() -> None:
 MAX_MODULE_LINES = 450
 # Modules still over the limit (issue 28, "shape of the code"). Remove a module from this list
 # when it is split; when the list is empty, remove the xfail mark below (strict: it fails then).
-STILL_OVER = ["minihop/runtime/capture.py", "minihop/runtime/function.py",
-              "minihop/tracer/pystate.py"]
+STILL_OVER = ["minihop/tracer/pystate.py"]
 
 
 def module_sizes() -> dict[str, int]:

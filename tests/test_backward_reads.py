@@ -345,3 +345,69 @@ def test_hot_path_unchanged_without_such_reads() -> None:
     cap = minihop.capture(Plain, torch.ones(2, requires_grad=True))
     assert not any(s.read_in_backward for s in cap.inputs)
     assert not cap._function.backwards.needs_key
+
+
+class ModuleArgument(Function):
+    """A module passed as an argument, kept on ctx; backward reads its buffer then."""
+
+    @staticmethod
+    def forward(ctx, x, mod):
+        ctx.mod = mod
+        return x * mod.scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.mod.scale, None
+
+
+def test_module_argument_buffer_replaced_between_forward_and_backward() -> None:
+    """Backward reads ``ctx.mod.scale`` of the call's own module when it runs: replaced (same
+    or other shape) or written in place before ``.backward()``, as in eager."""
+    mods: list[Scaler] = []
+
+    def script_for(change: Callable[[Scaler, int], None]) -> Callable[[Callable[..., Any]], list[Any]]:
+        def script(call: Callable[..., Any]) -> list[Any]:
+            record: list[Any] = []
+            for k in range(3):
+                mod = Scaler()
+                x = torch.arange(1.0, 3.0).requires_grad_()
+                y = call(x, mod)
+                change(mod, k)
+                try:
+                    y.sum().backward()
+                except RuntimeError as e:
+                    record.append(type(e))
+                    continue
+                record += [y.detach(), x.grad]
+            return record
+        return script
+
+    def replace(mod: Scaler, k: int) -> None:
+        mod.scale = torch.tensor([4.0, 5.0]) + k
+
+    def write(mod: Scaler, k: int) -> None:
+        mod.scale.mul_(-1.0)
+
+    def reshape(mod: Scaler, k: int) -> None:
+        mod.scale = torch.tensor([3.0 + k])
+
+    for change in (replace, write, reshape):
+        _check(ModuleArgument, script_for(change), mods.clear)
+
+
+def test_same_properties_take_the_traced_bwd() -> None:
+    """A tensor rebound to one of the same properties is fetched, not traced again: one bwd."""
+    minihop.reset()
+    _reset_w()
+    cap = minihop.capture(GlobalInBackward, torch.ones(2, requires_grad=True))
+    for k in range(3):
+        x = torch.ones(2, requires_grad=True)
+        y = cap(x)
+        _set_w(torch.tensor([5.0, 6.0]) + k)
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, torch.tensor([5.0, 6.0]) + k)
+    assert len(cap._function.backwards.variants) == 1
+    y = cap(torch.ones(2, requires_grad=True))
+    _set_w(torch.tensor([3.0]))  # another shape: a bwd traced for it
+    y.sum().backward()
+    assert len(cap._function.backwards.variants) == 2

@@ -365,7 +365,7 @@ class TestInputs:
                 return g @ ctx.mod.weight, None
 
         lin = torch.nn.Linear(3, 5)
-        check(Apply, r(2, 3), lin, lifted=2)
+        check(Apply, r(2, 3), lin, lifted=3)  # and ctx.mod.weight, read when backward runs
         assert lin.weight.grad is None
 
     def test_unused_tensor_arg(self) -> None:

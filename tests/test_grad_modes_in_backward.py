@@ -200,3 +200,65 @@ def test_saved_capture_keeps_the_modes() -> None:
         loaded = minihop.load(path)
     args = _args(NoGradBlock, 4)
     _assert_same(_derivatives(loaded, args), _derivatives(NoGradBlock.apply, args))
+
+
+class ReadsGradMode(Function):
+    """Passes the grad mode backward runs in on as create_graph (on exactly under
+    create_graph=True in eager), read where backward was entered."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        create_graph = torch.is_grad_enabled()
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_()
+            gx, = torch.autograd.grad(xd.sin() * xd, xd, g, create_graph=create_graph)
+        return gx
+
+
+class ReadsGradModeInBlock(Function):
+    """Reads grad mode inside its own enable_grad block: True in either run."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        with torch.enable_grad():
+            scale = 2.0 if torch.is_grad_enabled() else 5.0
+        return g * scale * x
+
+
+@pytest.mark.parametrize("mode", ["strict", "fallback", "apply"])
+def test_grad_mode_read_in_backward(mode: str) -> None:
+    """Read where backward was entered: the plain backward is eager's; under create_graph the
+    trace's value would be another program, so the graph raises MH104 there (before: silently
+    no graph on the first derivative)."""
+    run = _runners(ReadsGradMode)[mode]
+    x = torch.randn(4, dtype=torch.double, requires_grad=True)
+    (mine,) = torch.autograd.grad(run(x).sum(), x)
+    (eager,) = torch.autograd.grad(ReadsGradMode.apply(x).sum(), x)
+    torch.testing.assert_close(mine, eager)
+    (eager,) = torch.autograd.grad(ReadsGradMode.apply(x).sum(), x, create_graph=True)
+    assert eager.requires_grad
+    with pytest.raises(minihop.UnsupportedOperationError,
+                       match=r"\[MH104\] ReadsGradMode\.backward reads torch\.is_grad_enabled\(\) at .*"
+                             r"this backward runs with grad mode on"):
+        torch.autograd.grad(run(x).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fallback", "apply"])
+def test_grad_mode_read_inside_own_block(mode: str) -> None:
+    """A read the user's own switch fixes is eager's in both runs: captured, no check."""
+    run = _runners(ReadsGradModeInBlock)[mode]
+    for n in SIZES:
+        args = _args(ReadsGradModeInBlock, n)
+        _assert_same(_derivatives(run, args), _derivatives(ReadsGradModeInBlock.apply, args))

@@ -532,3 +532,29 @@ def test_a_closure_iterator_read_with_next():
             return g
 
     _matches_eager(F, lambda i: (_x(i),), reset=lambda: it.__setitem__(0, iter([1.0, 2.0, 3.0, 4.0])))
+
+
+def test_a_capture_of_edited_graphs_shares_its_single_use_capture_s_one_call():
+    state = {"k": 2.0}
+
+    class Gain:
+        @property
+        def k(self):
+            return state["k"]
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, obj):
+            return t * obj.k
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+
+    g, x = Gain(), torch.randn(3, requires_grad=True)
+    cap = minihop.capture(F, x, g)
+    edited = minihop.with_graphs(cap, fwd=cap.fwd)
+    torch.testing.assert_close(edited(x, g), x * 2.0)
+    for either in (cap, edited):
+        with pytest.raises(minihop.GuardMismatchError, match="single-use"):
+            either(x, g)

@@ -8,7 +8,6 @@ from the input paths, the ``autograd.Function`` subclass, and the output-rebuild
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 from collections.abc import Callable
@@ -18,11 +17,13 @@ import torch
 import torch.fx as fx
 
 from ..errors import GuardMismatchError
-from ..spec import LIFTED_FROM, NO_STATE, Pair, DataRead, InputSource, PythonState
+from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
-from ..structure import OutputSpec, argname, make_getter
+from ..structure import OutputSpec, argname
+from .backwards import keeps_arguments
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
+from .fetch import fetch_positional, fetcher
 from .single_use import once
 from .streams import run_on_stream
 from .writes import Writer, make_writer
@@ -38,34 +39,6 @@ _is_compiling = torch.compiler.is_compiling
 _transforms_active = torch._C._are_functorch_transforms_active
 
 
-def _fetcher(inputs: tuple[InputSource, ...]) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
-    """One generated function pulling every fwd input out of the caller's arguments."""
-    getters = []
-    for source in inputs:
-        if source.live is not None:
-            getters.append(lambda args, kwargs, f=source.live: _detached(f()))
-            continue
-        if source.path is None:
-            constant = source.constant
-            # Lifted tensors never receive gradients (eager's Function does not see them).
-            value = _detached(constant) if constant is not None else constant
-            getters.append(lambda args, kwargs, v=value: v)
-            continue
-        get = make_getter(source.path)
-        if source.dim is not None:
-            getters.append(lambda args, kwargs, g=get, d=source.dim: g(args, kwargs).size(d))
-        elif source.lifted:
-            getters.append(lambda args, kwargs, g=get: _detached(g(args, kwargs)))
-        else:
-            getters.append(get)
-    gs = tuple(getters)
-
-    def fetch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        return [g(args, kwargs) for g in gs]
-
-    return fetch
-
-
 def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A GraphModule over a copy of ``gm``'s graph (nodes, names and ``meta`` copied; the
     values in ``meta`` shared): editing it leaves ``gm`` as it was."""
@@ -75,14 +48,6 @@ def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
     for node in gm.graph.nodes:
         env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
-def _detached(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.requires_grad:
-        detached = value.detach()
-        setattr(detached, LIFTED_FROM, value)  # for backward() in backward (tracer.recompute)
-        return detached
-    return value
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -128,7 +93,7 @@ class Capture:
     fits: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
     # Python values forward and backward took out of tensor data (``tracer.values``); the
     # ones guarding forward are recomputed from each call's inputs (one check per read), those
-    # guarding backward before each backward (``runtime.function``).
+    # guarding backward before each backward (``runtime.backwards``).
     data_reads: tuple[DataRead, ...] = ()
     run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
 
@@ -208,7 +173,7 @@ class Capture:
     def fwd_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
         """The fwd graph's inputs for this call, in the graph contract's order (lifted tensors
         detached, size symbols as ints): what another system's fwd of this Function takes."""
-        return _fetcher(self.inputs)(self.bind(args, kwargs), {})
+        return fetcher(self.inputs)(self.bind(args, kwargs), {})
 
     def save(self, path: str) -> None:
         """Write the capture to ``path``, a versioned artifact ``minihop.load`` reads (format: ``runtime/artifact.py``)."""
@@ -217,27 +182,13 @@ class Capture:
         save_capture(self, path)
 
 
-def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None:
-    """Each fwd input as an expression over ``args``, when each is a whole positional argument
-    (``args[0]``; a tensor, or a dynamic int) or a size of one (``args[0].size(1)``, a size
-    symbol). A one-step argument path is never a lifted tensor's."""
-    picks = []
-    for source in inputs:
-        if source.live is not None or source.path is None \
-                or len(source.path) != 1 or source.path[0][0] != "arg":
-            return None
-        i = int(source.path[0][1])
-        picks.append(f"args[{i}]" if source.dim is None else f"args[{i}].size({int(source.dim)})")
-    return tuple(picks)
-
-
 def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
             spec: OutputSpec, top_level: tuple[bool, ...],
             user_function: type | None = None, writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
     """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
     allows (decided here, once; see ``make_function`` for the Function's calling forms).
     ``writer`` puts what forward wrote outside its return value in place (``writes.py``)."""
-    fetch = _fetch_positional(inputs, arity)
+    fetch = fetch_positional(inputs, arity)
     run = _plain_runner(function, fetch, spec, top_level, writer)
     transformable = getattr(function, "transformable", None)
     custom_vmap = user_function is not None and \
@@ -264,18 +215,6 @@ def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, 
         return run(args)
 
     return run_any
-
-
-def _fetch_positional(inputs: tuple[InputSource, ...], arity: int) -> Callable[[tuple[Any, ...]], Any] | None:
-    """``args -> fwd inputs``, or None when the arguments are the fwd inputs."""
-    picks = _positional_picks(inputs)
-    if picks is None:
-        fetch_any = _fetcher(inputs)
-        return lambda args: fetch_any(args, {})
-    if picks == tuple(f"args[{i}]" for i in range(arity)):
-        return None
-    fetch: Callable[[tuple[Any, ...]], Any] = eval(f"lambda args: ({''.join(f'{p}, ' for p in picks)})")
-    return fetch
 
 
 def _plain_runner(function: type[torch.autograd.Function], fetch: Callable[[tuple[Any, ...]], Any] | None,
@@ -361,9 +300,11 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
     # fails the guard (see compile_live_check): the call is traced again, where the user's own
     # code meets the change as eager's would, instead of minihop's guard raising.
     places = {read.place.description: read.place.get for read in state.reads}
-    live = (*(lambda call, f=s.live: f() for s in pair.inputs if s.live is not None), *places.values())
+    # (Not a tensor only backward reads: backward checks it when it runs, as eager reads it then.)
+    fetched = tuple(s for s in pair.inputs if s.live is not None and not s.read_in_backward)
+    live = (*(lambda call, f=s.live: f() for s in fetched), *places.values())
     if live:
-        names = (*(s.description for s in pair.inputs if s.live is not None), *places)
+        names = (*(s.description for s in fetched), *places)
         lines: dict[str, str | None] = {}
         for r in state.reads:
             lines.setdefault(r.place.description, r.line)  # forward's line first
@@ -413,11 +354,12 @@ def _over_args(expression: str, arg_indices: tuple[int, ...]) -> str:
     return re.sub(r"\bT\[(\d+)\]", lambda m: f"args[{arg_indices[int(m[1])]}]", expression)
 
 
-def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> Callable[[tuple[Any, ...]], Any]:
+def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState,
+                 pair: Pair) -> Callable[[tuple[Any, ...]], Any]:
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
     them on every call; tracing undid its own)."""
     writes = state.writes_in("forward")
-    if state.backward_uses_args:
+    if keeps_arguments(pair, state):
         inner = run
 
         def run(args: tuple[Any, ...]) -> Any:
@@ -443,7 +385,7 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState) -> C
 def _value_check(read: DataRead) -> Callable[[tuple[Any, ...]], bool]:
     """``args -> bool``: whether ``read``'s graph gives its captured value for these arguments
     (its inputs fetched as fwd inputs are)."""
-    fetch = _fetcher(read.sources)
+    fetch = fetcher(read.sources)
     return lambda args: read.holds(read.graph, fetch(args, {}))
 
 
@@ -465,7 +407,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
     checks, run = once(pair.function_name, python_state.single_use, _checks(
         pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads),
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                             function if setup_style else None, make_writer(pair.outside_writes)), python_state))
+                             function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair))
     return Capture(
         pair=pair, python_state=python_state, masks=dict(masks or {}), _checks=checks, fits=_all_of(checks),
         dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards,

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.fx as fx
 
-__all__ = ["emit"]
+__all__ = ["compile_source", "emit"]
 
 # Written as fx writes them (``a + b``, ``x[i]``): the same operations, no call overhead.
 _INLINE: dict[Any, str] = {
@@ -149,4 +149,13 @@ def emit(graph: fx.Graph, *, skip: Callable[[fx.Node], bool] = lambda node: Fals
     namespace: dict[str, Any] = dict(emitter.consts)
     exec(_compiled(source, name), namespace)
     function: Callable[..., Any] = namespace[name]
+    return function
+
+
+def compile_source(source: str, name: str, namespace: dict[str, Any], label: str) -> Callable[..., Any]:
+    """The function ``name`` that ``source`` defines, compiled once per distinct source (as
+    ``emit``'s code; ``label`` names it in tracebacks), over the objects in ``namespace``."""
+    scope = dict(namespace)
+    exec(_compiled(source, label), scope)
+    function: Callable[..., Any] = scope[name]
     return function

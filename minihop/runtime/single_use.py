@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import GuardMismatchError
 
-__all__ = ["once"]
+__all__ = ["once", "spending"]
 
 Check = tuple[Callable[[tuple[Any, ...]], bool], Callable[[tuple[Any, ...]], Any]]
 
@@ -45,4 +45,19 @@ def once(name: str, reasons: tuple[str, ...], checks: tuple[Check, ...],
         used[0] = True
         return run(args)
 
+    fresh.spend = lambda: used.__setitem__(0, True)  # type: ignore[attr-defined]
     return ((fresh, spent), *checks), run_once
+
+
+def spending(checks: tuple[Check, ...], run: Callable[[tuple[Any, ...]], Any]) -> Callable[[tuple[Any, ...]], Any]:
+    """``run`` spending the single use ``checks`` (another capture's, from ``once``) guard:
+    a capture of edited graphs (``minihop.with_graphs``) shares its original's one call."""
+    spend = getattr(checks[0][0], "spend", None) if checks else None
+    if spend is None:
+        return run
+
+    def run_once(args: tuple[Any, ...]) -> Any:
+        spend()
+        return run(args)
+
+    return run_once

@@ -131,6 +131,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
     call's own (``call_args``)."""
     with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
+        t.backward_reads.arguments(call_args)  # a module argument's tensors as they are now
         swapped: dict[str, Any] = {}
         if call_args:
             for name, value in vars(ctx).items():

@@ -1,11 +1,13 @@
-"""Tensors backward reads from a global, a closure cell or a class/module attribute.
+"""Tensors backward reads from a global, a closure cell, a class/module attribute, or a module
+argument's parameters and buffers (``ctx.mod.scale``).
 
 Place in the pipeline: tracer (used by ``trace.py`` while backward runs). Eager's backward reads
 such a tensor when backward runs, not when forward did: rebinding the global, replacing
 ``F.W``, or writing into the tensor between forward and ``.backward()`` changes what backward
 computes. So a tensor backward reaches this way is not the forward value of the same tensor: it
 gets its own fake and its own fwd input (``InputSource.read_in_backward``), passed through fwd
-as a saved value, which the runtime fetches again (``live``) when backward runs.
+as a saved value, which the runtime fetches again (``live``, or the argument's ``path`` in the
+call's arguments, which forward then keeps on ctx) when backward runs.
 
 Invariant: one ``InputSource`` and one fwd placeholder per route, for the first trace and for
 every backward traced again (a tensor rebound to another shape then gets a fake of its own
@@ -22,6 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from ..spec import InputSource
+from .names import input_name
 
 __all__ = ["BackwardReads", "forward_values_on_ctx"]
 
@@ -31,7 +34,7 @@ Routes = dict[int, tuple[str, Callable[[], Any]]]
 class BackwardReads:
     """The tensors one capture's backward read from their live places (see module docstring).
 
-    ``tracing`` is the trace's state: its ``closure_routes``, ``_fake``, ``sources``,
+    ``tracing`` is the trace's state: its ``closure_routes``, ``module_paths``, ``_fake``, ``sources``,
     ``_add_source`` and ``fwd`` recorder are used as ``_lift_real`` uses them.
     """
 
@@ -42,18 +45,32 @@ class BackwardReads:
         # route name -> (its source, the first fake: the one whose placeholder the others share)
         self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
 
+    def arguments(self, call_args: tuple[Any, ...]) -> None:
+        """Backward is traced again for a call: its module arguments' parameters and buffers
+        (one replaced since forward, say) are found at their paths as they are now."""
+        for i, a in enumerate(call_args):
+            if isinstance(a, torch.nn.Module):
+                for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
+                    self.t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in pname.split("."))))
+
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
         entry = self.fakes.get(id(real))
         if entry is not None and entry[0] is real:
             return entry[1]
-        route = self.t.closure_routes.get(id(real))
-        if route is None:
-            self.t.closure_routes = self.routes()
+        path = self.t.module_paths.get(id(real))
+        if path is not None:
+            # A parameter or buffer of a module argument: read from the call's argument when
+            # backward runs (the runtime keeps the call's arguments on ctx for it).
+            name, live = input_name(path, self.t.parts.argnames), None
+        else:
             route = self.t.closure_routes.get(id(real))
             if route is None:
-                return None
-        name, live = route
+                self.t.closure_routes = self.routes()
+                route = self.t.closure_routes.get(id(real))
+                if route is None:
+                    return None
+            name, live = route
         # Its own fake, never forward's for the same tensor: forward's value and what the same
         # place holds when backward runs may differ.
         with unset_fake_temporarily(), torch._C.DisableTorchFunction():
@@ -66,8 +83,8 @@ class BackwardReads:
         if known is None:
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
-                                 f"tensor {name} backward reads when it runs", None, None, real,
-                                 live=live, read_in_backward=True)
+                                 f"tensor {name} backward reads when it runs", path, None,
+                                 None if path is not None else real, live=live, read_in_backward=True)
             self.by_route[name] = (source, fake)
             self.t._add_source(fake, source)
             return fake

@@ -24,6 +24,12 @@ Which exit restores what is read from the grad-mode context manager doing the ca
 direct ``torch._C._set_grad_enabled(flag)`` or ``torch.set_grad_enabled(flag)`` as a function
 call is a switch to ``flag`` (as in eager, it lasts to the end of backward or the next switch).
 
+A read of ``torch.is_grad_enabled()`` by the user's backward while the mode is ``AMBIENT``
+(a branch on it, ``create_graph=torch.is_grad_enabled()``) gives the trace's ``False``; eager's
+gives ``True`` under ``create_graph``, where this trace's code would be silently another
+program. The read leaves a node ``grad_mode_as_traced(False, ...)`` that raises (MH104) when
+the graph runs in a mode unlike the traced one, instead.
+
 Forward (and anything else) keeps the plain rule: forward always runs with grad off, as traced,
 so only a real switch is recorded (Dynamo's layout).
 
@@ -33,6 +39,7 @@ Invariant: in backward, the graph's grad mode after each recorded node is eager'
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from types import FrameType
@@ -40,10 +47,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["switch"]
+from ..errors import UnsupportedOperationError
+from .frames import is_library_code
+
+__all__ = ["grad_mode_as_traced", "read", "switch"]
 
 _GRAD_MODE_FILE = sys.modules[torch.no_grad.__module__].__file__
-_OWN_DIR = __file__.rsplit("/", 2)[0]  # minihop/: the recording mode's frames sit between
+# minihop/ (with its separator: not a sibling package named minihop_*): the recording mode's
+# frames sit between the context manager and the handler.
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 AMBIENT = "ambient"
 
 
@@ -94,8 +106,40 @@ def switch(mode: Any, recorder: Any, func: Any, args: tuple[Any, ...], kwargs: d
             modes.entered.setdefault(id(manager), (manager, modes.current))
     if new != modes.current:
         if modes.current == AMBIENT and modes.ambient_node is None:
-            modes.ambient_node = recorder.record(torch.is_grad_enabled, (), {}, False)
+            modes.ambient_node = recorder.record(torch._C.is_grad_enabled, (), {}, False)
         value = modes.ambient_node if new == AMBIENT else new
         recorder.create_node("call_function", func, (value,), {})
         modes.current = new
     return func(*args, **kwargs)
+
+
+def read(mode: Any) -> bool:
+    """``torch.is_grad_enabled()`` while ``mode`` (a ``RecordingMode`` or None) records: the
+    real value; a read by the user's backward at the mode backward was entered with is also a
+    ``grad_mode_as_traced`` node (see the module docstring)."""
+    value = torch._C.is_grad_enabled()
+    if mode is None or getattr(mode, "phase", None) != "backward":
+        return value
+    if is_library_code(sys._getframe(2).f_code.co_filename):
+        return value  # torch's own reads (no_grad.__enter__'s): their switches are recorded
+    modes = _modes.get(mode.recorder)
+    if modes is None or modes.current == AMBIENT:
+        where = mode.where() or "backward"
+        mode.recorder.create_node("call_function", grad_mode_as_traced,
+                                  (value, f"{mode.describe()} reads torch.is_grad_enabled() at {where}"), {})
+    return value
+
+
+def grad_mode_as_traced(traced: bool, what: str) -> None:
+    """Run by a bwd graph where the user's backward read grad mode: the mode must be the one
+    the graph was traced in (off: an ordinary backward), else its branch is not eager's."""
+    if torch._C.is_grad_enabled() != traced:
+        raise UnsupportedOperationError(
+            f"{what}, and this backward runs with grad mode {'on' if not traced else 'off'} "
+            "(backward(create_graph=True) or autograd.grad(..., create_graph=True)).",
+            "minihop traced backward with grad mode off (an ordinary backward); what it did with "
+            "the value it read (a branch, create_graph=torch.is_grad_enabled()) is fixed in the "
+            "graph, and eager's backward would read the other value.",
+            "Do not read torch.is_grad_enabled() in backward (eager passes create_graph through "
+            "the grad mode: ops there are differentiated exactly when it is on), or run this "
+            "Function eagerly (minihop.function(F, fallback='eager') decides before forward).")

@@ -132,6 +132,8 @@ class CallWatch:
         self.found: list[tuple[str, str]] = []  # (what ran, where it was called from)
         self.previous = sys.gettrace()
         self.ok: set[types.CodeType] = set()
+        self.undo: list[Callable[[], None]] = []  # puts back what unanalysed code could write
+        self.kept: set[Any] = set()  # ids (and (globals, name)) whose state ``undo`` holds
         sys.settrace(self._trace)
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
@@ -145,12 +147,53 @@ class CallWatch:
                 what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
                 if all(w != what for w, _ in self.found):
                     self.found.append((what, where))
+            if event == "call":
+                self._keep(frame)
         previous = self.previous
         return previous(frame, event, arg) if previous is not None else None
+
+    def _keep(self, frame: Any) -> None:
+        """Before unanalysed code runs: the state it can write that pystate's snapshot may not
+        hold (the globals its code names, its arguments' attributes, the lists, dicts and sets
+        among them), so that a trace that then fails leaves them as it found them. Eager runs
+        the Function after a refused trace (fallback="eager"): a counter this code bumped while
+        traced would otherwise be bumped twice."""
+        code = frame.f_code
+        g = frame.f_globals
+        for name in code.co_names:
+            if name in g and not name.startswith("__"):
+                if (id(g), name) not in self.kept:
+                    self.kept.add((id(g), name))
+                    value = g[name]
+                    self.undo.append(functools.partial(g.__setitem__, name, value))
+                    self._keep_value(value)
+        for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+            self._keep_value(frame.f_locals.get(name))
+
+    def _keep_value(self, value: Any) -> None:
+        if id(value) in self.kept:
+            return
+        if type(value) is list:
+            self.kept.add(id(value))
+            self.undo.append(functools.partial(value.__setitem__, slice(None), list(value)))
+        elif type(value) in (dict, set):
+            self.kept.add(id(value))
+            contents = value.copy()
+            self.undo.append(functools.partial(_refill, value, contents))
+        elif not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
+                and type(getattr(value, "__dict__", None)) is dict \
+                and not _library_name(type(value).__module__):
+            self.kept.add(id(value))
+            self.undo.append(functools.partial(_refill, value.__dict__, dict(value.__dict__)))
 
     def stop(self) -> None:
         if sys.gettrace() == self._trace:
             sys.settrace(self.previous)
+
+
+def _refill(container: Any, contents: Any) -> None:
+    container.clear()
+    container.update(contents)
 
 
 def entry_points(value: Any) -> list[tuple[Any, Any]]:
@@ -263,6 +306,7 @@ class Finder:
         self.lookups: set[types.CodeType] = set()  # code calling getattr with a run-time name
         self.calls: CallWatch | None = None
         self.getattrs: GetattrWatch | None = None
+        self.undo: list[Callable[[], None]] = []  # CallWatch's, for a trace that fails
 
     def note_code(self, phase: str, code: types.CodeType) -> None:
         for what, line in dynamic_lookups(code):
@@ -288,9 +332,16 @@ class Finder:
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
 
+    def put_back(self) -> None:
+        """A trace that failed: what unanalysed code may have written, as it was (newest first)."""
+        for undo in reversed(self.undo):
+            undo()
+        self.undo.clear()
+
     def stop(self) -> None:
         if self.calls is not None:
             self.calls.stop()
+            self.undo += self.calls.undo
             self.reasons += [f"runs {what}, code minihop did not analyse ({where})" for what, where in self.calls.found]
             self.calls = None
         if self.getattrs is not None:

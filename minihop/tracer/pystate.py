@@ -161,14 +161,16 @@ def _cell_value(cell: Any) -> Any:
         return MISSING
 
 
-def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
+def _walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True) -> Any:
+    """The value at ``steps`` from ``value``. ``analysing``: stop at a step computed by user
+    code (userattr); guards (``analysing=False``) walk chains analysis found free of them."""
     for kind, key in steps:
         if value is MISSING:
             return MISSING
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
-            what = served_by_user_code(value, key, _library_module)
+            what = served_by_user_code(value, key, _library_module) if analysing else None
             if what is not None:  # never run the user's getter here (see userattr)
                 return UserAttribute(value, key, what)
             try:
@@ -183,15 +185,15 @@ def _walk(value: Any, steps: tuple[tuple[str, Any], ...]) -> Any:
     return value
 
 
-def _place(root: _Root, steps: tuple[tuple[str, Any], ...]) -> Place:
+def _place(root: _Root, steps: tuple[tuple[str, Any], ...], analysing: bool = False) -> Place:
     """The place at ``root.steps`` (its owner found anew on every call)."""
     text = root.description + "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
     if not steps:
         return Place(text, lambda args, r=root: _RootBox(r.fetch(args)), ("attr", "value"), root.uses_args,
                      root.fetch)
     owner_steps = steps[:-1]
-    return Place(text, lambda args, r=root, s=owner_steps: _walk(r.fetch(args), s), steps[-1],
-                 root.uses_args, lambda args, f=root.fetch, s=steps: _walk(f(args), s))
+    return Place(text, lambda args, r=root, s=owner_steps, a=analysing: _walk(r.fetch(args), s, a), steps[-1],
+                 root.uses_args, lambda args, f=root.fetch, s=steps, a=analysing: _walk(f(args), s, a))
 
 
 def _reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
@@ -461,7 +463,10 @@ class StateTracker:
                 end = _walk(value, chain.steps)
                 if not _guarded_value(end) or (not chain.steps and not _guarded_value(value)):
                     continue
-                self._add_read(_place(root, chain.steps), phase, code, chain.line)
+                # Through a user getter: a place that stops there (never runs it), so a backward
+                # read of it never matches and backward is traced again when it runs, running
+                # the getter then, as eager's backward does (the capture is single-use).
+                self._add_read(_place(root, chain.steps, isinstance(end, UserAttribute)), phase, code, chain.line)
                 if isinstance(end, functools.partial):
                     # What the partial passes is read too (its keywords may change in place).
                     for part in ("args", "keywords"):
@@ -559,16 +564,16 @@ class StateTracker:
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
                 seen = index.get(id(first))
-                if isinstance(first, _ATOMS):
-                    continue
-                if seen is None:  # an argument keyed whole, not snapshotted (an nn.Module)
+                if isinstance(first, (*_ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
+                    continue  # a value, not a holder (a symbolic size is each call's own)
+                if seen is None and isinstance(first, torch.nn.Module):  # keyed whole, not snapshotted
                     seen = _argument_seen(first, self.args, self.parts.argnames)
-                    if seen is None:
-                        continue
+                if seen is None:
+                    continue
                 steps = (*seen.steps, *chain.steps[1:])
                 end = _walk(first, chain.steps[1:])
                 if _guarded_value(end):
-                    self._add_read(_place(seen.root, steps), phase, code, chain.line)
+                    self._add_read(_place(seen.root, steps, isinstance(end, UserAttribute)), phase, code, chain.line)
 
     # writes: snapshots of everything reachable from the roots
     def _snapshot(self) -> dict[int, _Seen]:
@@ -635,6 +640,7 @@ class StateTracker:
         self.stop()
         if not self.finished:
             self.finished = True
+            self.opaque.put_back()  # what unanalysed code wrote, then what pystate watched
             _restore(self.before)
             self._unmark()
 
@@ -700,6 +706,7 @@ class StateTracker:
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             self.read_ctx_chains(ctx)
+            self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
         finally:
             self.abort()
         return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())

@@ -51,7 +51,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import EFFECT, LIFTED_FROM
-from . import numpy_bridge
+from . import grad_modes, numpy_bridge
 from .tensor_state import refuse_inner_function_nodes
 
 __all__ = ["accumulate_grad", "backward", "lifted_from", "rng_state_recorded"]
@@ -258,6 +258,15 @@ _STAND_INS += [(home, name, stand_in) for home in (torch.cuda, torch.cuda.random
                for name, stand_in in (("get_rng_state", _cuda_get_rng_state),
                                       ("set_rng_state", _cuda_set_rng_state))]
 _STAND_INS.append((torch, "from_numpy", numpy_bridge.from_numpy))
+
+
+def _is_grad_enabled() -> bool:
+    # torch.is_grad_enabled() read by backward (grad_modes.read): the real value, checked when
+    # the graph runs.
+    return grad_modes.read(_recording())
+
+
+_STAND_INS.append((torch, "is_grad_enabled", _is_grad_enabled))
 _lock = threading.Lock()
 _users = [0]  # traces (any thread) inside rng_state_recorded: the stand-ins stay while any is
 _originals: list[tuple[Any, str, Any]] = []

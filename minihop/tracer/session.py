@@ -40,6 +40,7 @@ from .names import FrameSnapshot, capture_locals, input_name
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
 from .refusals import refusal_for
+from .backward_reads import BackwardReads
 from .routes import closure_routes
 from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
 from .shape_guards import ArgSource
