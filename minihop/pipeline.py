@@ -292,11 +292,12 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         missing += [s.name for s in variant.inputs if s.name not in input_index]
         if missing:
             raise UnsupportedOperationError(
-                f"{pair.function_name}.backward, for the grads it received now, reads forward "
-                f"values ({', '.join(missing)}) that forward did not save for the grads it "
-                "was captured with.",
+                f"{pair.function_name}.backward, traced again for this call (its grads, or "
+                f"a Python value it reads, differ from the captured backward's), reads forward "
+                f"values ({', '.join(missing)}) that forward did not save.",
                 "Forward has already run; it saved only what the captured backward needed.",
-                "Make backward read the same forward values whatever its grads look like.")
+                "Make backward read the same forward values whatever its grads look like and "
+                "whatever the code it calls is.")
         return (variant.bwd, tuple(saved_index[n] for n in variant.saved_names),
                 tuple(input_index[s.name] for s in variant.inputs),
                 variant_raw.python_state.writes_in("backward"),

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Step", "Path", "argname", "format_path", "iter_leaves", "replace_tensors", "make_getter",
+__all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
            "path_expression", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
            "PLAIN_CALLABLES"]
 
@@ -173,13 +173,8 @@ def _iter_leaves(value: Any, path: Path, open_: set[int]) -> Iterator[tuple[Path
     if isinstance(value, torch.Tensor):
         yield path, value
         return
-    if isinstance(value, (tuple, list)):
-        children: Any = ((("item", i), item) for i, item in enumerate(value))
-    elif isinstance(value, dict):
-        children = ((("key", k), item) for k, item in value.items())
-    elif _is_object_container(value):
-        children = ((("attr", k), item) for k, item in attributes(value).items())
-    else:
+    children = held_values(value)
+    if children is None:
         yield path, value
         return
     if id(value) in open_:
@@ -190,6 +185,20 @@ def _iter_leaves(value: Any, path: Path, open_: set[int]) -> Iterator[tuple[Path
             yield from _iter_leaves(item, path + (step,), open_)
     finally:
         open_.discard(id(value))
+
+
+def held_values(value: Any) -> list[tuple[Step, Any]] | None:
+    """What a container or user object holds, as (step, value) pairs (the steps paths are
+    made of); None for a leaf (a tensor or another atom)."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, (tuple, list)):
+        return [(("item", i), item) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return [(("key", k), item) for k, item in value.items()]
+    if _is_object_container(value):
+        return [(("attr", k), item) for k, item in attributes(value).items()]
+    return None
 
 
 def _contains_tensor(value: Any) -> bool:

@@ -15,6 +15,7 @@ tensors once it returns.
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any
 
 import torch
@@ -22,9 +23,9 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import BackwardOutputError
-from ..spec import RawCapture
+from ..spec import PythonState, RawCapture
 from ..structure import describe_output, iter_leaves
-from .backward_reads import forward_values_on_ctx
+from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
 from .function_parts import FunctionParts
 from .names import FrameSnapshot, name_hints
@@ -32,7 +33,7 @@ from .pystate import StateTracker
 from .session import TRACE_LOCK, Tracing
 from .unbacked import Retrace
 
-__all__ = ["BackwardRun", "GradSpec", "rerun_backward", "run_backward", "save_everything"]
+__all__ = ["BackwardRun", "GradSpec", "reads_data_in_backward", "rerun_backward", "run_backward", "save_everything"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +56,9 @@ class BackwardRun:
 
 def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_outputs: int,
                  fake_args: tuple[Any, ...], grad_specs: tuple[GradSpec | None, ...] | None,
-                 grad_on: bool) -> BackwardRun:
-    """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``."""
+                 grad_on: bool, real_args: tuple[Any, ...] | None = None) -> BackwardRun:
+    """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``
+    (``real_args``: the caller's arguments, whose containers' tensors backward reads anew)."""
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
     top_items = list(out) if isinstance(out, tuple) else [out]
     grads: list[Any] = []
@@ -85,7 +87,8 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
     bwd_frame = FrameSnapshot()
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
-        with forward_values_on_ctx(t, ctx):  # forward's values, not the places' (backward_reads.py)
+        # forward's values, not the places'; an argument container's tensors: the places' (backward_reads.py)
+        with forward_values_on_ctx(t, ctx), argument_tensors_on_ctx(t, ctx, fake_args, real_args):
             result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)
@@ -115,6 +118,20 @@ def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
     for value in reachable:
         if t.is_traced(value):
             t.bwd.node_for(value)  # a bwd placeholder, paired with its fwd node (bwd_saved)
+
+
+def reads_data_in_backward(state: PythonState, args: tuple[Any, ...]) -> bool:
+    """Whether backward reads a Python value (not code: a function, class or module, which
+    a program does not rebind between forward and ``.backward()``) checked again when it
+    runs: a new value there traces backward again, after forward ran."""
+    for read in state.reads_in("backward"):
+        try:
+            value = read.place.get(args)
+        except Exception:
+            return True
+        if not (callable(value) or isinstance(value, types.ModuleType)):
+            return True
+    return False
 
 
 def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx, out: Any,
@@ -147,7 +164,8 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         state.start()
         state.forward_done()  # what changes now, backward changes
         try:
-            bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on)
+            bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
+                               call_args or None)
             python_state = state.finish(ctx)  # undone: the runtime replays them
         except Retrace as again:
             raise again.refusal from None  # forward is not traced again here

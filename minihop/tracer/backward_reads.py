@@ -23,10 +23,12 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+from ..errors import UnsupportedOperationError
 from ..spec import InputSource
+from ..structure import Path, held_values, iter_leaves
 from .names import input_name
 
-__all__ = ["BackwardReads", "forward_values_on_ctx"]
+__all__ = ["BackwardReads", "argument_tensors_on_ctx", "forward_values_on_ctx"]
 
 Routes = dict[int, tuple[str, Callable[[], Any]]]
 
@@ -44,14 +46,22 @@ class BackwardReads:
         self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
         # route name -> (its source, the first fake: the one whose placeholder the others share)
         self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
+        self.again = False  # backward is traced again, after forward ran: no new fwd input
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
         (one replaced since forward, say) are found at their paths as they are now."""
+        self.again = True
         for i, a in enumerate(call_args):
             if isinstance(a, torch.nn.Module):
                 for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
                     self.t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in pname.split("."))))
+            elif not isinstance(a, torch.Tensor):
+                # A container or object argument the rerun's ctx holds (``ctx.s = s``): the
+                # tensors backward reaches in it are read from there (argument_tensors_on_ctx).
+                for path, leaf in iter_leaves(a, (("arg", i),)):
+                    if isinstance(leaf, torch.Tensor):
+                        self.t.module_paths.setdefault(id(leaf), path)
 
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
@@ -80,6 +90,15 @@ class BackwardReads:
             fake.requires_grad_(True)
         self.fakes[id(real)] = (real, fake)
         known = self.by_route.get(name)
+        if self.again and (known is None or self.t.fwd.node_of.get(id(known[1])) is None):
+            # Forward has run: it passed through only the places the first backward read.
+            raise UnsupportedOperationError(
+                f"{self.t.parts.name}.backward, traced again for this call, reads the tensor at "
+                f"{name}, which the backward traced at capture did not read.",
+                "Eager's backward reads that place when it runs; forward has already run and "
+                "passed on only the places the captured backward read.",
+                "Read the same tensors in backward whatever Python values it sees, or call "
+                "the Function eagerly.")
         if known is None:
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
@@ -95,6 +114,13 @@ class BackwardReads:
             self.t.fwd.node_of[id(fake)] = node
             self.t.fwd.alive.append(fake)
         return fake
+
+    def pass_all(self) -> None:
+        """Backward's reads are guarded: a later backward may take a path the first did not
+        and read another of these places. Forward has run by then, so it passes every place
+        a backward could read through now (as ``save_everything`` saves every forward value)."""
+        for _source, fake in list(self.by_route.values()):
+            self.t.bwd.node_for(fake)
 
 
 @contextlib.contextmanager
@@ -133,3 +159,95 @@ def forward_values_on_ctx(t: Any, ctx: Any) -> Iterator[None]:
         for name, (value, new) in swapped.items():
             if vars(ctx).get(name) is new:  # backward did not rebind it
                 object.__setattr__(ctx, name, value)
+
+
+@contextlib.contextmanager
+def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
+                            real_args: tuple[Any, ...] | None) -> Iterator[None]:
+    """While backward runs, a tensor it reaches inside an argument's container or object that
+    forward kept on ctx (``ctx.s = s``, then ``ctx.s["w"]``) is read from the caller's
+    container when backward runs, as eager's backward reads it: the caller may have put another
+    tensor there since forward. The trace's ctx holds forward's copy of the argument (its
+    tensors are forward's fakes), so each such tensor is swapped, in that copy, for a fake
+    of its own read from the argument's path (``BackwardReads.lift``), and put back after.
+
+    A tuple's items are never swapped: nobody can replace them, so backward reads forward's
+    objects, as eager does. Where backward rebinds a swapped item, its write stays (the heap
+    watch sees it)."""
+    if real_args is None:
+        yield
+        return
+    copies: dict[int, tuple[Any, Any, Path]] = {}  # id(forward's copy) -> (copy, caller's, path)
+    for i, (fake, real) in enumerate(zip(fake_args, real_args)):
+        if not isinstance(fake, (torch.Tensor, torch.nn.Module)):
+            _index(fake, real, (("arg", i),), copies, 0)
+    undo: list[tuple[Any, tuple[str, Any], Any, Any]] = []
+    done: set[int] = set()
+    for name, value in vars(ctx).items():
+        if name.startswith("_minihop"):
+            continue
+        for held in (value, *(value if type(value) in (tuple, list) else ())):
+            entry = copies.get(id(held))
+            if entry is not None:
+                _swap(t, *entry, copies, undo, done)
+    try:
+        yield
+    finally:
+        for owner, step, old, new in reversed(undo):
+            if _child(owner, step) is new:  # backward did not rebind it
+                _put(owner, step, old)
+
+
+# How deep into an argument's containers a tensor is read anew by backward (cycles stop there).
+_ARG_DEPTH = 4
+
+
+def _children(value: Any) -> list[tuple[tuple[str, Any], Any]]:
+    return held_values(value) or []
+
+
+def _child(owner: Any, step: tuple[str, Any]) -> Any:
+    kind, key = step
+    try:
+        return getattr(owner, key) if kind == "attr" else owner[key]
+    except (LookupError, AttributeError, TypeError):
+        return None
+
+
+def _put(owner: Any, step: tuple[str, Any], value: Any) -> None:
+    kind, key = step
+    if kind == "attr":
+        object.__setattr__(owner, key, value)  # as replace_tensors set it (frozen dataclasses too)
+    else:
+        owner[key] = value
+
+
+def _index(fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, Path]], depth: int) -> None:
+    """Record forward's copies of the caller's containers and objects (``replace_tensors``
+    copied exactly those that hold a tensor) with their paths."""
+    if fake is real or id(fake) in copies or depth > _ARG_DEPTH or isinstance(fake, torch.Tensor):
+        return
+    copies[id(fake)] = (fake, real, path)
+    for step, child in _children(fake):
+        if not isinstance(child, torch.Tensor):
+            _index(child, _child(real, step), path + (step,), copies, depth + 1)
+
+
+def _swap(t: Any, fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, Path]],
+          undo: list[tuple[Any, tuple[str, Any], Any, Any]], done: set[int]) -> None:
+    if id(fake) in done:
+        return
+    done.add(id(fake))
+    for step, child in _children(fake):
+        if isinstance(child, FakeTensor) and not isinstance(fake, tuple):
+            original = _child(real, step)
+            if not isinstance(original, torch.Tensor) or isinstance(original, FakeTensor) \
+                    or t.sources.get(id(child)) is None or t.sources[id(child)].path != path + (step,):
+                continue  # not the caller's tensor forward got there (forward wrote this one)
+            t.module_paths.setdefault(id(original), path + (step,))
+            new = t.backward_reads.lift(original)
+            if new is not None:
+                _put(fake, step, new)
+                undo.append((fake, step, child, new))
+        elif id(child) in copies:
+            _swap(t, *copies[id(child)], copies, undo, done)

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..spec import RawCapture
 from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
-from .backward import GradSpec, rerun_backward, run_backward, save_everything
+from .backward import GradSpec, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
 from .effects import ctx_as_forward_left_it
 from .frames import format_frame, user_frame_of
@@ -215,15 +215,23 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     t.replay_outside = outside.replayed
     t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
     with outside.replayed(), t.ctx_after_forward:  # backward sees what forward left, as in eager
-        bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on)
+        bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
-    if any(r.guards_backward for r in t.values.reads):
+    python_state = state.finish(ctx)
+    if any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args):
+        # Another grad's values, or another Python value backward reads (a flag changed
+        # between forward and ``.backward()``), may take backward down another path, traced
+        # then: forward keeps what it could read, as eager's ctx does.
         save_everything(t, ctx)
+    if any(r.guards_backward for r in t.values.reads) or python_state.reads_in("backward"):
+        # Backward traced again (another Python value it reads changed) may read another
+        # tensor of an argument's container on ctx: forward passes them all, as eager's ctx
+        # keeps the container.
+        t.backward_reads.pass_all()
     fwd_names = dict(names)
     names.update(bwd.names)
-    python_state = state.finish(ctx)
     if t.dynamic_fakes:  # numbers from symbolic sizes: computed per call (inside trace(), the outer trace's)
         spec, outside_writes, python_state = resolve_symbolic(parts.name, t.symbol_sources, spec,
                                                               outside_writes, python_state)
