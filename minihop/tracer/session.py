@@ -225,6 +225,10 @@ class Tracing:
                     path, None))
                 return fake
             name, live = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
+            if live is None and self.backward_reads.again:
+                # Backward traced again meets a tensor the first trace did not (a global
+                # rebound since forward): forward has run, it cannot be passed in any more.
+                raise self.backward_reads.unknown(name)
             if live is None:  # reached where no route leads (a helper's global, another Function's)
                 self.unrouted.append(f"reads a tensor from {self._describe()} that minihop cannot fetch again")
             self._add_source(fake, InputSource(
