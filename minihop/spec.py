@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from .structure import OutputSpec, Path, Step, format_path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "LIFTED_FROM", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
            "Place", "PythonState", "RANGE_CHECK", "RawCapture", "StateRead", "StateWrite", "same_value"]
 
 
@@ -321,6 +321,9 @@ def same_value(a: Any, b: Any) -> bool:
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"
+# Meta key of a bwd node where the user's backward read ``torch.is_grad_enabled()``: the graph
+# holds the answer it was traced with, so ``create_graph=True`` needs a bwd traced with grad on.
+READS_GRAD_MODE = "minihop_reads_grad_mode"
 
 # The meta key of a node kept for its effect on state outside the graph's values (torch's
 # random state read or set, ``.grad`` accumulated): how it is handled, for ``explain``.
