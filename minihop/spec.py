@@ -190,7 +190,9 @@ class StateWrite:
     ``kind``: ``"add"`` (``place += payload``, a counter), ``"extend"`` (the list at ``place``
     gets ``payload``'s items appended), ``"set"`` (``place = payload``, a constant; ``MISSING``
     deletes it, as ``opts.pop("k")`` does) or ``"copy"`` (``place = `` a fresh deep copy of
-    ``payload``, a container of constants: eager's forward makes a new one on every call).
+    ``payload``, a container of constants: eager's forward makes a new one on every call) or
+    ``"call"`` (the ``functools.lru_cache`` helper at ``place`` called with ``payload``'s
+    ``(args, kwargs)``: the trace bypassed its cache).
     """
 
     place: Place
@@ -202,7 +204,9 @@ class StateWrite:
     def replay(self, args: tuple[Any, ...]) -> None:
         # A number computed from symbolic sizes (``structure.Computed``) is this call's.
         payload = fresh(self.payload, args, copy_containers=False)
-        if self.kind == "add":
+        if self.kind == "call":
+            self.place.get(args)(*payload[0], **payload[1])  # an lru_cache helper: its cache as eager's
+        elif self.kind == "add":
             self.place.set(args, self.place.get(args) + payload)
         elif self.kind == "extend":
             self.place.get(args).extend(payload)
@@ -212,6 +216,9 @@ class StateWrite:
             self.place.set(args, payload)
 
     def describe(self) -> str:
+        if self.kind == "call":
+            shown = ", ".join([*map(repr, self.payload[0]), *(f"{k}={v!r}" for k, v in self.payload[1].items())])
+            return f"{self.place.description}({shown}) called again (its lru_cache's entries and counts)"
         if self.kind == "add":
             return f"{self.place.description} += {self.payload!r}"
         if self.kind == "extend":
