@@ -19,7 +19,7 @@ import torch
 
 import minihop
 from minihop.errors import GuardMismatchError
-from minihop.runtime.assumptions import compile_fits
+from minihop.runtime.assumptions import backward_values, compile_fits
 
 HERE = Path(__file__).read_text().splitlines()
 
@@ -323,3 +323,50 @@ class TestOneRecord:
         cap = minihop.capture(Scaled, x)
         assert list(report.guards) == [a.show() for a in cap.assumptions]
         assert all(re.search(r"\S", a.description) for a in cap.assumptions)
+
+
+class TestBackwardPhase:
+    def test_backward_read_changed_between_forward_and_backward(self) -> None:
+        """Backward's re-check is the record's: SCALE changed after forward takes eager's value
+        in backward (a bwd traced again), in strict direct calls and both modes."""
+        global SCALE
+        x = r(3)
+        cap = minihop.capture(Scaled, x)
+        [value] = backward_values(cap.assumptions)
+        assert (value.place, value.key) == ("SCALE", cap._function.backwards.state_base[0])
+        runners = (cap, *modes(Scaled))
+        for run in runners:
+            mine, eager = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+            try:
+                out_m, out_e = run(mine), Scaled.apply(eager)
+                SCALE = 7.0
+                out_m.sum().backward()
+                out_e.sum().backward()
+            finally:
+                SCALE = 2.0
+            torch.testing.assert_close(mine.grad, eager.grad)
+            torch.testing.assert_close(mine.grad, torch.full_like(x, 7.0))
+
+    def test_grad_mode_read_in_backward(self) -> None:
+        class ModeAware(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                if torch.is_grad_enabled():
+                    return g * 2 * x
+                return g * 2 * x.detach()
+
+        report = minihop.explain(ModeAware, r(3), print_report=False)
+        guard_with(report, "backward read torch.is_grad_enabled() == False", "create_graph=True")
+        x = r(3)
+        for run in (minihop.capture(ModeAware, x), *modes(ModeAware)):
+            mine, eager = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+            (gm,) = torch.autograd.grad(run(mine).sum(), mine, create_graph=True)
+            (ge,) = torch.autograd.grad(ModeAware.apply(eager).sum(), eager, create_graph=True)
+            assert gm.requires_grad == ge.requires_grad
+            torch.testing.assert_close(gm, ge)

@@ -29,11 +29,12 @@ from ..errors import GuardMismatchError
 from ..spec import MISSING, DataRead, Pair, PythonState
 from ..structure import argname
 from .display import show_key
+from .backwards import reads_grad_mode
 from .fetch import fetcher
 from .guards import (argument_key, autocast_key, compile_guard, compile_live_check, describe_argument,
                      describe_autocast, layout_key, show_value_key, unmet_marks, value_key)
 
-__all__ = ["Assumption", "assumptions_of", "compile_fits"]
+__all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits"]
 
 Args = tuple[Any, ...]
 _AGAIN = "Capture again (minihop.apply does this by itself)."
@@ -63,6 +64,11 @@ class Assumption:
     # ``args -> GuardMismatchError``: the error for a call that breaks it.
     explain_failure: Callable[[Args], GuardMismatchError | None] | None = dataclasses.field(
         default=None, compare=False, repr=False)
+    # For a value read from a place: how a call's value is fetched (``args -> value``) and its
+    # ``value_key`` at capture. The live values' batch compares these; backward compares its
+    # own (``runtime.backwards``, from ``backward_values``) when it runs.
+    fetch: Callable[[Args], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    key: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def mismatch(self, args: Args) -> GuardMismatchError | None:
         """The error naming this assumption's place, its value at capture and in this call;
@@ -178,7 +184,7 @@ def _value_assumption(name: str, place: str, phase: str, fetch: Callable[[Args],
             "tensors' properties are baked into their shapes.", where=line)
 
     return Assumption(place, phase, show_value_key(old), lambda args: current(args) == old, description,
-                      line, batch=batch, explain_failure=failure)
+                      line, batch=batch, explain_failure=failure, fetch=fetch, key=old)
 
 
 def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args) -> list[Assumption]:
@@ -196,20 +202,21 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args) -> 
     if not live:
         return []
     captured = tuple(value_key(fetch(args)) for fetch in live)
-    batch = compile_live_check(live, captured)
     found = []
     for s, fetch, old in zip(fetched, live[:len(fetched)], captured[:len(fetched)], strict=True):
         found.append(_value_assumption(
             name, s.description, "forward", fetch, old,
             f"{s.name} ({s.description}): same shape, dtype, device, requires_grad as at capture "
-            "(read anew each call)", None, batch))
+            "(read anew each call)", None, None))
     for (place, fetch), old in zip(places.items(), captured[len(fetched):], strict=True):
         phase = phases[place]
         again = "" if phase == "forward" else " (checked at each call, and again when backward runs)"
         found.append(_value_assumption(
             name, place, "forward", fetch, old,
-            f"Python value {place} read by {phase}: {show_key(old)}{again}", lines[place], batch))
-    return found
+            f"Python value {place} read by {phase}: {show_key(old)}{again}", lines[place], None))
+    # The batch is generated from the records themselves: what is checked is what they say.
+    batch = compile_live_check(tuple(a.fetch for a in found), tuple(a.key for a in found))
+    return [dataclasses.replace(a, batch=batch) for a in found]
 
 
 def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
@@ -222,7 +229,13 @@ def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
             r.place.description, "backward", show_value_key(old),
             lambda call, get=r.place.get, old=old: value_key(get(call)) == old,
             f"Python value {r.place.description} read by backward: {show_key(old)} (checked again "
-            "when backward runs; another value: backward traced again)", r.line))
+            "when backward runs; another value: backward traced again)", r.line,
+            fetch=r.place.get, key=old))
+    if reads_grad_mode(pair.bwd):
+        found.append(Assumption(
+            "grad mode in backward", "backward", "False", None,
+            "backward read torch.is_grad_enabled() == False (under create_graph=True, where eager's "
+            "reads True: backward traced again with grad mode on)"))
     for s in pair.inputs:
         if s.read_in_backward:
             found.append(Assumption(
@@ -344,3 +357,9 @@ def assumptions_of(pair: Pair, key: Args, masks: dict[int, frozenset[str]] | Non
     found += [_data_assumption(name, read) for read in reads if read.guards_forward]
     found += _backward_assumptions(pair, state, args, reads)
     return tuple(found)
+
+
+def backward_values(assumptions: tuple[Assumption, ...]) -> tuple[Assumption, ...]:
+    """The Python values backward reads, in the order it read them: what ``runtime.backwards``
+    fetches and compares (``fetch``, ``key``) each time backward runs."""
+    return tuple(a for a in assumptions if a.phase == "backward" and a.fetch is not None)

@@ -17,7 +17,7 @@ import torch.fx as fx
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec
-from .assumptions import Assumption, assumptions_of, compile_fits
+from .assumptions import Assumption, assumptions_of, backward_values, compile_fits
 from .backwards import keeps_arguments
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
@@ -25,7 +25,6 @@ from .fetch import fetch_positional, fetcher
 from .single_use import once
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import value_key
 
 __all__ = ["Capture", "copy_module", "make_capture", "readable"]
 
@@ -295,14 +294,15 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  masks: dict[int, frozenset[str]] | None = None,
                  args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = ()) -> Capture:
     setup_style = function is not None and uses_setup_context(function)
-    # What backward's Python reads were at capture: backward compares them when it runs.
-    state_base = tuple(value_key(read.place.get(args)) for read in python_state.reads_in("backward"))
+    assumed = assumptions_of(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout,
+                             args, data_reads)
+    # Backward's Python reads, as the record has them (their values at capture): backward
+    # compares them when it runs.
     function_cls = make_function(pair, retrace, transformable=setup_style,
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
-                                 state=python_state, state_base=state_base,
+                                 state=python_state, backward_values=backward_values(assumed),
                                  bwd_reads=tuple(r for r in data_reads if r.guards_backward))
-    assumptions, run = once(pair.function_name, python_state.single_use, assumptions_of(
-        pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads),
+    assumptions, run = once(pair.function_name, python_state.single_use, assumed,
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                              function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair))
     return Capture(
