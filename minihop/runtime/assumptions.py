@@ -259,9 +259,7 @@ def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
 def _data_assumption(name: str, read: DataRead) -> Assumption:
     """A value forward took out of tensor data: recomputed from each call's inputs."""
     fetch = fetcher(read.sources)
-
-    def check(args: Args) -> bool:
-        return read.holds(read.graph, fetch(args, {}))
+    check = _value_check(read)
 
     def failure(args: Args) -> GuardMismatchError:
         inputs = fetch(args, {})
@@ -280,6 +278,13 @@ def _data_assumption(name: str, read: DataRead) -> Assumption:
     return Assumption(read.op, "forward", repr(read.value), check,
                       f"value {read.op} in forward == {read.value!r} (recomputed from the inputs on "
                       "every call)", read.line, explain_failure=failure)
+
+
+def _value_check(read: DataRead) -> Callable[[Args], bool]:
+    """``args -> bool``: whether ``read``'s graph gives its captured value for these arguments
+    (its inputs fetched as fwd inputs are)."""
+    fetch = fetcher(read.sources)
+    return lambda args: read.holds(read.graph, fetch(args, {}))
 
 
 def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> list[Assumption]:
