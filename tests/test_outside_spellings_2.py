@@ -1241,6 +1241,24 @@ def test_checkpoint_style_rng_state_replayed_in_backward():
     _matches_eager(F, lambda i: (_fixed(i),), mid=lambda i: torch.rand(3))
 
 
+def test_initial_seed_read_in_forward_after_reseeding():
+    """forward reads torch.initial_seed(); the caller reseeds between calls."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t + float(torch.initial_seed() % 97)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        torch.manual_seed([0, 5, 5, 11][i])
+
+    _matches_eager(F, lambda i: (_fixed(i),), between=between)
+    cap = minihop.capture(F, _fixed(0))
+    assert any("torch.initial_seed" in r for r in cap.python_state.single_use), cap.python_state.single_use
+
 
 def test_python_random_in_forward():
     """random.random() (Python's stream) scales the output in forward."""

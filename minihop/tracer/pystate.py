@@ -350,6 +350,7 @@ class StateTracker:
                     where=where)
             if self.messages is not None:
                 self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
+            self.opaque.reasons += self.hidden_reads.single_use() if self.hidden_reads is not None else []
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
