@@ -2273,3 +2273,41 @@ def test_double_backward_with_a_global_scale_changed_between_calls():
             for a, b in zip(e, m, strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
     DB_SCALE = 2.0
+
+
+# -- inference mode around the call ---------------------------------------------------------
+
+def test_inference_mode_around_the_call():
+    """forward branches on torch.is_inference_mode_enabled(); one call under inference_mode."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * (2.0 if torch.is_inference_mode_enabled() else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def script(call):
+        out = []
+        for i in range(3):
+            x = _fixed(i)
+            if i == 1:
+                with torch.inference_mode():
+                    out.append(call(x.detach()).clone())
+            else:
+                out.append(call(x).detach().clone())
+        return out
+
+    expected = script(F.apply)
+    modes = {"strict": minihop.function(F), "apply": lambda a: minihop.apply(F, a),
+             "fallback": minihop.function(F, fallback="eager")}
+    for mode, call in modes.items():
+        minihop.reset()
+        try:
+            got = script(call)
+        except MinihopError as e:
+            assert mode != "fallback" and "inference mode" in str(e), (mode, e)
+            continue
+        for e, m in zip(expected, got, strict=True):
+            torch.testing.assert_close(m, e, rtol=0, atol=0)

@@ -31,7 +31,7 @@ import torch
 
 from .atoms import CONSTANTS
 
-__all__ = ["ReadWatch", "describe_global", "fingerprint", "restore", "taking", "watched"]
+__all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "restore", "taking", "watched"]
 
 # Reads of the clock and of the system's entropy: a value that differs on every call.
 _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
@@ -39,7 +39,10 @@ _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monot
            "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4"),
            # The seed torch's generator was last given: a value, not a draw, but the caller
            # reseeds between calls and no guard keys it, so the capture is single-use.
-           "torch": ("initial_seed",), "torch.cuda": ("initial_seed",)}
+           "torch": ("initial_seed", "is_inference_mode_enabled"), "torch.cuda": ("initial_seed",)}
+# Refused, not single-use: a call under inference_mode is traced outside it (pipeline), so
+# even a capture made for that call would read False where eager reads True.
+_INFERENCE_READ = "torch.is_inference_mode_enabled"
 _SEED_READS = ("torch.initial_seed", "torch.cuda.initial_seed")
 # Seeding torch's generators: not a tensor operation, so it would run once, while tracing.
 # (torch's and torch.cuda's ``set_rng_state`` are not: they are graph nodes, see recompute.)
@@ -234,6 +237,11 @@ class ReadWatch:
         for kind, state in self.states.items():
             _set_global_state(kind, state)
         self.states.clear()
+
+
+def describe_read(what: str | None) -> str:
+    """What a "clock" read reads, for an error."""
+    return "whether inference mode is on" if what == _INFERENCE_READ else "the clock or the system's entropy"
 
 
 def describe_global(kind: str) -> str:

@@ -355,7 +355,7 @@ class StateTracker:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
                     raise SideEffectError(
-                        f"{self.name}.{phase} reads the clock or the system's entropy "
+                        f"{self.name}.{phase} reads {hidden.describe_read(what)} "
                         f"(`{what}`, line {line}).",
                         "A capture records tensor operations: the value read while tracing would "
                         "be a constant in the graphs, and every call would reuse it where eager "
