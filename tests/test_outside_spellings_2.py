@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 from torch.autograd import Function
+from torch.random import initial_seed as _initial_seed
 
 import minihop
 from minihop.errors import MinihopError
@@ -2311,3 +2312,182 @@ def test_inference_mode_around_the_call():
             continue
         for e, m in zip(expected, got, strict=True):
             torch.testing.assert_close(m, e, rtol=0, atol=0)
+
+
+# -- process-wide settings read in forward -----------------------------------------------------
+
+def test_default_dtype_read_in_forward():
+    """forward makes a tensor with torch.get_default_dtype(); the caller changes the default."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * torch.tensor(2.5).to(torch.get_default_dtype()).double().float() + \
+                (1.0 if torch.get_default_dtype() == torch.float64 else 0.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        torch.set_default_dtype(torch.float64 if i == 2 else torch.float32)
+
+    try:
+        _matches_eager(F, lambda i: (_fixed(i),), between=between,
+                       reset=lambda: torch.set_default_dtype(torch.float32))
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_deterministic_algorithms_flag_branch():
+    """forward branches on torch.are_deterministic_algorithms_enabled()."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * (2.0 if torch.are_deterministic_algorithms_enabled() else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        torch.use_deterministic_algorithms(i % 2 == 1)
+
+    try:
+        _matches_eager(F, lambda i: (_fixed(i),), between=between,
+                       reset=lambda: torch.use_deterministic_algorithms(False))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_logger_level_decides_a_branch():
+    """forward computes an extra statistic only when the logger is enabled for DEBUG."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            if LOG.isEnabledFor(logging.DEBUG):
+                return t * 2
+            return t * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        LOG.setLevel(logging.DEBUG if i % 2 else logging.INFO)
+
+    try:
+        _matches_eager(F, lambda i: (_fixed(i),), between=between, reset=lambda: LOG.setLevel(logging.INFO))
+    finally:
+        LOG.setLevel(logging.INFO)
+
+
+def test_initial_seed_imported_by_name():
+    """`from torch.random import initial_seed` bound as a global, after reseeding."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t + float(_initial_seed() % 97)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    _matches_eager(F, lambda i: (_fixed(i),), between=lambda i: torch.manual_seed([0, 5, 5, 11][i]))
+
+
+
+def test_class_counter_written_in_forward_read_in_backward():
+    """F.calls += 1 in forward, read by backward; a second forward runs before the first backward."""
+    class F(Function):
+        calls = 0
+
+        @staticmethod
+        def forward(ctx, t):
+            F.calls += 1
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * F.calls
+
+    def script(call):
+        F.calls = 0
+        x1, x2 = _fixed(0), _fixed(1)
+        y1 = call(x1)
+        y2 = call(x2)
+        y1.sum().backward()
+        y2.sum().backward()
+        return [x1.grad.clone(), x2.grad.clone(), F.calls]
+
+    expected = script(F.apply)
+    for call in (minihop.function(F), lambda a: minihop.apply(F, a), minihop.function(F, fallback="eager")):
+        minihop.reset()
+        got = script(call)
+        torch.testing.assert_close(got[0], expected[0])
+        torch.testing.assert_close(got[1], expected[1])
+        assert got[2] == expected[2]
+
+
+def test_dropout_functional_with_a_global_module_training_flag():
+    """F.dropout(t, p, training=MODEL.training), MODEL a global switched to eval."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return torch.nn.functional.dropout(t.detach(), 0.5, training=MODEL.training)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    _matches_eager(F, lambda i: (_fixed(i),), between=lambda i: MODEL.train(i % 2 == 0),
+                   reset=lambda: MODEL.train())
+
+
+MODEL = nn.Linear(2, 2)
+
+
+def test_user_exception_with_a_chained_cause():
+    """forward raises a custom error `from` a caught KeyError after writing an attribute."""
+    class ConfigError(Exception):
+        pass
+
+    seen: list[str] = []
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, cfg):
+            seen.append("fwd")
+            try:
+                k = cfg["k"]
+            except KeyError as e:
+                raise ConfigError(f"missing k in {sorted(cfg)}") from e
+            return t * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    cfgs = [{"k": 2.0}, {"j": 1.0}, {"k": 3.0}, {}]
+    _matches_eager(F, lambda i: (_fixed(i), cfgs[i]), state=lambda: list(seen), reset=seen.clear)
+
+
+def test_warnings_catch_inside_forward_suppresses_a_library_warning():
+    """forward wraps a warning-emitting helper in warnings.catch_warnings + simplefilter('ignore')."""
+    def noisy(t):
+        warnings.warn("noisy helper", UserWarning)
+        return t * 2
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, quiet):
+            if quiet:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return noisy(t.detach())
+            return noisy(t.detach())
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    _matches_eager(F, lambda i: (_fixed(i), i % 2 == 0))
