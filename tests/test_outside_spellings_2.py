@@ -1371,6 +1371,27 @@ def test_memo_dict_written_in_forward_read_in_backward():
     _matches_eager(_Rotary, lambda i: (_x(i),), state=lambda: sorted(ROTARY), reset=ROTARY.clear)
 
 
+@functools.cache
+def _coef(p: float) -> float:
+    return 1.0 / (1.0 + p)
+
+
+def test_functools_cache_on_a_float_argument_with_negative_zero():
+    """functools.cache keyed on a float: 0.0 and -0.0 share an entry (as eager)."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t, p):
+            return t * math.copysign(_coef(p), p)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    ps = [0.0, -0.0, 1.0, -0.0]
+    _matches_eager(F, lambda i: (_fixed(i), ps[i]), reset=_coef.cache_clear,
+                   state=lambda: _coef.cache_info().currsize)
+
+
 class _ClassMemo(Function):
     _memo: dict = {}
 
