@@ -31,6 +31,7 @@ every difference tracing made is either in ``PythonState.writes`` or was raised 
 
 from __future__ import annotations
 
+import contextlib
 import builtins
 import copy
 import functools
@@ -105,6 +106,7 @@ class StateTracker:
         self.fn_cls = fn_cls
         # ``(expr, where, how) -> error`` for a symbolic number written out (see unbacked).
         self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
+        self.ctx_view: Callable[[], Any] = contextlib.nullcontext
         self._read_keys: set[tuple[str, str]] = set()
         self.opaque = opaque.Finder(self.name, library_module)  # why it may be single-use
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
@@ -351,11 +353,12 @@ class StateTracker:
                     where=where)
             if self.messages is not None:
                 self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
+            self.opaque.reasons += self.hidden_reads.single_use() if self.hidden_reads is not None else []
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
                     raise SideEffectError(
-                        f"{self.name}.{phase} reads the clock or the system's entropy "
+                        f"{self.name}.{phase} reads {hidden.describe_read(what)} "
                         f"(`{what}`, line {line}).",
                         "A capture records tensor operations: the value read while tracing would "
                         "be a constant in the graphs, and every call would reuse it where eager "
@@ -375,7 +378,8 @@ class StateTracker:
                         where=where)
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
-            self.read_ctx_chains(ctx)
+            with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
+                self.read_ctx_chains(ctx)
             self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
         finally:
             self.abort()
