@@ -48,29 +48,50 @@ class BackwardReads:
         # route name -> (its source, the first fake: the one whose placeholder the others share)
         self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
         self.again = False  # backward is traced again, after forward ran: no new fwd input
+        self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
         self.stand_ins: list[torch.Tensor] = []  # real tensors standing for forward's (argument_tensors_on_ctx)
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
         (one replaced since forward, say) are found at their paths as they are now."""
         self.again = True
+        self.paths.clear()
         for i, a in enumerate(call_args):
             if isinstance(a, torch.nn.Module):
                 for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
-                    self.t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in pname.split("."))))
+                    self.register(tensor, (("arg", i), *(("attr", p) for p in pname.split("."))))
             elif not isinstance(a, torch.Tensor):
                 # A container or object argument the rerun's ctx holds (``ctx.s = s``): the
                 # tensors backward reaches in it are read from there (argument_tensors_on_ctx).
                 for path, leaf in iter_leaves(a, (("arg", i),)):
                     if isinstance(leaf, torch.Tensor):
-                        self.t.module_paths.setdefault(id(leaf), path)
+                        self.register(leaf, path)
+
+    def register(self, tensor: torch.Tensor, path: Path) -> None:
+        """``tensor`` is the call's argument at ``path`` (for this run of backward only)."""
+        self.paths.setdefault(id(tensor), (tensor, path))
+
+    def path_of(self, real: torch.Tensor) -> Path | None:
+        """The argument path of ``real`` in this run of backward. Held with the tensor: an id
+        from an earlier call's tensor, freed since, may be another tensor's now. A backward
+        traced again uses only its own call's (the first trace's ``module_paths`` are older)."""
+        entry = self.paths.get(id(real))
+        if entry is not None and entry[0] is real:
+            return entry[1]
+        return None if self.again else self.t.module_paths.get(id(real))
+
+    def forget_call(self) -> None:
+        """Hold none of the call's tensors once backward's run is traced."""
+        self.paths.clear()
+        self.fakes.clear()
+        self.stand_ins.clear()
 
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
         entry = self.fakes.get(id(real))
         if entry is not None and entry[0] is real:
             return entry[1]
-        path = self.t.module_paths.get(id(real))
+        path = self.path_of(real)
         if path is not None:
             # A parameter or buffer of a module argument: read from the call's argument when
             # backward runs (the runtime keeps the call's arguments on ctx for it).
@@ -208,6 +229,7 @@ def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
     try:
         yield
     finally:
+        t.backward_reads.forget_call()
         for owner, step, old, new in reversed(undo):
             if _child(owner, step) is new:  # backward did not rebind it
                 _put(owner, step, old)
@@ -269,7 +291,7 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], 
                 t.backward_reads.stand_ins.append(original)  # only its properties are used
             else:
                 continue
-            t.module_paths.setdefault(id(original), path + (step,))
+            t.backward_reads.register(original, path + (step,))
             new = t.backward_reads.lift(original)
             if new is not None:
                 _put(fake, step, new)

@@ -19,14 +19,16 @@ from generate import RandomChooser  # noqa: E402
 from generate_outside import generate_outside_case  # noqa: E402
 from oracle_state import run_state_case  # noqa: E402
 
-SEEDS = range(100)
+# The CI slice, and seeds that once failed (8844: a backward traced again took a tensor for
+# another argument's, whose freed id it had reused: tracer/backward_reads.py ``path_of``).
+SEEDS = (*range(100), 8844)
 
 
-@pytest.mark.parametrize("chunk", range(0, len(SEEDS), 50))
+@pytest.mark.parametrize("chunk", range(0, len(SEEDS), 51))
 def test_fuzz_outside_spellings_match_eager_or_refuse(chunk: int, tmp_path: pathlib.Path) -> None:
     """Each case: matched, or refused by strict with a documented code while the fallback matched."""
     bad = []
-    for seed in SEEDS[chunk:chunk + 50]:
+    for seed in SEEDS[chunk:chunk + 51]:
         case = generate_outside_case(RandomChooser(seed))
         outcome = run_state_case(case, tmp_path)
         if outcome.kind not in ("matched", "refused"):
