@@ -4,6 +4,8 @@ Shared vocabulary of tracer (which discovers inputs, Python state and data reads
 (which orders them) and runtime (which fetches them from the caller's arguments on every
 call). What crosses a stage boundary is defined here: ``RawCapture`` (tracer -> rewire) and
 ``Pair`` (rewire -> runtime); the stages import it from here, never from each other.
+Where a value lives outside the graphs has one model, ``place.Place`` (a ``Root`` plus steps),
+re-exported here: guards, replayed writes, outside writes and lifted inputs all use it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .structure import OutputSpec, Path, Step, format_path, fresh
+from .place import MISSING, Place, Root
+from .structure import OutputSpec, Path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "LIFTED_FROM", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
-           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "StateRead", "StateWrite", "same_value"]
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "LIFTED_FROM", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
+           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root", "StateRead", "StateWrite", "same_value"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,42 +55,6 @@ class InputSource:
         return self.arg_index is None
 
 
-# Where a location starts: ("arg", i) a call argument, ("global", name) / ("closure", name) a
-# value forward reads from its globals or closure cells, ("output", i) fwd output i.
-Root = tuple[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Location:
-    """A place outside forward's return value where forward put a value, found again per call.
-
-    The place is ``root``, then ``path`` (attribute/item/key steps down to the container),
-    then ``step``: ``("attr", name)`` sets an attribute, ``("key", k)`` sets a dict item,
-    ``("append", None)`` appends to a list. ``fetch_root`` reads a global or closure root
-    now (as eager would, after a rebinding); an ``arg`` root is read from each call's
-    arguments, an ``output`` root is that call's fwd output.
-    """
-
-    root: Root
-    path: Path
-    step: Step
-    fetch_root: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def describe(self, argnames: tuple[str, ...] = ()) -> str:
-        """The user's spelling: ``sink.append(...)``, ``obj.cache``, ``_CACHE['k']``, ``out._soft``."""
-        kind, key = self.root
-        if kind == "globals":
-            return f"global {self.step[1]}"
-        if kind == "arg":
-            base = format_path(((kind, key), *self.path), argnames)
-        else:
-            base = (f"output[{key}]" if kind == "output" else str(key)) + format_path(self.path)
-        step_kind, step_key = self.step
-        if step_kind == "append":
-            return f"{base}.append(...)"
-        return base + format_path(((step_kind, step_key),))
-
-
 @dataclasses.dataclass(frozen=True)
 class OutsideWrite:
     """Forward put a value at ``location``; a capture repeats that on every call.
@@ -97,7 +64,7 @@ class OutsideWrite:
     is the value forward wrote (a constant of the capture, like every Python value it saw).
     """
 
-    location: Location
+    location: Place
     output: int | None
     value: Any = None
 
@@ -105,69 +72,6 @@ class OutsideWrite:
 # -- Python state ------------------------------------------------------------------------
 # What forward/backward read and write of Python state outside their arguments' tensors
 # (found by ``tracer.pystate``; guarded and replayed by the runtime; reported by ``explain``).
-
-
-@dataclasses.dataclass(frozen=True)
-class Place:
-    """Where one Python value lives, found again on every call.
-
-    ``owner(args)`` returns the object holding it (a module's globals dict, a closure cell,
-    the Function class, an argument object, ...) from the call's bound arguments; ``step``
-    says which part of the owner: ``("attr", name)``, ``("item", key)`` or ``("cell", None)``.
-    """
-
-    description: str
-    owner: Callable[[tuple[Any, ...]], Any] = dataclasses.field(compare=False, repr=False)
-    step: tuple[str, Any]
-    # Whether ``owner`` needs the call's arguments (a place inside an argument object).
-    uses_args: bool = False
-    # ``args -> value`` in one step, where the finder made one (the guards' hot path).
-    read: Callable[[tuple[Any, ...]], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def get(self, args: tuple[Any, ...]) -> Any:
-        if self.read is not None:
-            return self.read(args)
-        owner = self.owner(args)
-        kind, key = self.step
-        if kind == "attr":
-            return getattr(owner, key, MISSING)
-        if kind == "cell":
-            try:
-                return owner.cell_contents
-            except ValueError:
-                return MISSING
-        try:
-            return owner[key]
-        except (KeyError, IndexError, TypeError):
-            return MISSING
-
-    def set(self, args: tuple[Any, ...], value: Any) -> None:
-        owner = self.owner(args)
-        kind, key = self.step
-        if kind == "attr":
-            if value is MISSING:
-                delattr(owner, key)
-            else:
-                setattr(owner, key, value)
-        elif kind == "cell":
-            owner.cell_contents = value
-        elif value is MISSING:
-            del owner[key]
-        else:
-            owner[key] = value
-
-
-class _Missing:
-    """The value of a place that does not exist (an attribute not set yet)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-    def __reduce__(self) -> str:
-        return "MISSING"
-
-
-MISSING = _Missing()
 
 
 @dataclasses.dataclass(frozen=True)
