@@ -36,8 +36,9 @@ class InputSource:
     the gradient the user's backward returns at that position. Lifted inputs (from objects,
     containers, closures) have ``arg_index is None`` and never receive a gradient, as in eager.
     With dynamic shapes, a size symbol is an input too: ``dim`` is then set. A tensor reached
-    through a closure cell, a global or a module held there is fetched anew on every call
-    (``live``), as eager would read it; one reached another way is held as ``constant``.
+    through a closure cell, a global or a module held there is fetched anew on every call from
+    its ``place`` (a global or cell root and the steps to it), as eager would read it; one
+    reached another way is held as ``constant``.
     """
 
     name: str
@@ -46,9 +47,9 @@ class InputSource:
     arg_index: int | None
     constant: torch.Tensor | None = None
     dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
-    # For a tensor reached through a closure, global or module: fetches its current value.
-    live: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-    read_in_backward: bool = False  # read by backward from ``live`` when backward runs (not by fwd)
+    # For a tensor reached through a closure, global or module: where it is now (``get``).
+    place: Place | None = dataclasses.field(default=None, compare=False, repr=False)
+    read_in_backward: bool = False  # read by backward from ``place`` when backward runs (not by fwd)
 
     @property
     def lifted(self) -> bool:

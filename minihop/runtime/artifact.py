@@ -125,7 +125,7 @@ def save_capture(cap: Any, path: str) -> None:
             "An artifact holds the pair and plain guards; value guards are not stored, and "
             "a loaded capture without them could give another value's result.",
             "Save a capture whose forward and backward read no values from tensor data.")
-    constants = {s.name: (s.live() if s.live is not None else s.constant)
+    constants = {s.name: (s.place.get(()) if s.place is not None else s.constant)
                  for s in pair.inputs if s.path is None}
     manifest = {
         "format": FORMAT, "version": VERSION, "function": pair.function_name,

@@ -72,7 +72,7 @@ class BackwardReads:
         if path is not None:
             # A parameter or buffer of a module argument: read from the call's argument when
             # backward runs (the runtime keeps the call's arguments on ctx for it).
-            name, live = input_name(path, self.t.parts.argnames), None
+            name, place = input_name(path, self.t.parts.argnames), None
         else:
             route = self.t.closure_routes.get(id(real))
             if route is None:
@@ -80,7 +80,7 @@ class BackwardReads:
                 route = self.t.closure_routes.get(id(real))
                 if route is None:
                     return None
-            name, live = route
+            name, place = route
         # Its own fake, never forward's for the same tensor: forward's value and what the same
         # place holds when backward runs may differ.
         with unset_fake_temporarily(), torch._C.DisableTorchFunction():
@@ -103,7 +103,7 @@ class BackwardReads:
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
                                  f"tensor {name} backward reads when it runs", path, None,
-                                 None if path is not None else real, live=live, read_in_backward=True)
+                                 None if path is not None else real, place=place, read_in_backward=True)
             self.by_route[name] = (source, fake)
             self.t._add_source(fake, source)
             return fake

@@ -224,12 +224,12 @@ class Tracing:
                     input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
                     path, None))
                 return fake
-            name, live = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
-            if live is None:  # reached where no route leads (a helper's global, another Function's)
+            name, place = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
+            if place is None:  # reached where no route leads (a helper's global, another Function's)
                 self.unrouted.append(f"reads a tensor from {self._describe()} that minihop cannot fetch again")
             self._add_source(fake, InputSource(
                 name, f"tensor reached from {self._describe()} ({name})", None, None, real,
-                live=live))
+                place=place))
         return fake
 
     def _add_source(self, fake: torch.Tensor, source: InputSource) -> None:
