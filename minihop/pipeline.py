@@ -32,6 +32,7 @@ from .rewire.contract import PairShape, check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
+from .runtime.backwards import reads_grad_mode
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
@@ -137,7 +138,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
-            or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs):
+            or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs) \
+            or reads_grad_mode(pair.bwd):  # create_graph=True needs a bwd traced with grad on
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
@@ -281,12 +283,12 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
     input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 
     def retrace(layout: GradLayout, call_args: tuple[Any, ...],
-                grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, ...]:
+                grads: Sequence[Any], saved: Sequence[Any], grad_mode: bool = False) -> tuple[Any, ...]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
         call_data = ({i: _unwrapped(g) for i, g in enumerate(grads) if g is not None},
                      {node: _unwrapped(v) for node, v in zip(pair.saved_fwd_nodes, saved, strict=True)})
         with temporarily_clear_interpreter_stack():  # traced outside torch.func, as at capture
-            variant_raw = raw.rerun_backward(specs, call_args, call_data)
+            variant_raw = raw.rerun_backward(specs, call_args, call_data, grad_mode=grad_mode)
         variant = make_pair(variant_raw)
         missing = [n for n in variant.saved_names if n not in saved_index]
         missing += [s.name for s in variant.inputs if s.name not in input_index]

@@ -93,11 +93,15 @@ class Place:
     root: Root
     steps: Path = ()
     read: Callable[[tuple[Any, ...]], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    # What is done there needs the call's arguments although the place is not in them (an
+    # lru_cache helper called again with sizes computed from them).
+    needs_args: bool = False
 
     @property
     def uses_args(self) -> bool:
-        """Whether the place is inside the call's arguments (its owner needs them)."""
-        return self.root.uses_args
+        """Whether the place is inside the call's arguments (its owner needs them), or what is
+        done there needs them."""
+        return self.root.uses_args or self.needs_args
 
     @property
     def step(self) -> Step:

@@ -22,8 +22,9 @@ import torch.fx as fx
 from .place import MISSING, Place, Root
 from .structure import OutputSpec, Path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "InputSource", "LIFTED_FROM", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
-           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root", "StateRead", "StateWrite", "same_value"]
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
+           "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root", "StateRead", "StateWrite",
+           "same_value"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,9 @@ class StateWrite:
     ``kind``: ``"add"`` (``place += payload``, a counter), ``"extend"`` (the list at ``place``
     gets ``payload``'s items appended), ``"set"`` (``place = payload``, a constant; ``MISSING``
     deletes it, as ``opts.pop("k")`` does) or ``"copy"`` (``place = `` a fresh deep copy of
-    ``payload``, a container of constants: eager's forward makes a new one on every call).
+    ``payload``, a container of constants: eager's forward makes a new one on every call) or
+    ``"call"`` (the ``functools.lru_cache`` helper at ``place`` called with ``payload``'s
+    ``(args, kwargs)``: the trace bypassed its cache).
     """
 
     place: Place
@@ -107,7 +110,9 @@ class StateWrite:
     def replay(self, args: tuple[Any, ...]) -> None:
         # A number computed from symbolic sizes (``structure.Computed``) is this call's.
         payload = fresh(self.payload, args, copy_containers=False)
-        if self.kind == "add":
+        if self.kind == "call":
+            self.place.get(args)(*payload[0], **payload[1])  # an lru_cache helper: its cache as eager's
+        elif self.kind == "add":
             self.place.set(args, self.place.get(args) + payload)
         elif self.kind == "extend":
             self.place.get(args).extend(payload)
@@ -117,6 +122,9 @@ class StateWrite:
             self.place.set(args, payload)
 
     def describe(self) -> str:
+        if self.kind == "call":
+            shown = ", ".join([*map(repr, self.payload[0]), *(f"{k}={v!r}" for k, v in self.payload[1].items())])
+            return f"{self.place.description}({shown}) called again (its lru_cache's entries and counts)"
         if self.kind == "add":
             return f"{self.place.description} += {self.payload!r}"
         if self.kind == "extend":
@@ -226,6 +234,9 @@ def same_value(a: Any, b: Any) -> bool:
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"
+# Meta key of a bwd node where the user's backward read ``torch.is_grad_enabled()``: the graph
+# holds the answer it was traced with, so ``create_graph=True`` needs a bwd traced with grad on.
+READS_GRAD_MODE = "minihop_reads_grad_mode"
 
 # The meta key of a node kept for its effect on state outside the graph's values (torch's
 # random state read or set, ``.grad`` accumulated): how it is handled, for ``explain``.

@@ -10,6 +10,7 @@ tensors' own ``.grad`` after each call.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -411,3 +412,127 @@ def test_same_properties_take_the_traced_bwd() -> None:
     _set_w(torch.tensor([3.0]))  # another shape: a bwd traced for it
     y.sum().backward()
     assert len(cap._function.backwards.variants) == 2
+
+
+# -- through the user's helpers: a partial, an object's method, an inner Function -------------
+
+def _scaled_w(scale: float) -> torch.Tensor:
+    return scale * W
+
+
+SCALED_W = functools.partial(_scaled_w, 1.0)
+
+
+class WReader:
+    def read(self) -> torch.Tensor:
+        return W
+
+
+W_READER = WReader()
+
+
+class InnerW(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * W
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * W
+
+
+class ThroughPartial(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * SCALED_W()
+
+
+class ThroughMethod(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * W_READER.read()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * W_READER.read()
+
+
+class ThroughInnerFunction(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * InnerW.apply(torch.ones(2))
+
+
+@pytest.mark.parametrize("fn", [ThroughPartial, ThroughMethod, ThroughInnerFunction],
+                         ids=["partial", "method", "inner Function"])
+def test_global_read_through_a_helper_rebound_before_backward(fn: type) -> None:
+    """The global is named by a helper backward calls, not by backward itself (found by
+    generate_reads: the trace held forward's tensor, in every mode)."""
+    _check(fn, _calls(lambda k: _set_w(torch.tensor([1.0, 2.0]) * (k + 1)),
+                      lambda k: _set_w(torch.tensor([-3.0, 0.5]) * (k + 2))), _reset_w)
+
+
+FLIP = [False]
+
+
+class FlagThenInner(Function):
+    """A flag flipped before backward retraces it; the retrace meets the global again."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        out = g * InnerW.apply(torch.ones(2))
+        return out * 2 if FLIP[0] else out
+
+
+def test_a_backward_traced_again_reads_a_rebound_global_through_an_inner_function() -> None:
+    def flip(k: int) -> None:
+        FLIP[0] = k % 2 == 1
+        _set_w(torch.tensor([2.0, -1.0]) * (k + 1))
+
+    def reset() -> None:
+        FLIP[0] = False
+        _reset_w()
+
+    _check(FlagThenInner, _calls(lambda k: FLIP.__setitem__(0, False), flip), reset)
+
+
+W_OTHER = torch.tensor([3.0, 4.0])
+
+
+class OtherWeightOnFlag(Function):
+    """A flag flipped before backward picks another global weight than the captured backward read."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (W_OTHER if FLIP[0] else W)
+
+
+def test_a_flag_flipped_before_backward_reads_a_global_the_captured_backward_did_not() -> None:
+    def before_backward(k: int) -> None:
+        global W_OTHER
+        FLIP[0] = k == 1
+        W_OTHER = torch.tensor([5.0, 6.0]) * k
+
+    def reset() -> None:
+        global W_OTHER
+        FLIP[0] = False
+        W_OTHER = torch.tensor([3.0, 4.0])
+        _reset_w()
+
+    _check(OtherWeightOnFlag, _calls(lambda k: FLIP.__setitem__(0, False), before_backward), reset)

@@ -11,6 +11,7 @@ captured; fallback must always be eager.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import pathlib
 import sys
@@ -21,6 +22,8 @@ from warnings import warn
 import pytest
 import torch
 from torch.autograd import Function
+
+import minihop
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "fuzz"))
 
@@ -185,8 +188,9 @@ def _lru_table(through_helper: bool) -> Any:
             return grad * positions(grad.shape[0])
 
     def state():
+        info = positions.cache_info()  # eager's entries and counts (also between fwd and bwd)
         table = positions(3)  # the user's own later call: a real tensor, eager's numbers
-        return positions.cache_info().currsize, type(table).__name__, table.tolist()
+        return (info.hits, info.misses, info.currsize), type(table).__name__, table.tolist()
 
     return Positional, _x, state
 
@@ -194,7 +198,8 @@ def _lru_table(through_helper: bool) -> Any:
 @pytest.mark.parametrize("through_helper", [False, True], ids=["named", "through a helper"])
 def test_an_lru_cache_helper_never_keeps_a_fake_tensor(through_helper: bool) -> None:
     # Before: the trace's call filled the cache with a fake tensor; the user's next call got
-    # it back (DataDependentOutputException on .tolist()).
+    # it back (DataDependentOutputException on .tolist()). Then: the cache was bypassed, so its
+    # hits, misses and entries were not eager's (each call is now made again when it runs).
     _captured(functools.partial(_lru_table, through_helper))
 
 
@@ -547,3 +552,27 @@ def test_a_list_on_ctx_mutated_before_backward() -> None:
     assert run(lambda f: minihop.function(f, fallback="eager")) == eager
     assert run(lambda f: minihop.function(f)) == eager
     assert run(lambda f: lambda *a: minihop.apply(f, *a)) == eager
+
+
+def test_an_lru_cache_helper_counts_as_eagers_across_sizes() -> None:
+    """New sizes (automatic dynamic shapes: its argument is then a size symbol) fill the cache
+    as eager's calls do; hits and misses between forward and backward too."""
+    def run(mode: str) -> list[Any]:
+        Positional, _make_x, _state = _lru_table(False)
+        positions = inspect.getclosurevars(Positional.backward).nonlocals["positions"]
+        minihop.reset()
+        call = {"eager": Positional.apply, "strict": minihop.function(Positional),
+                "fallback": minihop.function(Positional, fallback="eager"),
+                "apply": lambda x: minihop.apply(Positional, x)}[mode]
+        record: list[Any] = []
+        for n in (3, 3, 4, 5, 4):
+            x = torch.linspace(-1.0, 1.0, n, requires_grad=True)
+            y = call(x)
+            record.append(tuple(positions.cache_info()))
+            y.sum().backward()
+            record += [tuple(positions.cache_info()), y.detach().tolist(), x.grad.tolist()]
+        return record
+
+    expected = run("eager")
+    for mode in ("strict", "fallback", "apply"):
+        assert run(mode) == expected, mode

@@ -239,20 +239,42 @@ class ReadsGradModeInBlock(Function):
 
 @pytest.mark.parametrize("mode", ["strict", "fallback", "apply"])
 def test_grad_mode_read_in_backward(mode: str) -> None:
-    """Read where backward was entered: the plain backward is eager's; under create_graph the
-    trace's value would be another program, so the graph raises MH104 there (before: silently
-    no graph on the first derivative)."""
+    """Read where backward was entered: the plain backward is eager's; under create_graph
+    backward is traced again with grad mode on, so its first derivative has a graph and its
+    second derivative is eager's (before: MH104 when backward ran, also with fallback)."""
     run = _runners(ReadsGradMode)[mode]
+    for n in SIZES:
+        args = _args(ReadsGradMode, n)
+        _assert_same(_derivatives(run, args), _derivatives(ReadsGradMode.apply, args))
     x = torch.randn(4, dtype=torch.double, requires_grad=True)
     (mine,) = torch.autograd.grad(run(x).sum(), x)
     (eager,) = torch.autograd.grad(ReadsGradMode.apply(x).sum(), x)
     torch.testing.assert_close(mine, eager)
     (eager,) = torch.autograd.grad(ReadsGradMode.apply(x).sum(), x, create_graph=True)
-    assert eager.requires_grad
+    (mine,) = torch.autograd.grad(run(x).sum(), x, create_graph=True)
+    assert mine.requires_grad and eager.requires_grad
+    torch.testing.assert_close(mine, eager)
+    assert mine.grad_fn is not None and eager.grad_fn is not None
+    # An ordinary backward after a create_graph one still takes the traced bwd.
+    (mine,) = torch.autograd.grad(run(x).sum(), x)
+    assert not mine.requires_grad
+
+
+def test_grad_mode_read_in_backward_of_a_loaded_capture() -> None:
+    """A loaded capture cannot trace backward again: under create_graph its graph raises
+    MH104 where backward read the mode (never another program, silently)."""
+    cap = minihop.capture(ReadsGradMode, torch.randn(4, dtype=torch.double, requires_grad=True))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "cap.pt")
+        cap.save(path)
+        loaded = minihop.load(path)
+    x = torch.randn(4, dtype=torch.double, requires_grad=True)
+    (mine,) = torch.autograd.grad(loaded(x).sum(), x)
+    torch.testing.assert_close(mine, torch.autograd.grad(ReadsGradMode.apply(x).sum(), x)[0])
     with pytest.raises(minihop.UnsupportedOperationError,
                        match=r"\[MH104\] ReadsGradMode\.backward reads torch\.is_grad_enabled\(\) at .*"
                              r"this backward runs with grad mode on"):
-        torch.autograd.grad(run(x).sum(), x, create_graph=True)
+        torch.autograd.grad(loaded(x).sum(), x, create_graph=True)
 
 
 @pytest.mark.parametrize("mode", ["strict", "fallback", "apply"])
@@ -262,3 +284,31 @@ def test_grad_mode_read_inside_own_block(mode: str) -> None:
     for n in SIZES:
         args = _args(ReadsGradModeInBlock, n)
         _assert_same(_derivatives(run, args), _derivatives(ReadsGradModeInBlock.apply, args))
+
+
+class BranchesOnGradMode(Function):
+    """Backward takes another formula under create_graph (a debugging switch some code keeps)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        scale = 2.0 if torch.is_grad_enabled() else 3.0
+        return g * scale * x
+
+
+@pytest.mark.parametrize("mode", ["strict", "fallback", "apply"])
+def test_a_branch_on_the_grad_mode_in_backward_takes_eagers_branch_in_both_modes(mode: str) -> None:
+    run = _runners(BranchesOnGradMode)[mode]
+    for create_graph in (False, True, False, True):
+        x = torch.randn(3, dtype=torch.double, requires_grad=True)
+        (eager,) = torch.autograd.grad(BranchesOnGradMode.apply(x).sum(), x, create_graph=create_graph)
+        (mine,) = torch.autograd.grad(run(x).sum(), x, create_graph=create_graph)
+        torch.testing.assert_close(mine, eager, rtol=0, atol=0)
+        assert mine.requires_grad == eager.requires_grad
+        if create_graph:
+            torch.testing.assert_close(torch.autograd.grad(mine.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])

@@ -19,11 +19,16 @@ match runs. None: backward is traced again with the real values (a new variant; 
 Backward's Python reads (``PythonState.reads_in("backward")``) and the tensors it reads from a
 global, a cell or an attribute (``live_slots``) are part of the case: eager's backward reads
 them when it runs, so a value unlike the traced one takes another bwd.
+
+A backward that read ``torch.is_grad_enabled()`` (``READS_GRAD_MODE`` nodes) was traced with
+grad mode off, as an ordinary backward runs; under ``create_graph=True`` eager's reads True, so
+that case's bwd is traced again with grad mode on (``grad_on``).
 """
 
 from __future__ import annotations
 
 import threading
+import typing
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,12 +37,13 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedOperationError
-from ..spec import GRAD_TOGGLE, NO_STATE, DataRead, Pair, PythonState
+from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, DataRead, Pair, PythonState
 from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "same_properties", "tensor_key"]
+__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "reads_grad_mode", "same_properties",
+           "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
@@ -48,7 +54,8 @@ GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
 # capture's fwd inputs.
 # And backward's Python writes in that case (``StateWrite``s, replayed when it runs), and the
 # values it read from the grads and saved values (``DataRead``s guarding backward).
-Retrace = Callable[[GradLayout, tuple[Any, ...], Sequence[Any], Sequence[Any]],
+# The last argument: trace it with grad mode on (for ``create_graph=True``, see ``grad_on``).
+Retrace = Callable[[GradLayout, tuple[Any, ...], Sequence[Any], Sequence[Any], bool],
                    tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...], tuple[Any, ...],
                          tuple[DataRead, ...]]]
 
@@ -144,7 +151,9 @@ class Backwards:
             writes = self.writes[case]
             found = self.code.get((case, create_graph))
             if found is not None:
-                return (*found, writes)
+                return (*found, self.writes.get((case, "grad on"), writes) if create_graph else writes)
+            if create_graph and self.retrace is not None and reads_grad_mode(self.variants[case][0] or self.pair.bwd):
+                return self.grad_on(case, top_grads, call_args, grads, saved)
             if case == self.base_case and self.plain is not None:
                 return self.plain, None, writes  # the traced case, without toggles: right in either mode
             gm, saved_map, input_map = self.variants[case]
@@ -159,6 +168,27 @@ class Backwards:
             found = (code, None if identity else saved_map)
             self.code[(case, create_graph)] = found
             return (*found, writes)
+
+    def grad_on(self, case: tuple[Any, int], top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
+                grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
+        """``case``'s bwd traced again with grad mode on: its backward read the mode, and eager's
+        reads True under ``create_graph=True`` (the traced bwd holds False)."""
+        retrace = typing.cast(Retrace, self.retrace)  # get() asks only where there is one
+        gm, saved_map, input_map, writes, _reads = retrace(self.layout_of(top_grads), call_args, grads, saved, True)
+        code = _strip_grad_toggles(gm).forward
+        if input_map != tuple(range(self.num_inputs)):
+            code = _scatter_grads(code, input_map, self.num_inputs)
+        found = (code, None if saved_map == tuple(range(self.pair.num_saved)) else saved_map)
+        self.code[(case, True)] = found
+        self.writes[(case, "grad on")] = writes
+        return (*found, writes)
+
+    def layout_of(self, top_grads: tuple[Any, ...]) -> GradLayout:
+        layout: list[Any] = [None] * len(self.pair.top_level)
+        for p, i in enumerate(self.top_idx):
+            g = top_grads[p]
+            layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
+        return tuple(layout)
 
     def case_of(self, key: Any, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
                 grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, int]:
@@ -175,11 +205,7 @@ class Backwards:
                 "Its backward reads properties of its grads (or Python values that changed "
                 "since forward), so another case needs another trace.",
                 "Capture the Function again in this process (minihop.capture).")
-        layout: list[Any] = [None] * len(self.pair.top_level)
-        for p, i in enumerate(self.top_idx):
-            g = top_grads[p]
-            layout[i] = None if g is None else (tuple(g.stride()), g.requires_grad)
-        gm, saved_map, input_map, writes, reads = self.retrace(tuple(layout), call_args, grads, saved)
+        gm, saved_map, input_map, writes, reads = self.retrace(self.layout_of(top_grads), call_args, grads, saved, False)
         cases = self.cases.setdefault(key, [])
         if len(cases) >= MAX_VALUE_VARIANTS:
             self.drop(key, cases.pop(0)[0])
@@ -287,6 +313,11 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
 
     return run
 
+
+
+def reads_grad_mode(gm: fx.GraphModule) -> bool:
+    """Whether the user's backward read ``torch.is_grad_enabled()`` where it was entered."""
+    return any(node.meta.get(READS_GRAD_MODE) for node in gm.graph.nodes)
 
 
 def _strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:

@@ -27,7 +27,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..spec import NO_STATE, DataRead, Pair, PythonState
-from .backwards import MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, keeps_arguments, live_slots, same_properties
+from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, keeps_arguments, live_slots, reads_grad_mode,
+                        same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
 from .guards import compile_live_check
@@ -68,7 +69,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     used while a transform is active (see ``make_transformable``).
     """
     layout = Layout.of(pair, keeps_args=keeps_arguments(pair, state))
-    bwd_plain = without_body_toggles(pair.bwd_graph, "bwd_body")
+    # A bwd that read the grad mode is right in one mode only: create_graph takes another (Backwards.grad_on).
+    bwd_plain = None if reads_grad_mode(pair.bwd) and retrace is not None else without_body_toggles(pair.bwd_graph, "bwd_body")
     backwards = Backwards(pair, layout.top_idx, retrace, state, state_base, bwd_reads)
     backwards.plain = bwd_plain
     call_bwd = _bwd_caller(pair, layout, backwards, bwd_plain, state)

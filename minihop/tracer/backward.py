@@ -139,13 +139,15 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
                    fwd_names: dict[fx.Node, str], made: list[RawCapture],
                    grad_specs: tuple[GradSpec | None, ...] | None,
                    call_args: tuple[Any, ...] = (),
-                   call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None) -> RawCapture:
+                   call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None,
+                   grad_mode: bool = False) -> RawCapture:
     """Trace backward again, after the forward traced once: for grads laid out otherwise, for
     Python values backward reads that changed since forward ran, or for values backward
     takes out of its grads and saved values (``call_data``: the real ones, per fwd output and
     per fwd node). Forward is not run again: what it left on ctx is what the forward that
     really ran left (its reads are guarded), except that an argument object on ctx is the
-    call's own (``call_args``)."""
+    call's own (``call_args``). ``grad_mode``: traced with grad mode on, as eager runs backward
+    under ``create_graph=True`` (for a backward that reads the mode)."""
     with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
         t.backward_reads.arguments(call_args)  # a module argument's tensors as they are now
@@ -163,6 +165,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         t.unrouted = state.opaque.reasons
         state.start()
         state.forward_done()  # what changes now, backward changes
+        t.backward_grad_on = grad_mode
         try:
             bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
                                call_args or None)
@@ -170,6 +173,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         except Retrace as again:
             raise again.refusal from None  # forward is not traced again here
         finally:
+            t.backward_grad_on = False
             state.abort()
             t.values.call_data = None  # the call's tensors are not kept
             for name, value in swapped.items():

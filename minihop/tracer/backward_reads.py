@@ -6,7 +6,7 @@ such a tensor when backward runs, not when forward did: rebinding the global, re
 ``F.W``, or writing into the tensor between forward and ``.backward()`` changes what backward
 computes. So a tensor backward reaches this way is not the forward value of the same tensor: it
 gets its own fake and its own fwd input (``InputSource.read_in_backward``), passed through fwd
-as a saved value, which the runtime fetches again (``live``, or the argument's ``path`` in the
+as a saved value, which the runtime fetches again (its ``place``, or the argument's ``path`` in the
 call's arguments, which forward then keeps on ctx) when backward runs.
 
 Invariant: one ``InputSource`` and one fwd placeholder per route, for the first trace and for
@@ -27,6 +27,7 @@ from ..errors import UnsupportedOperationError
 from ..spec import InputSource
 from ..structure import Path, held_values, iter_leaves
 from .names import input_name
+from .routes import closure_routes
 
 __all__ = ["BackwardReads", "argument_tensors_on_ctx", "forward_values_on_ctx"]
 
@@ -91,14 +92,7 @@ class BackwardReads:
         self.fakes[id(real)] = (real, fake)
         known = self.by_route.get(name)
         if self.again and (known is None or self.t.fwd.node_of.get(id(known[1])) is None):
-            # Forward has run: it passed through only the places the first backward read.
-            raise UnsupportedOperationError(
-                f"{self.t.parts.name}.backward, traced again for this call, reads the tensor at "
-                f"{name}, which the backward traced at capture did not read.",
-                "Eager's backward reads that place when it runs; forward has already run and "
-                "passed on only the places the captured backward read.",
-                "Read the same tensors in backward whatever Python values it sees, or call "
-                "the Function eagerly.")
+            raise self.unknown(name)  # forward passed on only the places the first backward read
         if known is None:
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
@@ -115,10 +109,30 @@ class BackwardReads:
             self.t.fwd.alive.append(fake)
         return fake
 
-    def pass_all(self) -> None:
+    def unknown(self, name: str) -> UnsupportedOperationError:
+        """Backward traced again reads a tensor (``name``) the backward traced at capture did not."""
+        return UnsupportedOperationError(
+            f"{self.t.parts.name}.backward, traced again for this call, reads the tensor "
+            f"{name}, which the backward traced at capture did not read.",
+            "Eager's backward reads it when it runs; forward has already run and passed on only "
+            "the tensors the captured backward read.",
+            "Read the same tensors in backward whatever Python values it sees, or call the "
+            "Function eagerly.")
+
+    def pass_all(self, every_route: bool = False) -> None:
         """Backward's reads are guarded: a later backward may take a path the first did not
         and read another of these places. Forward has run by then, so it passes every place
-        a backward could read through now (as ``save_everything`` saves every forward value)."""
+        a backward could read through now (as ``save_everything`` saves every forward value):
+        those lifted (an argument's container on ctx), and with ``every_route`` each tensor
+        backward's globals, cells and helpers reach."""
+        if every_route:
+            for _name, place in list(closure_routes(self.t.parts.backward).values()):
+                try:
+                    real = place.get(())
+                except Exception:
+                    continue
+                if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):
+                    self.lift(real)
         for _source, fake in list(self.by_route.values()):
             self.t.bwd.node_for(fake)
 

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
+from ..spec import READS_GRAD_MODE
 from .frames import is_library_code
 
 __all__ = ["grad_mode_as_traced", "read", "switch"]
@@ -125,8 +126,9 @@ def read(mode: Any) -> bool:
     modes = _modes.get(mode.recorder)
     if modes is None or modes.current == AMBIENT:
         where = mode.where() or "backward"
-        mode.recorder.create_node("call_function", grad_mode_as_traced,
-                                  (value, f"{mode.describe()} reads torch.is_grad_enabled() at {where}"), {})
+        node = mode.recorder.create_node("call_function", grad_mode_as_traced,
+                                         (value, f"{mode.describe()} reads torch.is_grad_enabled() at {where}"), {})
+        node.meta[READS_GRAD_MODE] = True  # the runtime traces backward again for the other mode
     return value
 
 

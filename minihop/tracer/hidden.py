@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..spec import MISSING, Place, Root, StateWrite
 from .atoms import CONSTANTS
 
 __all__ = ["ReadWatch", "describe_global", "fingerprint", "restore", "taking", "watched"]
@@ -159,6 +160,8 @@ class ReadWatch:
         self.thread = threading.get_ident()
         self.is_user = is_user
         self.swapped: list[tuple[Any, str, Any]] = []
+        # lru_cache helpers called: (phase, home, name, what, args, kwargs, where)
+        self.cache_calls: list[tuple[str, Any, str, str, tuple[Any, ...], dict[str, Any], str]] = []
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -168,10 +171,18 @@ class ReadWatch:
 
     def _swap(self, home: Any, name: str, fn: Any, kind: str, what: str) -> None:
         if kind == "uncached":
-            # Not a read: the cache is bypassed so that it never keeps a fake tensor (the
-            # user's next call would get it back) and a hit or miss while tracing cannot
-            # differ from the call being captured; the user's entries stay as they were.
-            self._install(home, name, fn, fn.__wrapped__)
+            # The cache is bypassed so that it never keeps a fake tensor (the user's next call
+            # would get it back); the graphs compute what it returns. Each call is recorded
+            # and made again, for real, on every call (``call_writes``): the cache's entries,
+            # hits and misses are then eager's.
+            def uncached(*args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() == self.thread:
+                    frame = sys._getframe(1)
+                    self.cache_calls.append((self.phase, home, name, what, args, kwargs,
+                                             f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
+                return fn.__wrapped__(*args, **kwargs)
+
+            self._install(home, name, fn, uncached)
             return
 
         def read(*args: Any, **kwargs: Any) -> Any:
@@ -195,6 +206,25 @@ class ReadWatch:
             home[name] = stand_in
         else:
             setattr(home, name, stand_in)  # a cell's ``cell_contents`` too
+
+    def call_writes(self) -> list[StateWrite]:
+        """Each lru_cache helper call, made again when the capture runs (``StateWrite`` kind
+        "call"; forward's after fwd, backward's when backward runs), through the place the
+        code named it by."""
+        writes = []
+        for phase, home, name, what, args, kwargs, where in self.cache_calls:
+            # A size symbol among the arguments is computed from each call's arguments (which
+            # backward then needs: its place "uses" them).
+            sized = any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in (*args, *kwargs.values()))
+            if isinstance(home, dict):
+                root = Root("global", name, f"global {name}", lambda a, h=home, n=name: h.get(n, MISSING), home=home)
+            elif name == "cell_contents":
+                root = Root("cell", what, f"closure variable {what}", lambda a, h=home: h.cell_contents, home=home)
+            else:  # an attribute of the user's object or class, named ``what``
+                root = Root("value", what, what, lambda a, h=home, n=name: getattr(h, n, MISSING))
+            place = Place(root, (), root.fetch, needs_args=sized)
+            writes.append(StateWrite(place, "call", (args, kwargs), phase, where))
+        return writes
 
     def check_generator(self) -> None:
         """A draw from Python's generator the code does not name (a library function draws):

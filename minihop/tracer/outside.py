@@ -103,7 +103,8 @@ class OutsideSnapshot:
                 _set_contents(c, found)
 
 
-def outside_roots(forward: Any, fake_args: tuple[Any, ...]) -> tuple[tuple[RootKey, Any, Callable[[], Any] | None], ...]:
+def outside_roots(forward: Any,
+                  fake_args: tuple[Any, ...]) -> tuple[tuple[RootKey, Any, Callable[[], Any] | None], ...]:
     """The roots a write can hang from: each argument, each mutable global or closure value
     forward names (modules, functions, tensors and ``nn.Module``s are left out: their state
     is not a caller's container), each of the user's classes it names (``Holder.last = y``,

@@ -337,7 +337,8 @@ class StateTracker:
         try:
             writes = [*(self.forward_writes if self.forward_writes is not None
                         else self._writes(self.before, after_forward, "forward")),
-                      *self._writes(after_forward, after, "backward")]
+                      *self._writes(after_forward, after, "backward"),
+                      *(self.hidden_reads.call_writes() if self.hidden_reads is not None else ())]
             if self.watch is not None and self.watch.lines:
                 method, line, where = self.watch.lines[0]
                 raise SideEffectError(

@@ -34,8 +34,8 @@ from .library import is_user_function, library_module
 from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
 
-__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "analysed", "arg_masks",
-           "cell_value", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root", "value_place", "walk"]
+__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "analysed", "arg_masks", "cell_value", "guarded_value",
+           "methods_of", "place_at", "reads_environment", "resolve_root", "value_place", "walk"]
 
 def function_of(fn: Any) -> Any:
     return inspect.unwrap(getattr(fn, "__func__", fn))

@@ -14,8 +14,10 @@ makes its capture single-use).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -40,10 +42,57 @@ def closure_routes(fn: Any) -> dict[int, Route]:
     parameter takes effect at the next call.
     """
     routes: dict[int, Route] = {}
-    for kind, name, value, fetch in free_values(fn):
+    for kind, name, value, fetch in _reached_free_values(fn, 0, set()):
         root = Root("cell" if kind == "closure" else "global", name, name, lambda args, f=fetch: f())
         _add_routes(routes, value, free_value_root(kind, name), fetch, root, ())
     return routes
+
+
+# How deep the helpers a method calls are followed (as roots.analysed follows them).
+_HELPER_DEPTH = 3
+
+
+def _reached_free_values(fn: Any, depth: int, seen: set[int]) -> Iterator[tuple[str, str, Any, Callable[[], Any]]]:
+    """``fn``'s free values, then those of the user's helpers it names (a function, a
+    ``functools.partial``, a staticmethod, a bound method, a callable object's ``__call__``),
+    so a tensor backward reads through ``helper()`` is fetched again too. A helper rebound
+    between calls is a guarded read (pystate): its globals are found here through the
+    helper seen when tracing."""
+    code = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None)
+    if code is None or id(code) in seen:
+        return
+    seen.add(id(code))
+    for kind, name, value, fetch in free_values(fn):
+        yield kind, name, value, fetch
+        if depth < _HELPER_DEPTH:
+            for helper in _helpers_of(value):
+                yield from _reached_free_values(helper, depth + 1, seen)
+
+
+def _helpers_of(value: Any) -> list[Any]:
+    """The user's functions that calling ``value``, or a method of it, runs: a function, a
+    partial's, a staticmethod's, a bound method's; the methods of the user's class or of an
+    instance of it (``READER.read()``, ``Inner.apply`` runs ``Inner.forward``)."""
+    for _ in range(4):  # a partial of a partial of a staticmethod...
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        elif isinstance(value, functools.partial):
+            value = value.func
+        elif isinstance(value, types.MethodType):
+            value = value.__func__
+        else:
+            break
+    if isinstance(value, types.FunctionType):
+        return [] if is_library(value) else [value]
+    cls = value if isinstance(value, type) else type(value)
+    if is_library(cls) or isinstance(value, types.ModuleType):
+        return []
+    methods = []
+    for attr in vars(cls).values():
+        attr = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+        if isinstance(attr, types.FunctionType):
+            methods.append(attr)
+    return methods
 
 
 def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callable[[], Any],

@@ -112,6 +112,7 @@ class Tracing:
         self.fwd_outputs: tuple[fx.Node, ...] = ()  # per flat output, once forward has run
         self.bwd_saved: list[tuple[fx.Node, fx.Node]] = []
         self.phase = "forward"
+        self.backward_grad_on = False  # backward traced for create_graph=True (rerun_backward)
         self.mode = RecordingMode(self.fake_mode, self._lift_real, self._describe, self._on_query)
         self.mode.sources = self.sources  # recompute: which tensors are lifted (outside leaves)
         self.values = ValueReader(self, None)
@@ -225,6 +226,10 @@ class Tracing:
                     path, None))
                 return fake
             name, place = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
+            if place is None and self.backward_reads.again:
+                # Backward traced again meets a tensor the first trace did not (a global
+                # rebound since forward): forward has run, it cannot be passed in any more.
+                raise self.backward_reads.unknown(name)
             if place is None:  # reached where no route leads (a helper's global, another Function's)
                 self.unrouted.append(f"reads a tensor from {self._describe()} that minihop cannot fetch again")
             self._add_source(fake, InputSource(
@@ -330,7 +335,9 @@ class Tracing:
         recorder.numbers = self.unbacked.numbers
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
-            with torch.no_grad(), self.fake_mode, self.mode, capture_locals(fn, snapshot), \
+            # Backward traced for ``create_graph=True`` (it reads the grad mode) runs with it on.
+            grad = torch.enable_grad() if phase == "backward" and self.backward_grad_on else torch.no_grad()
+            with grad, self.fake_mode, self.mode, capture_locals(fn, snapshot), \
                     rng_state_recorded(self.mode), compiled_code_runs_eagerly(), symbols_printed_as_values(self.fake_mode.shape_env):
                 result = fn(*args)
             refuse_generators(recorder.generators, self._describe())

@@ -220,16 +220,16 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     # capture holds none of the caller's tensors.
     t.values.real_args = None
     python_state = state.finish(ctx)
-    if any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args):
+    other_path = any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args)
+    if other_path:
         # Another grad's values, or another Python value backward reads (a flag changed
         # between forward and ``.backward()``), may take backward down another path, traced
         # then: forward keeps what it could read, as eager's ctx does.
         save_everything(t, ctx)
-    if any(r.guards_backward for r in t.values.reads) or python_state.reads_in("backward"):
-        # Backward traced again (another Python value it reads changed) may read another
-        # tensor of an argument's container on ctx: forward passes them all, as eager's ctx
-        # keeps the container.
-        t.backward_reads.pass_all()
+    if other_path or python_state.reads_in("backward"):
+        # ... and passes every tensor backward could read where it lives (an argument's
+        # container on ctx; with another path, a global's or a helper's too).
+        t.backward_reads.pass_all(every_route=other_path)
     fwd_names = dict(names)
     names.update(bwd.names)
     if t.dynamic_fakes:  # numbers from symbolic sizes: computed per call (inside trace(), the outer trace's)

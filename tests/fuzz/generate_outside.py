@@ -24,7 +24,11 @@ __all__ = ["OUTSIDE_HOLDERS", "generate_outside_case"]
 
 OUTSIDE_HOLDERS = ("staticmethod_class_arg", "classmethod_global", "property_global", "counting_descriptor",
                    "getattr_object", "frozenset_zero_arg", "dict_key_zero_arg", "context_var",
-                   "singledispatch_table", "last_tensor_of_list", "iterator_global")
+                   "singledispatch_table", "last_tensor_of_list", "iterator_global",
+                   "arg_dict_on_ctx", "arg_object_on_ctx", "arg_list_on_ctx", "flag_branch")
+# An argument container forward keeps whole on ctx (``ctx.kept_n = pd``); backward reads its
+# tensor from there, after the caller put another one in (set_value before ``.backward()``).
+_KEPT_ON_CTX = ("arg_dict_on_ctx", "arg_object_on_ctx", "arg_list_on_ctx")
 _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
 # Read in forward only: a tensor rebound between forward and backward is issue 28's open item
 # (docs/reads.md, "Open"); an iterator is refused wherever it is read.
@@ -129,6 +133,17 @@ def _holder(holder: str) -> tuple[list[str], list[str], str, list[str], str]:
                 "scale_of(BOX)", [], "")
     if holder == "last_tensor_of_list":
         return (["TL = [torch.full((), 2.0)]"], ["TL.append(torch.full((), v))"], "TL[-1]", [], "")
+    if holder == "arg_dict_on_ctx":
+        return (["PD = [{'w': torch.full((), 2.0)}]"], ["PD[0]['w'] = torch.full((), v)"], "['w']", ["PD[0]"], "pd")
+    if holder == "arg_object_on_ctx":
+        return (["PO = [Box()]", "PO[0].w = torch.full((), 2.0)"], ["PO[0].w = torch.full((), v)"], ".w",
+                ["PO[0]"], "po")
+    if holder == "arg_list_on_ctx":
+        return (["PL = [[torch.full((), 2.0)]]"], ["PL[0][0] = torch.full((), v)"], "[0]", ["PL[0]"], "pl")
+    if holder == "flag_branch":
+        # Backward's path depends on a flag flipped before ``.backward()``: the other path reads
+        # a forward value the first did not.
+        return (["FLAG = [True]"], ["FLAG[0] = v > 1"], "", [], "")
     # iterator_global
     return (["IT = [itertools.count(1)]"], [], "next(IT[0])", [], "")
 
@@ -149,6 +164,18 @@ def generate_outside_case(c: Chooser) -> Case:
         make_args += extra_args
         if param:
             params.append(param)
+        if holder in _KEPT_ON_CTX:
+            where = c.choice(WHERE)
+            features.append(f"outside-{holder}-{where}")
+            fwd_terms.append(f"_stash(ctx, 'kept_{n}', {param}){expr}" if where != "forward" else f"{param}{expr}")
+            if where != "forward":
+                bwd_terms.append(f"ctx.kept_{n}{expr}")
+            continue
+        if holder == "flag_branch":
+            features.append("outside-flag_branch")
+            fwd_terms.append(f"_stash(ctx, 'sin_{n}', x.sin(), 1.0)")
+            bwd_terms.append(f"(ctx.sin_{n} if FLAG[0] else 1.0)")
+            continue
         access = c.choice(ACCESS)
         where = "forward" if holder in _FORWARD_ONLY else c.choice(WHERE) if not param else \
             c.choice(("forward", "both"))
@@ -168,6 +195,11 @@ def generate_outside_case(c: Chooser) -> Case:
     source = "\n".join([
         _PRELUDE,
         *setup,
+        "",
+        "",
+        "def _stash(ctx, name, value, result=None):",
+        "    setattr(ctx, name, value)",
+        "    return value if result is None else result",
         "",
         "",
         "def _keep(ctx, n, value):",

@@ -49,11 +49,9 @@ ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const"
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
 _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
-# OPEN (issue 28, not fixed): a tensor held in a global or a class attribute that backward
-# reads is fetched when forward runs and saved, where eager's backward reads the one bound
-# then; rebound between forward and backward, backward differs (and a backward-only read
-# through a helper crashes in rewire). Read in forward only until that is fixed.
-_FORWARD_ONLY = ("tensor_global", "tensor_class_attribute")
+# Read anywhere: a tensor held in a global or a class attribute that backward reads is read
+# when backward runs (tracer/backward_reads.py), also after a rebinding before ``.backward()``.
+_FORWARD_ONLY: tuple[str, ...] = ()
 
 _PRELUDE = '''import functools
 import math
