@@ -147,7 +147,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
             if source.read_in_backward:
                 guards.append(f"{source.name} ({source.description}): fetched when backward runs; "
                               "other shape, dtype, device or requires_grad: backward traced again")
-            elif source.place is not None:
+            elif source.fetched:
                 guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
                               "requires_grad as at capture (read anew each call)")
         if cap.shape_guards is not None:

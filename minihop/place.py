@@ -22,7 +22,7 @@ import torch
 
 from .structure import Path, Step, argname
 
-__all__ = ["MISSING", "Place", "Root", "walk_plain"]
+__all__ = ["MISSING", "Place", "Root", "arg_place", "walk_plain"]
 
 
 class _Missing:
@@ -165,6 +165,12 @@ class Place:
             del owner[key]
         else:
             owner[key] = value
+
+
+def arg_place(path: Path) -> Place:
+    """The place at ``path`` (``(("arg", i), *steps)`` or ``(("kw", name), ...)``) in a call's arguments."""
+    (kind, key), *steps = path
+    return Place(Root(kind, key), tuple(steps))
 
 
 def walk_plain(value: Any, steps: Path) -> Any:

@@ -19,38 +19,50 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .place import MISSING, Place, Root
+from .place import MISSING, Place, Root, arg_place
 from .structure import OutputSpec, Path, fresh
 
 __all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
-           "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root", "StateRead", "StateWrite",
-           "same_value"]
+           "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
+           "StateRead", "StateWrite", "arg_place", "same_value"]
 
 
 @dataclasses.dataclass(frozen=True)
 class InputSource:
     """One forward graph input and where its value comes from.
 
-    ``path`` locates it in the caller's arguments (``None`` for a tensor forward reached
-    through a closure, a global or a module: ``constant`` then holds that tensor).
+    ``place`` locates it: in the caller's arguments (an ``arg``/``kw`` root; ``path`` is then
+    that place as a ``structure`` path), or through a closure cell or a global (see below);
+    None for a tensor held as ``constant``.
     ``arg_index`` is set when the input *is* one of forward's tensor arguments: it receives
     the gradient the user's backward returns at that position. Lifted inputs (from objects,
     containers, closures) have ``arg_index is None`` and never receive a gradient, as in eager.
     With dynamic shapes, a size symbol is an input too: ``dim`` is then set. A tensor reached
     through a closure cell, a global or a module held there is fetched anew on every call from
-    its ``place`` (a global or cell root and the steps to it), as eager would read it; one
-    reached another way is held as ``constant``.
+    its ``place`` (a global or cell root and the steps to it: ``fetched``), as eager would read
+    it; one reached another way is held as ``constant``.
     """
 
     name: str
     description: str
-    path: Path | None
+    place: Place | None
     arg_index: int | None
     constant: torch.Tensor | None = None
-    dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
-    # For a tensor reached through a closure, global or module: where it is now (``get``).
-    place: Place | None = dataclasses.field(default=None, compare=False, repr=False)
+    dim: int | None = None  # a size symbol: ``place``'s tensor's size along ``dim``
     read_in_backward: bool = False  # read by backward from ``place`` when backward runs (not by fwd)
+
+    @property
+    def path(self) -> Path | None:
+        """The place in the call's arguments as a path (``structure.make_getter``'s), or None."""
+        place = self.place
+        if place is None or not place.root.uses_args:
+            return None
+        return ((place.root.kind, place.root.key), *place.steps)
+
+    @property
+    def fetched(self) -> bool:
+        """Reached through a global or a closure cell: fetched from there on every call."""
+        return self.place is not None and not self.place.root.uses_args
 
     @property
     def lifted(self) -> bool:

@@ -52,3 +52,28 @@ def test_routes_to_closed_over_tensors_are_places_with_a_cell_root_and_steps() -
     assert place.get(()) is held["w"]
     _, weight = routes[id(lin.weight)]
     assert weight.steps == (("attr", "weight"),) and weight.get(()) is lin.weight
+
+
+_SCALE = torch.tensor([2.0, 3.0])
+
+
+class _Scaled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _SCALE
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _SCALE
+
+
+def test_a_capture_s_inputs_are_places_in_the_arguments_or_routes() -> None:
+    import minihop
+
+    cap = minihop.capture(_Scaled, torch.ones(2, requires_grad=True))
+    by_name = {s.name: s for s in cap.pair.inputs}
+    x = next(s for s in by_name.values() if s.arg_index == 0)
+    assert (x.place.root.kind, x.place.root.key, x.path, x.fetched) == ("arg", 0, (("arg", 0),), False)
+    scale = next(s for s in by_name.values() if s.fetched)
+    assert (scale.place.root.kind, scale.place.root.key, scale.path) == ("global", "_SCALE", None)
+    assert scale.place.get(()) is _SCALE

@@ -301,7 +301,7 @@ def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] |
     # code meets the change as eager's would, instead of minihop's guard raising.
     places = {read.place.description: read.place.get for read in state.reads}
     # (Not a tensor only backward reads: backward checks it when it runs, as eager reads it then.)
-    fetched = tuple(s for s in pair.inputs if s.place is not None and not s.read_in_backward)
+    fetched = tuple(s for s in pair.inputs if s.fetched and not s.read_in_backward)
     live = (*(s.place.get for s in fetched), *places.values())
     if live:
         names = (*(s.description for s in fetched), *places)

@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from ..errors import UnsupportedOperationError
-from ..spec import InputSource
+from ..spec import InputSource, arg_place
 from ..structure import Path, held_values, iter_leaves
 from .names import input_name
 from .routes import closure_routes
@@ -96,8 +96,9 @@ class BackwardReads:
         if known is None:
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
-                                 f"tensor {name} backward reads when it runs", path, None,
-                                 None if path is not None else real, place=place, read_in_backward=True)
+                                 f"tensor {name} backward reads when it runs",
+                                 arg_place(path) if path is not None else place, None,
+                                 None if path is not None else real, read_in_backward=True)
             self.by_route[name] = (source, fake)
             self.t._add_source(fake, source)
             return fake

@@ -184,7 +184,7 @@ class ValueReader:
                         if isinstance(v, torch.Tensor) else v, value)
 
     def _real_input(self, source: InputSource) -> Any:
-        if source.place is not None:
+        if source.fetched:
             value = source.place.get(self.real_args)
         elif source.path is None:
             value = source.constant
