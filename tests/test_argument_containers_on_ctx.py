@@ -20,30 +20,11 @@ from torch.autograd import Function
 
 import minihop
 
-MODES = ("strict", "apply", "fallback")
+import eager_modes  # tests/ is on the path (pytest prepends a test file's directory)
 
-
-def _caller(mode: str, fn: type) -> Callable[..., Any]:
-    if mode == "eager":
-        return fn.apply
-    if mode == "strict":
-        return minihop.function(fn)
-    if mode == "apply":
-        return lambda *args: minihop.apply(fn, *args)
-    return minihop.function(fn, fallback="eager")
-
-
-def _same(eager: Any, mine: Any, what: str) -> None:
-    if isinstance(eager, torch.Tensor) or isinstance(mine, torch.Tensor):
-        assert isinstance(eager, torch.Tensor) and isinstance(mine, torch.Tensor), (what, eager, mine)
-        assert (eager.dtype, eager.shape) == (mine.dtype, mine.shape), (what, eager, mine)
-        torch.testing.assert_close(mine, eager, rtol=0, atol=0, msg=what)
-    elif isinstance(eager, (tuple, list)):
-        assert len(eager) == len(mine), (what, eager, mine)
-        for i, (e, m) in enumerate(zip(eager, mine, strict=True)):
-            _same(e, m, f"{what}[{i}]")
-    else:
-        assert eager == mine, (what, eager, mine)
+MODES = eager_modes.MODES
+_caller = eager_modes.caller
+_same = eager_modes.same
 
 
 def _check(fn: type, script: Callable[[Callable[..., Any]], list[Any]]) -> None:
@@ -316,3 +297,85 @@ def test_a_flag_flipped_before_backward_needs_forward_values_the_capture_did_not
         return record
 
     _check(FlagInBackward, script)
+
+
+class WritesThenReads(Function):
+    """Forward leaves its output in the caller's dict (a last-activation cache) and keeps the
+    dict; backward reads both the weight and what forward left."""
+
+    @staticmethod
+    def forward(ctx, x, state):
+        y = x * state["w"]
+        state["last"] = y.detach()
+        ctx.state = state
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.state["w"] + ctx.state["last"], None
+
+
+@pytest.mark.parametrize("replace_last", [False, True], ids=["kept", "replaced by the caller"])
+def test_backward_reads_what_forward_left_in_an_argument_container(replace_last: bool) -> None:
+    def script(call: Callable[..., Any]) -> list[Any]:
+        record = []
+        for k, n in enumerate((3, 3, 4)):
+            x = torch.linspace(1.0, 2.0, n).requires_grad_()
+            state = {"w": torch.full((n,), 2.0 + k)}
+            y = call(x, state)
+            record.append(state["last"])
+            state["w"] = torch.full((n,), 7.0 + k)
+            if replace_last:
+                state["last"] = torch.full((n,), -1.0 - k)
+            y.sum().backward()
+            record += [y.detach(), x.grad]
+        return record
+
+    _check(WritesThenReads, script)
+
+
+def test_a_dict_argument_holding_the_tensor_argument_itself() -> None:
+    """``{"w": x}`` passed next to ``x``: the dict's entry is the caller's to replace."""
+    def script(call: Callable[..., Any]) -> list[Any]:
+        record = []
+        for k in range(3):
+            x = torch.linspace(1.0, 2.0, 3).requires_grad_()
+            params = {"w": x}
+            y = call(x, params)
+            params["w"] = torch.full((3,), 7.0 + k)
+            y.sum().backward()
+            record += [y.detach(), x.grad]
+        return record
+
+    _check(DictOnCtx, script)
+
+
+class SetupContextStyle(Function):
+    """The setup_context form (what torch.func needs): ctx keeps ``inputs[1]``."""
+
+    @staticmethod
+    def forward(x, params):
+        return x * params["w"]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.params = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.params["w"], None
+
+
+def test_setup_context_keeps_the_argument_container() -> None:
+    def script(call: Callable[..., Any]) -> list[Any]:
+        record = []
+        for k, n in enumerate((3, 4, 5)):
+            x = torch.linspace(1.0, 2.0, n).requires_grad_()
+            params = {"w": torch.full((n,), 2.0)}
+            y = call(x, params)
+            params["w"] = torch.full((n,), 7.0 + k)
+            y.sum().backward()
+            record += [y.detach(), x.grad]
+        return record
+
+    _check(SetupContextStyle, script)

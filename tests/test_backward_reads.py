@@ -20,30 +20,11 @@ from torch.autograd import Function
 
 import minihop
 
-MODES = ("strict", "apply", "fallback")
+import eager_modes  # tests/ is on the path (pytest prepends a test file's directory)
 
-
-def _caller(mode: str, fn: type) -> Callable[..., Any]:
-    if mode == "eager":
-        return fn.apply
-    if mode == "strict":
-        return minihop.function(fn)
-    if mode == "apply":
-        return lambda *args: minihop.apply(fn, *args)
-    return minihop.function(fn, fallback="eager")
-
-
-def _same(eager: Any, mine: Any, what: str) -> None:
-    if isinstance(eager, torch.Tensor) or isinstance(mine, torch.Tensor):
-        assert isinstance(eager, torch.Tensor) and isinstance(mine, torch.Tensor), (what, eager, mine)
-        assert (eager.dtype, eager.shape) == (mine.dtype, mine.shape), (what, eager, mine)
-        torch.testing.assert_close(mine, eager, rtol=0, atol=0, msg=what)
-    elif isinstance(eager, (tuple, list)):
-        assert len(eager) == len(mine), (what, eager, mine)
-        for i, (e, m) in enumerate(zip(eager, mine, strict=True)):
-            _same(e, m, f"{what}[{i}]")
-    else:
-        assert eager == mine, (what, eager, mine)
+MODES = eager_modes.MODES
+_caller = eager_modes.caller
+_same = eager_modes.same
 
 
 def _check(fn: type, script: Callable[[Callable[..., Any]], list[Any]], reset: Callable[[], None]) -> None:

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from ..errors import UnsupportedOperationError
 from ..spec import InputSource, arg_place
-from ..structure import Path, held_values, iter_leaves
+from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
 from .routes import closure_routes
 
@@ -48,6 +48,7 @@ class BackwardReads:
         # route name -> (its source, the first fake: the one whose placeholder the others share)
         self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
         self.again = False  # backward is traced again, after forward ran: no new fwd input
+        self.stand_ins: list[torch.Tensor] = []  # real tensors standing for forward's (argument_tensors_on_ctx)
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -204,7 +205,7 @@ def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
         for held in (value, *(value if type(value) in (tuple, list) else ())):
             entry = copies.get(id(held))
             if entry is not None:
-                _swap(t, *entry, copies, undo, done)
+                _swap(t, *entry, real_args, copies, undo, done)
     try:
         yield
     finally:
@@ -248,7 +249,7 @@ def _index(fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, P
             _index(child, _child(real, step), path + (step,), copies, depth + 1)
 
 
-def _swap(t: Any, fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, Path]],
+def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], copies: dict[int, tuple[Any, Any, Path]],
           undo: list[tuple[Any, tuple[str, Any], Any, Any]], done: set[int]) -> None:
     if id(fake) in done:
         return
@@ -256,13 +257,27 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any,
     for step, child in _children(fake):
         if isinstance(child, FakeTensor) and not isinstance(fake, tuple):
             original = _child(real, step)
-            if not isinstance(original, torch.Tensor) or isinstance(original, FakeTensor) \
-                    or t.sources.get(id(child)) is None or t.sources[id(child)].path != path + (step,):
-                continue  # not the caller's tensor forward got there (forward wrote this one)
+            source = t.sources.get(id(child))
+            if isinstance(original, torch.Tensor) and not isinstance(original, FakeTensor) and source is not None \
+                    and source.path is not None and make_getter(source.path)(real_args, {}) is original:
+                pass  # the caller's tensor (also when it is another argument too: ``{"w": x}``)
+            elif not isinstance(original, torch.Tensor) and t.is_traced(child) and not _symbolic(child):
+                # Forward put it there (replayed into the caller's container on every call):
+                # backward reads what is there when it runs, forward's or the caller's since.
+                with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+                    original = torch.empty_strided(child.shape, child.stride(), dtype=child.dtype,
+                                                   device=child.device)
+                t.backward_reads.stand_ins.append(original)  # only its properties are used
+            else:
+                continue
             t.module_paths.setdefault(id(original), path + (step,))
             new = t.backward_reads.lift(original)
             if new is not None:
                 _put(fake, step, new)
                 undo.append((fake, step, child, new))
         elif id(child) in copies:
-            _swap(t, *copies[id(child)], copies, undo, done)
+            _swap(t, *copies[id(child)], real_args, copies, undo, done)
+
+
+def _symbolic(value: torch.Tensor) -> bool:
+    return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride()))

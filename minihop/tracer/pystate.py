@@ -31,6 +31,7 @@ every difference tracing made is either in ``PythonState.writes`` or was raised 
 
 from __future__ import annotations
 
+import contextlib
 import builtins
 import copy
 import functools
@@ -105,6 +106,7 @@ class StateTracker:
         self.fn_cls = fn_cls
         # ``(expr, where, how) -> error`` for a symbolic number written out (see unbacked).
         self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
+        self.ctx_view: Callable[[], Any] = contextlib.nullcontext
         self._read_keys: set[tuple[str, str]] = set()
         self.opaque = opaque.Finder(self.name, library_module)  # why it may be single-use
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
@@ -375,7 +377,8 @@ class StateTracker:
                         where=where)
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
-            self.read_ctx_chains(ctx)
+            with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
+                self.read_ctx_chains(ctx)
             self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
         finally:
             self.abort()

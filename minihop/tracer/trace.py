@@ -219,6 +219,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
+    state.ctx_view = outside.replayed
     python_state = state.finish(ctx)
     other_path = any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args)
     if other_path:
