@@ -51,7 +51,7 @@ from .heap import Seen, argument_seen, del_attr, set_attr
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
 from .names import code_of
-from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_value, guarded_value,
+from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
                     methods_of, place_at, reads_environment, resolve_root, walk)
 from .settings import setting_place
 from .userattr import UserAttribute
@@ -395,11 +395,9 @@ class StateTracker:
         if was.kind == "hidden":
             self._refuse_hidden(was, phase)
         if was.kind == "globals":
-            place = Place(Root("global", step[1], f"global {step[1]}",
-                               lambda args, g=was.obj, n=step[1]: g.get(n, MISSING), home=was.obj))
+            place = global_place(was.obj, step[1], f"global {step[1]}")
         elif was.kind == "cell":
-            place = Place(Root("cell", was.root.key, f"closure variable {was.root.description}",
-                               lambda args, c=was.obj: cell_value(c), home=was.obj))
+            place = cell_place(was.obj, was.root.key, f"closure variable {was.root.description}")
         else:
             place = place_at(was.root, was.steps if step == ("extend", None) else (*was.steps, step))
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])

@@ -34,8 +34,9 @@ from .library import is_user_function, library_module
 from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
 
-__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "analysed", "arg_masks", "cell_value", "guarded_value",
-           "methods_of", "place_at", "reads_environment", "resolve_root", "value_place", "walk"]
+__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
+           "global_place", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root",
+           "value_place", "walk"]
 
 def function_of(fn: Any) -> Any:
     return inspect.unwrap(getattr(fn, "__func__", fn))
@@ -52,12 +53,12 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
         name = chain.root
         if name not in g and hasattr(builtins, name):
             return None  # a builtin (len, print, ...): not the user's state
-        return Root("global", name, name, lambda args, g=g, n=name: g.get(n, MISSING), home=g)
+        return global_place(g, name, name).root
     if chain.root_kind == "deref":
         if chain.root not in code.co_freevars:
             return None  # a local captured by an inner function
         cell = fn.__closure__[code.co_freevars.index(chain.root)]
-        return Root("cell", chain.root, chain.root, lambda args, c=cell: cell_value(c), home=cell)
+        return cell_place(cell, chain.root, chain.root).root
     where = params.get(chain.root)
     if isinstance(where, Bound) and chain.root not in code_facts(code).reassigned:
         return Root("class" if isinstance(where.obj, type) else "value", where.description, where.description,
@@ -72,6 +73,16 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
             return Root("value", text, text, lambda args, d=default: d)
         return Root("arg", where, chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d)
     return None
+
+
+def global_place(g: dict[str, Any], name: str, description: str) -> Place:
+    """Global ``name`` of the globals dict ``g`` (written into ``g``)."""
+    return Place(Root("global", name, description, lambda args, g=g, n=name: g.get(n, MISSING), home=g))
+
+
+def cell_place(cell: Any, name: str, description: str) -> Place:
+    """Closure variable ``name``, held in ``cell`` (written into the cell)."""
+    return Place(Root("cell", name, description, lambda args, c=cell: cell_value(c), home=cell))
 
 
 def default_of(fn: Any, name: str) -> Any:
