@@ -14,9 +14,8 @@ from typing import Any
 import torch
 
 from .errors import DataDependentError, MinihopError
-from .pipeline import MAX_VALUE_VARIANTS, UNSET, describe_autocast, refuse_shadowed_options, run_pipeline, show_value_key, value_key
+from .pipeline import MAX_VALUE_VARIANTS, UNSET, refuse_shadowed_options, run_pipeline
 from .spec import EFFECT
-from .structure import argname
 
 __all__ = ["Explanation", "explain"]
 
@@ -138,38 +137,10 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
             refused = (f"refused: {e.found}" + (f"  [{e.where}]" if e.where else ""),)
         report = Explanation(name, False, str(e), data_values=refused)
     else:
-        grad_mode, arg_keys = cap.key[:2]
-        guards = [f"grad mode enabled == {grad_mode}",
-                  f"autocast == {describe_autocast(cap.key[2:])}"]
-        for i, key in enumerate(arg_keys):
-            guards.append(f"{argname(i, cap.argnames)}: {_show_key(key)}")
-        for source in cap.inputs:
-            if source.read_in_backward:
-                guards.append(f"{source.name} ({source.description}): fetched when backward runs; "
-                              "other shape, dtype, device or requires_grad: backward traced again")
-            elif source.fetched:
-                guards.append(f"{source.name} ({source.description}): same shape, dtype, device, "
-                              "requires_grad as at capture (read anew each call)")
-        if cap.shape_guards is not None:
-            names = ", ".join(f"T[{k}] is {argname(i, cap.argnames)}"
-                              for k, i in enumerate(cap.shape_guards.arg_indices))
-            guards.append(f"dynamic sizes: {cap.shape_guards.expression}  ({names})")
+        # The capture's own assumptions: exactly what a call is checked against (and what
+        # backward checks when it runs), each with its value at capture and its source line.
+        guards = [assumption.show() for assumption in cap.assumptions]
         state = cap.python_state
-        bound = cap.bind(args, kwargs)
-        for read in state.reads:
-            key = value_key(read.place.get(bound))
-            again = " (checked again when backward runs)" if read.phase == "backward" else ""
-            guards.append(f"Python value {read.place.description} read by {read.phase}: "
-                          f"{_show_key(key)}{again}" + (f"  [{read.line}]" if read.line else ""))
-        for reason in state.single_use:
-            guards.append(f"single-use (minihop.apply captures again on the next call; "
-                          f"fallback='eager' runs it eagerly): {reason}")
-        for i, masked in sorted(cap.masks.items()):
-            guards.append(f"{argname(i, cap.argnames)}: attributes {', '.join(sorted(masked))} left out (counters "
-                          "the Function itself changes)")
-        for assumption in raw.grad_assumptions:
-            guards.append(f"backward read {getattr(assumption.query, '__name__', assumption.query)} of "
-                          f"output {assumption.index}'s grad == {assumption.expected!r} (else retraced)")
         writes = tuple(f"{w.describe()}  ({w.kind}, replayed each time {w.phase} runs"
                        + (f"; {w.line}" if w.line else "") + ")" for w in state.writes)
         saved_nodes = [n for n in cap.fwd.graph.nodes if n.op == "output"][0].args[0][1]
@@ -217,19 +188,3 @@ def _describe_value(val: Any) -> str:
                 + (f" ({size} bytes)" if size is not None else ""))
     return f"{type(val).__name__} {val}"
 
-
-def _show_key(key: Any) -> str:
-    if isinstance(key, tuple) and key and key[0] == "T":
-        _, cls, shape, dtype, device, _layout, rg, attrs = key
-        dims = ", ".join("*" if d is None else str(d) for d in shape)
-        extra = "".join(f", .{name} {_show_key(v)}" for name, v in attrs)
-        return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}{extra}"
-    if isinstance(key, tuple) and key and key[0] == "V":
-        return "any int (a SymInt: see dynamic sizes)" if key[1] is int and key[2] is None else f"== {key[2]!r}"
-    if isinstance(key, tuple) and key and key[0] == "M":
-        params = ", ".join(f"{name} {_show_key(k)}" for name, k in key[3])
-        return (f"the same {key[1].__name__} object, its training flags and attributes "
-                f"{show_value_key(key)}; its tensors: {params or 'none'}")
-    if isinstance(key, tuple) and key and key[0] in ("F", "C"):
-        return f"== {show_value_key(key)}"
-    return f"same structure and values ({type(key).__name__})"

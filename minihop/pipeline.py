@@ -176,7 +176,8 @@ def with_graphs(cap: Capture, *, fwd: fx.GraphModule | None = None,
                        cap.capture_seconds, None, cap.dynamic_dims, cap.shape_guards, cap.python_state,
                        None, cap.masks, (), cap.data_reads)
     # The call guards are cap's; a single-use cap's one call is spent by either capture.
-    return dataclasses.replace(new, _checks=cap._checks, fits=cap.fits, run=spending(cap._checks, new.run))
+    return dataclasses.replace(new, assumptions=cap.assumptions, fits=cap.fits,
+                               run=spending(cap.assumptions, new.run))
 
 
 def _copy_graph(graph: fx.Graph) -> fx.Graph:

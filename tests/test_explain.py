@@ -165,8 +165,10 @@ class TestExplainCaptured:
         assert report.guards[1] == "autocast == off"
         # Guards on Python values outside the arguments (torch.distributed's process group,
         # guarded for every capture) follow the arguments'.
-        by_arg = {g.split(":", 1)[0]: g for g in report.guards[2:] if not g.startswith("Python value")}
+        # (Then the number of arguments and the mark_dynamic rule, lines without a colon.)
+        by_arg = {g.split(":", 1)[0]: g for g in report.guards[2:] if ":" in g and not g.startswith("Python value")}
         assert set(by_arg) == {"x", "y", "k"}
+        assert "number of arguments == 3" in report.guards
         for name, grad in (("x", True), ("y", False)):
             assert "[3]" in by_arg[name] and "torch.float32" in by_arg[name]
             assert "cpu" in by_arg[name] and f"requires_grad={grad}" in by_arg[name]

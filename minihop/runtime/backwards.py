@@ -89,19 +89,20 @@ class Backwards:
     traced for it (the values it read are its guards)."""
 
     def __init__(self, pair: Pair, top_idx: tuple[int, ...], retrace: Retrace | None,
-                 state: PythonState = NO_STATE, state_base: tuple[Any, ...] = (),
+                 state: PythonState = NO_STATE, values: Sequence[Any] = (),
                  reads: tuple[DataRead, ...] = ()) -> None:
         self.pair = pair
         self.top_idx = top_idx
         self.retrace = retrace
-        # Python values backward reads: checked when backward runs (eager's backward reads
-        # them then), and a bwd traced again for values unlike the captured ones.
+        # Python values backward reads (``values``: the capture's backward ``Assumption``s of
+        # them, ``assumptions.backward_values``): checked when backward runs (eager's backward
+        # reads them then), and a bwd traced again for values unlike the captured ones.
         # And tensors backward reads from a global, cell or attribute (``live_slots``): a
         # tensor there of other properties than the traced one needs another bwd too.
         live = live_slots(pair)
-        self.state_reads = (*(r.place.get for r in state.reads_in("backward")),
+        self.state_reads = (*(a.fetch for a in values),
                             *(lambda call_args, f=fetch: tensor_key(f(call_args)) for _, fetch, _ in live))
-        self.state_base = (*state_base, *(base if base is _NEVER else value_key(base) for _, _, base in live))
+        self.state_base = (*(a.key for a in values), *(base if base is _NEVER else value_key(base) for _, _, base in live))
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
                             for a in pair.grad_assumptions)

@@ -8,18 +8,16 @@ from the input paths, the ``autograd.Function`` subclass, and the output-rebuild
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
-from ..structure import OutputSpec, argname
+from ..structure import OutputSpec
+from .assumptions import Assumption, assumptions_of, backward_values, compile_fits
 from .backwards import keeps_arguments
 from .function import Retrace, make_function, set_call_arguments
 from .display import readable, summary
@@ -27,13 +25,8 @@ from .fetch import fetch_positional, fetcher
 from .single_use import once
 from .streams import run_on_stream
 from .writes import Writer, make_writer
-from .guards import call_key, compile_guard, describe_key_difference, layout_key, live_check, unmet_marks, value_key
 
 __all__ = ["Capture", "copy_module", "make_capture", "readable"]
-
-# One check a call must pass: ``(ok, mismatch)``, ``ok(args) -> bool`` and ``mismatch(args)``
-# the error saying why it failed (None where ``ok`` is stricter than what it can name).
-Check = tuple[Callable[[tuple[Any, ...]], bool], Callable[[tuple[Any, ...]], GuardMismatchError | None]]
 
 _is_compiling = torch.compiler.is_compiling
 _transforms_active = torch._C._are_functorch_transforms_active
@@ -82,12 +75,12 @@ class Capture:
     shape_guards: Any = None
     capture_seconds: float = 0.0
     _function: type[torch.autograd.Function] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
-    # Every check a call must pass to fit this capture, in order (key, closure values, layout,
-    # shape guards, values read from data): ``(ok, mismatch)``, ``mismatch(args)`` the error
-    # saying why ``ok(args)`` failed (see ``_checks``).
-    _checks: tuple[Check, ...] = dataclasses.field(repr=False, default=())
+    # Everything the capture assumed of the calls it serves, in the order a call is checked
+    # (single use, key, values read outside the arguments, layout, shape guards, values read
+    # from data; then what backward checks when it runs): see ``runtime/assumptions.py``.
+    assumptions: tuple[Assumption, ...] = dataclasses.field(repr=False, default=())
     # The hot path, prepared by make_capture. ``fits(args)``: whether a call's (positional)
-    # arguments fit this capture -- ``_checks``' oks compiled into one function; the cache asks
+    # arguments fit this capture -- the assumptions' checks compiled into one function; the cache asks
     # it and nothing else. ``run(args)``: fetch the fwd inputs, apply the Function, rebuild the
     # user's output, without checking (the caller asked ``fits``).
     fits: Callable[[tuple[Any, ...]], bool] = dataclasses.field(repr=False, default=lambda args: False)
@@ -136,8 +129,8 @@ class Capture:
         if not kwargs and self.fits(args):
             return self.run(args)
         args = self.bind(args, kwargs)
-        for ok, mismatch in self._checks:  # the first that fails says why
-            error = None if ok(args) else mismatch(args)
+        for assumption in self.assumptions:  # the first that fails says why
+            error = assumption.mismatch(args)
             if error is not None:
                 raise error
         return self.run(args)
@@ -264,96 +257,6 @@ def _same(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return args
 
 
-def _checks(pair: Pair, key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None,
-            dynamic_dims: dict[int, tuple[int, ...]], shape_guards: Any, state: PythonState,
-            layout: tuple[Any, ...] | None, args: tuple[Any, ...],
-            reads: tuple[DataRead, ...]) -> tuple[Check, ...]:
-    """What a call must satisfy to fit a capture, cheapest first (value checks last: they run
-    ops, on arguments whose properties fit), each with the error explaining its failure:
-    the key (and Dynamo's marks), the values read from closures, globals and modules (as
-    they were for the capture's ``args``), the layout, the shape guards, the data values."""
-    name, argnames = pair.function_name, pair.argnames
-
-    def key_mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
-        found = call_key(call, dynamic_dims, masks)
-        if found != key:
-            return GuardMismatchError(
-                f"Capture of {name} called with arguments unlike the "
-                f"captured ones: {describe_key_difference(key, found, argnames)}",
-                "A capture is specialised on its arguments' shapes (but for dynamic "
-                "dimensions), dtypes, devices, requires_grad, non-tensor values, grad mode "
-                "and autocast state.",
-                "Capture again for these arguments, or use minihop.apply, which captures "
-                "once per distinct set of properties.")
-        unmet = unmet_marks(call, dynamic_dims)
-        if unmet is None:
-            return None
-        return GuardMismatchError(
-            f"Capture of {name} called with dimension {unmet[1]} of "
-            f"{argname(unmet[0], argnames)} "
-            "marked dynamic (Dynamo's mark_dynamic), which it was captured static in.",
-            "Its graphs have that size baked in; a mark_dynamic dimension must be symbolic.",
-            "Capture again with the marked tensor (minihop.apply does this by itself).")
-
-    checks: list[Check] = [(compile_guard(key, masks), key_mismatch)]
-    # One read a place. A fetch that raises (a global module replaced by one of another class)
-    # fails the guard (see compile_live_check): the call is traced again, where the user's own
-    # code meets the change as eager's would, instead of minihop's guard raising.
-    places = {read.place.description: read.place.get for read in state.reads}
-    # (Not a tensor only backward reads: backward checks it when it runs, as eager reads it then.)
-    fetched = tuple(s for s in pair.inputs if s.fetched and not s.read_in_backward)
-    live = (*(s.place.get for s in fetched), *places.values())
-    if live:
-        names = (*(s.description for s in fetched), *places)
-        lines: dict[str, str | None] = {}
-        for r in state.reads:
-            lines.setdefault(r.place.description, r.line)  # forward's line first
-        checks.append(live_check(name, names, live, tuple(value_key(fetch(args)) for fetch in live), lines))
-    if layout is not None:
-        checks.append((lambda call: layout_key(call) == layout, lambda call: GuardMismatchError(
-            f"Capture of {name} called with tensors laid out differently: strides "
-            f"{layout_key(call)}, captured {layout}.",
-            "Its forward read a tensor's layout (stride(), is_contiguous(), ...), so the "
-            "graphs may depend on it.",
-            "Capture again for these arguments (minihop.apply does this by itself).")))
-    if shape_guards is not None:
-        # Compiled once; the ShapeEnv wrote it as Python over ``T``, the dynamic arguments
-        # (with math.* and, for float size arithmetic, torch.sym_float), read here from args.
-        sizes_ok = eval(f"lambda args: {_over_args(shape_guards.expression, shape_guards.arg_indices)}",
-                        {"math": math, "torch": torch})
-        checks.append((sizes_ok, lambda call: GuardMismatchError(
-            f"Capture of {name} called with dynamic sizes outside "
-            f"what it was traced for: {shape_guards.expression} is False for T = "
-            f"{[tuple(call[i].shape) if isinstance(call[i], torch.Tensor) else call[i] for i in shape_guards.arg_indices]}.",
-            "Tracing with symbolic sizes records the conditions (guards) its graphs rely on.",
-            "Capture again for these sizes.")))
-    for read in reads:
-        if read.guards_forward:
-            checks.append((_value_check(read), lambda call, read=read: GuardMismatchError(
-                f"Capture of {name}: a value its forward read from tensor data changed: "
-                f"{read.op} gave {read.value!r} at capture"
-                + (f" ({read.line})" if read.line else "") + ".",
-                "The trace took the Python value and went on with it (a branch, a number in "
-                "the graph); other values may take other code.",
-                "Capture again for these values (minihop.apply does this by itself).")))
-    return tuple(checks)
-
-
-def _all_of(checks: tuple[Check, ...]) -> Callable[[tuple[Any, ...]], bool]:
-    """``args -> bool``: every check's ``ok`` in order, generated as one ``and`` expression (a
-    hit pays a call per check and nothing else); the first check itself when it is alone."""
-    if len(checks) == 1:
-        return checks[0][0]
-    oks = {f"ok{i}": ok for i, (ok, _) in enumerate(checks)}
-    fits: Callable[[tuple[Any, ...]], bool] = eval(f"lambda args: {' and '.join(f'{n}(args)' for n in oks)}", oks)
-    return fits
-
-
-def _over_args(expression: str, arg_indices: tuple[int, ...]) -> str:
-    """Shape-guard code over ``T`` (the dynamic arguments) rewritten over ``args``."""
-    return re.sub(r"\bT\[(\d+)\]", lambda m: f"args[{arg_indices[int(m[1])]}]", expression)
-
-
 def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState,
                  pair: Pair) -> Callable[[tuple[Any, ...]], Any]:
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
@@ -382,13 +285,6 @@ def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState,
     return run_and_replay
 
 
-def _value_check(read: DataRead) -> Callable[[tuple[Any, ...]], bool]:
-    """``args -> bool``: whether ``read``'s graph gives its captured value for these arguments
-    (its inputs fetched as fwd inputs are)."""
-    fetch = fetcher(read.sources)
-    return lambda args: read.holds(read.graph, fetch(args, {}))
-
-
 def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type, key: tuple[Any, ...],
                  seconds: float, retrace: Retrace | None = None,
                  dynamic_dims: dict[int, tuple[int, ...]] | None = None,
@@ -398,18 +294,20 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  masks: dict[int, frozenset[str]] | None = None,
                  args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = ()) -> Capture:
     setup_style = function is not None and uses_setup_context(function)
-    # What backward's Python reads were at capture: backward compares them when it runs.
-    state_base = tuple(value_key(read.place.get(args)) for read in python_state.reads_in("backward"))
+    assumed = assumptions_of(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout,
+                             args, data_reads)
+    # Backward's Python reads, as the record has them (their values at capture): backward
+    # compares them when it runs.
     function_cls = make_function(pair, retrace, transformable=setup_style,
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
-                                 state=python_state, state_base=state_base,
+                                 state=python_state, backward_values=backward_values(assumed),
                                  bwd_reads=tuple(r for r in data_reads if r.guards_backward))
-    checks, run = once(pair.function_name, python_state.single_use, _checks(
-        pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout, args, data_reads),
+    assumptions, run = once(pair.function_name, python_state.single_use, assumed,
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                              function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair))
     return Capture(
-        pair=pair, python_state=python_state, masks=dict(masks or {}), _checks=checks, fits=_all_of(checks),
+        pair=pair, python_state=python_state, masks=dict(masks or {}), assumptions=assumptions,
+        fits=compile_fits(assumptions),
         dynamic_dims=dict(dynamic_dims or {}), shape_guards=shape_guards,
         function=function, _make_graph=outer, inputs=pair.inputs,
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,

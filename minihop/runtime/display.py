@@ -15,7 +15,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-__all__ = ["MAX_REPR", "readable", "summary"]
+from .guards import show_value_key
+
+__all__ = ["MAX_REPR", "readable", "show_key", "summary"]
 
 MAX_REPR = 200
 _ARG = 40  # the most one argument's summary takes; longer ones end in "..."
@@ -70,3 +72,22 @@ def summary(name: str, argnames: tuple[str, ...], key: tuple[Any, ...],
     if len(line) >= MAX_REPR:
         line = line[:MAX_REPR - 5] + "...)"
     return line
+
+
+def show_key(key: Any) -> str:
+    """An argument's or a value's key (``guards.value_key``) as a guard reads to a person:
+    ``Tensor[3] torch.float32 on cpu, requires_grad=True``, ``== 2.0``."""
+    if isinstance(key, tuple) and key and key[0] == "T":
+        _, cls, shape, dtype, device, _layout, rg, attrs = key
+        dims = ", ".join("*" if d is None else str(d) for d in shape)
+        extra = "".join(f", .{name} {show_key(v)}" for name, v in attrs)
+        return f"{cls.__name__}[{dims}] {dtype} on {device}, requires_grad={rg}{extra}"
+    if isinstance(key, tuple) and key and key[0] == "V":
+        return "any int (a SymInt: see dynamic sizes)" if key[1] is int and key[2] is None else f"== {key[2]!r}"
+    if isinstance(key, tuple) and key and key[0] == "M":
+        params = ", ".join(f"{name} {show_key(k)}" for name, k in key[3])
+        return (f"the same {key[1].__name__} object, its training flags and attributes "
+                f"{show_value_key(key)}; its tensors: {params or 'none'}")
+    if isinstance(key, tuple) and key and key[0] in ("F", "C"):
+        return f"== {show_value_key(key)}"
+    return f"same structure and values ({type(key).__name__})"

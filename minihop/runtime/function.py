@@ -54,7 +54,7 @@ def set_call_arguments(args: tuple[Any, ...] | None) -> None:
 
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
                   generate_vmap_rule: bool = False, state: PythonState = NO_STATE,
-                  state_base: tuple[Any, ...] = (),
+                  backward_values: tuple[Any, ...] = (),
                   bwd_reads: tuple[DataRead, ...] = ()) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
 
@@ -71,7 +71,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     layout = Layout.of(pair, keeps_args=keeps_arguments(pair, state))
     # A bwd that read the grad mode is right in one mode only: create_graph takes another (Backwards.grad_on).
     bwd_plain = None if reads_grad_mode(pair.bwd) and retrace is not None else without_body_toggles(pair.bwd_graph, "bwd_body")
-    backwards = Backwards(pair, layout.top_idx, retrace, state, state_base, bwd_reads)
+    backwards = Backwards(pair, layout.top_idx, retrace, state, backward_values, bwd_reads)
     backwards.plain = bwd_plain
     call_bwd = _bwd_caller(pair, layout, backwards, bwd_plain, state)
     # Backward's only reason for a key is the Python values it reads (not grads, not data,
@@ -83,7 +83,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     # Or its only reason is tensors it reads when it runs: fetched, and while each has the
     # traced properties, the traced bwd runs on them.
     late = ()
-    if live_slots(pair) and not state.reads_in("backward") and not backwards.checks \
+    if live_slots(pair) and not backward_values and not backwards.checks \
             and layout.materialize and not backwards.reads_values:
         late = tuple((i, fetch, same_properties(base)) for i, fetch, base in live_slots(pair))
         if any(check is None for _, _, check in late):

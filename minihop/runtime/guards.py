@@ -21,12 +21,10 @@ from typing import Any
 
 import torch
 
-from ..errors import GuardMismatchError
-from ..spec import MISSING
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
 
-__all__ = ["autocast_key", "call_key", "live_check", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -224,17 +222,20 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
     """
     if not dynamic and not masks:
         return (torch.is_grad_enabled(), tuple(value_key(a) for a in args), autocast_key())
-    keys = []
-    dynamic = dynamic or {}
-    for i, a in enumerate(args):
-        k = masked_key(a, masks[i]) if masks and i in masks else value_key(a)
-        dims = dynamic.get(i)
-        if dims and k[0] == "T":
-            k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
-        elif dims == () and k[0] == "V" and k[1] is int:
-            k = ("V", int, None)  # a dynamic int: its value is a SymInt, checked by the shape guards
-        keys.append(k)
-    return (torch.is_grad_enabled(), tuple(keys), autocast_key())
+    return (torch.is_grad_enabled(), tuple(argument_key(a, i, dynamic, masks) for i, a in enumerate(args)),
+            autocast_key())
+
+
+def argument_key(a: Any, i: int, dynamic: dict[int, tuple[int, ...]] | None = None,
+                 masks: dict[int, frozenset[str]] | None = None) -> Any:
+    """The key of argument ``a`` at position ``i`` in ``call_key``."""
+    k = masked_key(a, masks[i]) if masks and i in masks else value_key(a)
+    dims = (dynamic or {}).get(i)
+    if dims and k[0] == "T":
+        k = (*k[:2], tuple(None if d in dims else n for d, n in enumerate(k[2])), *k[3:])
+    elif dims == () and k[0] == "V" and k[1] is int:
+        k = ("V", int, None)  # a dynamic int: its value is a SymInt, checked by the shape guards
+    return k
 
 
 def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
@@ -250,8 +251,13 @@ def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
         return f"number of arguments: captured {len(exp_args)}, called with {len(found_args)}"
     for i, (e, f) in enumerate(zip(exp_args, found_args, strict=True)):
         if e != f:
-            return f"argument {i} ({argname(i, argnames)}):\n  captured: {_show(e)}\n  found:    {_show(f)}"
+            return describe_argument(i, e, f, argnames)
     return "no difference"
+
+
+def describe_argument(i: int, expected: Any, found: Any, argnames: tuple[str, ...]) -> str:
+    """Argument ``i``'s key at capture and in a call, for a mismatch message."""
+    return f"argument {i} ({argname(i, argnames)}):\n  captured: {_show(expected)}\n  found:    {_show(found)}"
 
 
 def describe_autocast(rest: tuple[Any, ...]) -> str:
@@ -365,24 +371,3 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
     body = ["    try:", *("    " + line for line in lines), "    except Exception:", "        return False"]
     return _generated(body if lines else lines, consts)
 
-
-def live_check(name: str, names: tuple[str, ...], fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
-               captured: tuple[Any, ...], lines: dict[str, str | None]) -> tuple[Any, Any]:
-    """``(ok, mismatch)`` for the values a capture read outside its arguments (``names[i]``
-    fetched by ``fetchers[i]``, keyed ``captured[i]`` at capture): ``ok`` compiled once,
-    ``mismatch(args)`` the error naming the first changed place, its old and its new value."""
-    def mismatch(call: tuple[Any, ...]) -> GuardMismatchError | None:
-        for what, fetch, old in zip(names, fetchers, captured, strict=True):
-            try:
-                new = value_key(fetch(call))
-            except Exception:  # its owner replaced by an object without it (see compile_live_check)
-                new = value_key(MISSING)
-            if new != old:
-                return GuardMismatchError(
-                    f"Capture of {name}: {what} changed since it was captured: it was "
-                    f"{show_value_key(old)}, it is {show_value_key(new)}.",
-                    "The graphs were traced for the old value: Python values are constants in "
-                    "them, tensors' properties are baked into their shapes.",
-                    "Capture again (minihop.apply does this by itself).", where=lines.get(what))
-        return None
-    return compile_live_check(fetchers, captured), mismatch

@@ -16,18 +16,18 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GuardMismatchError
+from .assumptions import Assumption
 
 __all__ = ["once", "spending"]
 
-Check = tuple[Callable[[tuple[Any, ...]], bool], Callable[[tuple[Any, ...]], Any]]
 
-
-def once(name: str, reasons: tuple[str, ...], checks: tuple[Check, ...],
-         run: Callable[[tuple[Any, ...]], Any]) -> tuple[tuple[Check, ...], Callable[[tuple[Any, ...]], Any]]:
-    """``checks`` and ``run`` for a capture: unchanged without ``reasons``; else with a first
-    check that fails once ``run`` has run, and ``run`` noting that it has."""
+def once(name: str, reasons: tuple[str, ...], assumptions: tuple[Assumption, ...],
+         run: Callable[[tuple[Any, ...]], Any]) -> tuple[tuple[Assumption, ...], Callable[[tuple[Any, ...]], Any]]:
+    """``assumptions`` and ``run`` for a capture: unchanged without ``reasons``; else with
+    first an assumption per reason (one check: the capture has not run yet), and ``run``
+    noting that it has."""
     if not reasons:
-        return checks, run
+        return assumptions, run
     used = [False]
 
     def fresh(_args: tuple[Any, ...]) -> bool:
@@ -46,13 +46,17 @@ def once(name: str, reasons: tuple[str, ...], checks: tuple[Check, ...],
         return run(args)
 
     fresh.spend = lambda: used.__setitem__(0, True)  # type: ignore[attr-defined]
-    return ((fresh, spent), *checks), run_once
+    single = tuple(Assumption("single use", "call", "not run yet", fresh,
+                              "single-use (minihop.apply captures again on the next call; "
+                              f"fallback='eager' runs it eagerly): {reason}", explain_failure=spent)
+                   for reason in reasons)
+    return (*single, *assumptions), run_once
 
 
-def spending(checks: tuple[Check, ...], run: Callable[[tuple[Any, ...]], Any]) -> Callable[[tuple[Any, ...]], Any]:
-    """``run`` spending the single use ``checks`` (another capture's, from ``once``) guard:
-    a capture of edited graphs (``minihop.with_graphs``) shares its original's one call."""
-    spend = getattr(checks[0][0], "spend", None) if checks else None
+def spending(assumptions: tuple[Assumption, ...], run: Callable[[tuple[Any, ...]], Any]) -> Callable[[tuple[Any, ...]], Any]:
+    """``run`` spending the single use ``assumptions`` (another capture's, from ``once``)
+    guard: a capture of edited graphs (``minihop.with_graphs``) shares its original's one call."""
+    spend = getattr(assumptions[0].check, "spend", None) if assumptions else None
     if spend is None:
         return run
 

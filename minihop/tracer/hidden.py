@@ -32,12 +32,19 @@ import torch
 from ..spec import MISSING, Place, Root, StateWrite
 from .atoms import CONSTANTS
 
-__all__ = ["ReadWatch", "describe_global", "fingerprint", "restore", "taking", "watched"]
+__all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "restore", "taking", "watched"]
 
 # Reads of the clock and of the system's entropy: a value that differs on every call.
 _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
                     "monotonic_ns", "process_time", "process_time_ns"),
-           "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4")}
+           "os": ("urandom", "getrandom"), "uuid": ("uuid1", "uuid4"),
+           # The seed torch's generator was last given: a value, not a draw, but the caller
+           # reseeds between calls and no guard keys it, so the capture is single-use.
+           "torch": ("initial_seed", "is_inference_mode_enabled"), "torch.cuda": ("initial_seed",)}
+# Refused, not single-use: a call under inference_mode is traced outside it (pipeline), so
+# even a capture made for that call would read False where eager reads True.
+_INFERENCE_READ = "torch.is_inference_mode_enabled"
+_SEED_READS = ("torch.initial_seed", "torch.cuda.initial_seed")
 # Seeding torch's generators: not a tensor operation, so it would run once, while tracing.
 # (torch's and torch.cuda's ``set_rng_state`` are not: they are graph nodes, see recompute.)
 _SEEDS = {"torch": ("manual_seed", "seed"),
@@ -234,6 +241,13 @@ class ReadWatch:
         if before is not None and not drawn and random._inst.getstate() != before:  # type: ignore[attr-defined]
             self.reads.append((self.phase, "random", None, 0, None))
 
+    def single_use(self) -> list[str]:
+        """Take out the reads that make a capture single-use rather than refused (the seed
+        torch's generator was given: traced as a constant that holds for this call only)."""
+        taken = [r for r in self.reads if r[1] == "clock" and r[2] in _SEED_READS]
+        self.reads = [r for r in self.reads if r not in taken]
+        return [f"{phase} reads {what}() ({where})" for phase, _, what, _, where in taken]
+
     def real_of(self, value: Any) -> Any:
         """``value``, or the function it stands in for while swapped (a snapshot of the
         user's globals sees the user's own binding, not minihop's)."""
@@ -253,6 +267,11 @@ class ReadWatch:
         for kind, state in self.states.items():
             _set_global_state(kind, state)
         self.states.clear()
+
+
+def describe_read(what: str | None) -> str:
+    """What a "clock" read reads, for an error."""
+    return "whether inference mode is on" if what == _INFERENCE_READ else "the clock or the system's entropy"
 
 
 def describe_global(kind: str) -> str:

@@ -353,11 +353,12 @@ class StateTracker:
                     where=where)
             if self.messages is not None:
                 self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
+            self.opaque.reasons += self.hidden_reads.single_use() if self.hidden_reads is not None else []
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
                     raise SideEffectError(
-                        f"{self.name}.{phase} reads the clock or the system's entropy "
+                        f"{self.name}.{phase} reads {hidden.describe_read(what)} "
                         f"(`{what}`, line {line}).",
                         "A capture records tensor operations: the value read while tracing would "
                         "be a constant in the graphs, and every call would reuse it where eager "

@@ -120,9 +120,9 @@ def test_branch_case_matches() -> None:
 def test_oracle_sees_a_stale_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     """With minihop's value checks made to always pass, the second call (other branch) is served
     the first capture: the oracle must call that a mismatch, at call 2 (the fuzz test can fail)."""
-    import minihop.runtime.capture as capture_module
+    import minihop.runtime.assumptions as assumptions_module
 
-    monkeypatch.setattr(capture_module, "_value_check", lambda read: lambda args: True)
+    monkeypatch.setattr(assumptions_module, "_value_check", lambda read: lambda args: True)
     outcome = run_data_case(Case(_BRANCH_CASE, ("fwd-branch_sum",)), _DIRECTORY)
     assert outcome.kind == "mismatched", outcome
     assert "call 2" in outcome.signature
