@@ -4,6 +4,8 @@ Shared vocabulary of tracer (which discovers inputs, Python state and data reads
 (which orders them) and runtime (which fetches them from the caller's arguments on every
 call). What crosses a stage boundary is defined here: ``RawCapture`` (tracer -> rewire) and
 ``Pair`` (rewire -> runtime); the stages import it from here, never from each other.
+Where a value lives outside the graphs has one model, ``place.Place`` (a ``Root`` plus steps),
+re-exported here: guards, replayed writes, outside writes and lifted inputs all use it.
 """
 
 from __future__ import annotations
@@ -17,75 +19,54 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .structure import OutputSpec, Path, Step, format_path, fresh
+from .place import MISSING, Place, Root, arg_place
+from .structure import OutputSpec, Path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "Location", "MISSING", "NO_STATE", "OutsideWrite", "Pair",
-           "Place", "PythonState", "RANGE_CHECK", "RawCapture", "StateRead", "StateWrite", "same_value"]
+__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
+           "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
+           "StateRead", "StateWrite", "arg_place", "same_value"]
 
 
 @dataclasses.dataclass(frozen=True)
 class InputSource:
     """One forward graph input and where its value comes from.
 
-    ``path`` locates it in the caller's arguments (``None`` for a tensor forward reached
-    through a closure, a global or a module: ``constant`` then holds that tensor).
+    ``place`` locates it: in the caller's arguments (an ``arg``/``kw`` root; ``path`` is then
+    that place as a ``structure`` path), or through a closure cell or a global (see below);
+    None for a tensor held as ``constant``.
     ``arg_index`` is set when the input *is* one of forward's tensor arguments: it receives
     the gradient the user's backward returns at that position. Lifted inputs (from objects,
     containers, closures) have ``arg_index is None`` and never receive a gradient, as in eager.
     With dynamic shapes, a size symbol is an input too: ``dim`` is then set. A tensor reached
-    through a closure cell, a global or a module held there is fetched anew on every call
-    (``live``), as eager would read it; one reached another way is held as ``constant``.
+    through a closure cell, a global or a module held there is fetched anew on every call from
+    its ``place`` (a global or cell root and the steps to it: ``fetched``), as eager would read
+    it; one reached another way is held as ``constant``.
     """
 
     name: str
     description: str
-    path: Path | None
+    place: Place | None
     arg_index: int | None
     constant: torch.Tensor | None = None
-    dim: int | None = None  # a size symbol: ``path``'s tensor's size along ``dim``
-    # For a tensor reached through a closure, global or module: fetches its current value.
-    live: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-    read_in_backward: bool = False  # read by backward from ``live`` when backward runs (not by fwd)
+    dim: int | None = None  # a size symbol: ``place``'s tensor's size along ``dim``
+    read_in_backward: bool = False  # read by backward from ``place`` when backward runs (not by fwd)
+
+    @property
+    def path(self) -> Path | None:
+        """The place in the call's arguments as a path (``structure.make_getter``'s), or None."""
+        place = self.place
+        if place is None or not place.root.uses_args:
+            return None
+        return ((place.root.kind, place.root.key), *place.steps)
+
+    @property
+    def fetched(self) -> bool:
+        """Reached through a global or a closure cell: fetched from there on every call."""
+        return self.place is not None and not self.place.root.uses_args
 
     @property
     def lifted(self) -> bool:
         return self.arg_index is None
-
-
-# Where a location starts: ("arg", i) a call argument, ("global", name) / ("closure", name) a
-# value forward reads from its globals or closure cells, ("output", i) fwd output i.
-Root = tuple[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Location:
-    """A place outside forward's return value where forward put a value, found again per call.
-
-    The place is ``root``, then ``path`` (attribute/item/key steps down to the container),
-    then ``step``: ``("attr", name)`` sets an attribute, ``("key", k)`` sets a dict item,
-    ``("append", None)`` appends to a list. ``fetch_root`` reads a global or closure root
-    now (as eager would, after a rebinding); an ``arg`` root is read from each call's
-    arguments, an ``output`` root is that call's fwd output.
-    """
-
-    root: Root
-    path: Path
-    step: Step
-    fetch_root: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def describe(self, argnames: tuple[str, ...] = ()) -> str:
-        """The user's spelling: ``sink.append(...)``, ``obj.cache``, ``_CACHE['k']``, ``out._soft``."""
-        kind, key = self.root
-        if kind == "globals":
-            return f"global {self.step[1]}"
-        if kind == "arg":
-            base = format_path(((kind, key), *self.path), argnames)
-        else:
-            base = (f"output[{key}]" if kind == "output" else str(key)) + format_path(self.path)
-        step_kind, step_key = self.step
-        if step_kind == "append":
-            return f"{base}.append(...)"
-        return base + format_path(((step_kind, step_key),))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +78,7 @@ class OutsideWrite:
     is the value forward wrote (a constant of the capture, like every Python value it saw).
     """
 
-    location: Location
+    location: Place
     output: int | None
     value: Any = None
 
@@ -105,69 +86,6 @@ class OutsideWrite:
 # -- Python state ------------------------------------------------------------------------
 # What forward/backward read and write of Python state outside their arguments' tensors
 # (found by ``tracer.pystate``; guarded and replayed by the runtime; reported by ``explain``).
-
-
-@dataclasses.dataclass(frozen=True)
-class Place:
-    """Where one Python value lives, found again on every call.
-
-    ``owner(args)`` returns the object holding it (a module's globals dict, a closure cell,
-    the Function class, an argument object, ...) from the call's bound arguments; ``step``
-    says which part of the owner: ``("attr", name)``, ``("item", key)`` or ``("cell", None)``.
-    """
-
-    description: str
-    owner: Callable[[tuple[Any, ...]], Any] = dataclasses.field(compare=False, repr=False)
-    step: tuple[str, Any]
-    # Whether ``owner`` needs the call's arguments (a place inside an argument object).
-    uses_args: bool = False
-    # ``args -> value`` in one step, where the finder made one (the guards' hot path).
-    read: Callable[[tuple[Any, ...]], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def get(self, args: tuple[Any, ...]) -> Any:
-        if self.read is not None:
-            return self.read(args)
-        owner = self.owner(args)
-        kind, key = self.step
-        if kind == "attr":
-            return getattr(owner, key, MISSING)
-        if kind == "cell":
-            try:
-                return owner.cell_contents
-            except ValueError:
-                return MISSING
-        try:
-            return owner[key]
-        except (KeyError, IndexError, TypeError):
-            return MISSING
-
-    def set(self, args: tuple[Any, ...], value: Any) -> None:
-        owner = self.owner(args)
-        kind, key = self.step
-        if kind == "attr":
-            if value is MISSING:
-                delattr(owner, key)
-            else:
-                setattr(owner, key, value)
-        elif kind == "cell":
-            owner.cell_contents = value
-        elif value is MISSING:
-            del owner[key]
-        else:
-            owner[key] = value
-
-
-class _Missing:
-    """The value of a place that does not exist (an attribute not set yet)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-    def __reduce__(self) -> str:
-        return "MISSING"
-
-
-MISSING = _Missing()
 
 
 @dataclasses.dataclass(frozen=True)

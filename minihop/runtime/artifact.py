@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import _get_qualified_name
 
 from ..errors import UnsupportedOutputError
-from ..spec import GRAD_TOGGLE, InputSource, Pair
+from ..spec import GRAD_TOGGLE, InputSource, Pair, arg_place
 from ..structure import Computed, OutputSpec, has_computed
 
 __all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
@@ -125,7 +125,7 @@ def save_capture(cap: Any, path: str) -> None:
             "An artifact holds the pair and plain guards; value guards are not stored, and "
             "a loaded capture without them could give another value's result.",
             "Save a capture whose forward and backward read no values from tensor data.")
-    constants = {s.name: (s.live() if s.live is not None else s.constant)
+    constants = {s.name: (s.place.get(()) if s.fetched else s.constant)
                  for s in pair.inputs if s.path is None}
     manifest = {
         "format": FORMAT, "version": VERSION, "function": pair.function_name,
@@ -298,7 +298,7 @@ def read_capture(path: str) -> SavedCapture:
     constants = data["constants"]
     inputs = tuple(
         InputSource(s["name"], s["description"],
-                    None if s["path"] is None else tuple(tuple(step) for step in s["path"]),
+                    None if s["path"] is None else arg_place(tuple(tuple(step) for step in s["path"])),
                     s["arg_index"], constants.get(s["name"]) if s["path"] is None else None,
                     dim=s["dim"])
         for s in manifest["inputs"])

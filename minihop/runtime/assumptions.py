@@ -190,7 +190,7 @@ def _value_assumption(name: str, place: str, phase: str, fetch: Callable[[Args],
 def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args) -> list[Assumption]:
     """Tensors fetched from places for forward, and each Python place the capture read (once
     a place, checked at each call; again when backward runs for backward's reads)."""
-    fetched = tuple(s for s in pair.inputs if s.live is not None and not s.read_in_backward)
+    fetched = tuple(s for s in pair.inputs if s.fetched and not s.read_in_backward)
     places: dict[str, Any] = {}
     lines: dict[str, str | None] = {}
     phases: dict[str, str] = {}
@@ -198,7 +198,7 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args) -> 
         places.setdefault(r.place.description, r.place.get)
         lines.setdefault(r.place.description, r.line)  # forward's line first
         phases[r.place.description] = "forward" if r.phase == "forward" else phases.get(r.place.description, r.phase)
-    live = (*(lambda call, f=s.live: f() for s in fetched), *places.values())
+    live = (*(s.place.get for s in fetched), *places.values())
     if not live:
         return []
     captured = tuple(value_key(fetch(args)) for fetch in live)

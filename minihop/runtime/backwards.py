@@ -246,8 +246,8 @@ def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[tuple[Any, ...]], Any],
         source = sources.get(node)
         if source is None or not source.read_in_backward:
             continue
-        if source.live is not None:
-            fetch: Callable[[tuple[Any, ...]], Any] = lambda call_args, f=source.live: f()
+        if source.fetched:
+            fetch: Callable[[tuple[Any, ...]], Any] = source.place.get
         elif source.path is not None:
             fetch = lambda call_args, g=make_getter(source.path): g(call_args, {})
         else:
@@ -271,7 +271,7 @@ def same_properties(key: Any) -> Callable[[Any], bool] | None:
 def keeps_arguments(pair: Pair, state: PythonState) -> bool:
     """Whether backward needs the call's arguments: it reads or writes Python state in them,
     or reads a module argument's tensor when it runs (forward keeps them on ctx)."""
-    return state.backward_uses_args or any(s.read_in_backward and s.live is None and s.path is not None
+    return state.backward_uses_args or any(s.read_in_backward and not s.fetched and s.path is not None
                                            for s in pair.inputs)
 
 

@@ -33,8 +33,8 @@ def fetcher(inputs: tuple[InputSource, ...],
         if for_run and source.read_in_backward:
             getters.append(lambda args, kwargs: None)
             continue
-        if source.live is not None:
-            getters.append(lambda args, kwargs, f=source.live: _detached(f()))
+        if source.fetched:
+            getters.append(lambda args, kwargs, get=source.place.get: _detached(get(args)))
             continue
         if source.path is None:
             constant = source.constant
@@ -71,7 +71,7 @@ def _positional_picks(inputs: tuple[InputSource, ...]) -> tuple[str, ...] | None
     symbol). A one-step argument path is never a lifted tensor's."""
     picks = []
     for source in inputs:
-        if source.live is not None or source.path is None \
+        if source.fetched or source.path is None \
                 or len(source.path) != 1 or source.path[0][0] != "arg":
             return None
         i = int(source.path[0][1])

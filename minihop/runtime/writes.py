@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..spec import Location, OutsideWrite
+from ..spec import OutsideWrite, Place
 from ..structure import fresh, has_computed, make_getter
 
 __all__ = ["make_writer"]
@@ -55,16 +55,17 @@ def make_writer(writes: tuple[OutsideWrite, ...]) -> Writer | None:
     return write
 
 
-def _container(loc: Location) -> Callable[[tuple[Any, ...], Any], Any]:
+def _container(place: Place) -> Callable[[tuple[Any, ...], Any], Any]:
     """``(args, outs) -> the object the write goes into``, generated once."""
-    kind, key = loc.root
-    if kind == "arg":
-        get = make_getter(((kind, key), *loc.path))
+    root = place.root
+    if not place.steps:  # the root itself (a rebound global): written into its home
+        return lambda args, outs, home=place.owner(()): home
+    path = place.steps[:-1]
+    if root.kind == "arg":
+        get = make_getter((("arg", root.key), *path))
         return lambda args, outs: get(args, {})
-    below = make_getter((("arg", 0), *loc.path))  # the path, applied to a root passed as args[0]
-    if kind == "output":
-        return lambda args, outs: below((outs[key],), {})
-    fetch = loc.fetch_root
-    if fetch is None:
-        raise AssertionError(f"minihop bug: a {kind} location without a way to read its root")
-    return lambda args, outs: below((fetch(),), {})
+    below = make_getter((("arg", 0), *path))  # the path, applied to a root passed as args[0]
+    if root.kind == "output":
+        return lambda args, outs: below((outs[root.key],), {})
+    fetch = root.get
+    return lambda args, outs: below((fetch(args),), {})

@@ -6,7 +6,7 @@ such a tensor when backward runs, not when forward did: rebinding the global, re
 ``F.W``, or writing into the tensor between forward and ``.backward()`` changes what backward
 computes. So a tensor backward reaches this way is not the forward value of the same tensor: it
 gets its own fake and its own fwd input (``InputSource.read_in_backward``), passed through fwd
-as a saved value, which the runtime fetches again (``live``, or the argument's ``path`` in the
+as a saved value, which the runtime fetches again (its ``place``, or the argument's ``path`` in the
 call's arguments, which forward then keeps on ctx) when backward runs.
 
 Invariant: one ``InputSource`` and one fwd placeholder per route, for the first trace and for
@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from ..errors import UnsupportedOperationError
-from ..spec import InputSource
+from ..spec import InputSource, arg_place
 from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
 from .routes import closure_routes
@@ -95,7 +95,7 @@ class BackwardReads:
         if path is not None:
             # A parameter or buffer of a module argument: read from the call's argument when
             # backward runs (the runtime keeps the call's arguments on ctx for it).
-            name, live = input_name(path, self.t.parts.argnames), None
+            name, place = input_name(path, self.t.parts.argnames), None
         else:
             route = self.t.closure_routes.get(id(real))
             if route is None:
@@ -103,7 +103,7 @@ class BackwardReads:
                 route = self.t.closure_routes.get(id(real))
                 if route is None:
                     return None
-            name, live = route
+            name, place = route
         # Its own fake, never forward's for the same tensor: forward's value and what the same
         # place holds when backward runs may differ.
         with unset_fake_temporarily(), torch._C.DisableTorchFunction():
@@ -118,8 +118,9 @@ class BackwardReads:
         if known is None:
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
-                                 f"tensor {name} backward reads when it runs", path, None,
-                                 None if path is not None else real, live=live, read_in_backward=True)
+                                 f"tensor {name} backward reads when it runs",
+                                 arg_place(path) if path is not None else place, None,
+                                 None if path is not None else real, read_in_backward=True)
             self.by_route[name] = (source, fake)
             self.t._add_source(fake, source)
             return fake
@@ -148,9 +149,9 @@ class BackwardReads:
         those lifted (an argument's container on ctx), and with ``every_route`` each tensor
         backward's globals, cells and helpers reach."""
         if every_route:
-            for _name, fetch in list(closure_routes(self.t.parts.backward).values()):
+            for _name, place in list(closure_routes(self.t.parts.backward).values()):
                 try:
-                    real = fetch()
+                    real = place.get(())
                 except Exception:
                     continue
                 if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):

@@ -38,6 +38,7 @@ import torch
 
 from ..errors import UnsupportedOperationError
 from ..spec import Place
+from .roots import value_place
 
 __all__ = ["WRITE_BACK", "is_collective", "record", "world_places"]
 
@@ -184,5 +185,4 @@ def world_places() -> tuple[Place, ...]:
     text = ("torch.distributed's process group (none initialised)" if group is None else
             f"torch.distributed's process group (rank {dist.get_rank()} of {dist.get_world_size()})")
     c10d = distributed_c10d  # read through the module on each call (no import per call: a hot path)
-    return (Place(text, lambda args: c10d._world, ("attr", "default_pg"), False,
-                  lambda args: c10d._world.default_pg),)
+    return (value_place(text, lambda args: c10d._world.default_pg),)

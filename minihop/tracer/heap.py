@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from ..spec import MISSING
+from ..spec import MISSING, Root
 from ..structure import argname, attributes
 from . import effects, hidden
 from .atoms import ATOMS, CONSTANTS
 from .library import is_library
-from .roots import StateRoot, cell_value
+from .roots import cell_value
 
 __all__ = ["RULES", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
            "del_attr", "restore", "same", "set_attr", "snapshot"]
@@ -49,36 +49,36 @@ class Seen:
     """One object of a snapshot: how to find it again, and a copy of its contents."""
 
     obj: Any
-    root: StateRoot
+    root: Root
     steps: tuple[tuple[str, Any], ...]
     kind: str  # "attrs", "list", "dict", "set", "globals", "cell"
     contents: Any
 
 
-def snapshot(roots: Iterable[StateRoot], args: tuple[Any, ...], argnames: tuple[str, ...],
+def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, ...],
              real_of: Callable[[Any], Any] | None = None) -> dict[int, Seen]:
     """Every object reachable from ``roots`` and the arguments, with a shallow copy of what it
     holds (``real_of``: the user's own binding of a global or cell minihop stood in for)."""
     found: dict[int, Seen] = {}
-    queue: collections.deque[tuple[Any, StateRoot, tuple[tuple[str, Any], ...], int]] = collections.deque()
+    queue: collections.deque[tuple[Any, Root, tuple[tuple[str, Any], ...], int]] = collections.deque()
     globals_seen: dict[int, tuple[Any, dict[str, Any]]] = {}
     for root in roots:
         value = root.fetch(args)
-        if root.home is not None and root.home[0] == "globals":
-            _, g, name = root.home
+        if root.home is not None and root.kind == "global":
+            g, name = root.home, root.key
             entry = globals_seen.setdefault(id(g), (g, {}))
             bound = g.get(name, MISSING)
             entry[1][name] = bound if real_of is None else real_of(bound)
         elif root.home is not None:
-            cell = root.home[1]
+            cell = root.home
             bound = cell_value(cell)  # the user's own binding, not minihop's stand-in
             found.setdefault(id(cell), Seen(cell, root, (), "cell", bound if real_of is None else real_of(bound)))
         queue.append((value, root, (), 0))
     for i, a in enumerate(args):
-        queue.append((a, StateRoot(argname(i, argnames),
-                                   lambda args, i=i: args[i] if i < len(args) else MISSING, True), (), 0))
+        queue.append((a, Root("arg", i, argname(i, argnames), lambda args, i=i: args[i] if i < len(args) else MISSING),
+                      (), 0))
     for gid, (g, names) in globals_seen.items():
-        found[gid] = Seen(g, StateRoot("globals", lambda args, g=g: g, False), (), "globals", dict(names))
+        found[gid] = Seen(g, Root("value", "globals", "globals", lambda args, g=g: g), (), "globals", dict(names))
     while queue and len(found) < MAX_OBJECTS:
         value, root, steps, depth = queue.popleft()
         if id(value) in found or depth > MAX_DEPTH:
@@ -173,7 +173,7 @@ def argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) 
     held its state, but the caller may change it before backward (``drop.eval()``)."""
     for i, a in enumerate(args):
         if a is value:
-            return Seen(a, StateRoot(argname(i, argnames), lambda call, i=i: call[i], True), (), "attrs", None)
+            return Seen(a, Root("arg", i, argname(i, argnames), lambda call, i=i: call[i]), (), "attrs", None)
     return None
 
 

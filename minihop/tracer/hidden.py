@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..spec import Place, StateWrite
+from ..spec import MISSING, Place, Root, StateWrite
 from .atoms import CONSTANTS
 
 __all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "restore", "taking", "watched"]
@@ -224,11 +224,12 @@ class ReadWatch:
             # backward then needs: its place "uses" them).
             sized = any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in (*args, *kwargs.values()))
             if isinstance(home, dict):
-                place = Place(f"global {name}", lambda a, h=home: h, ("item", name), sized)
+                root = Root("global", name, f"global {name}", lambda a, h=home, n=name: h.get(n, MISSING), home=home)
             elif name == "cell_contents":
-                place = Place(f"closure variable {what}", lambda a, h=home: h, ("cell", None), sized)
-            else:
-                place = Place(f"{what}", lambda a, h=home: h, ("attr", name), sized)
+                root = Root("cell", what, f"closure variable {what}", lambda a, h=home: h.cell_contents, home=home)
+            else:  # an attribute of the user's object or class, named ``what``
+                root = Root("value", what, what, lambda a, h=home, n=name: getattr(h, n, MISSING))
+            place = Place(root, (), root.fetch, needs_args=sized)
             writes.append(StateWrite(place, "call", (args, kwargs), phase, where))
         return writes
 

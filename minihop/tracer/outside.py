@@ -7,8 +7,8 @@ on a tensor it returns. Run on fake tensors, that leaves a fake tensor in the ca
 object, and never the real one. ``snapshot_outside`` records, before forward runs, every
 list, dict and object reachable from the arguments and from the globals and closure cells
 forward names (and the ``__dict__`` of each argument tensor); ``find_outside_tensors``
-compares after forward and returns each write as an ``OutsideTensor``: a ``Location``
-(``spec.py``: root, path, step; resolved again from each call's arguments) and the value.
+compares after forward and returns each write as an ``OutsideTensor``: a ``spec.Place``
+(a root and steps; resolved again from each call's arguments) and the value.
 The tracer turns each tensor value into a hidden fwd output, and the runtime
 (``runtime/writes.py``) puts the real one at the location on every call.
 
@@ -38,13 +38,17 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..errors import SideEffectError
-from ..spec import Location, Root
+from ..spec import MISSING, Place, Root
 from ..structure import Path, _is_object_container, attributes, iter_leaves
 from .heap import class_state, del_attr, same, set_attr
 from .names import free_values
 
 __all__ = ["OutsideTensor", "OutsideSnapshot", "outside_roots", "snapshot_outside",
            "find_outside_tensors", "tensor_attributes"]
+
+# A snapshot root, before it is a ``Place``'s: ("arg", i), ("global" | "closure", name) a
+# value forward names, ("globals", module) the globals it rebinds, ("output", i) fwd output i.
+RootKey = tuple[str, Any]
 
 # How deep below a root the snapshot looks for containers (cycles are cut by identity).
 _MAX_DEPTH = 8
@@ -54,7 +58,7 @@ _MAX_DEPTH = 8
 class OutsideTensor:
     """One value forward put at ``location``: a fake tensor of the trace, or a Python value."""
 
-    location: Location
+    location: Place
     value: Any
 
 
@@ -63,7 +67,7 @@ class _Container:
     """One mutable container as it was before forward ran."""
 
     value: Any
-    root: Root
+    root: RootKey
     path: Path
     kind: str  # "list", "dict", "object", "class", "globals" or "tensor" (its own attributes)
     before: Any
@@ -99,12 +103,13 @@ class OutsideSnapshot:
                 _set_contents(c, found)
 
 
-def outside_roots(forward: Any, fake_args: tuple[Any, ...]) -> tuple[tuple[Root, Any, Callable[[], Any] | None], ...]:
+def outside_roots(forward: Any,
+                  fake_args: tuple[Any, ...]) -> tuple[tuple[RootKey, Any, Callable[[], Any] | None], ...]:
     """The roots a write can hang from: each argument, each mutable global or closure value
     forward names (modules, functions, tensors and ``nn.Module``s are left out: their state
     is not a caller's container), each of the user's classes it names (``Holder.last = y``,
     a class-level cache) and the globals it rebinds (``global _EYE; _EYE = torch.eye(n)``)."""
-    roots: list[tuple[Root, Any, Callable[[], Any] | None]] = [
+    roots: list[tuple[RootKey, Any, Callable[[], Any] | None]] = [
         (("arg", i), a, None) for i, a in enumerate(fake_args)]
     roots += [((kind, name), value, fetch) for kind, name, value, fetch in free_values(forward) if _is_state(value)]
     rebound = _rebound_globals(forward)
@@ -147,7 +152,7 @@ def _is_state(value: Any) -> bool:
     return isinstance(value, (list, dict)) or _is_object_container(value)
 
 
-def snapshot_outside(roots: tuple[tuple[Root, Any, Callable[[], Any] | None], ...]) -> OutsideSnapshot:
+def snapshot_outside(roots: tuple[tuple[RootKey, Any, Callable[[], Any] | None], ...]) -> OutsideSnapshot:
     """Record every list, dict, object (and argument tensor's attributes) below ``roots``."""
     found: list[_Container] = []
     seen: set[int] = set()
@@ -156,7 +161,7 @@ def snapshot_outside(roots: tuple[tuple[Root, Any, Callable[[], Any] | None], ..
     return OutsideSnapshot(found)
 
 
-def _walk(value: Any, root: Root, path: Path, fetch: Callable[[], Any] | None,
+def _walk(value: Any, root: RootKey, path: Path, fetch: Callable[[], Any] | None,
           found: list[_Container], seen: set[int], depth: int) -> None:
     if depth > _MAX_DEPTH or id(value) in seen:
         return
@@ -273,7 +278,7 @@ def find_outside_tensors(snapshot: OutsideSnapshot, outputs: tuple[torch.Tensor,
                 continue  # an argument returned as is: its attributes are the argument's
             for name, value in tensor_attributes(out).items():
                 _check_value(value, ("output", i), (), ("attr", name), is_traced, who)
-                found.append(OutsideTensor(Location(("output", i), (), ("attr", name)), value))
+                found.append(OutsideTensor(location(("output", i), (), ("attr", name)), value))
     except BaseException:
         snapshot.restore()
         raise
@@ -287,6 +292,18 @@ class _Who:
     function: str
     code: types.CodeType | None
     argnames: tuple[str, ...]
+
+
+def location(root: RootKey, path: Path, step: Any, fetch: Callable[[], Any] | None = None) -> Place:
+    """The place of a write: ``step`` into the container at ``path`` below ``root``."""
+    kind, key = root
+    if kind == "globals":  # a rebound global: the name itself, stored in its globals dict
+        g, name = fetch(), step[1]
+        return Place(Root("global", name, f"global {name}", lambda args, g=g, n=name: g.get(n, MISSING), home=g))
+    if kind in ("arg", "output"):
+        return Place(Root(kind, key), (*path, step))
+    return Place(Root("cell" if kind == "closure" else "global", key, str(key), lambda args, f=fetch: f()),
+                 (*path, step))
 
 
 def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[OutsideTensor]:
@@ -310,7 +327,7 @@ def _diff(c: _Container, is_traced: Callable[[Any], bool], who: _Who) -> list[Ou
         return []  # only Python values changed: not this module's job
     c.after = now
     _restore(c)
-    location_of = lambda s: Location(c.root, c.path, s, c.fetch_root)  # noqa: E731
+    location_of = lambda s: location(c.root, c.path, s, c.fetch_root)  # noqa: E731
     if removed is not None:
         raise _refusal(who, location_of(removed), "changes that container in a way "
                        "other than by adding to it or setting entries (an item replaced in, "
@@ -330,13 +347,13 @@ def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
     return any(is_traced(leaf) or isinstance(leaf, FakeTensor) for _, leaf in iter_leaves(value))
 
 
-def _check_value(value: Any, root: Root, path: Path, step: Any, is_traced: Callable[[Any], bool],
+def _check_value(value: Any, root: RootKey, path: Path, step: Any, is_traced: Callable[[Any], bool],
                  who: _Who, fetch: Callable[[], Any] | None = None) -> None:
     """Refuse a value that cannot be put back on each call: a tensor inside a value forward
     made (an object, a container), a fake tensor of another trace, or a symbolic size."""
     if is_traced(value):
         return
-    loc = Location(root, path, step, fetch)
+    loc = location(root, path, step, fetch)
     if isinstance(value, FakeTensor):
         raise _refusal(who, loc, "puts a fake tensor there that this trace did not make")
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -347,7 +364,7 @@ def _check_value(value: Any, root: Root, path: Path, step: Any, is_traced: Calla
                        "tensor, and forward made that value itself")
 
 
-def _refusal(who: _Who, loc: Location, what: str) -> SideEffectError:
+def _refusal(who: _Who, loc: Place, what: str) -> SideEffectError:
     code = who.code
     line = _source_line(code, loc.step)
     where = f'File "{code.co_filename}", line {line}' if code is not None and line is not None else None

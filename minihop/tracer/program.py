@@ -162,7 +162,8 @@ class _Program:
             if source.path is not None:
                 inputs.append(rec.node_for(make_getter(source.path)(args, {})))
             else:
-                inputs.append(rec.node_for(self.mode._fakeify(source.live() if source.live else source.constant)))
+                value = source.place.get(args) if source.fetched else source.constant
+                inputs.append(rec.node_for(self.mode._fakeify(value)))
         fwd_node = rec.create_node("get_attr", fwd_name, (), {}, name=fwd_name)
         bwd_node = rec.create_node("get_attr", bwd_name, (), {}, name=bwd_name)
         call = rec.create_node("call_function", autograd_function_apply, (fwd_node, bwd_node, *inputs),

@@ -44,14 +44,14 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
-from ..spec import MISSING, Place, PythonState, StateRead, StateWrite
+from ..spec import MISSING, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, opaque
 from .atoms import ATOMS
 from .heap import Seen, argument_seen, del_attr, set_attr
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
 from .names import code_of
-from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, StateRoot, analysed, arg_masks, guarded_value,
+from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
                     methods_of, place_at, reads_environment, resolve_root, walk)
 from .settings import setting_place
 from .userattr import UserAttribute
@@ -91,7 +91,7 @@ class StateTracker:
         self.name = parts.name
         self.args = args
         self.reads: list[StateRead] = []
-        self.roots: list[tuple[StateRoot, Any]] = []
+        self.roots: list[tuple[Root, Any]] = []
         self.stores: dict[tuple[str, str], str] = {}  # (phase, name stored) -> where
         # (phase, root, name) written by ``+=``/``-=``: ``F.calls += 1`` is (.., "F", "calls")
         self.increments: set[tuple[str, str, str]] = set()
@@ -180,7 +180,7 @@ class StateTracker:
             self._add_read(place, "forward", None, None)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
 
-    def _find_hidden_read(self, root: StateRoot, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
+    def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
         """A clock read or a process-wide generator's function that the code names (``time.time``,
         ``np.random.rand``, a global ``perf_counter``; ``end``, at ``steps`` from ``value``):
         where to watch it (hidden.ReadWatch)."""
@@ -194,10 +194,10 @@ class StateTracker:
             return
         if steps and steps[-1][0] == "attr":
             self.hidden_sites[(id(end), steps[-1][1])] = (walk(value, steps[:-1]), steps[-1][1], end, *found)
-        elif not steps and root.home is not None and root.home[0] == "globals":
-            self.hidden_sites[(id(end), root.home[2])] = (root.home[1], root.home[2], end, *found)
-        elif not steps and root.home is not None and root.home[0] == "cell":
-            self.hidden_sites[(id(end), "cell")] = (root.home[1], "cell_contents", end, *found)
+        elif not steps and root.home is not None and root.kind == "global":
+            self.hidden_sites[(id(end), root.key)] = (root.home, root.key, end, *found)
+        elif not steps and root.home is not None and root.kind == "cell":
+            self.hidden_sites[(id(end), "cell")] = (root.home, "cell_contents", end, *found)
         elif found[0] == "random":
             self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
 
@@ -396,9 +396,9 @@ class StateTracker:
         if was.kind == "hidden":
             self._refuse_hidden(was, phase)
         if was.kind == "globals":
-            place = Place(f"global {step[1]}", lambda args, g=was.obj: g, ("item", step[1]))
+            place = global_place(was.obj, step[1], f"global {step[1]}")
         elif was.kind == "cell":
-            place = Place(f"closure variable {was.root.description}", lambda args, c=was.obj: c, ("cell", None))
+            place = cell_place(was.obj, was.root.key, f"closure variable {was.root.description}")
         else:
             place = place_at(was.root, was.steps if step == ("extend", None) else (*was.steps, step))
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])

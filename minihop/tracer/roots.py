@@ -3,9 +3,9 @@
 Place in the pipeline: tracer, asked by ``pystate.StateTracker`` before the trace (and by
 ``pipeline`` for ``arg_masks``). The three methods of a Function, and the user's helper
 functions they reach through globals, closures and bound methods, are analysed
-(``analysed``); each chain a code reads (``chains.Chain``) is resolved to a ``StateRoot``: a
+(``analysed``); each chain a code reads (``chains.Chain``) is resolved to a ``spec.Root``: a
 global, a closure cell, an argument or a parameter's default, found anew on every call. A
-``Place`` at steps below a root (``place_at``) is what a ``StateRead`` guards and a
+``spec.Place`` at steps below a root (``place_at``) is what a ``StateRead`` guards and a
 ``StateWrite`` replays. The heap watch (``heap``) snapshots from these same roots.
 
 Invariant: a root is resolved from the function's own globals/closure/parameters, never from
@@ -26,32 +26,23 @@ from typing import Any
 
 import torch
 
-from ..spec import MISSING, Place
+from ..spec import MISSING, Place, Root
+from ..place import walk_plain
 from . import opaque
 from .chains import Chain, CodeFacts, code_facts
 from .library import is_user_function, library_module
 from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
 
-__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "RootBox", "StateRoot", "analysed", "arg_masks",
-           "cell_value", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root", "walk"]
-
-@dataclasses.dataclass(frozen=True)
-class StateRoot:
-    """A chain's start, resolved: how to find it on a call, and its name."""
-
-    description: str
-    fetch: Callable[[tuple[Any, ...]], Any]
-    uses_args: bool
-    # Where the root itself is stored: ("globals", the globals dict, name) or ("cell", cell).
-    home: tuple[Any, ...] | None = None
-
+__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
+           "global_place", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root",
+           "value_place", "walk"]
 
 def function_of(fn: Any) -> Any:
     return inspect.unwrap(getattr(fn, "__func__", fn))
 
 
-def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | None = None) -> StateRoot | None:
+def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | None = None) -> Root | None:
     """Where ``chain``'s root lives, for ``fn``'s code: a global, a closure cell, or one of
     the call's arguments (``params``: parameter name -> argument index, or "ctx"); a
     parameter past the ``passed`` arguments is its default, state like a global."""
@@ -62,24 +53,36 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
         name = chain.root
         if name not in g and hasattr(builtins, name):
             return None  # a builtin (len, print, ...): not the user's state
-        return StateRoot(name, lambda args, g=g, n=name: g.get(n, MISSING), False, ("globals", g, name))
+        return global_place(g, name, name).root
     if chain.root_kind == "deref":
         if chain.root not in code.co_freevars:
             return None  # a local captured by an inner function
         cell = fn.__closure__[code.co_freevars.index(chain.root)]
-        return StateRoot(chain.root, lambda args, c=cell: cell_value(c), False, ("cell", cell))
+        return cell_place(cell, chain.root, chain.root).root
     where = params.get(chain.root)
     if isinstance(where, Bound) and chain.root not in code_facts(code).reassigned:
-        return StateRoot(where.description, lambda args, o=where.obj: o, False)
+        return Root("class" if isinstance(where.obj, type) else "value", where.description, where.description,
+                    lambda args, o=where.obj: o)
     if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
         # A parameter left out of the call holds its default: the same object every call
         # (``cache=[]``), state like a global's.
         default = default_of(fn, chain.root)
         if passed is not None and where >= passed and default is not MISSING:
             # Not in the call key (no argument was passed for it): read and written as state.
-            return StateRoot(f"{fn.__name__}'s default {chain.root}", lambda args, d=default: d, False)
-        return StateRoot(chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d, True)
+            text = f"{fn.__name__}'s default {chain.root}"
+            return Root("value", text, text, lambda args, d=default: d)
+        return Root("arg", where, chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d)
     return None
+
+
+def global_place(g: dict[str, Any], name: str, description: str) -> Place:
+    """Global ``name`` of the globals dict ``g`` (written into ``g``)."""
+    return Place(Root("global", name, description, lambda args, g=g, n=name: g.get(n, MISSING), home=g))
+
+
+def cell_place(cell: Any, name: str, description: str) -> Place:
+    """Closure variable ``name``, held in ``cell`` (written into the cell)."""
+    return Place(Root("cell", name, description, lambda args, c=cell: cell_value(c), home=cell))
 
 
 def default_of(fn: Any, name: str) -> Any:
@@ -125,15 +128,14 @@ def walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True)
     return value
 
 
-def place_at(root: StateRoot, steps: tuple[tuple[str, Any], ...], analysing: bool = False) -> Place:
-    """The place at ``root.steps`` (its owner found anew on every call)."""
-    text = root.description + "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
+def place_at(root: Root, steps: tuple[tuple[str, Any], ...], analysing: bool = False) -> Place:
+    """The place at ``root.steps``, with its reader compiled (``analysing``: it stops at a
+    step computed by user code, as ``walk`` does)."""
     if not steps:
-        return Place(text, lambda args, r=root: RootBox(r.fetch(args)), ("attr", "value"), root.uses_args,
-                     root.fetch)
-    owner_steps = steps[:-1]
-    return Place(text, lambda args, r=root, s=owner_steps, a=analysing: walk(r.fetch(args), s, a), steps[-1],
-                 root.uses_args, lambda args, f=root.fetch, s=steps, a=analysing: walk(f(args), s, a))
+        return Place(root, (), root.fetch)
+    if analysing:
+        return Place(root, steps, lambda args, f=root.fetch, s=steps: walk(f(args), s, True))
+    return Place(root, steps, lambda args, f=root.fetch, s=steps: walk_plain(f(args), s))
 
 
 def reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
@@ -145,12 +147,16 @@ def reads_environment(value: Any, steps: tuple[tuple[str, Any], ...]) -> bool:
     return value is os.environ or value is os.getenv
 
 
+def value_place(description: str, fetch: Callable[[tuple[Any, ...]], Any]) -> Place:
+    """The place of an answer fetched on each call (a setting, the environment)."""
+    return Place(Root("value", description, description, fetch), (), fetch)
+
+
 def environment(args: tuple[Any, ...]) -> dict[Any, Any]:
     return dict(getattr(os.environ, "_data", os.environ))  # the raw bytes: no decoding per call
 
 
-ENVIRONMENT = Place("the environment (os.environ)", lambda args: RootBox(environment(args)),
-                    ("attr", "value"), False, environment)
+ENVIRONMENT = value_place("the environment (os.environ)", environment)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,8 +168,7 @@ class Bound:
 
 
 def flag_place(fn: Callable[[], Any]) -> Place:
-    return Place(f"torch.{fn.__name__}()", lambda args: RootBox(fn()), ("attr", "value"), False,
-                 lambda args: fn())
+    return value_place(f"torch.{fn.__name__}()", lambda args: fn())
 
 
 # Settings that read the same inside forward/backward as at the call (grad mode does not:
@@ -172,15 +177,6 @@ FLAG_PLACES = {id(fn): flag_place(fn) for fn in (
     torch.get_default_dtype, torch.are_deterministic_algorithms_enabled,
     torch.is_deterministic_algorithms_warn_only_enabled, torch.get_float32_matmul_precision,
     torch.is_anomaly_enabled, torch.is_anomaly_check_nan_enabled)}
-
-
-class RootBox:
-    """A root value seen as a place (its ``value`` attribute), for reads of a whole global."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 def guarded_value(value: Any) -> bool:

@@ -3,8 +3,9 @@
 Place in the pipeline: tracer, built once per trace (``session.Tracing``) from the globals and
 closure cells forward and backward read (``names.free_values``). A tensor forward or backward
 reaches there (directly, as a held module's parameter or buffer, or inside a held list, tuple,
-dict or user object: ``TS[0]``, ``D["w"]``, ``H.w``) gets an input name and a function that
-fetches it as it is now; the trace lifts it as a graph input read through that function.
+dict or user object: ``TS[0]``, ``D["w"]``, ``H.w``) gets an input name and a ``spec.Place``
+(the global or cell root, then the steps down to it) whose reader fetches it as it is now; the
+trace lifts it as a graph input read through that place.
 
 Invariant: fetching anew on every call is what eager does: rebinding the name or replacing the
 tensor takes effect at the next call. A tensor no route reaches is not fetched here (the trace
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..spec import Place, Root
 from ..graph_names import free_value_root, held_name, parameter_name, tensor_name
 from ..structure import attributes
 from .names import free_values
@@ -29,16 +31,20 @@ from .library import is_library
 __all__ = ["closure_routes"]
 
 
-def closure_routes(fn: Any) -> dict[int, tuple[str, Callable[[], Any]]]:
-    """id(tensor) -> (input name, how to fetch it now), for tensors forward/backward reach
+Route = tuple[str, Place]
+
+
+def closure_routes(fn: Any) -> dict[int, Route]:
+    """id(tensor) -> (input name, its place), for tensors forward/backward reach
     through closure cells, globals, or the parameters and buffers of a module held there.
 
     Fetching anew on every call is what eager does: rebinding the name or replacing the
     parameter takes effect at the next call.
     """
-    routes: dict[int, tuple[str, Callable[[], Any]]] = {}
+    routes: dict[int, Route] = {}
     for kind, name, value, fetch in _reached_free_values(fn, 0, set()):
-        _add_routes(routes, value, free_value_root(kind, name), fetch)
+        root = Root("cell" if kind == "closure" else "global", name, name, lambda args, f=fetch: f())
+        _add_routes(routes, value, free_value_root(kind, name), fetch, root, ())
     return routes
 
 
@@ -89,17 +95,19 @@ def _helpers_of(value: Any) -> list[Any]:
     return methods
 
 
-def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, prefix: str,
-                fetch: Callable[[], Any], depth: int = 0) -> None:
+def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callable[[], Any],
+                root: Root, steps: tuple[tuple[str, Any], ...], depth: int = 0) -> None:
     """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
     to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
     ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
     if isinstance(value, torch.Tensor):
-        routes.setdefault(id(value), (tensor_name(prefix), fetch))
+        # The reader is the route's own fetch: it keeps a list's length check (see below).
+        routes.setdefault(id(value), (tensor_name(prefix), Place(root, steps, lambda args, f=fetch: f())))
     elif isinstance(value, torch.nn.Module):
         for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
-            routes.setdefault(id(tensor), (parameter_name(prefix, pname),
-                                           lambda f=fetch, p=pname: _module_tensor(f(), p)))
+            place = Place(root, (*steps, *(("attr", part) for part in pname.split("."))),
+                          lambda args, f=fetch, p=pname: _module_tensor(f(), p))
+            routes.setdefault(id(tensor), (parameter_name(prefix, pname), place))
     elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
         for step, child in _held(value):
             if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
@@ -107,7 +115,7 @@ def _add_routes(routes: dict[int, tuple[str, Callable[[], Any]]], value: Any, pr
                 # the list keeps its length: a longer list's last item is another position.
                 n = len(value) if isinstance(value, list) else None
                 _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step, n=n: _step(f(), s, n), depth + 1)
+                            lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1)
 
 
 # How deep and how many tensors the routes into containers and objects go (cycles stop there).

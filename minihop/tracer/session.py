@@ -29,7 +29,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDepende
 
 from ..errors import UnsupportedArgumentError, UnsupportedOperationError
 from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
-from ..spec import EFFECT, InputSource
+from ..spec import EFFECT, InputSource, arg_place
 from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
 from .backward_reads import BackwardReads
@@ -185,7 +185,7 @@ class Tracing:
                 fake = self._fake(real)
             self.real_to_fake[id(real)] = fake
             source = InputSource(input_name(path, self.parts.argnames),
-                                 format_path(path, self.parts.argnames), path, arg_index)
+                                 format_path(path, self.parts.argnames), arg_place(path), arg_index)
             self._add_source(fake, source)
             for d, size in enumerate(fake.shape):
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
@@ -223,18 +223,17 @@ class Tracing:
                 # A parameter or buffer of a module argument: read from the argument each call.
                 self._add_source(fake, InputSource(
                     input_name(path, self.parts.argnames), format_path(path, self.parts.argnames),
-                    path, None))
+                    arg_place(path), None))
                 return fake
-            name, live = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
-            if live is None and self.backward_reads.again:
+            name, place = self.closure_routes.get(id(real), (lifted_name(len(self.sources)), None))
+            if place is None and self.backward_reads.again:
                 # Backward traced again meets a tensor the first trace did not (a global
                 # rebound since forward): forward has run, it cannot be passed in any more.
                 raise self.backward_reads.unknown(name)
-            if live is None:  # reached where no route leads (a helper's global, another Function's)
+            if place is None:  # reached where no route leads (a helper's global, another Function's)
                 self.unrouted.append(f"reads a tensor from {self._describe()} that minihop cannot fetch again")
             self._add_source(fake, InputSource(
-                name, f"tensor reached from {self._describe()} ({name})", None, None, real,
-                live=live))
+                name, f"tensor reached from {self._describe()} ({name})", place, None, real))
         return fake
 
     def _add_source(self, fake: torch.Tensor, source: InputSource) -> None:
@@ -279,7 +278,7 @@ class Tracing:
         node = rec.placeholder(symbol_name(symbol), size)
         self.placeholder_sources[node] = InputSource(
             str(symbol), source.description if dim is None else f"{source.description}.size({dim})",
-            source.path, None, dim=dim)
+            source.place if source.path is not None else None, None, dim=dim)
         return node
 
     def symbolic_int(self, index: int, value: int) -> int | torch.SymInt:
@@ -291,7 +290,7 @@ class Tracing:
         symbol = env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
         symint = env.create_symintnode(symbol, hint=value, source=source)
         if isinstance(symint, torch.SymInt):
-            self.symbol_sources[symbol] = (InputSource(name, name, (("arg", index),), None), None, symint)
+            self.symbol_sources[symbol] = (InputSource(name, name, arg_place((("arg", index),)), None), None, symint)
         self.dynamic_fakes.append((index, symint))
         return symint
 

@@ -21,34 +21,25 @@ from typing import Any
 import torch
 
 from ..spec import MISSING, Place
+from .roots import value_place
 
 __all__ = ["setting_place"]
 
 _TORCH = {id(fn): fn for fn in (torch.get_num_threads, torch.get_num_interop_threads)}
 
 
-class _Box:
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
 def setting_place(end: Any) -> Place | None:
     """The place for ``end`` (what a chain of the code names) when calling it reads a setting."""
     fn = _TORCH.get(id(end))
     if fn is not None:
-        return Place(f"torch.{fn.__name__}()", lambda args: _Box(fn()), ("attr", "value"), False,
-                     lambda args: fn())
+        return value_place(f"torch.{fn.__name__}()", lambda args: fn())
     # Only functions and C methods are probed (getattr on any object could run its __getattr__).
     registry = getattr(end, "registry", None) if isinstance(end, types.FunctionType) and \
         callable(getattr(end, "dispatch", None)) else None
     if isinstance(registry, types.MappingProxyType):  # functools.singledispatch: its table
-        return Place(f"{getattr(end, '__qualname__', 'a singledispatch function')}'s registry",
-                     lambda args: _Box(tuple(registry.items())), ("attr", "value"), False,
-                     lambda args: tuple(registry.items()))
+        return value_place(f"{getattr(end, '__qualname__', 'a singledispatch function')}'s registry",
+                           lambda args: tuple(registry.items()))
     var = end.__self__ if isinstance(end, types.BuiltinMethodType) else None
     if isinstance(var, contextvars.ContextVar) and getattr(end, "__name__", "") == "get":
-        return Place(f"ContextVar {var.name!r}", lambda args: _Box(var.get(MISSING)), ("attr", "value"), False,
-                     lambda args: var.get(MISSING))
+        return value_place(f"ContextVar {var.name!r}", lambda args: var.get(MISSING))
     return None

@@ -184,8 +184,8 @@ class ValueReader:
                         if isinstance(v, torch.Tensor) else v, value)
 
     def _real_input(self, source: InputSource) -> Any:
-        if source.live is not None:
-            value = source.live()
+        if source.fetched:
+            value = source.place.get(self.real_args)
         elif source.path is None:
             value = source.constant
         else:
