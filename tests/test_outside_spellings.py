@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import sys
 import itertools
 import math
 import types
@@ -467,6 +468,44 @@ def test_torch_thread_count_changed_between_calls():
                        refusable=False)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_recursion_limit_changed_between_calls():
+    before = sys.getrecursionlimit()
+
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * (sys.getrecursionlimit() // 1000)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    try:
+        _matches_eager(F, lambda i: (_x(i),), between=lambda i: sys.setrecursionlimit([3000, 5000, 5000, 3000][i]),
+                       refusable=False)
+    finally:
+        sys.setrecursionlimit(before)
+
+
+def test_the_default_generators_initial_seed_read_by_its_method():
+    """``torch.default_generator.initial_seed()``: guarded by its answer, like a setting."""
+    class F(Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * (torch.default_generator.initial_seed() % 97)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    state = torch.get_rng_state()
+    try:
+        _matches_eager(F, lambda i: (_x(i),), between=lambda i: torch.manual_seed([5, 11, 11, 5][i]),
+                       refusable=False)
+    finally:
+        torch.set_rng_state(state)
 
 
 DISPATCH: dict[str, Any] = {}

@@ -15,6 +15,7 @@ Invariant: a call that reads a setting named here is guarded by the setting's va
 from __future__ import annotations
 
 import contextvars
+import sys
 import types
 from typing import Any
 
@@ -25,14 +26,20 @@ from .roots import value_place
 
 __all__ = ["setting_place"]
 
-_TORCH = {id(fn): fn for fn in (torch.get_num_threads, torch.get_num_interop_threads)}
+# Calls answering a process setting, by what the code names (the user's spelling for messages).
+_CALLS = {id(fn): (name, fn) for name, fn in (
+    ("torch.get_num_threads", torch.get_num_threads), ("torch.get_num_interop_threads", torch.get_num_interop_threads),
+    ("sys.getrecursionlimit", sys.getrecursionlimit), ("sys.getswitchinterval", sys.getswitchinterval))}
+# Methods of a torch.Generator answering its settings (``torch.default_generator.initial_seed()``).
+_GENERATOR_READS = ("initial_seed",)
 
 
 def setting_place(end: Any) -> Place | None:
     """The place for ``end`` (what a chain of the code names) when calling it reads a setting."""
-    fn = _TORCH.get(id(end))
-    if fn is not None:
-        return value_place(f"torch.{fn.__name__}()", lambda args: fn())
+    found = _CALLS.get(id(end))
+    if found is not None:
+        name, fn = found
+        return value_place(f"{name}()", lambda args: fn())
     # Only functions and C methods are probed (getattr on any object could run its __getattr__).
     registry = getattr(end, "registry", None) if isinstance(end, types.FunctionType) and \
         callable(getattr(end, "dispatch", None)) else None
@@ -40,6 +47,9 @@ def setting_place(end: Any) -> Place | None:
         return value_place(f"{getattr(end, '__qualname__', 'a singledispatch function')}'s registry",
                            lambda args: tuple(registry.items()))
     var = end.__self__ if isinstance(end, types.BuiltinMethodType) else None
+    if isinstance(var, torch.Generator) and getattr(end, "__name__", "") in _GENERATOR_READS:
+        method = getattr(var, end.__name__)
+        return value_place(f"a torch.Generator's {end.__name__}()", lambda args: method())
     if isinstance(var, contextvars.ContextVar) and getattr(end, "__name__", "") == "get":
         return value_place(f"ContextVar {var.name!r}", lambda args: var.get(MISSING))
     return None
