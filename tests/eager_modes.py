@@ -10,7 +10,7 @@ import torch
 
 import minihop
 
-__all__ = ["MODES", "caller", "same"]
+__all__ = ["MODES", "caller", "normalized", "same", "same_normalized"]
 
 MODES = ("strict", "apply", "fallback")
 
@@ -39,3 +39,27 @@ def same(eager: Any, mine: Any, what: str) -> None:
             same(e, m, f"{what}[{i}]")
     else:
         assert eager == mine, (what, eager, mine)
+
+
+def normalized(v: Any) -> Any:
+    """A comparable copy of a recorded value (tensors with their properties, floats by bits)."""
+    if isinstance(v, torch.Tensor):
+        return ("T", tuple(v.shape), v.dtype, v.requires_grad, v.detach().clone())
+    if isinstance(v, float):
+        return ("float", v.hex())
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(normalized(x) for x in v))
+    if isinstance(v, dict):
+        return ("dict", tuple((repr(k), normalized(x)) for k, x in v.items()))
+    return (type(v).__name__, v)
+
+
+def same_normalized(a: Any, b: Any) -> bool:
+    """Whether two ``normalized`` records agree (tensors to float tolerance)."""
+    if isinstance(a, tuple) and a[:1] == ("T",):
+        if not (isinstance(b, tuple) and b[:1] == ("T",) and a[1:4] == b[1:4]):
+            return False
+        return bool(torch.allclose(a[4], b[4], rtol=1e-5, atol=1e-6, equal_nan=True))
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(same_normalized(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)

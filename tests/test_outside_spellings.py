@@ -30,27 +30,11 @@ from torch.autograd import Function
 import minihop
 from minihop.errors import MinihopError
 
-
-def _norm(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return ("T", tuple(v.shape), v.dtype, v.requires_grad, v.detach().clone())
-    if isinstance(v, float):
-        return ("float", v.hex())
-    if isinstance(v, (list, tuple)):
-        return (type(v).__name__, tuple(_norm(x) for x in v))
-    if isinstance(v, dict):
-        return ("dict", tuple((repr(k), _norm(x)) for k, x in v.items()))
-    return (type(v).__name__, v)
+import eager_modes  # tests/ is on the path (pytest prepends a test file's directory)
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, tuple) and a[:1] == ("T",):
-        if not (isinstance(b, tuple) and b[:1] == ("T",) and a[1:4] == b[1:4]):
-            return False
-        return bool(torch.allclose(a[4], b[4], rtol=1e-5, atol=1e-6, equal_nan=True))
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+_norm = eager_modes.normalized
+_same = eager_modes.same_normalized
 
 
 def _run(call: Callable[..., Any], make_args: Callable[[int], tuple[Any, ...]], steps: int,

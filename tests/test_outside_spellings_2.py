@@ -37,6 +37,8 @@ from torch.random import initial_seed as _initial_seed
 import minihop
 from minihop.errors import MinihopError
 
+import eager_modes  # tests/ is on the path (pytest prepends a test file's directory)
+
 LOG = logging.getLogger("minihop.tests.outside2")
 LOG.setLevel(logging.INFO)
 LOG.propagate = False
@@ -55,26 +57,8 @@ RECORDS = _Records()
 LOG.addHandler(RECORDS)
 
 
-def _norm(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return ("T", tuple(v.shape), v.dtype, v.requires_grad, v.detach().clone())
-    if isinstance(v, float):
-        return ("float", v.hex())
-    if isinstance(v, (list, tuple)):
-        return (type(v).__name__, tuple(_norm(x) for x in v))
-    if isinstance(v, dict):
-        return ("dict", tuple((repr(k), _norm(x)) for k, x in v.items()))
-    return (type(v).__name__, v)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, tuple) and a[:1] == ("T",):
-        if not (isinstance(b, tuple) and b[:1] == ("T",) and a[1:4] == b[1:4]):
-            return False
-        return bool(torch.allclose(a[4], b[4], rtol=1e-5, atol=1e-6, equal_nan=True))
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+_norm = eager_modes.normalized
+_same = eager_modes.same_normalized
 
 
 def _loss(out: Any) -> Any:

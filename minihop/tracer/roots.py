@@ -107,24 +107,17 @@ def cell_value(cell: Any) -> Any:
 def walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True) -> Any:
     """The value at ``steps`` from ``value``. ``analysing``: stop at a step computed by user
     code (userattr); guards (``analysing=False``) walk chains analysis found free of them."""
-    for kind, key in steps:
+    if not analysing:
+        return walk_plain(value, steps)
+    for step in steps:
         if value is MISSING:
             return MISSING
-        if kind == "attr":
-            if isinstance(value, torch.Tensor) and key not in value.__dict__:
-                return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
-            what = served_by_user_code(value, key, library_module) if analysing else None
+        kind, key = step
+        if kind == "attr" and not isinstance(value, torch.Tensor):
+            what = served_by_user_code(value, key, library_module)
             if what is not None:  # never run the user's getter here (see userattr)
                 return UserAttribute(value, key, what)
-            try:
-                value = getattr(value, key)
-            except Exception:
-                return MISSING
-        else:
-            try:
-                value = value[key]
-            except Exception:
-                return MISSING
+        value = walk_plain(value, (step,))
     return value
 
 
