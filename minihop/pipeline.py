@@ -139,7 +139,7 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
             or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs) \
-            or reads_grad_mode(pair.bwd):  # create_graph=True needs a bwd traced with grad on
+            or reads_grad_mode(pair.bwd_graph):  # create_graph=True needs a bwd traced with grad on
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,

@@ -231,7 +231,7 @@ def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
             f"Python value {r.place.description} read by backward: {show_key(old)} (checked again "
             "when backward runs; another value: backward traced again)", r.line,
             fetch=r.place.get, key=old))
-    if reads_grad_mode(pair.bwd):
+    if reads_grad_mode(pair.bwd_graph):
         found.append(Assumption(
             "grad mode in backward", "backward", "False", None,
             "backward read torch.is_grad_enabled() == False (under create_graph=True, where eager's "

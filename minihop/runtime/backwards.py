@@ -153,7 +153,7 @@ class Backwards:
             found = self.code.get((case, create_graph))
             if found is not None:
                 return (*found, self.writes.get((case, "grad on"), writes) if create_graph else writes)
-            if create_graph and self.retrace is not None and reads_grad_mode(self.variants[case][0] or self.pair.bwd):
+            if create_graph and self.retrace is not None and reads_grad_mode(self.variants[case][0].graph if self.variants[case][0] is not None else self.pair.bwd_graph):
                 return self.grad_on(case, top_grads, call_args, grads, saved)
             if case == self.base_case and self.plain is not None:
                 return self.plain, None, writes  # the traced case, without toggles: right in either mode
@@ -316,9 +316,11 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
 
 
 
-def reads_grad_mode(gm: fx.GraphModule) -> bool:
-    """Whether the user's backward read ``torch.is_grad_enabled()`` where it was entered."""
-    return any(node.meta.get(READS_GRAD_MODE) for node in gm.graph.nodes)
+def reads_grad_mode(graph: fx.Graph) -> bool:
+    """Whether the user's backward read ``torch.is_grad_enabled()`` where it was entered (the
+    graph, not ``Pair.bwd``: that GraphModule is built on first use, and a capture may never
+    need it)."""
+    return any(node.meta.get(READS_GRAD_MODE) for node in graph.nodes)
 
 
 def _strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:

@@ -70,7 +70,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     """
     layout = Layout.of(pair, keeps_args=keeps_arguments(pair, state))
     # A bwd that read the grad mode is right in one mode only: create_graph takes another (Backwards.grad_on).
-    bwd_plain = None if reads_grad_mode(pair.bwd) and retrace is not None else without_body_toggles(pair.bwd_graph, "bwd_body")
+    bwd_plain = None if reads_grad_mode(pair.bwd_graph) and retrace is not None else without_body_toggles(pair.bwd_graph, "bwd_body")
     backwards = Backwards(pair, layout.top_idx, retrace, state, backward_values, bwd_reads)
     backwards.plain = bwd_plain
     call_bwd = _bwd_caller(pair, layout, backwards, bwd_plain, state)
