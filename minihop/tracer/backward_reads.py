@@ -49,7 +49,6 @@ class BackwardReads:
         self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
         self.again = False  # backward is traced again, after forward ran: no new fwd input
         self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
-        self.stand_ins: list[torch.Tensor] = []  # real tensors standing for forward's (argument_tensors_on_ctx)
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -84,7 +83,6 @@ class BackwardReads:
         """Hold none of the call's tensors once backward's run is traced."""
         self.paths.clear()
         self.fakes.clear()
-        self.stand_ins.clear()
 
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
@@ -289,10 +287,9 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], 
                 with unset_fake_temporarily(), torch._C.DisableTorchFunction():
                     original = torch.empty_strided(child.shape, child.stride(), dtype=child.dtype,
                                                    device=child.device)
-                t.backward_reads.stand_ins.append(original)  # only its properties are used
             else:
                 continue
-            t.backward_reads.register(original, path + (step,))
+            t.backward_reads.register(original, path + (step,))  # held there (a stand-in too)
             new = t.backward_reads.lift(original)
             if new is not None:
                 _put(fake, step, new)
