@@ -1,16 +1,21 @@
 """Running one script of calls eagerly and through minihop's three ways of calling, and
-comparing their records exactly (test_backward_reads, test_argument_containers_on_ctx)."""
+comparing their records exactly (test_backward_reads, test_argument_containers_on_ctx), and
+``matches_eager``: the hostile cases' harness (test_outside_spellings_2, test_open_reads)."""
 
 from __future__ import annotations
 
+import logging
+import random
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import minihop
+from minihop.errors import MinihopError
 
-__all__ = ["MODES", "caller", "normalized", "same", "same_normalized"]
+__all__ = ["LOG", "MODES", "caller", "matches_eager", "normalized", "same", "same_normalized"]
 
 MODES = ("strict", "apply", "fallback")
 
@@ -63,3 +68,90 @@ def same_normalized(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(same_normalized(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+# -- one script of calls with state changed between calls and before backward (hostile cases) --
+
+LOG = logging.getLogger("minihop.tests.hostile")
+LOG.setLevel(logging.INFO)
+LOG.propagate = False
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+RECORDS = _Records()
+LOG.addHandler(RECORDS)
+
+
+def _loss(out: Any) -> Any:
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum((o * (k + 1.5)).sum() for k, o in enumerate(outs)
+               if isinstance(o, torch.Tensor) and o.requires_grad)
+
+
+def _run(call: Callable[..., Any], make_args: Callable[[int], tuple[Any, ...]], steps: int,
+         between: Callable[[int], None], mid: Callable[[int], None],
+         state: Callable[[], Any], backwards: int = 1) -> tuple[list[Any], bool]:
+    """Per call: output, state after forward, grads, state after backward, the warnings and
+    log lines of the call (or eager's exception and phase); last, the random stream.
+    ``backwards`` > 1: the loss is differentiated that many times (``retain_graph``)."""
+    records: list[Any] = []
+    torch.manual_seed(0)
+    random.seed(0)
+    for i in range(steps):
+        between(i)
+        args = make_args(i)
+        phase = "forward"
+        RECORDS.lines.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out = call(*args)
+                after_forward = normalized(state())
+                mid(i)
+                phase = "backward"
+                loss = _loss(out)
+                if isinstance(loss, torch.Tensor):
+                    for k in range(backwards):
+                        loss.backward(retain_graph=k + 1 < backwards)
+                records.append((normalized(out), after_forward,
+                                normalized([a.grad for a in args if isinstance(a, torch.Tensor)]),
+                                normalized(state())))
+            except MinihopError:
+                return records, True
+            except Exception as e:  # eager's own exception must be the capture's, same phase
+                records.append((phase, type(e).__name__, str(e), normalized(state())))
+        # fallback's own notice ("minihop: running F eagerly") is minihop's, not the call's
+        records.append(([str(w.message) for w in caught if not str(w.message).startswith("minihop:")],
+                        list(RECORDS.lines)))
+    records.append(normalized(torch.rand(2)))
+    return records, False
+
+
+def matches_eager(fn_cls: type, make_args: Callable[[int], tuple[Any, ...]], *, steps: int = 4,
+                  between: Callable[[int], None] = lambda i: None,
+                  mid: Callable[[int], None] = lambda i: None,
+                  state: Callable[[], Any] = lambda: None,
+                  reset: Callable[[], None] = lambda: None, refusable: bool = True,
+                  backwards: int = 1) -> None:
+    """``fn_cls`` called ``steps`` times eagerly and in strict, apply and fallback mode, with
+    ``between(i)`` before call ``i`` and ``mid(i)`` between its forward and backward: every
+    record equal, or (strict and apply, where ``refusable``) a coded refusal."""
+    reset()
+    eager, _ = _run(fn_cls.apply, make_args, steps, between, mid, state, backwards)
+    modes = {"strict": minihop.function(fn_cls), "apply": lambda *a: minihop.apply(fn_cls, *a),
+             "fallback": minihop.function(fn_cls, fallback="eager")}
+    for mode, call in modes.items():
+        minihop.reset()
+        reset()
+        got, refused = _run(call, make_args, steps, between, mid, state, backwards)
+        assert not (refused and (mode == "fallback" or not refusable)), f"{mode} refused"
+        n = len(got) if refused else len(eager)
+        assert same_normalized(tuple(got[:n]), tuple(eager[:n])), f"{mode} differs from eager:\n{got}\n{eager}"

@@ -26,7 +26,6 @@ import math
 import operator
 import random
 import warnings
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -39,87 +38,8 @@ from minihop.errors import MinihopError
 
 import eager_modes  # tests/ is on the path (pytest prepends a test file's directory)
 
-LOG = logging.getLogger("minihop.tests.outside2")
-LOG.setLevel(logging.INFO)
-LOG.propagate = False
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-RECORDS = _Records()
-LOG.addHandler(RECORDS)
-
-
-_norm = eager_modes.normalized
-_same = eager_modes.same_normalized
-
-
-def _loss(out: Any) -> Any:
-    outs = out if isinstance(out, tuple) else (out,)
-    return sum((o * (k + 1.5)).sum() for k, o in enumerate(outs)
-               if isinstance(o, torch.Tensor) and o.requires_grad)
-
-
-def _run(call: Callable[..., Any], make_args: Callable[[int], tuple[Any, ...]], steps: int,
-         between: Callable[[int], None], mid: Callable[[int], None],
-         state: Callable[[], Any]) -> tuple[list[Any], bool]:
-    """Per call: output, state after forward, grads, state after backward, the warnings and
-    log lines of the call (or eager's exception and phase); last, the random stream."""
-    records: list[Any] = []
-    torch.manual_seed(0)
-    random.seed(0)
-    for i in range(steps):
-        between(i)
-        args = make_args(i)
-        phase = "forward"
-        RECORDS.lines.clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                out = call(*args)
-                after_forward = _norm(state())
-                mid(i)
-                phase = "backward"
-                loss = _loss(out)
-                if isinstance(loss, torch.Tensor):
-                    loss.backward()
-                records.append((_norm(out), after_forward,
-                                _norm([a.grad for a in args if isinstance(a, torch.Tensor)]),
-                                _norm(state())))
-            except MinihopError:
-                return records, True
-            except Exception as e:  # eager's own exception must be the capture's, same phase
-                records.append((phase, type(e).__name__, str(e), _norm(state())))
-        # fallback's own notice ("minihop: running F eagerly") is minihop's, not the call's
-        records.append(([str(w.message) for w in caught if not str(w.message).startswith("minihop:")],
-                        list(RECORDS.lines)))
-    records.append(_norm(torch.rand(2)))
-    return records, False
-
-
-def _matches_eager(fn_cls: type, make_args: Callable[[int], tuple[Any, ...]], *, steps: int = 4,
-                   between: Callable[[int], None] = lambda i: None,
-                   mid: Callable[[int], None] = lambda i: None,
-                   state: Callable[[], Any] = lambda: None,
-                   reset: Callable[[], None] = lambda: None, refusable: bool = True) -> None:
-    reset()
-    eager, _ = _run(fn_cls.apply, make_args, steps, between, mid, state)
-    modes = {"strict": minihop.function(fn_cls), "apply": lambda *a: minihop.apply(fn_cls, *a),
-             "fallback": minihop.function(fn_cls, fallback="eager")}
-    for mode, call in modes.items():
-        minihop.reset()
-        reset()
-        got, refused = _run(call, make_args, steps, between, mid, state)
-        assert not (refused and (mode == "fallback" or not refusable)), f"{mode} refused"
-        n = len(got) if refused else len(eager)
-        assert _same(tuple(got[:n]), tuple(eager[:n])), f"{mode} differs from eager:\n{got}\n{eager}"
+LOG = eager_modes.LOG
+_matches_eager = eager_modes.matches_eager
 
 
 def _x(i: int) -> torch.Tensor:
