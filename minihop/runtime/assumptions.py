@@ -31,6 +31,7 @@ from ..structure import argname
 from .display import show_key
 from .backwards import reads_grad_mode
 from .fetch import fetcher
+from .module_reads import holds_modules, module_assumptions
 from .guards import (argument_key, autocast_key, compile_guard, compile_live_check, describe_argument,
                      describe_autocast, layout_key, show_value_key, unmet_marks, value_key)
 
@@ -187,14 +188,18 @@ def _value_assumption(name: str, place: str, phase: str, fetch: Callable[[Args],
                       line, batch=batch, explain_failure=failure, fetch=fetch, key=old)
 
 
-def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args) -> list[Assumption]:
+def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
+                      held: frozenset[str]) -> list[Assumption]:
     """Tensors fetched from places for forward, and each Python place the capture read (once
-    a place, checked at each call; again when backward runs for backward's reads)."""
+    a place, checked at each call; again when backward runs for backward's reads), but for
+    those holding modules (``held``: ``module_reads``)."""
     fetched = tuple(s for s in pair.inputs if s.fetched and not s.read_in_backward)
     places: dict[str, Any] = {}
     lines: dict[str, str | None] = {}
     phases: dict[str, str] = {}
     for r in state.reads:
+        if r.place.description in held:
+            continue
         places.setdefault(r.place.description, r.place.get)
         lines.setdefault(r.place.description, r.line)  # forward's line first
         phases[r.place.description] = "forward" if r.phase == "forward" else phases.get(r.place.description, r.phase)
@@ -220,10 +225,12 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args) -> 
 
 
 def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
-                          reads: tuple[DataRead, ...]) -> list[Assumption]:
+                          reads: tuple[DataRead, ...], held: frozenset[str]) -> list[Assumption]:
     """What backward reads when it runs: another value takes another bwd (traced again)."""
     found = []
     for r in state.reads_in("backward"):
+        if r.place.description in held:
+            continue  # in module_reads' record
         old = value_key(r.place.get(args))
         found.append(Assumption(
             r.place.description, "backward", show_value_key(old),
@@ -354,13 +361,15 @@ def assumptions_of(pair: Pair, key: Args, masks: dict[int, frozenset[str]] | Non
     what backward checks when it runs."""
     name, argnames = pair.function_name, pair.argnames
     found = _key_assumptions(name, argnames, key, masks, dynamic_dims)
-    found += _live_assumptions(name, pair, state, args)
+    held = holds_modules(state, args)
+    found += module_assumptions(name, state, args, held, Assumption)
+    found += _live_assumptions(name, pair, state, args, held)
     if layout is not None:
         found += _layout_assumptions(name, argnames, layout)
     if shape_guards is not None:
         found.append(_shape_assumption(name, argnames, shape_guards, args))
     found += [_data_assumption(name, read) for read in reads if read.guards_forward]
-    found += _backward_assumptions(pair, state, args, reads)
+    found += _backward_assumptions(pair, state, args, reads, held)
     return tuple(found)
 
 

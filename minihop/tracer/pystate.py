@@ -50,6 +50,7 @@ from .atoms import ATOMS
 from .heap import Seen, argument_seen, del_attr, set_attr
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
+from .module_reads import places_held
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
                     methods_of, place_at, reads_environment, resolve_root, walk)
@@ -156,8 +157,10 @@ class StateTracker:
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end)
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
+                for place in places_held(root, value, named):  # MATHLIB.cos: which module MATHLIB holds
+                    self._add_read(place, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
-                    continue  # torch.sin, math.pi: not the user's state
+                    continue  # torch.sin, math.pi: the module's attributes are not the user's state
                 if root.description not in seen_roots:
                     seen_roots.add(root.description)
                     self.roots.append((root, value))
@@ -430,7 +433,6 @@ class StateTracker:
             "increments, appends of Python values, constants set); this one would happen once, "
             "while tracing, and never again when the graphs run.",
             todo, where=where)
-
 
     def _refuse_hidden(self, was: Seen, phase: str) -> None:
         place = was.root.description if not was.steps else place_at(was.root, was.steps).description

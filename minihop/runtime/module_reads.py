@@ -1,0 +1,112 @@
+"""One assumption for every name a capture read that holds a module: it keeps that module.
+
+Place in the pipeline: runtime, asked by ``assumptions.assumptions_of``. The tracer reads a
+place holding a module (``MATHLIB`` in ``MATHLIB.cos(p)``, ``F``, ``torch``, ``Cfg.lib``) as any
+other read place (``tracer.module_reads``); what the code computed through it depends on which
+module it is, so the capture holds while each such place holds the very module it held at
+capture. Nearly every Function reads ``torch`` or ``F``: rather than one value guard per name
+(a key built per call), all of a capture's module-holding places are one record whose check
+is one generated ``is`` per name (``holds_modules``), and, for the names backward reads, one
+record checked when backward runs (``runtime.backwards``: another module traces backward
+again, as eager's backward would call the new one).
+
+Invariant: a read place whose value at capture is a module is in exactly these records, and
+in no per-place value assumption.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import GuardMismatchError
+from ..spec import MISSING, PythonState, StateRead
+from .guards import value_key
+
+__all__ = ["holds_modules", "module_assumptions"]
+
+Args = tuple[Any, ...]
+
+
+def holds_modules(state: PythonState, args: Args) -> frozenset[str]:
+    """The read places (by description) that hold a module at capture."""
+    found = set()
+    for r in state.reads:
+        try:
+            value = r.place.get(args)
+        except Exception:
+            continue
+        if isinstance(value, types.ModuleType):
+            found.add(r.place.description)
+    return frozenset(found)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    return "nothing" if value is MISSING else f"{type(value).__name__} {getattr(value, '__qualname__', value)!r}"
+
+
+def _compiled(fetches: tuple[Callable[[Args], Any], ...], modules: tuple[Any, ...]) -> Callable[[Args], bool]:
+    """``args -> bool``: each place holds its module, by identity, generated as one expression."""
+    consts: dict[str, Any] = {f"f{i}": f for i, f in enumerate(fetches)}
+    consts.update({f"m{i}": m for i, m in enumerate(modules)})
+    test = " and ".join(f"f{i}(args) is m{i}" for i in range(len(fetches)))
+    source = f"def holds(args):\n    try:\n        return {test}\n    except Exception:\n        return False\n"
+    exec(source, consts)  # noqa: S102 (our own text: one ``is`` per place)
+    check: Callable[[Args], bool] = consts["holds"]
+    return check
+
+
+def module_assumptions(name: str, state: PythonState, args: Args, held: frozenset[str],
+                       make: Callable[..., Any]) -> list[Any]:
+    """The capture's record of the module-holding places (``held``) read by forward or
+    backward (checked at each call), and of those backward reads (checked again when backward
+    runs). ``make`` is ``assumptions.Assumption``."""
+    places: dict[str, StateRead] = {}
+    in_backward: dict[str, StateRead] = {}
+    for r in state.reads:
+        if r.place.description in held:
+            places.setdefault(r.place.description, r)
+            if r.phase == "backward":
+                in_backward.setdefault(r.place.description, r)
+    if not places:
+        return []
+    fetches = tuple(r.place.get for r in places.values())
+    modules = tuple(f(args) for f in fetches)
+    listed = ", ".join(f"{p} is {_shown(m)}" for p, m in zip(places, modules, strict=True))
+
+    def failure(call: Args) -> GuardMismatchError | None:
+        for (place, r), fetch, old in zip(places.items(), fetches, modules, strict=True):
+            try:
+                new = fetch(call)
+            except Exception:
+                new = MISSING
+            if new is not old:
+                return GuardMismatchError(
+                    f"Capture of {name}: {place} holds another module (or value) than at capture: "
+                    f"it held {_shown(old)}, it holds {_shown(new)}.",
+                    "What the code computed through that name (its functions, its constants) is "
+                    "baked into the graphs for the module it held then.",
+                    "Capture again (minihop.apply does this by itself).", where=r.line)
+        return None
+
+    found = [make("names holding modules", "forward", listed, _compiled(fetches, modules),
+                  f"names holding modules keep them (by identity, at each call): {listed}",
+                  next(iter(places.values())).line, explain_failure=failure)]
+    if in_backward:
+        reads = tuple(r.place.get for r in in_backward.values())
+
+        def fetch(call: Args) -> tuple[Any, ...]:
+            return tuple(read(call) for read in reads)
+
+        old = value_key(fetch(args))
+        shown = ", ".join(f"{p} is {_shown(r.place.get(args))}" for p, r in in_backward.items())
+        found.append(make(
+            "names holding modules read by backward", "backward", shown,
+            lambda call: value_key(fetch(call)) == old,
+            f"names holding modules read by backward keep them: {shown} (checked again when backward "
+            "runs; another module: backward traced again)", next(iter(in_backward.values())).line,
+            fetch=fetch, key=old))
+    return found

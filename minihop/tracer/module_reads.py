@@ -1,0 +1,55 @@
+"""Names that hold modules, and user modules' attributes, read by the user's code: guarded too.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker`` for each chain its code reads.
+``MATHLIB.cos(p)``, ``F.relu(x)``, ``m.sqrt(v)`` (``import math as m``), ``Cfg.lib.cos(p)``: what
+such a chain computes depends on which module the name holds, and a program can rebind it
+(``MATHLIB = Shim``, ``globals()["m"] = shim``, ``Cfg.lib = shim``). What the module itself
+holds is a library's state when it is a library's (torch, math: not followed), and the user's
+state when it is the user's own module (a ``types.ModuleType`` it built, its own file): then the
+attribute the code reads or calls there is a read like any other (``usermod.scale_fn(p)``).
+
+So each chain yields ``StateRead`` places (``places_held``): every place of the user's state
+(a global, a closure cell, an attribute of the user's object or class or module) that holds a
+module, whose value the runtime compares by identity (``runtime.module_reads``: one check for
+all of a capture's module-holding names), and the attribute of a user module the chain reads
+last. Module arguments are keyed by identity with the call (``runtime.guards``), so a chain
+from an argument yields only what it reads inside a user module.
+
+Invariant: no chain through a name that holds a module at capture is left without the
+identity of that module guarded, unless the name is an argument (in the call key).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from ..spec import MISSING, Place, Root
+from .library import is_library
+from .roots import place_at, walk
+from .userattr import UserAttribute
+
+__all__ = ["places_held"]
+
+
+def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> list[Place]:
+    """Places along ``root`` (its value ``value``), then ``steps`` (the chain's attributes and
+    items, and the method it calls), that hold a module or that are a user module's attribute
+    read last: each is guarded like any read place."""
+    found: list[Place] = []
+    if isinstance(value, types.ModuleType) and not root.uses_args:
+        found.append(place_at(root, ()))  # MATHLIB, F, m: which module the name holds
+    current = value
+    for k, step in enumerate(steps):
+        if current is MISSING or isinstance(current, UserAttribute) or (
+                isinstance(current, types.ModuleType) and is_library(current)):
+            break  # below a library module: its state, not the user's
+        following = walk(current, (step,))
+        in_user_module = isinstance(current, types.ModuleType)
+        holds_module = isinstance(following, types.ModuleType)
+        if (holds_module and (in_user_module or not root.uses_args)) or (in_user_module and k == len(steps) - 1):
+            # Cfg.lib, usermod.sub (an identity), usermod.scale_fn (the value read there);
+            # an argument's own attributes are in the call key (but for a module's, keyed by identity).
+            found.append(place_at(root, steps[:k + 1]))
+        current = following
+    return found
