@@ -293,3 +293,201 @@ def test_lru_cached_tensor_is_stale_after_its_global_changes():
         eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
     finally:
         reset()
+
+
+# -- modalias: names holding modules, rebound (tracer/module_reads, runtime/module_reads) -------
+
+import math as m  # noqa: E402  (the alias is the case: ``import math as m``, then ``globals()["m"] = shim``)
+import torch.nn.functional as F  # noqa: E402  (``F``: the alias nearly every Function reads)
+
+
+def _shim_module(name: str, **attrs: Any) -> types.ModuleType:
+    """A user's own module (built at run time, as a plugin or a test double is)."""
+    mod = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+_MSHIM = _shim_module("mshim", cos=lambda v: 0.5 + v, sqrt=lambda v: 2.0 * v)
+
+
+class _AliasSqrt(Function):
+    @staticmethod
+    def forward(ctx, t, p):
+        ctx.s = m.sqrt(p)
+        return t * ctx.s
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s * m.cos(0.0), None
+
+
+def test_import_as_alias_rebound_through_globals():
+    """``import math as m``; the caller swaps ``globals()["m"]`` between calls and before backward."""
+    def between(i):
+        globals()["m"] = _MSHIM if i == 1 else math
+
+    def mid(i):
+        if i == 2:
+            globals()["m"] = _MSHIM
+
+    try:
+        eager_modes.matches_eager(_AliasSqrt, lambda i: (_fixed(i), 2.25), between=between, mid=mid)
+    finally:
+        globals()["m"] = math
+
+
+class _Cfg:
+    lib: Any = math
+
+
+class _ClassHeldModule(Function):
+    @staticmethod
+    def forward(ctx, t, p):
+        return t * _Cfg.lib.cos(p)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _Cfg.lib.cos(0.5), None
+
+
+def test_module_on_a_class_attribute_rebound():
+    """``class Cfg: lib = math``; ``Cfg.lib = shim`` between calls and before backward."""
+    def between(i):
+        _Cfg.lib = _MSHIM if i == 1 else math
+
+    def mid(i):
+        if i == 3:
+            _Cfg.lib = _MSHIM
+
+    try:
+        eager_modes.matches_eager(_ClassHeldModule, lambda i: (_fixed(i), 0.25), between=between, mid=mid)
+    finally:
+        _Cfg.lib = math
+
+
+def _cell_function() -> tuple[type, Any]:
+    lib: Any = math
+
+    class CellHeld(Function):
+        @staticmethod
+        def forward(ctx, t, p):
+            return t * lib.cos(p)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * lib.cos(1.0), None
+
+    def rebind(new: Any) -> None:
+        nonlocal lib
+        lib = new
+
+    return CellHeld, rebind
+
+
+def test_module_in_a_closure_cell_rebound():
+    """A Function built in a factory reads ``lib`` from its closure; the factory rebinds it."""
+    fn, rebind = _cell_function()
+
+    def between(i):
+        rebind(_MSHIM if i in (1, 3) else math)
+
+    def mid(i):
+        if i == 2:
+            rebind(_MSHIM)
+
+    eager_modes.matches_eager(fn, lambda i: (_fixed(i), 0.75), between=between, mid=mid)
+
+
+# numpy-style: ``import mynum as np``, a user module whose attributes change.
+unum = _shim_module("unum", SCALE=2.0, act=lambda v: v * 3.0)
+
+
+class _UserModuleAttrs(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return unum.act(t) * unum.SCALE
+
+    @staticmethod
+    def backward(ctx, g):
+        return unum.act(g) * unum.SCALE
+
+
+def test_user_module_attributes_change():
+    """A user module's function and constant replaced between calls and before backward."""
+    def between(i):
+        unum.SCALE = 2.0 + (i == 1)
+        unum.act = (lambda v: v * 5.0) if i == 3 else (lambda v: v * 3.0)
+
+    def mid(i):
+        if i == 2:
+            unum.act = lambda v: v - 1.0
+
+    def reset():
+        unum.SCALE, unum.act = 2.0, (lambda v: v * 3.0)
+
+    try:
+        eager_modes.matches_eager(_UserModuleAttrs, lambda i: (_fixed(i),), between=between, mid=mid, reset=reset)
+    finally:
+        reset()
+
+
+_FSHIM = _shim_module("fshim", relu=lambda t: t * 0.5, silu=torch.tanh)
+
+
+class _FunctionalAlias(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.save_for_backward(t)
+        return F.relu(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        (t,) = ctx.saved_tensors
+        return F.silu(g) * (t > 0)
+
+
+def test_functional_alias_swapped_for_a_shim_module():
+    """``import torch.nn.functional as F``; a test double module put in ``F``'s place."""
+    def between(i):
+        globals()["F"] = _FSHIM if i in (1, 2) else torch.nn.functional
+
+    def mid(i):
+        if i == 3:
+            globals()["F"] = _FSHIM
+
+    try:
+        eager_modes.matches_eager(_FunctionalAlias, lambda i: (_fixed(i),), between=between, mid=mid)
+    finally:
+        globals()["F"] = torch.nn.functional
+
+
+class _ModuleArgument(Function):
+    @staticmethod
+    def forward(ctx, t, lib, p):
+        ctx.lib = lib
+        return t * lib.cos(p) * lib.SCALE
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.lib.cos(0.0) * ctx.lib.SCALE, None, None
+
+
+def test_module_passed_as_an_argument():
+    """A module passed in (keyed by identity); the user module's constant changes between
+    calls and before backward (read inside it: guarded as a place)."""
+    lib = _shim_module("passedlib", cos=math.cos, SCALE=2.0)
+    other = _shim_module("otherlib", cos=lambda v: 0.5 - v, SCALE=1.0)
+
+    def make(i):
+        return (_fixed(i), other if i == 0 else lib, 0.5)
+
+    def between(i):
+        lib.SCALE = 3.0 if i == 2 else 2.0
+
+    def mid(i):
+        if i == 3:
+            lib.SCALE = 4.0
+
+    eager_modes.matches_eager(_ModuleArgument, make, between=between, mid=mid)

@@ -275,7 +275,7 @@ class StateTracker:
                 seen = index.get(id(first))
                 if isinstance(first, (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
                     continue  # a value, not a holder (a symbolic size is each call's own)
-                if seen is None and isinstance(first, torch.nn.Module):  # keyed whole, not snapshotted
+                if seen is None and isinstance(first, (torch.nn.Module, types.ModuleType)):  # keyed, not snapshotted
                     seen = argument_seen(first, self.args, self.parts.argnames)
                 if seen is None:
                     continue
