@@ -117,6 +117,102 @@ def test_dict_on_ctx_loses_a_key_before_backward():
     eager_modes.matches_eager(_DictSum, make, mid=mid, refusable=False)
 
 
+class _DictPick(Function):
+    @staticmethod
+    def forward(ctx, t, parts):
+        ctx.parts = parts
+        return t * parts["a"]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.parts["b"], None
+
+
+def test_dict_key_backward_reads_deleted_before_backward():
+    """Eager's backward raises KeyError where the caller deleted the key it reads."""
+    box: list[Any] = []
+
+    def make(i):
+        box[:] = [{"a": torch.full((4,), 2.0), "b": torch.full((4,), 3.0 + i)}]
+        return (_fixed(i), box[0])
+
+    def mid(i):
+        if i == 1:
+            del box[0]["b"]
+
+    eager_modes.matches_eager(_DictPick, make, mid=mid, refusable=False)
+
+
+def test_list_on_ctx_popped_before_backward():
+    box: list[Any] = []
+
+    def make(i):
+        box[:] = [[torch.full((4,), 2.0), torch.full((4,), 4.0 + i)]]
+        return (_fixed(i), box[0])
+
+    def mid(i):
+        if i % 2:
+            box[0].pop()
+
+    eager_modes.matches_eager(_ListTail, make, mid=mid, refusable=False)
+
+
+class _NestedTail(Function):
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.opts = inputs[1]
+
+    @staticmethod
+    def forward(t, opts):
+        return t * opts["ws"][0]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * sum(w.sum() for w in ctx.opts["ws"]) + ctx.opts["ws"][-1], None
+
+
+def test_list_inside_a_dict_on_ctx_appended_before_backward():
+    """setup_context style; backward iterates the list and takes its last item."""
+    box: list[Any] = []
+
+    def make(i):
+        box[:] = [{"ws": [torch.full((4,), 1.0)], "tag": "x"}]
+        return (_fixed(i), box[0])
+
+    def mid(i):
+        if i >= 1:
+            box[0]["ws"].append(torch.full((4,), 0.5 * i))
+
+    eager_modes.matches_eager(_NestedTail, make, mid=mid, refusable=False)
+
+
+class _Extras(Function):
+    @staticmethod
+    def forward(ctx, t, cfg):
+        ctx.cfg = cfg
+        return t * cfg.w
+
+    @staticmethod
+    def backward(ctx, g):
+        extra = ctx.cfg.extras.get("bias")
+        return (g * ctx.cfg.w if extra is None else g * ctx.cfg.w + extra), None
+
+
+def test_dict_on_an_object_on_ctx_gains_a_key_before_backward():
+    import types as _types
+    box: list[Any] = []
+
+    def make(i):
+        box[:] = [_types.SimpleNamespace(w=torch.full((4,), 2.0), extras={})]
+        return (_fixed(i), box[0])
+
+    def mid(i):
+        if i in (1, 3):
+            box[0].extras["bias"] = torch.full((4,), float(i))
+
+    eager_modes.matches_eager(_Extras, make, mid=mid, refusable=False)
+
+
 # -- ctx written in backward, backward run twice -----------------------------------------------
 
 class _Counter(Function):

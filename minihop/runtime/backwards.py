@@ -42,21 +42,23 @@ from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "reads_grad_mode", "same_properties",
-           "tensor_key"]
+__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "keeps_arguments", "live_slots",
+           "reads_grad_mode", "same_properties", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
 # Returns a bwd traced for that layout (and the call's arguments, when backward reads Python
 # state in them; and the call's grads, one per fwd output, and saved values, when backward
 # reads their values); per saved value it takes, the index of that value among this
-# capture's saved values; per gradient it returns, the index of its fwd input among this
-# capture's fwd inputs.
+# capture's saved values, or, for a tensor the captured backward did not read (a key added
+# since to an argument's dict on ctx), ``fetch(call_args)`` taking it from its place when
+# backward runs; per gradient it returns, the index of its fwd input among this capture's fwd
+# inputs (-1 for such a fetched tensor).
 # And backward's Python writes in that case (``StateWrite``s, replayed when it runs), and the
 # values it read from the grads and saved values (``DataRead``s guarding backward).
 # The last argument: trace it with grad mode on (for ``create_graph=True``, see ``grad_on``).
 Retrace = Callable[[GradLayout, tuple[Any, ...], Sequence[Any], Sequence[Any], bool],
-                   tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...], tuple[Any, ...],
+                   tuple[fx.GraphModule, tuple[Any, ...], tuple[int, ...], tuple[Any, ...],
                          tuple[DataRead, ...]]]
 
 # Bwd variants kept per grad case for the values backward reads (as ``cache_limit`` bounds
@@ -101,7 +103,7 @@ class Backwards:
         # tensor there of other properties than the traced one needs another bwd too.
         live = live_slots(pair)
         self.state_reads = (*(a.fetch for a in values),
-                            *(lambda call_args, f=fetch: tensor_key(f(call_args)) for _, fetch, _ in live))
+                            *(lambda call_args, f=fetch: tensor_key(fetch_now(f, call_args)) for _, fetch, _ in live))
         self.state_base = (*(a.key for a in values), *(base if base is _NEVER else value_key(base) for _, _, base in live))
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
@@ -233,6 +235,25 @@ class Backwards:
         self.writes.pop((key, n), None)
 
 
+class Unfetched:
+    """What a place backward reads when it runs held: nothing (``ctx.parts["b"]``, the caller
+    deleted "b" since forward). Only the bwd that takes it raises ``error``: a variant traced
+    for the dict as it is now does not read it, as eager's backward does not."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def fetch_now(fetch: Callable[[tuple[Any, ...]], Any], call_args: tuple[Any, ...]) -> Any:
+    """What ``fetch`` finds now, or ``Unfetched`` where its key or attribute is gone."""
+    try:
+        return fetch(call_args)
+    except (LookupError, AttributeError) as e:
+        return Unfetched(e)
+
+
 def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[tuple[Any, ...]], Any], Any], ...]:
     """Per saved value that is a tensor backward reads when it runs (``InputSource.
     read_in_backward``, passed through fwd): ``(saved index, fetch, key)``. ``fetch(call_args)``
@@ -278,6 +299,8 @@ def keeps_arguments(pair: Pair, state: PythonState) -> bool:
 def tensor_key(value: Any) -> Any:
     """What a bwd traced for a tensor relies on: its type, shape, dtype, device, layout,
     requires_grad (symbolic sizes: never equal, so a changed tensor is traced again)."""
+    if isinstance(value, Unfetched):
+        return ("absent",)
     if not isinstance(value, torch.Tensor):
         return _NEVER
     if _symbolic(tuple(value.shape)):
@@ -309,7 +332,8 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
     def run(*args: Any) -> tuple[Any, ...]:
         grads: list[Any] = [None] * n
         for i, g in zip(input_map, code(*args), strict=True):
-            grads[i] = g
+            if i >= 0:  # (-1: a tensor the variant fetched from its place; no gradient goes there)
+                grads[i] = g
         return tuple(grads)
 
     return run

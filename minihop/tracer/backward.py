@@ -178,8 +178,11 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
             t.values.call_data = None  # the call's tensors are not kept
             for name, value in swapped.items():
                 object.__setattr__(ctx, name, value)
+        # A place this backward reads that the captured one did not (a key the caller added
+        # to an argument's dict on ctx) has a fwd input of its own: fetched when backward runs.
+        fwd_inputs = tuple((node, t.placeholder_sources[node]) for node in t.fwd.graph.nodes if node.op == "placeholder")
         return dataclasses.replace(
-            made[0], bwd_graph=t.bwd.graph,
+            made[0], fwd_inputs=fwd_inputs, bwd_graph=t.bwd.graph,
             grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
             grad_names=bwd.grad_names, grad_handed=bwd.grad_handed, bwd_saved=tuple(t.bwd_saved),
             arg_grads=bwd.arg_grads, names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),
