@@ -213,6 +213,57 @@ def test_dict_on_an_object_on_ctx_gains_a_key_before_backward():
     eager_modes.matches_eager(_Extras, make, mid=mid, refusable=False)
 
 
+# -- a backward traced again that reads a tensor the captured one did not ------------------------
+
+W_ONE = torch.full((4,), 2.0)
+W_TWO = torch.full((2, 4), 3.0)
+
+
+def _by_one(g: torch.Tensor) -> torch.Tensor:
+    return g * W_ONE
+
+
+def _by_two(g: torch.Tensor) -> torch.Tensor:
+    return g * W_TWO.sum(0)
+
+
+HELPER: Any = _by_one
+
+
+class _Helped(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return HELPER(g)
+
+
+def test_helper_rebound_before_backward_reads_another_global_tensor():
+    """The caller swaps backward's helper between forward and backward; the new helper reads
+    a global tensor the captured backward never read (forward did not pass it)."""
+    global HELPER
+
+    def between(i):
+        global HELPER
+        HELPER = _by_one
+
+    def mid(i):
+        global HELPER
+        if i in (1, 3):
+            HELPER = _by_two
+        if i == 3:
+            W_TWO.mul_(2.0)
+
+    try:
+        eager_modes.matches_eager(_Helped, lambda i: (_fixed(i),), between=between, mid=mid,
+                                  reset=lambda: W_TWO.fill_(3.0), refusable=False)
+    finally:
+        HELPER = _by_one
+        W_TWO.fill_(3.0)
+
+
 # -- ctx written in backward, backward run twice -----------------------------------------------
 
 class _Counter(Function):
