@@ -11,8 +11,12 @@ import math
 import types
 from typing import Any
 
+import pytest
 import torch
 from torch.autograd import Function
+
+import minihop
+from minihop.errors import SideEffectError
 
 import eager_modes  # tests/ is on the path (pytest prepends a test file's directory)
 
@@ -440,3 +444,118 @@ def test_lru_cached_tensor_is_stale_after_its_global_changes():
         eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
     finally:
         reset()
+
+
+def test_lru_cached_tensor_is_stale_after_its_global_is_written_in_place():
+    """BASE.mul_ after the table for n=3 was cached: eager's cached table keeps the old values."""
+    def between(i):
+        if i == 2:
+            BASE.mul_(3.0)
+
+    def reset():
+        BASE.fill_(1.0)
+        _table.cache_clear()
+
+    try:
+        eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
+    finally:
+        reset()
+
+
+class _CachedInForward(Function):
+    @staticmethod
+    def forward(ctx, t):
+        w = _table(t.shape[1])
+        ctx.save_for_backward(w)
+        return t * w
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g * w
+
+
+def test_lru_cached_tensor_saved_for_backward_stale_after_rebinding():
+    global BASE
+
+    def between(i):
+        global BASE
+        if i == 1:
+            BASE = torch.full((4,), 5.0)
+
+    def reset():
+        global BASE
+        BASE = torch.ones(4)
+        _table.cache_clear()
+
+    try:
+        eager_modes.matches_eager(_CachedInForward, lambda i: (_fixed(i),), between=between, reset=reset)
+    finally:
+        reset()
+
+
+SCALE = 2.0
+
+
+@functools.cache
+def _ramp(n: int) -> torch.Tensor:
+    return torch.arange(float(n)) * SCALE
+
+
+class _Ramped(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.n = t.shape[1]
+        return t * _ramp(t.shape[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _ramp(ctx.n)
+
+
+def test_functools_cache_reading_a_global_number_that_changes():
+    """functools.cache spelling; SCALE changes between calls (eager keeps the cached ramp)."""
+    global SCALE
+
+    def between(i):
+        global SCALE
+        SCALE = 2.0 + (i >= 2)
+
+    def reset():
+        global SCALE
+        SCALE = 2.0
+        _ramp.cache_clear()
+
+    try:
+        eager_modes.matches_eager(_Ramped, lambda i: (_fixed(i),), between=between, reset=reset)
+    finally:
+        reset()
+
+
+@functools.lru_cache(maxsize=4)
+def _tril(n: int, scale: float) -> torch.Tensor:
+    return torch.ones(n, n).tril() * scale
+
+
+class _Lower(Function):
+    @staticmethod
+    def forward(ctx, t, scale):
+        ctx.scale = scale
+        return _tril(t.shape[0], scale) @ t
+
+    @staticmethod
+    def backward(ctx, g):
+        return _tril(g.shape[0], ctx.scale).t() @ g, None
+
+
+def test_lru_cached_tensor_of_its_arguments_alone_is_captured():
+    """A cached function of its arguments alone (torch only): captured, never refused."""
+    eager_modes.matches_eager(_Lower, lambda i: (_fixed(i), [1.0, 2.0, 1.0, 0.5][i]),
+                              state=lambda: _tril.cache_info()[:], reset=_tril.cache_clear, refusable=False)
+
+
+def test_lru_cache_refusal_names_the_state_it_reads():
+    _ramp.cache_clear()
+    with pytest.raises(SideEffectError, match=r"MH106.*_ramp.*SCALE"):
+        minihop.capture(_Ramped, _fixed(0))
+    _ramp.cache_clear()
