@@ -428,7 +428,6 @@ class _Cached(Function):
 
 def test_lru_cached_tensor_is_stale_after_its_global_changes():
     """Eager keeps returning the table cached from the old BASE."""
-    global BASE
 
     def between(i):
         global BASE
@@ -476,7 +475,6 @@ class _CachedInForward(Function):
 
 
 def test_lru_cached_tensor_saved_for_backward_stale_after_rebinding():
-    global BASE
 
     def between(i):
         global BASE
@@ -515,7 +513,6 @@ class _Ramped(Function):
 
 def test_functools_cache_reading_a_global_number_that_changes():
     """functools.cache spelling; SCALE changes between calls (eager keeps the cached ramp)."""
-    global SCALE
 
     def between(i):
         global SCALE
