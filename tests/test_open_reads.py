@@ -268,6 +268,33 @@ def test_helper_rebound_before_backward_reads_another_global_tensor():
         W_TWO.fill_(3.0)
 
 
+HIST: list[torch.Tensor] = []
+
+
+class _LastOfGlobal(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * HIST[-1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * HIST[-1]
+
+
+def test_global_list_grown_before_backward_twice_in_a_row():
+    """Backward reads HIST[-1] of a global list the caller appends to before backward (calls
+    1 and 2: two lengths in a row, each a new last item), then not (call 3)."""
+    def reset():
+        HIST[:] = [torch.full((4,), 2.0)]
+
+    def mid(i):
+        if i in (1, 2):
+            HIST.append(torch.full((4,), 3.0 + i))
+
+    eager_modes.matches_eager(_LastOfGlobal, lambda i: (_fixed(i),), mid=mid, reset=reset,
+                              refusable=False)
+
+
 # -- ctx written in backward, backward run twice -----------------------------------------------
 
 class _Counter(Function):
