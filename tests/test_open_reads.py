@@ -583,3 +583,41 @@ def test_lru_cache_refusal_names_the_state_it_reads():
     with pytest.raises(SideEffectError, match=r"MH106.*_ramp.*SCALE"):
         minihop.capture(_Ramped, _fixed(0))
     _ramp.cache_clear()
+
+
+# -- found while working ---------------------------------------------------------------------------
+
+CONF = types.SimpleNamespace(s=1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _steps(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) + 1
+
+
+class _SizedCache(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2 + g * _steps(g.shape[0]) + g * CONF.s
+
+
+def test_cached_helper_called_with_a_size_in_a_backward_traced_again():
+    """Sizes 3, 4, 3: dynamic from call 1; CONF.s changes before each backward, so backward is
+    traced again, and its call of the cached helper took the symbolic size (TypeError: unhashable
+    SymInt when replayed, also in fallback mode; effects fuzz seed 1082)."""
+    def make(i):
+        return (torch.linspace(-1.0, 1.0, [3, 4, 3, 3][i]).requires_grad_(),)
+
+    def mid(i):
+        CONF.s = CONF.s * 2.0 + 0.5
+
+    def reset():
+        CONF.s = 1.0
+        _steps.cache_clear()
+
+    eager_modes.matches_eager(_SizedCache, make, mid=mid, reset=reset,
+                              state=lambda: tuple(_steps.cache_info())[:2], refusable=False)
