@@ -453,41 +453,6 @@ class _Cached(Function):
         return g * _table(g.shape[0])
 
 
-def test_lru_cached_tensor_is_stale_after_its_global_changes():
-    """Eager keeps returning the table cached from the old BASE."""
-
-    def between(i):
-        global BASE
-        if i == 2:
-            BASE = torch.full((4,), 3.0)
-
-    def reset():
-        global BASE
-        BASE = torch.ones(4)
-        _table.cache_clear()
-
-    try:
-        eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
-    finally:
-        reset()
-
-
-def test_lru_cached_tensor_is_stale_after_its_global_is_written_in_place():
-    """BASE.mul_ after the table for n=3 was cached: eager's cached table keeps the old values."""
-    def between(i):
-        if i == 2:
-            BASE.mul_(3.0)
-
-    def reset():
-        BASE.fill_(1.0)
-        _table.cache_clear()
-
-    try:
-        eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
-    finally:
-        reset()
-
-
 class _CachedInForward(Function):
     @staticmethod
     def forward(ctx, t):
@@ -501,22 +466,30 @@ class _CachedInForward(Function):
         return g * w
 
 
-def test_lru_cached_tensor_saved_for_backward_stale_after_rebinding():
+def _rebind_base(i: int) -> None:
+    global BASE
+    if i == 2:
+        BASE = torch.full((4,), 3.0)
 
-    def between(i):
-        global BASE
-        if i == 1:
-            BASE = torch.full((4,), 5.0)
 
-    def reset():
-        global BASE
-        BASE = torch.ones(4)
-        _table.cache_clear()
+def _reset_base() -> None:
+    global BASE
+    BASE = torch.ones(4)
+    _table.cache_clear()
 
+
+@pytest.mark.parametrize("fn_cls, between", [
+    (_Cached, _rebind_base),
+    (_Cached, lambda i: BASE.mul_(3.0) if i == 2 else None),
+    (_CachedInForward, _rebind_base),
+], ids=["rebound", "written-in-place", "saved-for-backward"])
+def test_lru_cached_tensor_is_stale_after_its_global_changes(fn_cls, between):
+    """BASE changes after the table was cached (rebound, or written in place; the table read
+    in backward, or saved for it): eager keeps returning the table cached from the old BASE."""
     try:
-        eager_modes.matches_eager(_CachedInForward, lambda i: (_fixed(i),), between=between, reset=reset)
+        eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),), between=between, reset=_reset_base)
     finally:
-        reset()
+        _reset_base()
 
 
 SCALE = 2.0
