@@ -792,3 +792,26 @@ def test_module_passed_as_an_argument():
             lib.SCALE = 4.0
 
     eager_modes.matches_eager(_ModuleArgument, make, between=between, mid=mid)
+
+
+def test_names_holding_modules_are_one_assumption():
+    """All of a capture's module-holding names are one record (one identity check per call),
+    each listed by ``explain``; backward's are checked again when backward runs; a capture
+    called after a rebinding names the place and both modules."""
+    from minihop.errors import GuardMismatchError
+
+    x = _fixed(0)
+    cap = minihop.capture(_FunctionalAlias, x)
+    forward = [a for a in cap.assumptions if a.place == "names holding modules"]
+    assert len(forward) == 1 and forward[0].phase == "forward"
+    assert "F is module torch.nn.functional" in forward[0].show()
+    assert [a.place for a in cap.assumptions if a.phase == "backward" and "module" in a.description] == ["F"]
+    assert "F is module torch.nn.functional" in str(minihop.explain(_FunctionalAlias, x))
+    try:
+        globals()["F"] = _FSHIM
+        assert not cap.fits((x,))
+        with pytest.raises(GuardMismatchError, match=r"F holds another module.*torch\.nn\.functional.*fshim"):
+            cap(x)
+    finally:
+        globals()["F"] = torch.nn.functional
+    assert cap.fits((x,))

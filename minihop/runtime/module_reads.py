@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GuardMismatchError
-from ..spec import MISSING, PythonState, StateRead
+from ..spec import MISSING, Place, PythonState, StateRead
 from .guards import value_key
 
 __all__ = ["holds_modules", "module_assumptions"]
@@ -48,15 +48,44 @@ def _shown(value: Any) -> str:
     return "nothing" if value is MISSING else f"{type(value).__name__} {getattr(value, '__qualname__', value)!r}"
 
 
-def _compiled(fetches: tuple[Callable[[Args], Any], ...], modules: tuple[Any, ...]) -> Callable[[Args], bool]:
+def _reader(place: Place, i: int, consts: dict[str, Any]) -> str:
+    """Python text reading ``place`` from ``args`` (its constants put in ``consts``): a
+    global or cell read directly (most of these are ``torch``, ``F``: the hot path), any other
+    place by its reader."""
+    root = place.root
+    if not place.steps and root.kind == "global" and isinstance(root.home, dict):
+        consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key
+        return f"h{i}.get(k{i})"
+    if not place.steps and root.kind == "cell" and root.home is not None:
+        consts[f"c{i}"] = root.home
+        return f"c{i}.cell_contents"  # an empty cell raises: the check fails
+    consts[f"f{i}"] = place.get
+    return f"f{i}(args)"
+
+
+def _generated(name: str, source: str, consts: dict[str, Any]) -> Any:
+    exec(source, consts)  # noqa: S102 (our own text: one read per place)
+    return consts[name]
+
+
+def _compiled(places: tuple[Place, ...], modules: tuple[Any, ...]) -> Callable[[Args], bool]:
     """``args -> bool``: each place holds its module, by identity, generated as one expression."""
-    consts: dict[str, Any] = {f"f{i}": f for i, f in enumerate(fetches)}
-    consts.update({f"m{i}": m for i, m in enumerate(modules)})
-    test = " and ".join(f"f{i}(args) is m{i}" for i in range(len(fetches)))
-    source = f"def holds(args):\n    try:\n        return {test}\n    except Exception:\n        return False\n"
-    exec(source, consts)  # noqa: S102 (our own text: one ``is`` per place)
-    check: Callable[[Args], bool] = consts["holds"]
+    consts: dict[str, Any] = {f"m{i}": m for i, m in enumerate(modules)}
+    test = " and ".join(f"{_reader(p, i, consts)} is m{i}" for i, p in enumerate(places))
+    check: Callable[[Args], bool] = _generated(
+        "holds", f"def holds(args):\n    try:\n        return {test}\n    except Exception:\n        return False\n",
+        consts)
     return check
+
+
+def _identity(place: Place) -> Callable[[Args], int]:
+    """``args -> int``: the id of what ``place`` holds (an empty cell: MISSING's)."""
+    consts: dict[str, Any] = {"MISSING": MISSING}
+    read = _reader(place, 0, consts)
+    ident: Callable[[Args], int] = _generated(
+        "identity", f"def identity(args):\n    try:\n        return id({read})\n    except Exception:\n"
+        "        return id(MISSING)\n", consts)
+    return ident
 
 
 def module_assumptions(name: str, state: PythonState, args: Args, held: frozenset[str],
@@ -92,21 +121,18 @@ def module_assumptions(name: str, state: PythonState, args: Args, held: frozense
                     "Capture again (minihop.apply does this by itself).", where=r.line)
         return None
 
-    found = [make("names holding modules", "forward", listed, _compiled(fetches, modules),
+    check = _compiled(tuple(r.place for r in places.values()), modules)
+    found = [make("names holding modules", "forward", listed, check,
                   f"names holding modules keep them (by identity, at each call): {listed}",
                   next(iter(places.values())).line, explain_failure=failure)]
-    if in_backward:
-        reads = tuple(r.place.get for r in in_backward.values())
-
-        def fetch(call: Args) -> tuple[Any, ...]:
-            return tuple(read(call) for read in reads)
-
-        old = value_key(fetch(args))
-        shown = ", ".join(f"{p} is {_shown(r.place.get(args))}" for p, r in in_backward.items())
+    for place, r in in_backward.items():
+        # Keyed by the module's id (as value_key keys a module), an int: backward compares it
+        # without building a key (guards.compile_live_check), where a module's key costs ~1 µs.
+        identity = _identity(r.place)
+        old = value_key(identity(args))
+        shown = f"{place} is {_shown(r.place.get(args))}"
         found.append(make(
-            "names holding modules read by backward", "backward", shown,
-            lambda call: value_key(fetch(call)) == old,
-            f"names holding modules read by backward keep them: {shown} (checked again when backward "
-            "runs; another module: backward traced again)", next(iter(in_backward.values())).line,
-            fetch=fetch, key=old))
+            place, "backward", shown, lambda call, identity=identity, old=old: value_key(identity(call)) == old,
+            f"name holding a module read by backward keeps it: {shown} (checked again when backward "
+            "runs; another module: backward traced again)", r.line, fetch=identity, key=old))
     return found
