@@ -45,10 +45,12 @@ class BackwardReads:
         self.t = tracing
         self.routes = routes  # the routes as they are now (a rebound name leads to its new tensor)
         self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
-        # route name -> (its source, the first fake: the one whose placeholder the others share)
-        self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
+        # route's place -> (its source, the first fake: the one whose placeholder the others share)
+        self.by_route: dict[Any, tuple[InputSource, torch.Tensor]] = {}
         self.again = False  # backward is traced again, after forward ran: no new fwd input
         self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
+        # id(stand-in) -> (stand-in, forward's fake): what forward wrote into a global's container
+        self.stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -83,6 +85,27 @@ class BackwardReads:
         """Hold none of the call's tensors once backward's run is traced."""
         self.paths.clear()
         self.fakes.clear()
+        self.stand_ins.clear()
+
+    def stand_in(self, value: Any) -> Any:
+        """What backward finds where forward wrote ``value`` into a container below a global or
+        a cell (``outside.OutsideSnapshot.replayed``): for a tensor forward computed, a real
+        stand-in of its properties, so that backward's read of it is a read of that place
+        when backward runs (``lift``: a route leads to it now), as eager's is: the caller may
+        have cleared the memo (eager's ``KeyError``) or put another tensor there since. Where
+        no route leads to it, ``lift`` gives forward's fake back (its value, saved)."""
+        if not (isinstance(value, FakeTensor) and type(value) is FakeTensor and self.t.is_traced(value)) \
+                or _symbolic(value):
+            return value
+        try:
+            with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+                real = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+        except Exception:  # a device this process cannot allocate on: forward's value, as before
+            return value
+        if value.requires_grad:
+            real.requires_grad_(True)
+        self.stand_ins[id(real)] = (real, value)
+        return real
 
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
@@ -95,12 +118,15 @@ class BackwardReads:
             # backward runs (the runtime keeps the call's arguments on ctx for it).
             name, place = input_name(path, self.t.parts.argnames), None
         else:
-            route = self.t.closure_routes.get(id(real))
+            stood = self.stand_ins.get(id(real))
+            stood = stood if stood is not None and stood[0] is real else None
+            # A stand-in is new: the routes are found again (an older id may be its now).
+            route = None if stood is not None else self.t.closure_routes.get(id(real))
             if route is None:
                 self.t.closure_routes = self.routes()
                 route = self.t.closure_routes.get(id(real))
                 if route is None:
-                    return None
+                    return None if stood is None else stood[1]
             name, place = route
         # Its own fake, never forward's for the same tensor: forward's value and what the same
         # place holds when backward runs may differ.
@@ -110,16 +136,20 @@ class BackwardReads:
         if real.requires_grad:
             fake.requires_grad_(True)
         self.fakes[id(real)] = (real, fake)
-        known = self.by_route.get(name)
+        # One source per place (two places' names may coincide: ``D["a b"]``, ``D["a_b"]``).
+        where = ("arg", path) if path is not None else (place.root.kind, place.root.key, place.steps)
+        known = self.by_route.get(where)
         if self.again and (known is None or self.t.fwd.node_of.get(id(known[1])) is None):
             raise self.unknown(name)  # forward passed on only the places the first backward read
         if known is None:
             taken = {s.name for s in self.t.sources.values()}
-            source = InputSource(name if name not in taken else f"{name}bwd",
-                                 f"tensor {name} backward reads when it runs",
+            unique = name
+            while unique in taken:
+                unique += "bwd"
+            source = InputSource(unique, f"tensor {name} backward reads when it runs",
                                  arg_place(path) if path is not None else place, None,
                                  None if path is not None else real, read_in_backward=True)
-            self.by_route[name] = (source, fake)
+            self.by_route[where] = (source, fake)
             self.t._add_source(fake, source)
             return fake
         source, first = known
