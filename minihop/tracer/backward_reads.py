@@ -47,7 +47,7 @@ class BackwardReads:
         self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
         # route's place -> (its source, the first fake: the one whose placeholder the others share)
         self.by_route: dict[Any, tuple[InputSource, torch.Tensor]] = {}
-        self.again = False  # backward is traced again, after forward ran: no new fwd input
+        self.again = False  # backward is traced again, after forward ran (for one call)
         self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
         # id(stand-in) -> (stand-in, forward's fake): what forward wrote into a global's container
         self.stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -139,9 +139,11 @@ class BackwardReads:
         # One source per place (two places' names may coincide: ``D["a b"]``, ``D["a_b"]``).
         where = ("arg", path) if path is not None else (place.root.kind, place.root.key, place.steps)
         known = self.by_route.get(where)
-        if self.again and (known is None or self.t.fwd.node_of.get(id(known[1])) is None):
+        if self.again and known is not None and self.t.fwd.node_of.get(id(known[1])) is None:
             raise self.unknown(name)  # forward passed on only the places the first backward read
         if known is None:
+            # (Traced again: a place the captured backward did not read. Its fwd input is the
+            # variant's own; the runtime fetches it when backward runs, as it does the others.)
             taken = {s.name for s in self.t.sources.values()}
             unique = name
             while unique in taken:
