@@ -767,3 +767,26 @@ def test_memo_deleted_before_backward_raises_eagers_error():
     for mode in eager_modes.MODES:
         minihop.reset()
         assert run(mode) == eager, mode
+
+
+def test_memo_of_dynamic_sizes_read_by_backward_is_refused_and_falls_back():
+    """Captured with dynamic sizes, the memo's tensor has symbolic sizes: a read of its place
+    when backward runs cannot be given sizes of its own, so strict refuses (MH106, naming
+    ``STASH.obj``) and fallback runs eagerly; sizes 3, 4, 5, each replaced before backward."""
+    def run(call):
+        STASH.obj = None
+        grads = []
+        for n in (3, 4, 5):
+            x = torch.linspace(0.0, 1.0, n).requires_grad_()
+            out = call(x)
+            STASH.obj = torch.full((n,), 7.0 + n)
+            out.sum().backward()
+            grads.append(x.grad)
+        return grads
+
+    eager = run(_Stash2.apply)
+    minihop.reset()
+    with pytest.raises(SideEffectError, match=r"MH106.*STASH\.obj"):
+        run(minihop.function(_Stash2, dynamic=True))
+    minihop.reset()
+    eager_modes.same(eager, run(minihop.function(_Stash2, dynamic=True, fallback="eager")), "fallback")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from ..errors import UnsupportedOperationError
+from ..errors import SideEffectError, UnsupportedOperationError
 from ..spec import InputSource, arg_place
 from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
@@ -93,19 +93,32 @@ class BackwardReads:
         stand-in of its properties, so that backward's read of it is a read of that place
         when backward runs (``lift``: a route leads to it now), as eager's is: the caller may
         have cleared the memo (eager's ``KeyError``) or put another tensor there since. Where
-        no route leads to it, ``lift`` gives forward's fake back (its value, saved)."""
-        if not (isinstance(value, FakeTensor) and type(value) is FakeTensor and self.t.is_traced(value)) \
-                or _symbolic(value):
+        no route leads to it, ``lift`` gives forward's fake back (its value, saved). One of
+        symbolic sizes (dynamic shapes) stands in with its sizes' hints, and a route to it is
+        refused (``lift``): its read would need sizes of its own, which the graphs cannot take."""
+        if not (isinstance(value, FakeTensor) and type(value) is FakeTensor and self.t.is_traced(value)):
             return value
         try:
+            shape, stride = (tuple(_hint(d) for d in sizes) for sizes in (value.shape, value.stride()))
             with unset_fake_temporarily(), torch._C.DisableTorchFunction():
-                real = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-        except Exception:  # a device this process cannot allocate on: forward's value, as before
+                real = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+        except Exception:  # no hint (an unbacked size), or a device this process cannot allocate on
             return value
         if value.requires_grad:
             real.requires_grad_(True)
         self.stand_ins[id(real)] = (real, value)
         return real
+
+    def symbolic_memo(self, name: str) -> SideEffectError:
+        """Backward reads, at route ``name``, a tensor of symbolic sizes forward stored there."""
+        return SideEffectError(
+            f"{self.t.parts.name}.backward reads {name}, a tensor of dynamic sizes that forward "
+            "stored outside its return value (a global's container or object).",
+            "Eager's backward reads what that place holds when backward runs (the caller may have "
+            "replaced or removed it since forward); a capture with dynamic sizes cannot read a "
+            "tensor of sizes of its own there.",
+            "Save it for backward (ctx.save_for_backward), capture without dynamic=..., or run "
+            "the Function eagerly with minihop.function(F, fallback='eager').")
 
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
@@ -128,6 +141,8 @@ class BackwardReads:
                 if route is None:
                     return None if stood is None else stood[1]
             name, place = route
+            if stood is not None and _symbolic(stood[1]):
+                raise self.symbolic_memo(place.description)
         # Its own fake, never forward's for the same tensor: forward's value and what the same
         # place holds when backward runs may differ.
         with unset_fake_temporarily(), torch._C.DisableTorchFunction():
@@ -328,6 +343,16 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], 
                 undo.append((fake, step, child, new))
         elif id(child) in copies:
             _swap(t, *copies[id(child)], real_args, copies, undo, done)
+
+
+def _hint(size: Any) -> int:
+    """A size's concrete value (a symbolic one's hint; none for an unbacked one: ValueError)."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        if hint is None:
+            raise ValueError("an unbacked size")
+        return int(hint)
+    return int(size)
 
 
 def _symbolic(value: torch.Tensor) -> bool:
