@@ -815,3 +815,197 @@ def test_names_holding_modules_are_one_assumption():
     finally:
         globals()["F"] = torch.nn.functional
     assert cap.fits((x,))
+# == helper "memo": a tensor forward memoises in a global, changed before backward ============
+# Forward's tensor written below a global or a cell is read by backward from that place when
+# backward runs (tracer/backward_reads.py ``stand_in``), as eager reads it.
+
+CACHE: dict[Any, torch.Tensor] = {}
+
+
+class _DeviceCache(Function):
+    """A cache keyed by (size, device), as rotary-embedding code keys its tables."""
+
+    @staticmethod
+    def forward(ctx, t):
+        key = (t.shape[-1], str(t.device))
+        if key not in CACHE:
+            CACHE[key] = torch.linspace(0.5, 2.0, t.shape[-1])
+        ctx.key = key
+        return t * CACHE[key]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * CACHE[ctx.key]
+
+
+def test_cache_keyed_by_size_and_device_replaced_or_popped_before_backward():
+    def mid(i):
+        if i == 0:
+            CACHE[(4, "cpu")] = torch.full((4,), 3.0)
+        elif i == 1:
+            CACHE.pop((4, "cpu"))
+        elif i == 3:
+            CACHE[(4, "cpu")] = torch.full((3, 1), -2.0)  # another shape: broadcasts otherwise
+
+    eager_modes.matches_eager(_DeviceCache, lambda i: (_fixed(i),), steps=5, mid=mid,
+                              state=lambda: sorted(CACHE), reset=CACHE.clear)
+
+
+class _ClassMemo(Function):
+    """The table memoised on the Function's own class."""
+
+    _table: torch.Tensor | None = None
+
+    @staticmethod
+    def forward(ctx, t):
+        _ClassMemo._table = t.detach().abs() + 1.0
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _ClassMemo._table
+
+
+def test_class_attribute_memo_replaced_before_backward():
+    def mid(i):
+        if i % 2:
+            _ClassMemo._table = torch.full((3, 4), 0.25 * i)
+
+    def reset():
+        _ClassMemo._table = None
+
+    eager_modes.matches_eager(_ClassMemo, lambda i: (_fixed(i),), mid=mid, reset=reset)
+
+
+LOCAL = __import__("threading").local()
+
+
+class _LocalSlot(Function):
+    @staticmethod
+    def forward(ctx, t):
+        LOCAL.mask = (t.detach() > 0).float()
+        return t.relu()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * LOCAL.mask
+
+
+def test_thread_local_slot_replaced_or_deleted_before_backward():
+    """``del LOCAL.mask``: eager's backward raises AttributeError with its own message."""
+    def mid(i):
+        if i == 1:
+            LOCAL.mask = torch.ones(3, 4)
+        elif i == 2:
+            del LOCAL.mask
+
+    def reset():
+        LOCAL.__dict__.clear()
+
+    eager_modes.matches_eager(_LocalSlot, lambda i: (_fixed(i),), mid=mid, reset=reset)
+
+
+MEMO_HIST: list[torch.Tensor] = []
+
+
+class _History(Function):
+    @staticmethod
+    def forward(ctx, t):
+        MEMO_HIST.append(t.detach() * 0.5)
+        return t * 3.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * MEMO_HIST[-1]
+
+
+def test_list_memo_appended_to_before_backward():
+    """``MEMO_HIST[-1]`` in backward: the caller's item appended after forward's, or forward's."""
+    def mid(i):
+        if i in (1, 2):
+            MEMO_HIST.append(torch.full((3, 4), 2.0 + i))
+
+    eager_modes.matches_eager(_History, lambda i: (_fixed(i),), mid=mid,
+                              state=lambda: len(MEMO_HIST), reset=MEMO_HIST.clear)
+
+
+STASH = types.SimpleNamespace(obj=None)
+
+
+class _Stash2(Function):
+    @staticmethod
+    def forward(ctx, t):
+        STASH.obj = t.detach() * 3.0
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * STASH.obj
+
+
+def test_memo_overwritten_by_a_second_forward_before_the_first_backward():
+    """Two outputs alive: the second forward overwrites the memo, then the first's backward
+    runs (eager: with the second call's table), then the second's."""
+    def run(mode):
+        STASH.obj = None
+        call = eager_modes.caller(mode, _Stash2)
+        records = []
+        for step in range(3):
+            a, b = _fixed(step), torch.linspace(2.0, 3.0, 12).reshape(3, 4).requires_grad_()
+            out_a = call(a)
+            out_b = call(b)
+            out_a.sum().backward()
+            if step == 1:
+                STASH.obj = torch.full((3, 4), 7.0)
+            out_b.sum().backward()
+            records.append((out_a.detach(), out_b.detach(), a.grad, b.grad))
+        return records
+
+    eager = run("eager")
+    for mode in eager_modes.MODES:
+        minihop.reset()
+        eager_modes.same(eager, run(mode), mode)
+
+
+def test_memo_deleted_before_backward_raises_eagers_error():
+    """``del STASH.obj``: the same AttributeError as eager's, in every mode."""
+    def run(mode):
+        STASH.obj = None
+        out = eager_modes.caller(mode, _Stash2)(_fixed(0))
+        del STASH.obj
+        try:
+            out.sum().backward()
+        except AttributeError as e:
+            return str(e)
+        finally:
+            STASH.obj = None
+        return None
+
+    eager = run("eager")
+    assert eager is not None
+    for mode in eager_modes.MODES:
+        minihop.reset()
+        assert run(mode) == eager, mode
+
+
+def test_memo_of_dynamic_sizes_read_by_backward_is_refused_and_falls_back():
+    """Captured with dynamic sizes, the memo's tensor has symbolic sizes: a read of its place
+    when backward runs cannot be given sizes of its own, so strict refuses (MH106, naming
+    ``STASH.obj``) and fallback runs eagerly; sizes 3, 4, 5, each replaced before backward."""
+    def run(call):
+        STASH.obj = None
+        grads = []
+        for n in (3, 4, 5):
+            x = torch.linspace(0.0, 1.0, n).requires_grad_()
+            out = call(x)
+            STASH.obj = torch.full((n,), 7.0 + n)
+            out.sum().backward()
+            grads.append(x.grad)
+        return grads
+
+    eager = run(_Stash2.apply)
+    minihop.reset()
+    with pytest.raises(SideEffectError, match=r"MH106.*STASH\.obj"):
+        run(minihop.function(_Stash2, dynamic=True))
+    minihop.reset()
+    eager_modes.same(eager, run(minihop.function(_Stash2, dynamic=True, fallback="eager")), "fallback")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from ..errors import UnsupportedOperationError
+from ..errors import SideEffectError, UnsupportedOperationError
 from ..spec import InputSource, arg_place
 from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
@@ -45,10 +45,12 @@ class BackwardReads:
         self.t = tracing
         self.routes = routes  # the routes as they are now (a rebound name leads to its new tensor)
         self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
-        # route name -> (its source, the first fake: the one whose placeholder the others share)
-        self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
+        # route's place -> (its source, the first fake: the one whose placeholder the others share)
+        self.by_route: dict[Any, tuple[InputSource, torch.Tensor]] = {}
         self.again = False  # backward is traced again, after forward ran (for one call)
         self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
+        # id(stand-in) -> (stand-in, forward's fake): what forward wrote into a global's container
+        self.stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -83,6 +85,40 @@ class BackwardReads:
         """Hold none of the call's tensors once backward's run is traced."""
         self.paths.clear()
         self.fakes.clear()
+        self.stand_ins.clear()
+
+    def stand_in(self, value: Any) -> Any:
+        """What backward finds where forward wrote ``value`` into a container below a global or
+        a cell (``outside.OutsideSnapshot.replayed``): for a tensor forward computed, a real
+        stand-in of its properties, so that backward's read of it is a read of that place
+        when backward runs (``lift``: a route leads to it now), as eager's is: the caller may
+        have cleared the memo (eager's ``KeyError``) or put another tensor there since. Where
+        no route leads to it, ``lift`` gives forward's fake back (its value, saved). One of
+        symbolic sizes (dynamic shapes) stands in with its sizes' hints, and a route to it is
+        refused (``lift``): its read would need sizes of its own, which the graphs cannot take."""
+        if not (isinstance(value, FakeTensor) and type(value) is FakeTensor and self.t.is_traced(value)):
+            return value
+        try:
+            shape, stride = (tuple(_hint(d) for d in sizes) for sizes in (value.shape, value.stride()))
+            with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+                real = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+        except Exception:  # no hint (an unbacked size), or a device this process cannot allocate on
+            return value
+        if value.requires_grad:
+            real.requires_grad_(True)
+        self.stand_ins[id(real)] = (real, value)
+        return real
+
+    def symbolic_memo(self, name: str) -> SideEffectError:
+        """Backward reads, at route ``name``, a tensor of symbolic sizes forward stored there."""
+        return SideEffectError(
+            f"{self.t.parts.name}.backward reads {name}, a tensor of dynamic sizes that forward "
+            "stored outside its return value (a global's container or object).",
+            "Eager's backward reads what that place holds when backward runs (the caller may have "
+            "replaced or removed it since forward); a capture with dynamic sizes cannot read a "
+            "tensor of sizes of its own there.",
+            "Save it for backward (ctx.save_for_backward), capture without dynamic=..., or run "
+            "the Function eagerly with minihop.function(F, fallback='eager').")
 
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
@@ -95,13 +131,18 @@ class BackwardReads:
             # backward runs (the runtime keeps the call's arguments on ctx for it).
             name, place = input_name(path, self.t.parts.argnames), None
         else:
-            route = self.t.closure_routes.get(id(real))
+            stood = self.stand_ins.get(id(real))
+            stood = stood if stood is not None and stood[0] is real else None
+            # A stand-in is new: the routes are found again (an older id may be its now).
+            route = None if stood is not None else self.t.closure_routes.get(id(real))
             if route is None:
                 self.t.closure_routes = self.routes()
                 route = self.t.closure_routes.get(id(real))
                 if route is None:
-                    return None
+                    return None if stood is None else stood[1]
             name, place = route
+            if stood is not None and _symbolic(stood[1]):
+                raise self.symbolic_memo(place.description)
         # Its own fake, never forward's for the same tensor: forward's value and what the same
         # place holds when backward runs may differ.
         with unset_fake_temporarily(), torch._C.DisableTorchFunction():
@@ -110,18 +151,22 @@ class BackwardReads:
         if real.requires_grad:
             fake.requires_grad_(True)
         self.fakes[id(real)] = (real, fake)
-        known = self.by_route.get(name)
+        # One source per place (two places' names may coincide: ``D["a b"]``, ``D["a_b"]``).
+        where = ("arg", path) if path is not None else (place.root.kind, place.root.key, place.steps)
+        known = self.by_route.get(where)
         if self.again and known is not None and self.t.fwd.node_of.get(id(known[1])) is None:
             raise self.unknown(name)  # forward passed on only the places the first backward read
         if known is None:
             # (Traced again: a place the captured backward did not read. Its fwd input is the
             # variant's own; the runtime fetches it when backward runs, as it does the others.)
             taken = {s.name for s in self.t.sources.values()}
-            source = InputSource(name if name not in taken else f"{name}bwd",
-                                 f"tensor {name} backward reads when it runs",
+            unique = name
+            while unique in taken:
+                unique += "bwd"
+            source = InputSource(unique, f"tensor {name} backward reads when it runs",
                                  arg_place(path) if path is not None else place, None,
                                  None if path is not None else real, read_in_backward=True)
-            self.by_route[name] = (source, fake)
+            self.by_route[where] = (source, fake)
             self.t._add_source(fake, source)
             return fake
         source, first = known
@@ -298,6 +343,16 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], 
                 undo.append((fake, step, child, new))
         elif id(child) in copies:
             _swap(t, *copies[id(child)], real_args, copies, undo, done)
+
+
+def _hint(size: Any) -> int:
+    """A size's concrete value (a symbolic one's hint; none for an unbacked one: ValueError)."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        if hint is None:
+            raise ValueError("an unbacked size")
+        return int(hint)
+    return int(size)
 
 
 def _symbolic(value: torch.Tensor) -> bool:

@@ -88,19 +88,45 @@ class OutsideSnapshot:
                 _restore(c)
 
     @contextlib.contextmanager
-    def replayed(self) -> Iterator[None]:
+    def replayed(self, outside_value: Callable[[Any], Any] | None = None,
+                 again: bool = False) -> Iterator[None]:
         """Forward's writes taken back out put there again while backward is traced: a
         backward that reads what forward stored (a mask cached in a global dict) finds it, as
         in eager. Each container is left as it was found, however backward ended (when
-        backward is traced again later, what the runtime has put there since)."""
-        redone = [(c, _contents(c)) for c in self.containers if c.after is not None]
+        backward is traced again later, what the runtime has put there since).
+
+        A container below a global or a closure cell (a memo: ``ROTARY[n] = table``,
+        ``STATE.obj = t``) is the caller's as much as forward's: eager's backward reads what it
+        holds when backward runs, which the caller may have cleared or replaced since. There
+        each value forward wrote goes through ``outside_value`` (backward's reads of it are then
+        reads of that place, ``backward_reads.BackwardReads.stand_in``); and backward traced
+        ``again`` for a call finds such containers as they really are now (the runtime
+        repeated forward's writes there, and the caller changed what it changed)."""
+        redone = [(c, _contents(c)) for c in self.containers if c.after is not None
+                  and not (again and _caller_held(c))]
         for c, _ in redone:
-            _set_contents(c, c.after)
+            after = c.after
+            if outside_value is not None and _caller_held(c):
+                after = _mapped(c, after, outside_value)
+            _set_contents(c, after)
         try:
             yield
         finally:
             for c, found in redone:
                 _set_contents(c, found)
+
+
+def _caller_held(c: _Container) -> bool:
+    """A container reached from a global or a closure cell (not an argument's, not an output's)."""
+    return c.root[0] in ("global", "closure", "globals") and c.kind != "tensor"
+
+
+def _mapped(c: _Container, contents: Any, value_of: Callable[[Any], Any]) -> Any:
+    """``contents`` with each value forward wrote (new or rebound since before) mapped."""
+    if c.kind == "list":
+        n = len(c.before)
+        return [*contents[:n], *(value_of(v) for v in contents[n:])]
+    return {k: v if k in c.before and c.before[k] is v else value_of(v) for k, v in contents.items()}
 
 
 def outside_roots(forward: Any,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from ..spec import Place, Root
 from ..graph_names import free_value_root, held_name, parameter_name, tensor_name
 from ..structure import attributes
+from .chains import code_facts
 from .names import free_values
 from .library import is_library
 
@@ -42,17 +44,53 @@ def closure_routes(fn: Any) -> dict[int, Route]:
     parameter takes effect at the next call.
     """
     routes: dict[int, Route] = {}
-    for kind, name, value, fetch in _reached_free_values(fn, 0, set()):
+    reached = list(_reached_free_values(fn, 0, set()))
+    tails = _list_tails(reached)
+    for kind, name, value, fetch, _code in reached:
         root = Root("cell" if kind == "closure" else "global", name, name, lambda args, f=fetch: f())
-        _add_routes(routes, value, free_value_root(kind, name), fetch, root, ())
+        _add_routes(routes, value, free_value_root(kind, name), fetch, root, (), tails=tails.get(id(value), {}))
     return routes
+
+
+# A list the code reads only at one negative index (``HIST[-1]``): (id of the free value it is
+# below, steps to the list) -> that index.
+Tails = dict[int, dict[tuple[tuple[str, Any], ...], int]]
+
+
+def _list_tails(reached: list[tuple[str, str, Any, Callable[[], Any], Any]]) -> Tails:
+    """Where the code (chains of constant subscripts, ``chains.code_facts``) reads a container
+    at one negative index only: ``HIST[-1]`` means the last item whatever the length, so its
+    route is that index (a memo list the caller appends to). Read at any other index too, the
+    list's items keep their positions (checked with the list's length)."""
+    seen: dict[tuple[int, tuple[tuple[str, Any], ...]], set[Any]] = {}
+    for kind, name, value, _fetch, code in reached:
+        for inner in _nested(code):
+            for chain in code_facts(inner).chains:
+                if chain.root != name or chain.root_kind != ("deref" if kind == "closure" else "global"):
+                    continue
+                for k, (step, key) in enumerate(chain.steps):
+                    if step == "item":
+                        seen.setdefault((id(value), chain.steps[:k]), set()).add(key)
+    tails: Tails = {}
+    for (root, steps), keys in seen.items():
+        (key,) = keys if len(keys) == 1 else (None,)
+        if type(key) is int and key < 0:
+            tails.setdefault(root, {})[steps] = key
+    return tails
+
+
+def _nested(code: Any) -> Iterator[types.CodeType]:
+    if isinstance(code, types.CodeType):
+        yield code
+        for const in code.co_consts:
+            yield from _nested(const)
 
 
 # How deep the helpers a method calls are followed (as roots.analysed follows them).
 _HELPER_DEPTH = 3
 
 
-def _reached_free_values(fn: Any, depth: int, seen: set[int]) -> Iterator[tuple[str, str, Any, Callable[[], Any]]]:
+def _reached_free_values(fn: Any, depth: int, seen: set[int]) -> Iterator[tuple[str, str, Any, Callable[[], Any], Any]]:
     """``fn``'s free values, then those of the user's helpers it names (a function, a
     ``functools.partial``, a staticmethod, a bound method, a callable object's ``__call__``),
     so a tensor backward reads through ``helper()`` is fetched again too. A helper rebound
@@ -63,7 +101,7 @@ def _reached_free_values(fn: Any, depth: int, seen: set[int]) -> Iterator[tuple[
         return
     seen.add(id(code))
     for kind, name, value, fetch in free_values(fn):
-        yield kind, name, value, fetch
+        yield kind, name, value, fetch, code
         if depth < _HELPER_DEPTH:
             for helper in _helpers_of(value):
                 yield from _reached_free_values(helper, depth + 1, seen)
@@ -74,7 +112,7 @@ def state_named(fn: Any) -> str | None:
     names and that is state rather than code (a tensor, a number, a container, an object, a
     class or module of the user's, whose attributes may change); None where all it names is
     library code, the user's functions, or builtins."""
-    for _kind, name, value, _fetch in _reached_free_values(fn, 0, set()):
+    for _kind, name, value, _fetch, _code in _reached_free_values(fn, 0, set()):
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
             continue  # code (a function of the user's: its own names are followed)
         if isinstance(value, (types.ModuleType, type)) and is_library(value):
@@ -112,10 +150,12 @@ def _helpers_of(value: Any) -> list[Any]:
 
 
 def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callable[[], Any],
-                root: Root, steps: tuple[tuple[str, Any], ...], depth: int = 0) -> None:
+                root: Root, steps: tuple[tuple[str, Any], ...], depth: int = 0,
+                tails: dict[tuple[tuple[str, Any], ...], int] | None = None) -> None:
     """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
     to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
-    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager."""
+    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager.
+    ``tails``: the lists below ``value`` that the code reads at one negative index only."""
     if isinstance(value, torch.Tensor):
         # The reader is the route's own fetch: it keeps a list's length check (see below).
         routes.setdefault(id(value), (tensor_name(prefix), Place(root, steps, lambda args, f=fetch: f())))
@@ -125,13 +165,19 @@ def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callab
                           lambda args, f=fetch, p=pname: _module_tensor(f(), p))
             routes.setdefault(id(tensor), (parameter_name(prefix, pname), place))
     elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
+        tail = (tails or {}).get(steps)
+        if isinstance(value, list) and tail is not None and -len(value) <= tail:
+            # ``HIST[-1]``: whatever the list's length, first (the item's other route is its position)
+            step = ("item", tail)
+            _add_routes(routes, value[tail], held_name(prefix, tail), lambda f=fetch, s=step: _step(f(), s),
+                        root, (*steps, step), depth + 1, tails)
         for step, child in _held(value):
             if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
                 # A list's position means what the code read (``ws[-1]``, ``ws[i]``) only while
                 # the list keeps its length: a longer list's last item is another position.
                 n = len(value) if isinstance(value, list) else None
                 _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1)
+                            lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1, tails)
 
 
 # How deep and how many tensors the routes into containers and objects go (cycles stop there).
@@ -144,7 +190,7 @@ def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
     if isinstance(value, (list, tuple)):
         return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
     if isinstance(value, dict):
-        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if isinstance(k, (str, int))]
+        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if _routable_key(k)]
     if _is_user_object(value):
         return [(("attr", k), v) for k, v in attributes(value).items()]
     if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
@@ -152,12 +198,25 @@ def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
     return []
 
 
+# The standard library's plain attribute holders: a user's values are all they hold
+# (``STATE = SimpleNamespace(obj=None)``, ``_LOCAL = threading.local()``).
+_HOLDERS = (types.SimpleNamespace, threading.local)
+
+
+def _routable_key(key: Any) -> bool:
+    """A dict key a route can hold (it is fetched by it again): a string, a number, or a tuple
+    of such and devices and dtypes (``CACHE[(n, device)]``)."""
+    if isinstance(key, tuple):
+        return all(_routable_key(k) for k in key)
+    return key is None or isinstance(key, (str, int, float, torch.device, torch.dtype))
+
+
 def _is_user_object(value: Any) -> bool:
-    """An instance of the user's own class (not a function, class or module): its attributes
-    hold the user's values."""
+    """An instance of the user's own class (not a function, class or module), or a plain
+    attribute holder: its attributes hold the user's values."""
     return (hasattr(value, "__dict__") and not isinstance(value, (type, types.FunctionType, types.MethodType,
                                                                    types.ModuleType, torch.nn.Module))
-            and not is_library(type(value)))
+            and (not is_library(type(value)) or type(value) in _HOLDERS))
 
 
 def _step(owner: Any, step: tuple[str, Any], length: int | None = None) -> Any:

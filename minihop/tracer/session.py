@@ -92,8 +92,9 @@ class Tracing:
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
         self.closure_routes = {**closure_routes(parts.backward), **closure_routes(parts.forward)}
-        self.backward_reads = BackwardReads(self, lambda: {**closure_routes(parts.backward),
-                                                           **closure_routes(parts.forward)})
+        # backward's own routes first: the place its code reads (``HIST[-1]``, not ``HIST[0]``)
+        self.backward_reads = BackwardReads(self, lambda: {**closure_routes(parts.forward),
+                                                           **closure_routes(parts.backward)})
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)

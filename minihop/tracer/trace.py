@@ -212,9 +212,10 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
             names[node] = "outs" if single else "out"
 
     reads_before = record.saved_reads
-    t.replay_outside = outside.replayed
+    t.replay_outside = functools.partial(outside.replayed, again=True)  # the caller's containers as they are
     t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
-    with outside.replayed(), t.ctx_after_forward:  # backward sees what forward left, as in eager
+    # backward sees what forward left, as in eager; a global's memo: read when backward runs
+    with outside.replayed(t.backward_reads.stand_in), t.ctx_after_forward:
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
