@@ -293,3 +293,95 @@ def test_lru_cached_tensor_is_stale_after_its_global_changes():
         eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
     finally:
         reset()
+
+
+# -- ctxwrites: backward writes ctx, and backward runs again (retain_graph) ----------------------
+# Eager's second backward reads what the first left on ctx; minihop keys backward on the plain
+# values on ctx (``PythonState.ctx_state``) and traces a bwd from them.
+
+class _CountGetattr(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * 3.0
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.n_backward = getattr(ctx, "n_backward", 0) + 1  # forward never set it
+        return g * (3.0 / ctx.n_backward)
+
+
+def test_ctx_counter_created_by_getattr_in_backward():
+    eager_modes.matches_eager(_CountGetattr, lambda i: (_fixed(i),), backwards=3, refusable=False)
+
+
+class _DictCount(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.counts = {"bwd": 0, "fwd": 1}
+        return t.exp()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.counts["bwd"] += 1
+        return g * float(ctx.counts["bwd"] + ctx.counts["fwd"])
+
+
+def test_ctx_dict_counter_in_backward():
+    eager_modes.matches_eager(_DictCount, lambda i: (_fixed(i),), backwards=3, refusable=False)
+
+
+class _Popper(Function):
+    @staticmethod
+    def forward(ctx, t, k):
+        ctx.stack = [float(j + 1) for j in range(k)]
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        scale = ctx.stack.pop()
+        return g * scale, None
+
+
+def test_ctx_list_popped_in_backward():
+    """Each backward pops the next scale; the stack's length is a call argument."""
+    eager_modes.matches_eager(_Popper, lambda i: (_fixed(i), 3 + i % 2), backwards=3, refusable=False)
+
+
+class _FirstTime(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.save_for_backward(t)
+        ctx.seen = False
+        return t * t
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.seen:  # the second backward takes the other branch, reading the saved input
+            (t,) = ctx.saved_tensors
+            return g * t
+        ctx.seen = True
+        return g * 2.0
+
+
+def test_ctx_flag_set_in_backward_switches_the_next_backward():
+    eager_modes.matches_eager(_FirstTime, lambda i: (_fixed(i),), backwards=3, refusable=False)
+
+
+class _Countdown(Function):
+    @staticmethod
+    def forward(ctx, t, k):
+        ctx.left = k
+        ctx.history = ()
+        return t.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.left -= 1
+        ctx.history = (*ctx.history, ctx.left)
+        return g * float(ctx.left * len(ctx.history)), None
+
+
+def test_ctx_countdown_from_an_argument_with_a_tuple_history():
+    """From the second call ``k`` is traced as a symbol, so ``ctx.left`` has no value to key
+    the second backward on: strict refuses that capture (MH106), fallback runs it eagerly."""
+    eager_modes.matches_eager(_Countdown, lambda i: (_fixed(i), 5 + i), backwards=2, refusable=False)
