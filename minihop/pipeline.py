@@ -32,7 +32,7 @@ from .rewire.contract import PairShape, check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
-from .runtime.backwards import reads_grad_mode
+from .runtime.backwards import Fetched, live_slots, reads_grad_mode
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
@@ -293,8 +293,11 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         with temporarily_clear_interpreter_stack():  # traced outside torch.func, as at capture
             variant_raw = raw.rerun_backward(specs, call_args, call_data, grad_mode=grad_mode, ctx_state=ctx_state)
         variant = make_pair(variant_raw)
-        missing = [n for n in variant.saved_names if n not in saved_index]
-        missing += [s.name for s in variant.inputs if s.name not in input_index]
+        # A tensor the captured backward did not read, fetched from its place when backward
+        # runs (as every such tensor is): the variant's saved value taken from there.
+        fetched = {i: Fetched(fetch, key) for i, fetch, key in live_slots(variant)}
+        missing = [n for i, n in enumerate(variant.saved_names) if n not in saved_index and i not in fetched]
+        missing += [s.name for s in variant.inputs if s.name not in input_index and not s.read_in_backward]
         if missing:
             raise UnsupportedOperationError(
                 f"{pair.function_name}.backward, traced again for this call (its grads, or "
@@ -303,8 +306,9 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
                 "Forward has already run; it saved only what the captured backward needed.",
                 "Make backward read the same forward values whatever its grads look like and "
                 "whatever the code it calls is.")
-        return (variant.bwd, tuple(saved_index[n] for n in variant.saved_names),
-                tuple(input_index[s.name] for s in variant.inputs),
+        return (variant.bwd, tuple(saved_index[n] if n in saved_index else fetched[i]
+                                   for i, n in enumerate(variant.saved_names)),
+                tuple(input_index.get(s.name, -1) for s in variant.inputs),
                 (*variant_raw.python_state.writes_in("backward"), *_ctx_after(variant_raw.python_state)),
                 tuple(r for r in _runtime_reads(variant_raw.data_reads, pair) if r.guards_backward))
 

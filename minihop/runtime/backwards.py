@@ -46,21 +46,23 @@ from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "keeps_arguments", "live_slots", "reads_grad_mode", "same_properties",
-           "tensor_key"]
+__all__ = ["Backwards", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
+           "reads_grad_mode", "same_properties", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
 # Returns a bwd traced for that layout (and the call's arguments, when backward reads Python
 # state in them; and the call's grads, one per fwd output, and saved values, when backward
 # reads their values); per saved value it takes, the index of that value among this
-# capture's saved values; per gradient it returns, the index of its fwd input among this
-# capture's fwd inputs.
+# capture's saved values, or, for a tensor the captured backward did not read (a key added
+# since to an argument's dict on ctx), a ``Fetched`` taking it from its place when
+# backward runs; per gradient it returns, the index of its fwd input among this capture's fwd
+# inputs (-1 for such a fetched tensor).
 # And backward's Python writes in that case (``StateWrite``s, replayed when it runs), and the
 # values it read from the grads and saved values (``DataRead``s guarding backward).
 # The last argument: trace it with grad mode on (for ``create_graph=True``, see ``grad_on``).
 Retrace = Callable[[GradLayout, tuple[Any, ...], Sequence[Any], Sequence[Any], bool],
-                   tuple[fx.GraphModule, tuple[int, ...], tuple[int, ...], tuple[Any, ...],
+                   tuple[fx.GraphModule, tuple[Any, ...], tuple[int, ...], tuple[Any, ...],
                          tuple[DataRead, ...]]]
 
 # Bwd variants kept per grad case for the values backward reads (as ``cache_limit`` bounds
@@ -105,7 +107,7 @@ class Backwards:
         # tensor there of other properties than the traced one needs another bwd too.
         live = live_slots(pair)
         self.state_reads = (*(a.fetch for a in values),
-                            *(lambda call_args, f=fetch: tensor_key(f(call_args)) for _, fetch, _ in live))
+                            *(lambda call_args, f=fetch: live_key(fetch_now(f, call_args)) for _, fetch, _ in live))
         self.state_base = (*(a.key for a in values), *(base if base is _NEVER else value_key(base) for _, _, base in live))
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
@@ -212,7 +214,7 @@ class Backwards:
         """The variant for ``key`` whose values this backward's grads and saved values give
         (traced now if none)."""
         for n, checks in self.cases.get(key, ()):
-            if all(check(grads, saved) for check in checks):
+            if all(check(grads, saved) for check in checks) and self.fetches_fit(key, n, call_args):
                 return (key, n)
         if self.retrace is None:
             raise UnsupportedOperationError(
@@ -235,6 +237,13 @@ class Backwards:
         self.writes[case] = writes
         return case  # traced for these very values: no check needed
 
+    def fetches_fit(self, key: Any, n: int, call_args: tuple[Any, ...]) -> bool:
+        """Whether each tensor variant ``n`` fetches that the captured backward did not read
+        (``Fetched``: not in the key) is still there with the properties it was traced for
+        (a list's position means another item once the list's length changed)."""
+        variant = self.variants.get((key, n))
+        return variant is None or all(f.fits(call_args) for f in variant[1] if type(f) is Fetched)
+
     def drop(self, key: Any, n: int) -> None:
         """Forget variant ``n`` of ``key`` (past ``MAX_VALUE_VARIANTS``)."""
         if not self.warned:
@@ -249,6 +258,50 @@ class Backwards:
             self.code.pop(((key, n), create_graph), None)
         self.variants.pop((key, n), None)
         self.writes.pop((key, n), None)
+
+
+class Unfetched:
+    """What a place backward reads when it runs held: nothing (``ctx.parts["b"]``, the caller
+    deleted "b" since forward). Only the bwd that takes it raises ``error``: a variant traced
+    for the dict as it is now does not read it, as eager's backward does not."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class Fetched:
+    """A variant's saved value that the captured backward did not read: a tensor fetched from
+    its place when backward runs (``fetch``), traced with the properties ``key`` says."""
+
+    __slots__ = ("fetch", "same")
+
+    def __init__(self, fetch: Callable[[tuple[Any, ...]], Any], key: Any) -> None:
+        self.fetch = fetch
+        self.same = same_properties(key) or (lambda t: False)  # symbolic: traced again each time
+
+    def __call__(self, call_args: tuple[Any, ...]) -> Any:
+        return fetch_now(self.fetch, call_args)
+
+    def fits(self, call_args: tuple[Any, ...]) -> bool:
+        value = fetch_now(self.fetch, call_args)
+        return isinstance(value, torch.Tensor) and self.same(value)
+
+
+def live_key(value: Any) -> Any:
+    """A live slot's key when backward runs: the fetched tensor's ``tensor_key``, or a key of
+    its own for what is not a tensor there (gone, or a list's position moved), so that it is
+    never the traced one and never stands for a tensor."""
+    return tensor_key(value) if isinstance(value, torch.Tensor) else ("absent", type(value).__name__)
+
+
+def fetch_now(fetch: Callable[[tuple[Any, ...]], Any], call_args: tuple[Any, ...]) -> Any:
+    """What ``fetch`` finds now, or ``Unfetched`` where its key or attribute is gone."""
+    try:
+        return fetch(call_args)
+    except (LookupError, AttributeError) as e:
+        return Unfetched(e)
 
 
 def live_slots(pair: Pair) -> tuple[tuple[int, Callable[[tuple[Any, ...]], Any], Any], ...]:
@@ -327,7 +380,8 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
     def run(*args: Any) -> tuple[Any, ...]:
         grads: list[Any] = [None] * n
         for i, g in zip(input_map, code(*args), strict=True):
-            grads[i] = g
+            if i >= 0:  # (-1: a tensor the variant fetched from its place; no gradient goes there)
+                grads[i] = g
         return tuple(grads)
 
     return run

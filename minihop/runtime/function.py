@@ -27,7 +27,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..spec import NO_STATE, DataRead, Pair, PythonState
-from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, keeps_arguments, live_slots, reads_grad_mode,
+from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfetched, fetch_now, keeps_arguments, live_slots, reads_grad_mode,
                         same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
@@ -129,7 +129,7 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
             # What the global, cell or attribute holds now: eager's backward reads it now.
             saved = list(saved)
             for i, fetch in late:
-                saved[i] = fetch(call_args)
+                saved[i] = fetch_now(fetch, call_args)
         if all_top:
             grads: tuple[Any, ...] | list[Any] = top_grads
         else:
@@ -148,7 +148,12 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
                 key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key else backwards.base_key
             code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved, ctx_state)
             if saved_map is not None:
-                saved = [saved[i] for i in saved_map]
+                # (a variant's tensor the captured backward did not read: fetched from its place)
+                saved = [saved[i] if type(i) is int else i(call_args) for i in saved_map]
+        if late or needs_key:
+            for value in saved:
+                if type(value) is Unfetched:
+                    raise value.error  # this bwd reads it: eager's backward raises the same
         try:
             return code(*grads, *saved), writes
         finally:

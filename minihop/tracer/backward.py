@@ -32,6 +32,7 @@ from .function_parts import FunctionParts
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
 from .session import TRACE_LOCK, Tracing
+from .symvalues import resolve_symbolic
 from .unbacked import Retrace
 
 __all__ = ["BackwardRun", "GradSpec", "reads_data_in_backward", "rerun_backward", "run_backward", "save_everything"]
@@ -180,6 +181,8 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
             if ctx_after != ctx_before:
                 refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
                 python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))
+            if t.dynamic_fakes:  # numbers from symbolic sizes in its writes: computed per call, as at capture
+                _, _, python_state = resolve_symbolic(parts.name, t.symbol_sources, made[0].output_spec, (), python_state)
         except Retrace as again:
             raise again.refusal from None  # forward is not traced again here
         finally:
@@ -188,8 +191,11 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
             t.values.call_data = None  # the call's tensors are not kept
             for name, value in swapped.items():
                 object.__setattr__(ctx, name, value)
+        # A place this backward reads that the captured one did not (a key the caller added
+        # to an argument's dict on ctx) has a fwd input of its own: fetched when backward runs.
+        fwd_inputs = tuple((node, t.placeholder_sources[node]) for node in t.fwd.graph.nodes if node.op == "placeholder")
         return dataclasses.replace(
-            made[0], bwd_graph=t.bwd.graph,
+            made[0], fwd_inputs=fwd_inputs, bwd_graph=t.bwd.graph,
             grad_inputs=tuple(t.grad_nodes.get(i) for i in range(num_outputs)),
             grad_names=bwd.grad_names, grad_handed=bwd.grad_handed, bwd_saved=tuple(t.bwd_saved),
             arg_grads=bwd.arg_grads, names={**fwd_names, **bwd.names}, grad_assumptions=tuple(t.assumptions),

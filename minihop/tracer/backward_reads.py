@@ -47,7 +47,7 @@ class BackwardReads:
         self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
         # route name -> (its source, the first fake: the one whose placeholder the others share)
         self.by_route: dict[str, tuple[InputSource, torch.Tensor]] = {}
-        self.again = False  # backward is traced again, after forward ran: no new fwd input
+        self.again = False  # backward is traced again, after forward ran (for one call)
         self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
@@ -111,9 +111,11 @@ class BackwardReads:
             fake.requires_grad_(True)
         self.fakes[id(real)] = (real, fake)
         known = self.by_route.get(name)
-        if self.again and (known is None or self.t.fwd.node_of.get(id(known[1])) is None):
+        if self.again and known is not None and self.t.fwd.node_of.get(id(known[1])) is None:
             raise self.unknown(name)  # forward passed on only the places the first backward read
         if known is None:
+            # (Traced again: a place the captured backward did not read. Its fwd input is the
+            # variant's own; the runtime fetches it when backward runs, as it does the others.)
             taken = {s.name for s in self.t.sources.values()}
             source = InputSource(name if name not in taken else f"{name}bwd",
                                  f"tensor {name} backward reads when it runs",

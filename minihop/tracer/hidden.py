@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 
+from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root, StateWrite
 from .atoms import CONSTANTS
+from .routes import state_named
 
 __all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "restore", "taking", "watched"]
 
@@ -183,11 +185,15 @@ class ReadWatch:
             # and made again, for real, on every call (``call_writes``): the cache's entries,
             # hits and misses are then eager's.
             def uncached(*args: Any, **kwargs: Any) -> Any:
+                where = None
                 if threading.get_ident() == self.thread:
                     frame = sys._getframe(1)
-                    self.cache_calls.append((self.phase, home, name, what, args, kwargs,
-                                             f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
-                return fn.__wrapped__(*args, **kwargs)
+                    where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
+                    self.cache_calls.append((self.phase, home, name, what, args, kwargs, where))
+                result = fn.__wrapped__(*args, **kwargs)
+                if where is not None and _holds_tensor(result):
+                    stale_cache_check(fn, what, where)
+                return result
 
             self._install(home, name, fn, uncached)
             return
@@ -296,3 +302,30 @@ def _set_global_state(kind: str, state: Any) -> None:
         sys.modules["numpy.random.mtrand"]._rand.set_state(state)
     else:
         torch.random.default_generator.set_state(state)
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(_holds_tensor(v) for v in items)
+
+
+def stale_cache_check(fn: Any, what: str, where: str) -> None:
+    """An lru_cache helper returned a tensor: the graphs compute it, where eager gets what
+    its cache holds, computed when that entry was made. Equal only if it is a function of
+    its arguments alone; one that reads state outside them (a global tensor, a number, an
+    object) is refused, since its cache may hold a value computed from that state as it was."""
+    read = state_named(fn.__wrapped__)
+    if read is not None:
+        raise SideEffectError(
+            f"{what} (an lru_cache helper) returned a tensor computed from {read}, which is "
+            "not one of its arguments.",
+            "Eager gets the tensor its cache holds, computed from "
+            f"{read} as it was when that entry was made; a capture computes it again from "
+            f"{read} as it is now, and the two differ once {read} changes (its cache is not "
+            "keyed by it).",
+            f"Pass {read} to the cached function as an argument, compute the tensor outside "
+            "the Function and pass it in, or run it eagerly with minihop.function(F, "
+            "fallback='eager').",
+            where=where)

@@ -52,7 +52,7 @@ from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
-                    methods_of, place_at, reads_environment, resolve_root, walk)
+                    methods_of, place_at, reads_environment, resolve_root, tensor_holder, walk)
 from .settings import setting_place
 from .userattr import UserAttribute
 
@@ -276,8 +276,8 @@ class StateTracker:
                     seen = argument_seen(first, self.args, self.parts.argnames)
                 if seen is None:
                     continue
-                steps = (*seen.steps, *chain.steps[1:])
-                end = walk(first, chain.steps[1:])
+                steps, end = tensor_holder((*seen.steps, *chain.steps[1:]), walk(first, chain.steps[1:]),
+                                           lambda: walk(first, chain.steps[1:-1]))
                 if guarded_value(end):
                     self._add_read(place_at(seen.root, steps, isinstance(end, UserAttribute)), phase, code, chain.line)
 

@@ -121,6 +121,19 @@ def walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True)
     return value
 
 
+def tensor_holder(steps: tuple[tuple[str, Any], ...], end: Any,
+                  holder: Callable[[], Any]) -> tuple[tuple[tuple[str, Any], ...], Any]:
+    """A read through ctx that ends at a tensor in a list or dict (``ctx.ws[-1]``,
+    ``ctx.parts["b"]``): which tensor that is depends on the container as backward finds it
+    (the caller may append or delete after forward), so the read is of the container
+    (``holder()``, at ``steps[:-1]``): its length, keys and tensors' properties."""
+    if isinstance(end, torch.Tensor) and steps:
+        container = holder()
+        if type(container) in (list, dict):
+            return steps[:-1], container
+    return steps, end
+
+
 def place_at(root: Root, steps: tuple[tuple[str, Any], ...], analysing: bool = False) -> Place:
     """The place at ``root.steps``, with its reader compiled (``analysing``: it stops at a
     step computed by user code, as ``walk`` does)."""

@@ -28,7 +28,7 @@ from ..structure import attributes
 from .names import free_values
 from .library import is_library
 
-__all__ = ["closure_routes"]
+__all__ = ["closure_routes", "state_named"]
 
 
 Route = tuple[str, Place]
@@ -67,6 +67,22 @@ def _reached_free_values(fn: Any, depth: int, seen: set[int]) -> Iterator[tuple[
         if depth < _HELPER_DEPTH:
             for helper in _helpers_of(value):
                 yield from _reached_free_values(helper, depth + 1, seen)
+
+
+def state_named(fn: Any) -> str | None:
+    """The first global or closure value that ``fn``, or a helper of the user's it names,
+    names and that is state rather than code (a tensor, a number, a container, an object, a
+    class or module of the user's, whose attributes may change); None where all it names is
+    library code, the user's functions, or builtins."""
+    for _kind, name, value, _fetch in _reached_free_values(fn, 0, set()):
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+            continue  # code (a function of the user's: its own names are followed)
+        if isinstance(value, (types.ModuleType, type)) and is_library(value):
+            continue
+        if callable(value) and is_library(type(value)) and not isinstance(value, functools.partial):
+            continue  # a library callable (torch's op objects)
+        return name
+    return None
 
 
 def _helpers_of(value: Any) -> list[Any]:
