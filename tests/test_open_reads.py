@@ -686,3 +686,41 @@ def test_cached_helper_called_with_a_size_in_a_backward_traced_again():
 
     eager_modes.matches_eager(_SizedCache, make, mid=mid, reset=reset,
                               state=lambda: tuple(_steps.cache_info())[:2], refusable=False)
+
+
+class _SizeCountdown(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.n = t.shape[0]
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.n -= 1
+        return g * float(ctx.n)
+
+
+def _two_backwards(call: Any, n: int) -> list[float]:
+    x = torch.ones(n, requires_grad=True)
+    y = call(x)
+    seen = []
+    for _ in range(2):
+        y.sum().backward(retain_graph=True)
+        seen.append(x.grad[0].item())
+        x.grad = None
+    return seen
+
+
+def test_ctx_symbolic_size_written_in_backward_is_refused():
+    """dynamic=True: ``ctx.n`` is a symbol, no value to trace the second backward from: strict
+    refuses (MH106) at capture; fallback runs eagerly and equals eager."""
+    import pytest
+
+    import minihop
+    from minihop.errors import SideEffectError
+
+    with pytest.raises(SideEffectError, match="ctx.n"):
+        _two_backwards(minihop.function(_SizeCountdown, dynamic=True), 3)
+    fallback = minihop.function(_SizeCountdown, dynamic=True, fallback="eager")
+    for n in (3, 4, 5):
+        assert _two_backwards(fallback, n) == _two_backwards(_SizeCountdown.apply, n) == [n - 1.0, n - 2.0]
