@@ -724,3 +724,16 @@ def test_ctx_symbolic_size_written_in_backward_is_refused():
     fallback = minihop.function(_SizeCountdown, dynamic=True, fallback="eager")
     for n in (3, 4, 5):
         assert _two_backwards(fallback, n) == _two_backwards(_SizeCountdown.apply, n) == [n - 1.0, n - 2.0]
+
+
+def test_ctx_writing_capture_is_not_saved(tmp_path):
+    """A loaded artifact cannot trace backward again: saving refuses (MH102) rather than run
+    the first backward's bwd for the second."""
+    import pytest
+
+    import minihop
+    from minihop.errors import UnsupportedOutputError
+
+    cap = minihop.capture(_Counter, _fixed(0))
+    with pytest.raises(UnsupportedOutputError, match="writes ctx"):
+        cap.save(str(tmp_path / "counter.mh"))
