@@ -38,7 +38,7 @@ from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
-from .spec import DataRead, Pair, RawCapture
+from .spec import CtxAfter, DataRead, Pair, PythonState, RawCapture
 from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
@@ -139,7 +139,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     retrace = None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
             or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs) \
-            or reads_grad_mode(pair.bwd_graph):  # create_graph=True needs a bwd traced with grad on
+            or reads_grad_mode(pair.bwd_graph) \
+            or raw.python_state.ctx_state is not None:  # create_graph=True; a second backward of a call
         retrace = _backward_retracer(fn_cls, raw, pair)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
@@ -284,12 +285,13 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
     input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 
     def retrace(layout: GradLayout, call_args: tuple[Any, ...],
-                grads: Sequence[Any], saved: Sequence[Any], grad_mode: bool = False) -> tuple[Any, ...]:
+                grads: Sequence[Any], saved: Sequence[Any], grad_mode: bool = False,
+                ctx_state: dict[str, Any] | None = None) -> tuple[Any, ...]:
         specs = tuple(None if g is None else GradSpec(g[0], g[1]) for g in layout)
         call_data = ({i: _unwrapped(g) for i, g in enumerate(grads) if g is not None},
                      {node: _unwrapped(v) for node, v in zip(pair.saved_fwd_nodes, saved, strict=True)})
         with temporarily_clear_interpreter_stack():  # traced outside torch.func, as at capture
-            variant_raw = raw.rerun_backward(specs, call_args, call_data, grad_mode=grad_mode)
+            variant_raw = raw.rerun_backward(specs, call_args, call_data, grad_mode=grad_mode, ctx_state=ctx_state)
         variant = make_pair(variant_raw)
         # A tensor the captured backward did not read, fetched from its place when backward
         # runs (as every such tensor is): the variant's saved value taken from there.
@@ -307,10 +309,15 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         return (variant.bwd, tuple(saved_index[n] if n in saved_index else fetched[i]
                                    for i, n in enumerate(variant.saved_names)),
                 tuple(input_index.get(s.name, -1) for s in variant.inputs),
-                variant_raw.python_state.writes_in("backward"),
+                (*variant_raw.python_state.writes_in("backward"), *_ctx_after(variant_raw.python_state)),
                 tuple(r for r in _runtime_reads(variant_raw.data_reads, pair) if r.guards_backward))
 
     return retrace
+
+
+def _ctx_after(state: PythonState) -> tuple[CtxAfter, ...]:
+    """The plain ctx values a backward that writes ctx left, as a write the runtime makes."""
+    return () if state.ctx_state is None else (CtxAfter(state.ctx_state[1]),)
 
 
 def _unwrapped(value: Any) -> Any:

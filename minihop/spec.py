@@ -22,7 +22,7 @@ import torch.fx as fx
 from .place import MISSING, Place, Root, arg_place
 from .structure import OutputSpec, Path, fresh
 
-__all__ = ["DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
+__all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
            "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
            "StateRead", "StateWrite", "arg_place", "same_value"]
 
@@ -119,7 +119,7 @@ class StateWrite:
     phase: str
     line: str | None = None
 
-    def replay(self, args: tuple[Any, ...]) -> None:
+    def replay(self, args: tuple[Any, ...], ctx: Any = None) -> None:
         # A number computed from symbolic sizes (``structure.Computed``) is this call's.
         payload = fresh(self.payload, args, copy_containers=False)
         if self.kind == "call":
@@ -156,6 +156,11 @@ class PythonState:
     # Why the capture may serve only the call it was traced for: what its code read or ran
     # that minihop cannot bound (``tracer.opaque``), each with its source line.
     single_use: tuple[str, ...] = ()
+    # Backward wrote the plain values on ctx (``ctx.calls += 1``, ``ctx.trail.append(n)``):
+    # ``(before, after)``, the user's plain ctx attributes (``effects.ctx_values``) as backward
+    # found and left them; None when it changed none. A second backward (``retain_graph``)
+    # reads ``after``, as eager's ctx holds it: the runtime keys backward on them.
+    ctx_state: tuple[Any, Any] | None = None
 
     def reads_in(self, phase: str) -> tuple[StateRead, ...]:
         return tuple(r for r in self.reads if r.phase == phase)
@@ -171,6 +176,17 @@ class PythonState:
 
 
 NO_STATE = PythonState()
+
+
+@dataclasses.dataclass(frozen=True)
+class CtxAfter:
+    """Among a bwd variant's writes: the plain ctx values its backward left (``PythonState.
+    ctx_state``'s ``after``), kept on the runtime's ctx for the next backward of that call."""
+
+    state: Any
+
+    def replay(self, args: tuple[Any, ...], ctx: Any = None) -> None:
+        ctx.minihop_ctx = copy.deepcopy(self.state)
 
 
 @dataclasses.dataclass(frozen=True)

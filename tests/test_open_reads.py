@@ -1009,3 +1009,148 @@ def test_memo_of_dynamic_sizes_read_by_backward_is_refused_and_falls_back():
         run(minihop.function(_Stash2, dynamic=True))
     minihop.reset()
     eager_modes.same(eager, run(minihop.function(_Stash2, dynamic=True, fallback="eager")), "fallback")
+
+
+# -- ctxwrites: backward writes ctx, and backward runs again (retain_graph) ----------------------
+# Eager's second backward reads what the first left on ctx; minihop keys backward on the plain
+# values on ctx (``PythonState.ctx_state``) and traces a bwd from them.
+
+class _CountGetattr(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * 3.0
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.n_backward = getattr(ctx, "n_backward", 0) + 1  # forward never set it
+        return g * (3.0 / ctx.n_backward)
+
+
+def test_ctx_counter_created_by_getattr_in_backward():
+    eager_modes.matches_eager(_CountGetattr, lambda i: (_fixed(i),), backwards=3, refusable=False)
+
+
+class _DictCount(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.counts = {"bwd": 0, "fwd": 1}
+        return t.exp()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.counts["bwd"] += 1
+        return g * float(ctx.counts["bwd"] + ctx.counts["fwd"])
+
+
+def test_ctx_dict_counter_in_backward():
+    eager_modes.matches_eager(_DictCount, lambda i: (_fixed(i),), backwards=3, refusable=False)
+
+
+class _Popper(Function):
+    @staticmethod
+    def forward(ctx, t, k):
+        ctx.stack = [float(j + 1) for j in range(k)]
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        scale = ctx.stack.pop()
+        return g * scale, None
+
+
+def test_ctx_list_popped_in_backward():
+    """Each backward pops the next scale; the stack's length is a call argument."""
+    eager_modes.matches_eager(_Popper, lambda i: (_fixed(i), 3 + i % 2), backwards=3, refusable=False)
+
+
+class _FirstTime(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.save_for_backward(t)
+        ctx.seen = False
+        return t * t
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.seen:  # the second backward takes the other branch, reading the saved input
+            (t,) = ctx.saved_tensors
+            return g * t
+        ctx.seen = True
+        return g * 2.0
+
+
+def test_ctx_flag_set_in_backward_switches_the_next_backward():
+    eager_modes.matches_eager(_FirstTime, lambda i: (_fixed(i),), backwards=3, refusable=False)
+
+
+class _Countdown(Function):
+    @staticmethod
+    def forward(ctx, t, k):
+        ctx.left = k
+        ctx.history = ()
+        return t.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.left -= 1
+        ctx.history = (*ctx.history, ctx.left)
+        return g * float(ctx.left * len(ctx.history)), None
+
+
+def test_ctx_countdown_from_an_argument_with_a_tuple_history():
+    """``ctx.left`` starts from a call argument (one capture per ``k``), and a tuple on ctx is
+    rebuilt by each backward."""
+    eager_modes.matches_eager(_Countdown, lambda i: (_fixed(i), 5 + i), backwards=2, refusable=False)
+
+
+
+
+class _SizeCountdown(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.n = t.shape[0]
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.n -= 1
+        return g * float(ctx.n)
+
+
+def _two_backwards(call: Any, n: int) -> list[float]:
+    x = torch.ones(n, requires_grad=True)
+    y = call(x)
+    seen = []
+    for _ in range(2):
+        y.sum().backward(retain_graph=True)
+        seen.append(x.grad[0].item())
+        x.grad = None
+    return seen
+
+
+def test_ctx_symbolic_size_written_in_backward_is_refused():
+    """dynamic=True: ``ctx.n`` is a symbol, no value to trace the second backward from: strict
+    refuses (MH106) at capture; fallback runs eagerly and equals eager."""
+    import pytest
+
+    import minihop
+    from minihop.errors import SideEffectError
+
+    with pytest.raises(SideEffectError, match="ctx.n"):
+        _two_backwards(minihop.function(_SizeCountdown, dynamic=True), 3)
+    fallback = minihop.function(_SizeCountdown, dynamic=True, fallback="eager")
+    for n in (3, 4, 5):
+        assert _two_backwards(fallback, n) == _two_backwards(_SizeCountdown.apply, n) == [n - 1.0, n - 2.0]
+
+
+def test_ctx_writing_capture_is_not_saved(tmp_path):
+    """A loaded artifact cannot trace backward again: saving refuses (MH102) rather than run
+    the first backward's bwd for the second."""
+    import pytest
+
+    import minihop
+    from minihop.errors import UnsupportedOutputError
+
+    cap = minihop.capture(_Counter, _fixed(0))
+    with pytest.raises(UnsupportedOutputError, match="writes ctx"):
+        cap.save(str(tmp_path / "counter.mh"))

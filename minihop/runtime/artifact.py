@@ -125,6 +125,13 @@ def save_capture(cap: Any, path: str) -> None:
             "An artifact holds the pair and plain guards; value guards are not stored, and "
             "a loaded capture without them could give another value's result.",
             "Save a capture whose forward and backward read no values from tensor data.")
+    if cap.python_state.ctx_state is not None:
+        raise UnsupportedOutputError(
+            f"Cannot save the capture of {pair.function_name}: its backward writes ctx "
+            "(a second backward of a call, retain_graph=True, reads what the first left).",
+            "minihop traces backward again for the values left on ctx; a loaded capture "
+            "cannot trace, and would run the first backward's bwd again.",
+            "Save a capture whose backward does not write ctx.")
     constants = {s.name: (s.place.get(()) if s.fetched else s.constant)
                  for s in pair.inputs if s.path is None}
     manifest = {

@@ -23,6 +23,10 @@ them when it runs, so a value unlike the traced one takes another bwd.
 A backward that read ``torch.is_grad_enabled()`` (``READS_GRAD_MODE`` nodes) was traced with
 grad mode off, as an ordinary backward runs; under ``create_graph=True`` eager's reads True, so
 that case's bwd is traced again with grad mode on (``grad_on``).
+
+A backward that writes the plain values on ctx (``ctx.calls += 1``; ``PythonState.ctx_state``)
+leaves them on the runtime's ctx (``CtxAfter``, ``ctx.minihop_ctx``); they are part of the
+case, so a second backward of the call (``retain_graph=True``) runs a bwd traced from them.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedOperationError
-from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, DataRead, Pair, PythonState
+from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, CtxAfter, DataRead, Pair, PythonState
 from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
@@ -110,6 +114,8 @@ class Backwards:
                             for a in pair.grad_assumptions)
         self.materialize = pair.materialize_grads
         self.num_inputs = len(pair.inputs)
+        # The plain values on ctx forward left, where backward writes them (else None).
+        self.ctx_before = None if state.ctx_state is None else state.ctx_state[0]
         self.base_key = self.key_of_expected()
         self.base_case = (self.base_key, 0)
         self.reads_values = bool(reads)
@@ -123,7 +129,8 @@ class Backwards:
         self.code: dict[tuple[Any, bool], tuple[Callable[..., Any], tuple[int, ...] | None]] = {}
         # Backward's Python writes per case (a variant traced for other Python values may
         # write other values); the traced case's are the capture's.
-        self.writes: dict[Any, tuple[Any, ...]] = {self.base_case: state.writes_in("backward")}
+        self.writes: dict[Any, tuple[Any, ...]] = {self.base_case: (
+            *state.writes_in("backward"), *(() if state.ctx_state is None else (CtxAfter(state.ctx_state[1]),)))}
         self.plain: Callable[..., Any] | None = None  # the traced bwd without its body toggles
         self.warned = False
         # Backwards in several threads: one picks or adds a variant at a time.
@@ -131,32 +138,39 @@ class Backwards:
 
     @property
     def needs_key(self) -> bool:
-        return bool(self.checks) or not self.materialize or bool(self.state_reads) or self.reads_values
+        return bool(self.checks) or not self.materialize or bool(self.state_reads) or self.reads_values \
+            or self.ctx_before is not None
 
     def key_of_expected(self) -> Any:
         nones = (False,) * len(self.top_idx) if not self.materialize else ()
-        return (nones, tuple(_NEVER if _symbolic(a.expected) else a.expected
-                             for a in self.pair.grad_assumptions), self.state_base)
+        key = (nones, tuple(_NEVER if _symbolic(a.expected) else a.expected
+                            for a in self.pair.grad_assumptions), self.state_base)
+        return key if self.ctx_before is None else (key, value_key(self.ctx_before))
 
-    def key_of(self, top_grads: tuple[Any, ...], call_args: tuple[Any, ...] = ()) -> Any:
+    def key_of(self, top_grads: tuple[Any, ...], call_args: tuple[Any, ...] = (), ctx_state: Any = None) -> Any:
+        """``ctx_state``: the plain ctx values an earlier backward of the call left (None:
+        forward's), where backward writes ctx."""
         nones = tuple(g is None for g in top_grads) if not self.materialize else ()
-        return (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
-                             for p, q, args, kwargs in self.checks),
-                tuple(value_key(read(call_args)) for read in self.state_reads))  # usually one or two
+        key = (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
+                            for p, q, args, kwargs in self.checks),
+               tuple(value_key(read(call_args)) for read in self.state_reads))  # usually one or two
+        if self.ctx_before is None:
+            return key
+        return (key, value_key(self.ctx_before if ctx_state is None else ctx_state))
 
     def get(self, key: Any, create_graph: bool, top_grads: tuple[Any, ...],
             call_args: tuple[Any, ...] = (), grads: Sequence[Any] = (),
-            saved: Sequence[Any] = ()) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
+            saved: Sequence[Any] = (), ctx_state: Any = None) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
         """The code for this backward: ``(code, saved_map, writes)``; ``grads`` (one per fwd
         output) and ``saved`` (this capture's) are the backward's own, for value guards."""
         with self.lock:
-            case = self.case_of(key, top_grads, call_args, grads, saved)
+            case = self.case_of(key, top_grads, call_args, grads, saved, ctx_state)
             writes = self.writes[case]
             found = self.code.get((case, create_graph))
             if found is not None:
                 return (*found, self.writes.get((case, "grad on"), writes) if create_graph else writes)
             if create_graph and self.retrace is not None and reads_grad_mode(self.variants[case][0].graph if self.variants[case][0] is not None else self.pair.bwd_graph):
-                return self.grad_on(case, top_grads, call_args, grads, saved)
+                return self.grad_on(case, top_grads, call_args, grads, saved, ctx_state)
             if case == self.base_case and self.plain is not None:
                 return self.plain, None, writes  # the traced case, without toggles: right in either mode
             gm, saved_map, input_map = self.variants[case]
@@ -173,11 +187,13 @@ class Backwards:
             return (*found, writes)
 
     def grad_on(self, case: tuple[Any, int], top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
-                grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
+                grads: Sequence[Any], saved: Sequence[Any],
+                ctx_state: Any = None) -> tuple[Callable[..., Any], tuple[int, ...] | None, tuple[Any, ...]]:
         """``case``'s bwd traced again with grad mode on: its backward read the mode, and eager's
         reads True under ``create_graph=True`` (the traced bwd holds False)."""
         retrace = typing.cast(Retrace, self.retrace)  # get() asks only where there is one
-        gm, saved_map, input_map, writes, _reads = retrace(self.layout_of(top_grads), call_args, grads, saved, True)
+        seeded = {} if ctx_state is None else {"ctx_state": ctx_state}
+        gm, saved_map, input_map, writes, _reads = retrace(self.layout_of(top_grads), call_args, grads, saved, True, **seeded)
         code = _strip_grad_toggles(gm).forward
         if input_map != tuple(range(self.num_inputs)):
             code = _scatter_grads(code, input_map, self.num_inputs)
@@ -194,7 +210,7 @@ class Backwards:
         return tuple(layout)
 
     def case_of(self, key: Any, top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
-                grads: Sequence[Any], saved: Sequence[Any]) -> tuple[Any, int]:
+                grads: Sequence[Any], saved: Sequence[Any], ctx_state: Any = None) -> tuple[Any, int]:
         """The variant for ``key`` whose values this backward's grads and saved values give
         (traced now if none)."""
         for n, checks in self.cases.get(key, ()):
@@ -208,7 +224,9 @@ class Backwards:
                 "Its backward reads properties of its grads (or Python values that changed "
                 "since forward), so another case needs another trace.",
                 "Capture the Function again in this process (minihop.capture).")
-        gm, saved_map, input_map, writes, reads = self.retrace(self.layout_of(top_grads), call_args, grads, saved, False)
+        seeded = {} if ctx_state is None else {"ctx_state": ctx_state}  # else forward's
+        gm, saved_map, input_map, writes, reads = self.retrace(self.layout_of(top_grads), call_args, grads, saved,
+                                                               False, **seeded)
         cases = self.cases.setdefault(key, [])
         if len(cases) >= MAX_VALUE_VARIANTS:
             self.drop(key, cases.pop(0)[0])

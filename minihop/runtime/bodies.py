@@ -208,13 +208,15 @@ def _forward(pair: Pair, layout: Layout, call_arguments: Callable[[], Any]) -> _
 def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | None, needs_key: bool,
               state_only: Callable[..., bool] | None, key_of: Callable[..., Any],
               call_bwd: Callable[..., Any], writes: bool,
-              late: tuple[tuple[int, Callable[..., Any], Callable[[Any], bool]], ...] = ()) -> _Source:
+              late: tuple[tuple[int, Callable[..., Any], Callable[[Any], bool]], ...] = (),
+              ctx_writes: bool = False) -> _Source:
     """``backward(ctx, *grads)``: the traced bwd called directly where nothing can differ from
     the trace; else the grads and saved values handed to ``call_bwd``, which picks (or traces)
     the bwd variant for them, and the Python writes of that variant replayed. ``late``: per
     tensor backward reads when it runs, ``(saved index, fetch, check)``, given when they are the
     key's only part: fetched first, and while each has the traced properties (``check``) the
-    traced bwd runs on them."""
+    traced bwd runs on them. ``ctx_writes``: backward writes the plain values on ctx; what
+    an earlier backward of the call left (``ctx.minihop_ctx``) is part of the key."""
     L = layout
     grads = _params(len(L.top_idx), "g")
     src = _Source(f"def backward(ctx, {''.join(g + ', ' for g in grads)}):")
@@ -275,10 +277,13 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
         src.add(f"saved = [{', '.join(where.get(i, 'None') for i in range(L.num_saved))}]")
     src.add("call_args = ctx.minihop_args" if L.keeps_args else "call_args = ()")
     src.add(f"top_grads = ({''.join(g + ', ' for g in grads)})")
-    key = f"{src.name('key_of', key_of)}(top_grads, call_args)" if needs_key else "None"
-    src.add(f"grads, writes = {src.name('call_bwd', call_bwd)}(top_grads, saved, call_args, {key})")
+    mine = ", ctx_state" if ctx_writes else ""
+    if ctx_writes:
+        src.add("ctx_state = getattr(ctx, 'minihop_ctx', None)  # None: as forward left ctx")
+    key = f"{src.name('key_of', key_of)}(top_grads, call_args{mine})" if needs_key else "None"
+    src.add(f"grads, writes = {src.name('call_bwd', call_bwd)}(top_grads, saved, call_args, {key}{mine})")
     src.add("for write in writes:  # as eager's backward makes them, each time it runs")
-    src.add("write.replay(call_args)", 2)
+    src.add("write.replay(call_args, ctx)" if ctx_writes else "write.replay(call_args)", 2)
     src.add("return grads" if all_top else "return (None, *grads)  # no gradient for the sink")
     return src
 

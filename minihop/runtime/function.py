@@ -91,7 +91,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     forward, backward, source = generate(
         pair, layout, call_arguments, bwd_plain=bwd_plain, needs_key=backwards.needs_key,
         state_only=state_only, key_of=backwards.key_of, call_bwd=call_bwd,
-        writes=bool(state.writes_in("backward")), late=late)
+        writes=bool(state.writes_in("backward")) or state.ctx_state is not None, late=late,
+        ctx_writes=state.ctx_state is not None)
     if pair.once_differentiable:
         backward = once_differentiable(backward)
     namespace = {
@@ -122,7 +123,8 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
     needs_key = backwards.needs_key
 
     def call_bwd(top_grads: tuple[Any, ...], saved: Sequence[Any],
-                 call_args: tuple[Any, ...] = (), key: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+                 call_args: tuple[Any, ...] = (), key: Any = None,
+                 ctx_state: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         if late:
             # What the global, cell or attribute holds now: eager's backward reads it now.
             saved = list(saved)
@@ -143,8 +145,8 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
         writes = bwd_writes
         if needs_key or (create_graph and bwd_plain is None):
             if key is None:
-                key = backwards.key_of(top_grads, call_args) if needs_key else backwards.base_key
-            code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved)
+                key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key else backwards.base_key
+            code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved, ctx_state)
             if saved_map is not None:
                 # (a variant's tensor the captured backward did not read: fetched from its place)
                 saved = [saved[i] if type(i) is int else i(call_args) for i in saved_map]

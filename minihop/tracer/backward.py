@@ -27,6 +27,7 @@ from ..spec import PythonState, RawCapture
 from ..structure import describe_output, iter_leaves
 from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
+from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
 from .function_parts import FunctionParts
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
@@ -141,14 +142,16 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
                    grad_specs: tuple[GradSpec | None, ...] | None,
                    call_args: tuple[Any, ...] = (),
                    call_data: tuple[dict[int, Any], dict[fx.Node, Any]] | None = None,
-                   grad_mode: bool = False) -> RawCapture:
+                   grad_mode: bool = False, ctx_state: dict[str, Any] | None = None) -> RawCapture:
     """Trace backward again, after the forward traced once: for grads laid out otherwise, for
     Python values backward reads that changed since forward ran, or for values backward
     takes out of its grads and saved values (``call_data``: the real ones, per fwd output and
     per fwd node). Forward is not run again: what it left on ctx is what the forward that
     really ran left (its reads are guarded), except that an argument object on ctx is the
     call's own (``call_args``). ``grad_mode``: traced with grad mode on, as eager runs backward
-    under ``create_graph=True`` (for a backward that reads the mode)."""
+    under ``create_graph=True`` (for a backward that reads the mode). ``ctx_state``: the plain
+    values on ctx an earlier backward of the call left (``effects.ctx_values``), where backward
+    writes ctx: this backward starts from them, as eager's second backward does."""
     with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
         t.backward_reads.arguments(call_args)  # a module argument's tensors as they are now
@@ -159,6 +162,9 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
                     if value is fake and not isinstance(fake, torch.Tensor):
                         swapped[name] = value
                         object.__setattr__(ctx, name, real)
+        if ctx_state is not None:
+            seed_ctx(ctx, ctx_state)
+        ctx_before = ctx_values(ctx)
         t.unbacked.backward_again()
         t.values.call_data = call_data
         state = StateTracker(parts, call_args or fake_args, fn_cls)
@@ -170,7 +176,11 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         try:
             bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
                                call_args or None)
+            ctx_after = ctx_values(ctx)
             python_state = state.finish(ctx)  # undone: the runtime replays them
+            if ctx_after != ctx_before:
+                refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
+                python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))
             if t.dynamic_fakes:  # numbers from symbolic sizes in its writes: computed per call, as at capture
                 _, _, python_state = resolve_symbolic(parts.name, t.symbol_sources, made[0].output_spec, (), python_state)
         except Retrace as again:

@@ -25,6 +25,8 @@ captured.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import sys
 import warnings
@@ -32,10 +34,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..errors import SideEffectError
 from .atoms import CONSTANTS
 
-__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it"]
+__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx"]
 
 
 
@@ -161,3 +165,66 @@ def _put_back(ctx: Any, saved: list[tuple[str, Any, Any]]) -> None:
         elif type(v) in (dict, set):
             v.clear()
             v.update(contents)
+
+
+_PLAIN = (int, float, bool, str, type(None))
+_OTHER = object()  # an object ctx_values does not copy
+
+
+@dataclasses.dataclass(frozen=True)
+class _Symbolic:
+    """A number of symbolic sizes on ctx (each call's own): no value to key or replay."""
+
+    expr: str
+
+
+def _copied(value: Any) -> Any:
+    """``value`` copied, if it is plain (numbers, strings, containers of them); a symbolic
+    number as ``_Symbolic``; else ``_OTHER``."""
+    if type(value) in _PLAIN:
+        return value
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _Symbolic(str(value))
+    if type(value) in (list, tuple, set):
+        items = [_copied(v) for v in value]
+        return _OTHER if any(v is _OTHER for v in items) else type(value)(items)
+    if type(value) is dict:
+        pairs = [(_copied(k), _copied(v)) for k, v in value.items()]
+        return _OTHER if any(k is _OTHER or v is _OTHER for k, v in pairs) else dict(pairs)
+    return _OTHER
+
+
+def ctx_values(ctx: Any) -> dict[str, Any]:
+    """A copy of the user's plain values on ``ctx`` (numbers, strings, and lists, tuples, dicts
+    and sets of them): what a backward that writes ctx (``ctx.calls += 1``) leaves for the next
+    backward of the same call. Tensors and other objects are not copied (their changes are
+    judged elsewhere)."""
+    copied = {k: _copied(v) for k, v in vars(ctx).items() if not k.startswith("_minihop")}
+    return {k: v for k, v in copied.items() if v is not _OTHER}
+
+
+def refuse_symbolic_ctx_write(name: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """MH106 where backward changed a ctx value holding a number of symbolic sizes
+    (``ctx.left -= 1`` with ``ctx.left = n`` an argument traced as a symbol): the value a
+    second backward reads is each call's own, and minihop keys backward on values."""
+    changed = [k for k in {*before, *after} if before.get(k, _OTHER) != after.get(k, _OTHER)]
+    symbolic = [k for k in changed if "_Symbolic(" in repr((before.get(k), after.get(k)))]
+    if symbolic:
+        raise SideEffectError(
+            f"{name}.backward writes ctx.{symbolic[0]}, a value computed from an argument traced "
+            "as a symbol (its value differs per call).",
+            "A second backward of the call (retain_graph=True) reads what the first left on "
+            "ctx; minihop traces that backward for the values left there, and this one has no "
+            "value at capture.",
+            "Keep the count in a plain Python value, or run it eagerly with "
+            "minihop.function(F, fallback='eager').")
+
+
+def seed_ctx(ctx: Any, values: dict[str, Any]) -> None:
+    """Put ``values`` (a ``ctx_values``) on ``ctx``, as fresh objects (the exit of
+    ``ctx_as_forward_left_it`` puts forward's own back)."""
+    for k in [k for k in ctx_values(ctx) if k not in values]:
+        object.__delattr__(ctx, k)  # a backward before this one deleted it
+    for k, v in values.items():
+        if "_Symbolic(" not in repr(v):  # forward's symbolic number, unchanged (else refused)
+            object.__setattr__(ctx, k, copy.deepcopy(v))

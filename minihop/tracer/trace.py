@@ -30,7 +30,7 @@ from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
 from .backward import GradSpec, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
-from .effects import ctx_as_forward_left_it
+from .effects import ctx_as_forward_left_it, ctx_values, refuse_symbolic_ctx_write
 from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
 from .names import FrameSnapshot, code_of, name_hints
@@ -216,13 +216,19 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
     # backward sees what forward left, as in eager; a global's memo: read when backward runs
     with outside.replayed(t.backward_reads.stand_in), t.ctx_after_forward:
+        ctx_before = ctx_values(ctx)
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
+        ctx_after = ctx_values(ctx)
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
     state.ctx_view = outside.replayed
     python_state = state.finish(ctx)
-    other_path = any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args)
+    if ctx_after != ctx_before:  # a second backward of the call reads what this one left
+        refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
+        python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))
+    other_path = any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args) \
+        or python_state.ctx_state is not None
     if other_path:
         # Another grad's values, or another Python value backward reads (a flag changed
         # between forward and ``.backward()``), may take backward down another path, traced
