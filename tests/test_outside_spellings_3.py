@@ -1400,6 +1400,36 @@ def test_generator_seeded_from_float_argument():
 
 # -- caches -----------------------------------------------------------------------------------
 
+class _Table:
+    def __init__(self) -> None:
+        self.base = 2.0
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019  (cache on a method, as users write it)
+    def ramp(self, n):
+        return torch.arange(float(n)) * self.base
+
+
+class _MethodCache(Function):
+    @staticmethod
+    def forward(ctx, t, table):
+        return t * table.ramp(t.shape[-1])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def test_lru_cache_on_method_stale_after_attribute_change():
+    """lru_cache on a method (keyed on self): base changes, eager keeps the cached ramp."""
+    table = _Table()
+
+    def reset():
+        _Table.ramp.cache_clear()
+        table.base = 2.0
+
+    _matches_eager(_MethodCache, lambda i: (_fixed(i), table), between=lambda i: setattr(table, "base", 2.0 + i),
+                   reset=reset)
+
 
 _MASKS: collections.OrderedDict = collections.OrderedDict()
 
@@ -1425,6 +1455,28 @@ def test_hand_written_lru_ordered_dict_evicts():
     _matches_eager(_LruDict, lambda i: (_fixed(i), [1, 2, 3, 1][i]),
                    mid=lambda i: _MASKS.pop(1, None) if i == 3 else None,
                    state=lambda: list(_MASKS), reset=_MASKS.clear)
+
+
+class _PureFactor(Function):
+    @staticmethod
+    @functools.lru_cache(maxsize=4)
+    def factor(n):
+        return 0.5 * n
+
+    @staticmethod
+    def forward(ctx, t):
+        return t * _PureFactor.factor(t.shape[-1])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _PureFactor.factor(g.shape[0])
+
+
+def test_lru_cached_staticmethod_helper_stays_on_the_class():
+    """An lru_cache'd staticmethod on the Function class: tracing leaves the class's own entry as it was."""
+    stored = vars(_PureFactor)["factor"]
+    _matches_eager(_PureFactor, lambda i: (_fixed(i),), reset=_PureFactor.factor.cache_clear)
+    assert vars(_PureFactor)["factor"] is stored
 
 
 # -- ctx written in backward, several backwards ----------------------------------------------
