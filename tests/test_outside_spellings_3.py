@@ -1285,6 +1285,34 @@ def test_global_set_of_flags_changed_between_and_mid():
                    mid=lambda i: FLAGS.add("slow_grad") if i >= 2 else None, reset=FLAGS.clear)
 
 
+class _Globals(Function):
+    @staticmethod
+    def forward(ctx, t, name):
+        return t * globals()[name]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+ALPHA = 2.0
+BETA = 3.0
+
+
+def test_globals_dict_lookup_with_argument_name():
+    """globals()[name] with the name passed in; the value changes between calls."""
+    def between(i):
+        global ALPHA
+        ALPHA = 2.0 + (i == 3)
+
+    def reset():
+        global ALPHA
+        ALPHA = 2.0
+
+    _matches_eager(_Globals, lambda i: (_fixed(i), "ALPHA" if i != 1 else "BETA"), between=between,
+                   reset=reset)
+
+
 class _Vars(Function):
     @staticmethod
     def forward(ctx, t, obj):
