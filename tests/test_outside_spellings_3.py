@@ -376,6 +376,31 @@ def test_context_var_read_in_backward_set_before_backward():
 # -- class state: type(self), super(), staticmethod helpers, factories -----------------------
 
 
+class _Scaler:
+    factor = 2.0
+
+    def __call__(self, t):
+        return t * type(self).factor
+
+
+class _TypeSelfArg(Function):
+    @staticmethod
+    def forward(ctx, t, s):
+        return s(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0, None
+
+
+def test_class_attribute_read_through_type_self_changed():
+    """A callable reads type(self).factor; the class attribute changes between calls."""
+    s = _Scaler()
+    _matches_eager(_TypeSelfArg, lambda i: (_fixed(i), s),
+                   between=lambda i: setattr(_Scaler, "factor", 2.0 + i),
+                   reset=lambda: setattr(_Scaler, "factor", 2.0))
+
+
 class _BaseAct(Function):
     SLOPE = 1.0
 

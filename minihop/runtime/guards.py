@@ -90,14 +90,18 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
     attrs = attributes(value)
+    # A user's object's methods read its class's attributes too (``type(self).factor``,
+    # ``self.factor`` not set on the object): its class is keyed with its state.
+    cls = type(value)
+    kind = cls if _library_name(cls.__module__) else value_key(cls, _open)
     if attrs:
         inner = _open | {id(value)}
-        return ("O", type(value), tuple((k, value_key(v, inner)) for k, v in attrs.items()))
+        return ("O", kind, tuple((k, value_key(v, inner)) for k, v in attrs.items()))
     try:
         hash(value)
     except TypeError:
-        return ("id", type(value), id(value))
-    return ("V", type(value), value)
+        return ("id", kind, id(value))
+    return ("V", kind, value)
 
 
 def _library_name(module: Any) -> bool:
