@@ -32,7 +32,7 @@ from .rewire.contract import PairShape, check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
-from .runtime.backwards import live_slots, reads_grad_mode
+from .runtime.backwards import Fetched, live_slots, reads_grad_mode
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
@@ -293,7 +293,7 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         variant = make_pair(variant_raw)
         # A tensor the captured backward did not read, fetched from its place when backward
         # runs (as every such tensor is): the variant's saved value taken from there.
-        fetched = {i: fetch for i, fetch, _ in live_slots(variant)}
+        fetched = {i: Fetched(fetch, key) for i, fetch, key in live_slots(variant)}
         missing = [n for i, n in enumerate(variant.saved_names) if n not in saved_index and i not in fetched]
         missing += [s.name for s in variant.inputs if s.name not in input_index and not s.read_in_backward]
         if missing:

@@ -268,6 +268,33 @@ def test_helper_rebound_before_backward_reads_another_global_tensor():
         W_TWO.fill_(3.0)
 
 
+HIST: list[torch.Tensor] = []
+
+
+class _LastOfGlobal(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * HIST[-1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * HIST[-1]
+
+
+def test_global_list_grown_before_backward_twice_in_a_row():
+    """Backward reads HIST[-1] of a global list the caller appends to before backward (calls
+    1 and 2: two lengths in a row, each a new last item), then not (call 3)."""
+    def reset():
+        HIST[:] = [torch.full((4,), 2.0)]
+
+    def mid(i):
+        if i in (1, 2):
+            HIST.append(torch.full((4,), 3.0 + i))
+
+    eager_modes.matches_eager(_LastOfGlobal, lambda i: (_fixed(i),), mid=mid, reset=reset,
+                              refusable=False)
+
+
 # -- ctx written in backward, backward run twice -----------------------------------------------
 
 class _Counter(Function):
@@ -426,41 +453,6 @@ class _Cached(Function):
         return g * _table(g.shape[0])
 
 
-def test_lru_cached_tensor_is_stale_after_its_global_changes():
-    """Eager keeps returning the table cached from the old BASE."""
-
-    def between(i):
-        global BASE
-        if i == 2:
-            BASE = torch.full((4,), 3.0)
-
-    def reset():
-        global BASE
-        BASE = torch.ones(4)
-        _table.cache_clear()
-
-    try:
-        eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
-    finally:
-        reset()
-
-
-def test_lru_cached_tensor_is_stale_after_its_global_is_written_in_place():
-    """BASE.mul_ after the table for n=3 was cached: eager's cached table keeps the old values."""
-    def between(i):
-        if i == 2:
-            BASE.mul_(3.0)
-
-    def reset():
-        BASE.fill_(1.0)
-        _table.cache_clear()
-
-    try:
-        eager_modes.matches_eager(_Cached, lambda i: (_fixed(i),), between=between, reset=reset)
-    finally:
-        reset()
-
-
 class _CachedInForward(Function):
     @staticmethod
     def forward(ctx, t):
@@ -474,22 +466,30 @@ class _CachedInForward(Function):
         return g * w
 
 
-def test_lru_cached_tensor_saved_for_backward_stale_after_rebinding():
+def _rebind_base(i: int) -> None:
+    global BASE
+    if i == 2:
+        BASE = torch.full((4,), 3.0)
 
-    def between(i):
-        global BASE
-        if i == 1:
-            BASE = torch.full((4,), 5.0)
 
-    def reset():
-        global BASE
-        BASE = torch.ones(4)
-        _table.cache_clear()
+def _reset_base() -> None:
+    global BASE
+    BASE = torch.ones(4)
+    _table.cache_clear()
 
+
+@pytest.mark.parametrize("fn_cls, between", [
+    (_Cached, _rebind_base),
+    (_Cached, lambda i: BASE.mul_(3.0) if i == 2 else None),
+    (_CachedInForward, _rebind_base),
+], ids=["rebound", "written-in-place", "saved-for-backward"])
+def test_lru_cached_tensor_is_stale_after_its_global_changes(fn_cls, between):
+    """BASE changes after the table was cached (rebound, or written in place; the table read
+    in backward, or saved for it): eager keeps returning the table cached from the old BASE."""
     try:
-        eager_modes.matches_eager(_CachedInForward, lambda i: (_fixed(i),), between=between, reset=reset)
+        eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),), between=between, reset=_reset_base)
     finally:
-        reset()
+        _reset_base()
 
 
 SCALE = 2.0
@@ -556,3 +556,41 @@ def test_lru_cache_refusal_names_the_state_it_reads():
     with pytest.raises(SideEffectError, match=r"MH106.*_ramp.*SCALE"):
         minihop.capture(_Ramped, _fixed(0))
     _ramp.cache_clear()
+
+
+# -- found while working ---------------------------------------------------------------------------
+
+CONF = types.SimpleNamespace(s=1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _steps(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) + 1
+
+
+class _SizedCache(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2 + g * _steps(g.shape[0]) + g * CONF.s
+
+
+def test_cached_helper_called_with_a_size_in_a_backward_traced_again():
+    """Sizes 3, 4, 3: dynamic from call 1; CONF.s changes before each backward, so backward is
+    traced again, and its call of the cached helper took the symbolic size (TypeError: unhashable
+    SymInt when replayed, also in fallback mode; effects fuzz seed 1082)."""
+    def make(i):
+        return (torch.linspace(-1.0, 1.0, [3, 4, 3, 3][i]).requires_grad_(),)
+
+    def mid(i):
+        CONF.s = CONF.s * 2.0 + 0.5
+
+    def reset():
+        CONF.s = 1.0
+        _steps.cache_clear()
+
+    eager_modes.matches_eager(_SizedCache, make, mid=mid, reset=reset,
+                              state=lambda: tuple(_steps.cache_info())[:2], refusable=False)

@@ -42,7 +42,7 @@ from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "keeps_arguments", "live_slots",
+__all__ = ["Backwards", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
            "reads_grad_mode", "same_properties", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
@@ -51,7 +51,7 @@ GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
 # state in them; and the call's grads, one per fwd output, and saved values, when backward
 # reads their values); per saved value it takes, the index of that value among this
 # capture's saved values, or, for a tensor the captured backward did not read (a key added
-# since to an argument's dict on ctx), ``fetch(call_args)`` taking it from its place when
+# since to an argument's dict on ctx), a ``Fetched`` taking it from its place when
 # backward runs; per gradient it returns, the index of its fwd input among this capture's fwd
 # inputs (-1 for such a fetched tensor).
 # And backward's Python writes in that case (``StateWrite``s, replayed when it runs), and the
@@ -103,7 +103,7 @@ class Backwards:
         # tensor there of other properties than the traced one needs another bwd too.
         live = live_slots(pair)
         self.state_reads = (*(a.fetch for a in values),
-                            *(lambda call_args, f=fetch: tensor_key(fetch_now(f, call_args)) for _, fetch, _ in live))
+                            *(lambda call_args, f=fetch: live_key(fetch_now(f, call_args)) for _, fetch, _ in live))
         self.state_base = (*(a.key for a in values), *(base if base is _NEVER else value_key(base) for _, _, base in live))
         position = {i: p for p, i in enumerate(top_idx)}
         self.checks = tuple((position[a.index], a.query, a.args, dict(a.kwargs))
@@ -198,7 +198,7 @@ class Backwards:
         """The variant for ``key`` whose values this backward's grads and saved values give
         (traced now if none)."""
         for n, checks in self.cases.get(key, ()):
-            if all(check(grads, saved) for check in checks):
+            if all(check(grads, saved) for check in checks) and self.fetches_fit(key, n, call_args):
                 return (key, n)
         if self.retrace is None:
             raise UnsupportedOperationError(
@@ -218,6 +218,13 @@ class Backwards:
         self.variants[case] = (gm, saved_map, input_map)
         self.writes[case] = writes
         return case  # traced for these very values: no check needed
+
+    def fetches_fit(self, key: Any, n: int, call_args: tuple[Any, ...]) -> bool:
+        """Whether each tensor variant ``n`` fetches that the captured backward did not read
+        (``Fetched``: not in the key) is still there with the properties it was traced for
+        (a list's position means another item once the list's length changed)."""
+        variant = self.variants.get((key, n))
+        return variant is None or all(f.fits(call_args) for f in variant[1] if type(f) is Fetched)
 
     def drop(self, key: Any, n: int) -> None:
         """Forget variant ``n`` of ``key`` (past ``MAX_VALUE_VARIANTS``)."""
@@ -244,6 +251,31 @@ class Unfetched:
 
     def __init__(self, error: Exception) -> None:
         self.error = error
+
+
+class Fetched:
+    """A variant's saved value that the captured backward did not read: a tensor fetched from
+    its place when backward runs (``fetch``), traced with the properties ``key`` says."""
+
+    __slots__ = ("fetch", "same")
+
+    def __init__(self, fetch: Callable[[tuple[Any, ...]], Any], key: Any) -> None:
+        self.fetch = fetch
+        self.same = same_properties(key) or (lambda t: False)  # symbolic: traced again each time
+
+    def __call__(self, call_args: tuple[Any, ...]) -> Any:
+        return fetch_now(self.fetch, call_args)
+
+    def fits(self, call_args: tuple[Any, ...]) -> bool:
+        value = fetch_now(self.fetch, call_args)
+        return isinstance(value, torch.Tensor) and self.same(value)
+
+
+def live_key(value: Any) -> Any:
+    """A live slot's key when backward runs: the fetched tensor's ``tensor_key``, or a key of
+    its own for what is not a tensor there (gone, or a list's position moved), so that it is
+    never the traced one and never stands for a tensor."""
+    return tensor_key(value) if isinstance(value, torch.Tensor) else ("absent", type(value).__name__)
 
 
 def fetch_now(fetch: Callable[[tuple[Any, ...]], Any], call_args: tuple[Any, ...]) -> Any:
@@ -299,8 +331,6 @@ def keeps_arguments(pair: Pair, state: PythonState) -> bool:
 def tensor_key(value: Any) -> Any:
     """What a bwd traced for a tensor relies on: its type, shape, dtype, device, layout,
     requires_grad (symbolic sizes: never equal, so a changed tensor is traced again)."""
-    if isinstance(value, Unfetched):
-        return ("absent",)
     if not isinstance(value, torch.Tensor):
         return _NEVER
     if _symbolic(tuple(value.shape)):

@@ -147,7 +147,7 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
             code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved)
             if saved_map is not None:
                 # (a variant's tensor the captured backward did not read: fetched from its place)
-                saved = [saved[i] if type(i) is int else fetch_now(i, call_args) for i in saved_map]
+                saved = [saved[i] if type(i) is int else i(call_args) for i in saved_map]
         if late or needs_key:
             for value in saved:
                 if type(value) is Unfetched:

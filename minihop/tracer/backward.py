@@ -31,6 +31,7 @@ from .function_parts import FunctionParts
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
 from .session import TRACE_LOCK, Tracing
+from .symvalues import resolve_symbolic
 from .unbacked import Retrace
 
 __all__ = ["BackwardRun", "GradSpec", "reads_data_in_backward", "rerun_backward", "run_backward", "save_everything"]
@@ -170,6 +171,8 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
             bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
                                call_args or None)
             python_state = state.finish(ctx)  # undone: the runtime replays them
+            if t.dynamic_fakes:  # numbers from symbolic sizes in its writes: computed per call, as at capture
+                _, _, python_state = resolve_symbolic(parts.name, t.symbol_sources, made[0].output_spec, (), python_state)
         except Retrace as again:
             raise again.refusal from None  # forward is not traced again here
         finally:

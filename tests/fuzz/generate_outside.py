@@ -25,14 +25,18 @@ __all__ = ["OUTSIDE_HOLDERS", "generate_outside_case"]
 OUTSIDE_HOLDERS = ("staticmethod_class_arg", "classmethod_global", "property_global", "counting_descriptor",
                    "getattr_object", "frozenset_zero_arg", "dict_key_zero_arg", "context_var",
                    "singledispatch_table", "last_tensor_of_list", "iterator_global",
-                   "arg_dict_on_ctx", "arg_object_on_ctx", "arg_list_on_ctx", "flag_branch")
+                   "arg_dict_on_ctx", "arg_object_on_ctx", "arg_list_on_ctx", "flag_branch",
+                   "arg_list_grown_on_ctx", "arg_dict_key_on_ctx", "cached_global", "cached_pure", "helper_rebound")
 # An argument container forward keeps whole on ctx (``ctx.kept_n = pd``); backward reads its
 # tensor from there, after the caller put another one in (set_value before ``.backward()``).
-_KEPT_ON_CTX = ("arg_dict_on_ctx", "arg_object_on_ctx", "arg_list_on_ctx")
+# Or the caller grows or shrinks it (a list appended to, a dict gaining or losing a key), and
+# backward takes its last item or a key's.
+_KEPT_ON_CTX = ("arg_dict_on_ctx", "arg_object_on_ctx", "arg_list_on_ctx", "arg_list_grown_on_ctx",
+                "arg_dict_key_on_ctx")
 _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
 # Read in forward only: a tensor rebound between forward and backward is issue 28's open item
 # (docs/reads.md, "Open"); an iterator is refused wherever it is read.
-_FORWARD_ONLY = ("last_tensor_of_list", "iterator_global", "counting_descriptor")
+_FORWARD_ONLY = ("iterator_global", "counting_descriptor")
 
 _PRELUDE = '''import contextvars
 import functools
@@ -103,6 +107,31 @@ def three(obj):
 
 
 TICKS = [0]
+ONE = torch.ones(())
+CS = [2.0]
+WA = torch.full((), 2.0)
+WB = torch.full((), 3.0)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_ramp(n):
+    return torch.arange(float(n)).sum() * CS[0]
+
+
+@functools.lru_cache(maxsize=None)
+def cached_tri(n):
+    return torch.ones(n).cumsum(0)[-1] * 0.5
+
+
+def via_a():
+    return WA
+
+
+def via_b():
+    return WB
+
+
+HELPER = via_a
 '''
 
 
@@ -140,6 +169,21 @@ def _holder(holder: str) -> tuple[list[str], list[str], str, list[str], str]:
                 ["PO[0]"], "po")
     if holder == "arg_list_on_ctx":
         return (["PL = [[torch.full((), 2.0)]]"], ["PL[0][0] = torch.full((), v)"], "[0]", ["PL[0]"], "pl")
+    if holder == "arg_list_grown_on_ctx":
+        return (["PG = [[torch.full((), 2.0)]]"],
+                ["if v > 1:", "    PG[0].append(torch.full((), v))", "else:", "    del PG[0][1:]"], "[-1]", ["PG[0]"], "pg")
+    if holder == "arg_dict_key_on_ctx":
+        return (["PK = [{'a': torch.full((), 2.0)}]"],
+                ["if v > 1:", "    PK[0]['b'] = torch.full((), v)", "else:", "    PK[0].pop('b', None)"],
+                ".get('b', ONE)", ["PK[0]"], "pk")
+    if holder == "cached_global":
+        # An lru_cache helper returning a tensor computed from a global (eager: its cache's).
+        return ([], ["CS[0] = v"], "cached_ramp(3)", [], "")
+    if holder == "cached_pure":
+        return ([], [], "cached_tri(3)", [], "")
+    if holder == "helper_rebound":
+        # The helper rebound (between calls, before backward) reads another global tensor.
+        return ([], ["global HELPER", "HELPER = via_a if v > 1 else via_b"], "HELPER()", [], "")
     if holder == "flag_branch":
         # Backward's path depends on a flag flipped before ``.backward()``: the other path reads
         # a forward value the first did not.
