@@ -428,6 +428,29 @@ def test_classmethod_forward_subclass_overrides_class_attribute():
         _matches_eager(f, lambda i: (_fixed(i),))
 
 
+def test_subclass_class_attribute_changed_between_calls():
+    """The subclass's class attribute, read as cls.SLOPE by a classmethod forward, changes between calls."""
+    _matches_eager(_Leaky, lambda i: (_fixed(i),), between=lambda i: setattr(_Leaky, "SLOPE", 0.1 * (i + 1)),
+                   reset=lambda: setattr(_Leaky, "SLOPE", 0.1))
+
+
+class _ClassmethodArgs(Function):
+    @classmethod
+    def forward(cls, ctx, t, cfg):
+        ctx.k = cfg.v
+        return t * cfg.v
+
+    @classmethod
+    def backward(cls, ctx, g):
+        return g * ctx.k, None
+
+
+def test_classmethod_forward_reads_argument_object_attribute():
+    """A classmethod forward(cls, ctx, t, cfg) reads cfg.v, set between calls."""
+    cfg = _Holder(2.0)
+    _matches_eager(_ClassmethodArgs, lambda i: (_fixed(i), cfg), between=lambda i: setattr(cfg, "v", 2.0 + i % 2))
+
+
 class _SuperBase(Function):
     @staticmethod
     def forward(ctx, t):
