@@ -821,6 +821,53 @@ def test_default_dtype_changed_between_calls_arange():
         torch.set_default_dtype(torch.float32)
 
 
+class _MkldnnFlag(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * (2.0 if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled else 3.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (2.0 if torch.backends.mkldnn.enabled else 3.0)
+
+
+def test_backends_mkldnn_enabled_flag_toggled():
+    """forward and backward read torch.backends.mkldnn.enabled; the caller toggles it."""
+    def between(i):
+        torch.backends.mkldnn.enabled = i % 2 == 0
+
+    def mid(i):
+        if i == 2:
+            torch.backends.mkldnn.enabled = False
+
+    try:
+        _matches_eager(_MkldnnFlag, lambda i: (_fixed(i),), between=between, mid=mid)
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
+_mkldnn = torch.backends.mkldnn
+
+
+class _MkldnnAlias(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * (2.0 if _mkldnn.enabled else 3.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_backends_module_alias_flag_toggled():
+    """A global alias of torch.backends.mkldnn; its enabled flag toggled between calls."""
+    try:
+        _matches_eager(_MkldnnAlias, lambda i: (_fixed(i),),
+                       between=lambda i: setattr(torch.backends.mkldnn, "enabled", i % 2 == 1))
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
 class _Tf32Flag(Function):
     @staticmethod
     def forward(ctx, t):
