@@ -373,6 +373,26 @@ def test_context_var_read_in_backward_set_before_backward():
                    reset=lambda: SCALE_VAR.set(1.0))
 
 
+class _CtxVarRun(Function):
+    @staticmethod
+    def forward(ctx, t, c):
+        return c.run(lambda: t * SCALE_VAR.get())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def test_context_copy_run_inside_forward():
+    """forward runs its body in a contextvars.Context the caller copied (another scale each call)."""
+    def make(i):
+        c = contextvars.copy_context()
+        c.run(SCALE_VAR.set, 2.0 + i)
+        return (_fixed(i), c)
+
+    _matches_eager(_CtxVarRun, make, reset=lambda: SCALE_VAR.set(1.0))
+
+
 # -- class state: type(self), super(), staticmethod helpers, factories -----------------------
 
 

@@ -93,15 +93,31 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     # A user's object's methods read its class's attributes too (``type(self).factor``,
     # ``self.factor`` not set on the object): its class is keyed with its state.
     cls = type(value)
-    kind = cls if _library_name(cls.__module__) else value_key(cls, _open)
+    of_class = () if _library_name(cls.__module__) else (value_key(cls, _open),)
     if attrs:
         inner = _open | {id(value)}
-        return ("O", kind, tuple((k, value_key(v, inner)) for k, v in attrs.items()))
+        return ("O", cls, tuple((k, value_key(v, inner)) for k, v in attrs.items()), *of_class)
     try:
         hash(value)
     except TypeError:
-        return ("id", kind, id(value))
-    return ("V", kind, value)
+        # By identity, the object held (a key that lives keeps its id from being reused).
+        return ("id", cls, id(value), _Held(value), *of_class)
+    return ("V", cls, value, *of_class)
+
+
+class _Held:
+    """An object a key holds so that its ``id`` stays its own; equal only to itself."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Held) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
 
 
 def _library_name(module: Any) -> bool:
