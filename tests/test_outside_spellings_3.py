@@ -15,6 +15,7 @@ between calls and between forward and ``.backward()``: equal records, or (strict
 
 from __future__ import annotations
 
+import abc
 import collections
 import contextlib
 import contextvars
@@ -1130,6 +1131,39 @@ class _StrSub(Function):
 def test_str_subclass_equal_to_plain_str():
     """A str subclass equal to 'sum' and the plain 'sum' alternate; forward checks the type."""
     _matches_eager(_StrSub, lambda i: (_fixed(i), _StrMode("sum") if i % 2 else "sum"))
+
+
+class _Plain:
+    pass
+
+
+_KIND: Any = None
+
+
+class _AbcArg(Function):
+    @staticmethod
+    def forward(ctx, t, obj):
+        return t * (2.0 if isinstance(obj, _KIND) else 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def test_abc_register_between_calls_changes_isinstance():
+    """Kind.register(cls) between calls makes isinstance(obj, Kind) true for the same object."""
+    obj = _Plain()
+
+    def reset():
+        global _KIND
+
+        class Kind(abc.ABC):
+            pass
+
+        _KIND = Kind
+
+    _matches_eager(_AbcArg, lambda i: (_fixed(i), obj), between=lambda i: _KIND.register(_Plain) if i == 2 else None,
+                   reset=reset)
 
 
 class _HasAttr(Function):

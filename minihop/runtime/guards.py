@@ -12,6 +12,7 @@ Rule for values that are not hashable and not containers: they are keyed by iden
 
 from __future__ import annotations
 
+import abc
 import enum
 import functools
 import sys
@@ -137,7 +138,12 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
         for k, v in vars(klass).items():
             if not (k.startswith("__") and k.endswith("__")):
                 found[k] = v
-    return tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+    state = tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+    if isinstance(cls, abc.ABCMeta):
+        # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
+        registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]
+        return (*state, ("abc registry", registered))
+    return state
 
 
 _CODE = (types.FunctionType, staticmethod, classmethod, property)
