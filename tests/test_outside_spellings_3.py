@@ -25,6 +25,7 @@ import functools
 import logging
 import math
 import warnings
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -152,6 +153,36 @@ def test_descriptor_on_ctx_object_table_changed_before_backward():
 class _Holder:
     def __init__(self, v: float) -> None:
         self.v = v
+
+
+WEAK_SCALES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_KEEP = [_Holder(3.0)]
+
+
+class _WeakGlobal(Function):
+    @staticmethod
+    def forward(ctx, t):
+        h = WEAK_SCALES.get("s")
+        return t * (h.v if h is not None else 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_weak_value_dictionary_global_entry_added_between_calls():
+    """A WeakValueDictionary global; the entry appears, then its object's attribute changes."""
+    def between(i):
+        if i == 1:
+            WEAK_SCALES["s"] = _KEEP[0]
+        if i == 2:
+            _KEEP[0].v = 7.0
+
+    def reset():
+        WEAK_SCALES.clear()
+        _KEEP[0].v = 3.0
+
+    _matches_eager(_WeakGlobal, lambda i: (_fixed(i),), between=between, reset=reset)
 
 
 # -- collections holders ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ import enum
 import functools
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,9 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("partial", id(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
+    if isinstance(value, weakref.ref):
+        # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
+        return ("weak", type(value), value_key(value(), _open | {id(value)}))
     attrs = attributes(value)
     # A user's object's methods read its class's attributes too (``type(self).factor``,
     # ``self.factor`` not set on the object): its class is keyed with its state.
