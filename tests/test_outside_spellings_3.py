@@ -1,7 +1,7 @@
 """Functions written the way outside code writes them, round 3: spellings rounds 1 and 2 did not use.
 
 Each case is a small Function of a class issue 28 names, reached along a path near the ones
-round 2 found open: holders behind properties, descriptors and ``__getattr__``;
+round 2 found open: holders behind properties, descriptors, ``__getattr__`` and weak references;
 ``deque``/``OrderedDict``/``defaultdict``/``Counter``; dataclasses on ctx; ``ContextVar``;
 class state read through ``type(self)``, ``super()`` and staticmethod helpers; Functions made
 by factories; ``once_differentiable``; ``needs_input_grad`` paths; ``.data`` swaps;
