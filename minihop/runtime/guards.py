@@ -12,10 +12,12 @@ Rule for values that are not hashable and not containers: they are keyed by iden
 
 from __future__ import annotations
 
+import abc
 import enum
 import functools
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -89,15 +91,38 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("partial", id(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
+    if isinstance(value, weakref.ref):
+        # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
+        return ("weak", type(value), value_key(value(), _open | {id(value)}))
     attrs = attributes(value)
+    # A user's object's methods read its class's attributes too (``type(self).factor``,
+    # ``self.factor`` not set on the object): its class is keyed with its state.
+    cls = type(value)
+    of_class = () if _library_name(cls.__module__) else (value_key(cls, _open),)
     if attrs:
         inner = _open | {id(value)}
-        return ("O", type(value), tuple((k, value_key(v, inner)) for k, v in attrs.items()))
+        return ("O", cls, tuple((k, value_key(v, inner)) for k, v in attrs.items()), *of_class)
     try:
         hash(value)
     except TypeError:
-        return ("id", type(value), id(value))
-    return ("V", type(value), value)
+        # By identity, the object held (a key that lives keeps its id from being reused).
+        return ("id", cls, id(value), _Held(value), *of_class)
+    return ("V", cls, value, *of_class)
+
+
+class _Held:
+    """An object a key holds so that its ``id`` stays its own; equal only to itself."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Held) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
 
 
 def _library_name(module: Any) -> bool:
@@ -117,7 +142,12 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
         for k, v in vars(klass).items():
             if not (k.startswith("__") and k.endswith("__")):
                 found[k] = v
-    return tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+    state = tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+    if isinstance(cls, abc.ABCMeta):
+        # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
+        registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]
+        return (*state, ("abc registry", registered))
+    return state
 
 
 _CODE = (types.FunctionType, staticmethod, classmethod, property)

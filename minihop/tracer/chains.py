@@ -21,7 +21,7 @@ from typing import Any
 
 from .bytecode import Instruction, instructions
 
-__all__ = ["Chain", "CodeFacts", "code_facts"]
+__all__ = ["Chain", "CodeFacts", "code_facts", "constant_global"]
 
 # Instructions that start a chain of attribute reads, and what they read from.
 _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_FAST": "fast",
@@ -80,7 +80,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
             i += 1
             continue
         root = str(op.argval)
-        if op.opname == "LOAD_GLOBAL" and root == "globals" and _constant_global(ins, i + 1):
+        if op.opname == "LOAD_GLOBAL" and root == "globals" and constant_global(ins, i + 1):
             # ``globals()["SCALE"]``: a read of that global, as ``SCALE`` is.
             chains.append(Chain("global", str(ins[i + 3].argval), (), "value", line))
             i += 5
@@ -164,7 +164,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                      tuple(targets))
 
 
-def _constant_global(ins: tuple[Instruction, ...], k: int) -> bool:
+def constant_global(ins: tuple[Instruction, ...], k: int) -> bool:
     """``PRECALL 0; CALL 0; LOAD_CONST name; BINARY_SUBSCR`` at ``k``: ``globals()[name]``."""
     return (k + 3 < len(ins) and ins[k].opname == "PRECALL" and ins[k + 1].opname == "CALL"
             and ins[k + 1].arg == 0 and ins[k + 2].opname == "LOAD_CONST"

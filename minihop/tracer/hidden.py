@@ -24,7 +24,7 @@ import random
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -126,7 +126,9 @@ def watched(value: Any) -> tuple[str, str] | None:
     message ("message": ``warnings.warn``, ``logging.info``, bound by any name), or a
     ``functools.lru_cache`` helper ("uncached": its cache would keep the trace's fake tensors
     and hand them to the user's code later, so tracing calls the function it wraps)."""
-    if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__"):
+    if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__") or \
+            isinstance(value, types.MethodType) and type(value.__func__) is _LRU_WRAPPER:
+        # An lru_cache'd method (``self.table(n)``) too: its cache is shared by the class.
         return ("uncached", getattr(value, "__qualname__", "an lru_cache function"))
     return _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
 
@@ -184,13 +186,16 @@ class ReadWatch:
             # would get it back); the graphs compute what it returns. Each call is recorded
             # and made again, for real, on every call (``call_writes``): the cache's entries,
             # hits and misses are then eager's.
+            unwrapped = functools.partial(fn.__func__.__wrapped__, fn.__self__) \
+                if isinstance(fn, types.MethodType) else fn.__wrapped__
+
             def uncached(*args: Any, **kwargs: Any) -> Any:
                 where = None
                 if threading.get_ident() == self.thread:
                     frame = sys._getframe(1)
                     where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
                     self.cache_calls.append((self.phase, home, name, what, args, kwargs, where))
-                result = fn.__wrapped__(*args, **kwargs)
+                result = unwrapped(*args, **kwargs)
                 if where is not None and _holds_tensor(result):
                     stale_cache_check(fn, what, where)
                 return result
@@ -213,12 +218,20 @@ class ReadWatch:
         self._install(home, name, fn, read)
 
     def _install(self, home: Any, name: str, fn: Any, stand_in: Any) -> None:
-        self.swapped.append((home, name, fn))
         self.real[id(stand_in)] = fn
         if isinstance(home, dict):
+            self.swapped.append((home, name, fn))
             home[name] = stand_in
-        else:
-            setattr(home, name, stand_in)  # a cell's ``cell_contents`` too
+            return
+        # What the holder itself stores under the name, not what reading it gives: a class's
+        # ``staticmethod`` (reading it unwraps it) or a name it inherits (nothing of its own).
+        # ``stop`` puts back exactly that, so the class is left as it was.
+        own = getattr(home, "__dict__", None)
+        stored = own.get(name, MISSING) if isinstance(own, Mapping) else fn
+        self.swapped.append((home, name, stored))
+        if isinstance(stored, staticmethod):
+            stand_in = staticmethod(stand_in)
+        setattr(home, name, stand_in)  # a cell's ``cell_contents`` too
 
     def call_writes(self) -> list[StateWrite]:
         """Each lru_cache helper call, made again when the capture runs (``StateWrite`` kind
@@ -264,6 +277,8 @@ class ReadWatch:
         for home, name, fn in reversed(self.swapped):
             if isinstance(home, dict):
                 home[name] = fn
+            elif fn is MISSING:
+                delattr(home, name)  # it was inherited: the holder had none of its own
             else:
                 setattr(home, name, fn)
         self.swapped.clear()

@@ -8,7 +8,9 @@ that is unknown, and unknown means unsafe: the capture serves the call it was tr
 no other (strict mode captures again, ``fallback="eager"`` runs eagerly). Two finders:
 
 - **statically**, ``dynamic_lookups``: ``getattr``/``vars``/``operator.attrgetter`` whose
-  name is not a constant (which attribute is read is known only at run time);
+  name is not a constant (which attribute is read is known only at run time), and
+  ``globals()`` other than ``globals()["NAME"]`` (the module's whole namespace, read by a
+  name no chain names; chains read ``globals()["NAME"]`` as ``NAME``);
 - **while tracing**, ``CallWatch``: any Python function of the user's (not torch's, the
   standard library's or minihop's) that runs and is not among the code pystate analysed: a
   method of an object passed in, a user module's submodule, a callback handed to library
@@ -34,11 +36,12 @@ import torch
 from ..errors import UnsupportedOperationError
 from ..spec import MISSING
 from .bytecode import instructions
+from .chains import constant_global
 from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
 
-_LOOKUPS = frozenset({"getattr", "vars", "attrgetter", "methodcaller"})
+_LOOKUPS = frozenset({"getattr", "vars", "attrgetter", "methodcaller", "globals"})
 _CALLS = frozenset({"CALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_KW", "PRECALL"})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF"})
 
@@ -66,8 +69,8 @@ def dynamic_lookups(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
                 line = op.lineno
             if op.opname not in _LOADS or op.argval not in _LOOKUPS:
                 continue
-            if op.argval == "vars":
-                found.append(("vars(...)", line))
+            if op.argval == "vars" or op.argval == "globals" and not constant_global(ins, i + 1):
+                found.append((f"{op.argval}(...)", line))
                 continue
             j = i + 1
             while j < len(ins) and ins[j].opname not in _CALLS:

@@ -54,7 +54,7 @@ from .module_reads import places_held
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
                     methods_of, place_at, reads_environment, resolve_root, tensor_holder, walk)
-from .settings import setting_place
+from .settings import backends_place, setting_place
 from .userattr import UserAttribute
 
 __all__ = ["StateTracker", "arg_masks", "is_library"]
@@ -154,7 +154,8 @@ class StateTracker:
                 self._find_hidden_read(root, value, named, named_end)
                 if reads_environment(value, named):
                     self._add_read(ENVIRONMENT, phase, code, chain.line)
-                setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end)
+                setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or \
+                    backends_place(root, value, chain.steps)
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
                 for place in places_held(root, value, named):  # MATHLIB.cos: which module MATHLIB holds

@@ -196,13 +196,22 @@ def params_of(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
     if code is None:
         return {}
     names = code.co_varnames[:code.co_argcount]
+    found: dict[str, Any] = {}
+    owner = getattr(fn, "__self__", None) if isinstance(fn, types.MethodType) else None
+    if owner is not None and names:
+        # A classmethod ``forward(cls, ctx, x)``: its first parameter is the class it was
+        # called on (``cls.SLOPE`` is that class's attribute), and ctx and the arguments follow.
+        found[names[0]] = Bound(owner, getattr(owner, "__qualname__", type(owner).__qualname__))
+        names = names[1:]
     if method == "forward":
         offset = 0 if uses_setup else 1
-        found: dict[str, Any] = {n: i - offset for i, n in enumerate(names) if i >= offset}
+        found.update({n: i - offset for i, n in enumerate(names) if i >= offset})
         if not uses_setup and names:
             found[names[0]] = "ctx"
         return found
-    return {names[0]: "ctx"} if names else {}
+    if names:
+        found[names[0]] = "ctx"
+    return found
 
 
 def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]

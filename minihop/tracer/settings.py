@@ -9,6 +9,10 @@ the answer in, so a later call after ``torch.set_num_threads(2)``, ``VAR.set(3.0
 ``fn.register(Box)`` would reuse it. Each such read is a place whose value is the call's answer, checked on every call
 (and before backward for backward's reads), as ``roots.FLAG_PLACES`` are.
 
+Torch's backend flags are module attributes, read without a call (``torch.backends.mkldnn.enabled``,
+``torch.backends.cudnn.benchmark``): torch's modules are otherwise not the user's state, so a chain
+into ``torch.backends`` that ends at a plain value is a place too (``backends_place``).
+
 Invariant: a call that reads a setting named here is guarded by the setting's value.
 """
 
@@ -21,10 +25,12 @@ from typing import Any
 
 import torch
 
-from ..spec import MISSING, Place
-from .roots import value_place
+from ..place import walk_plain
+from ..spec import MISSING, Place, Root
+from .atoms import ATOMS
+from .roots import place_at, value_place
 
-__all__ = ["setting_place"]
+__all__ = ["backends_place", "setting_place"]
 
 # Calls answering a process setting, by what the code names (the user's spelling for messages).
 _CALLS = {id(fn): (name, fn) for name, fn in (
@@ -52,4 +58,23 @@ def setting_place(end: Any) -> Place | None:
         return value_place(f"a torch.Generator's {end.__name__}()", lambda args: method())
     if isinstance(var, contextvars.ContextVar) and getattr(end, "__name__", "") == "get":
         return value_place(f"ContextVar {var.name!r}", lambda args: var.get(MISSING))
+    return None
+
+
+def backends_place(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> Place | None:
+    """The place of a flag of ``torch.backends`` that a chain reads (a plain value: a bool, a
+    number, a string), from a root holding ``torch`` or one of its backends modules."""
+    if not isinstance(value, types.ModuleType) or not (value.__name__ + ".").startswith("torch."):
+        return None
+    inside = value.__name__.startswith("torch.backends")
+    for k in range(len(steps)):
+        if steps[k][0] != "attr":
+            return None
+        now = walk_plain(value, steps[:k + 1])
+        if isinstance(now, types.ModuleType):
+            inside = inside or now.__name__.startswith("torch.backends")
+        elif inside and k == len(steps) - 1 and (now is None or isinstance(now, ATOMS)):
+            return place_at(root, steps)
+        else:
+            return None
     return None
