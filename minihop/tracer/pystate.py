@@ -154,8 +154,7 @@ class StateTracker:
                 self._find_hidden_read(root, value, named, named_end)
                 if reads_environment(value, named):
                     self._add_read(ENVIRONMENT, phase, code, chain.line)
-                setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or \
-                    backends_place(root, value, chain.steps)
+                setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
                 for place in places_held(root, value, named):  # MATHLIB.cos: which module MATHLIB holds
