@@ -1154,3 +1154,23 @@ def test_ctx_writing_capture_is_not_saved(tmp_path):
     cap = minihop.capture(_Counter, _fixed(0))
     with pytest.raises(UnsupportedOutputError, match="writes ctx"):
         cap.save(str(tmp_path / "counter.mh"))
+
+
+class _HalvedOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.k = torch.full((4,), 2.0)
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.k = ctx.k * 0.5
+        return g * ctx.k
+
+
+def test_tensor_on_ctx_rebound_in_backward_run_twice():
+    """Backward rebinds a tensor ctx held from forward; the second backward reads the new one
+    (red team 3: 6.0 where eager gives 4.5, silent). Refused (MH106); fallback runs eagerly."""
+    eager_modes.matches_eager(_HalvedOnCtx, lambda i: (_fixed(i),), backwards=2)
+    with pytest.raises(SideEffectError, match=r"MH106.*rebinds ctx\.k"):
+        minihop.capture(_HalvedOnCtx, _fixed(0))

@@ -39,7 +39,8 @@ import torch
 from ..errors import SideEffectError
 from .atoms import CONSTANTS
 
-__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx"]
+__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
+           "ctx_objects", "refuse_ctx_rebinding", "share_arguments"]
 
 
 
@@ -199,8 +200,43 @@ def ctx_values(ctx: Any) -> dict[str, Any]:
     and sets of them): what a backward that writes ctx (``ctx.calls += 1``) leaves for the next
     backward of the same call. Tensors and other objects are not copied (their changes are
     judged elsewhere)."""
-    copied = {k: _copied(v) for k, v in vars(ctx).items() if not k.startswith("_minihop")}
+    # (an argument kept on ctx, ``ctx.log = log``, is the caller's: its writes are replayed
+    # where it lives, and backward reads it there; ``share_arguments`` names them)
+    shared = vars(ctx).get("_minihop_shared", ())
+    copied = {k: _copied(v) for k, v in vars(ctx).items() if not k.startswith("_minihop") and k not in shared}
     return {k: v for k, v in copied.items() if v is not _OTHER}
+
+
+def share_arguments(ctx: Any, args: tuple[Any, ...]) -> None:
+    """Name the ctx attributes that hold one of the call's mutable arguments (see ``ctx_values``;
+    a number is a value: ``ctx.left = k`` is ctx's own)."""
+    ids = {id(a) for a in args if not isinstance(a, (int, float, complex, str, bytes, bool, tuple, type(None)))}
+    object.__setattr__(ctx, "_minihop_shared", frozenset(k for k, v in vars(ctx).items() if id(v) in ids))
+
+
+def ctx_objects(ctx: Any) -> dict[str, int]:
+    """The identity of each value on ``ctx`` that ``ctx_values`` does not copy (a tensor, an
+    object): a backward that rebinds one (``ctx.k = ctx.k * 0.5``) leaves a value a second
+    backward of the call reads, and backward's case is keyed on plain values only."""
+    shared = vars(ctx).get("_minihop_shared", ())
+    return {k: id(v) for k, v in vars(ctx).items()
+            if not k.startswith("_minihop") and k not in shared and _copied(v) is _OTHER}
+
+
+def refuse_ctx_rebinding(name: str, before: dict[str, int], after: dict[str, int]) -> None:
+    """MH106 where backward rebinds or deletes a ctx attribute holding a tensor or an object
+    (see ``ctx_objects``)."""
+    # (an attribute backward adds is set before any read of it, or eager's first backward
+    # would have raised: only one that held forward's value is read by a second backward)
+    changed = sorted(k for k in before if before[k] != after.get(k))
+    if changed:
+        raise SideEffectError(
+            f"{name}.backward rebinds ctx.{changed[0]} to a tensor or object.",
+            "A second backward of the call (retain_graph=True) reads what the first left on "
+            "ctx; minihop traces backward again for the plain values (numbers, strings, "
+            "containers of them) left there, and cannot key one on a tensor or object.",
+            "Keep what backward changes in a plain Python value, or run it eagerly with "
+            "minihop.function(F, fallback='eager').")
 
 
 def refuse_symbolic_ctx_write(name: str, before: dict[str, Any], after: dict[str, Any]) -> None:

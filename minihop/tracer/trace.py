@@ -30,7 +30,8 @@ from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
 from .backward import GradSpec, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
-from .effects import ctx_as_forward_left_it, ctx_values, refuse_symbolic_ctx_write
+from .effects import (ctx_as_forward_left_it, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
+                      share_arguments)
 from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
 from .names import FrameSnapshot, code_of, name_hints
@@ -216,9 +217,11 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
     # backward sees what forward left, as in eager; a global's memo: read when backward runs
     with outside.replayed(t.backward_reads.stand_in), t.ctx_after_forward:
-        ctx_before = ctx_values(ctx)
+        share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
+        ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx)
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
         ctx_after = ctx_values(ctx)
+        refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx))
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
