@@ -353,6 +353,12 @@ class _Rotary(Function):
         return g * ROTARY[ctx.n]
 
 
+def test_memo_dict_written_in_forward_read_in_backward():
+    """A rotary-table memo: forward fills ROTARY[n], backward reads it back (sizes 3 and 4)."""
+    eager_modes.matches_eager(_Rotary, lambda i: (torch.randn(3 + i % 2, 4).requires_grad_(),),
+                              state=lambda: sorted(ROTARY), reset=ROTARY.clear)
+
+
 def test_memo_cleared_before_backward():
     """The caller clears the memo between forward and backward: eager's backward raises
     KeyError (call 1); call 2 refills it with another table before backward."""

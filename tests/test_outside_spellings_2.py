@@ -1253,28 +1253,6 @@ def test_lru_cache_mask_helper_then_eager_user_of_the_cache():
     _matches_eager(_Masked, make, state=lambda: _causal_mask(4) * 1.0, reset=_causal_mask.cache_clear)
 
 
-ROTARY: dict[int, torch.Tensor] = {}
-
-
-class _Rotary(Function):
-    @staticmethod
-    def forward(ctx, t):
-        n = t.shape[0]
-        if n not in ROTARY:
-            ROTARY[n] = torch.arange(float(n)).unsqueeze(-1).cos()
-        ctx.n = n
-        return t * ROTARY[n]
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * ROTARY[ctx.n]
-
-
-def test_memo_dict_written_in_forward_read_in_backward():
-    """A rotary-table memo: forward fills ROTARY[n], backward reads it back."""
-    _matches_eager(_Rotary, lambda i: (_x(i),), state=lambda: sorted(ROTARY), reset=ROTARY.clear)
-
-
 @functools.cache
 def _coef(p: float) -> float:
     return 1.0 / (1.0 + p)
