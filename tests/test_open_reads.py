@@ -1180,3 +1180,195 @@ def test_tensor_on_ctx_rebound_in_backward_run_twice():
     eager_modes.matches_eager(_HalvedOnCtx, lambda i: (_fixed(i),), backwards=2)
     with pytest.raises(SideEffectError, match=r"MH106.*rebinds ctx\.k"):
         minihop.capture(_HalvedOnCtx, _fixed(0))
+
+
+# --- ctxheld ---
+# A holder on ctx whose lookups are no attribute/item place (a weak reference, a ChainMap):
+# backward reads through it when it runs, after the caller changed what it reaches (red team 3,
+# silent). Refused in strict mode (MH106, minihop/tracer/ctx_held.py); fallback equals eager.
+
+class _Box:
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+
+_box = _Box(2.0)
+
+
+class _WeakRefOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t, h):
+        ctx.ref = __import__("weakref").ref(h)
+        return t * h.v
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.ref().v, None
+
+
+def test_weakref_on_ctx_dereferenced_in_backward():
+    """red team 3 #01: eager's backward sees h.v as the caller set it before .backward()."""
+    eager_modes.matches_eager(_WeakRefOnCtx, lambda i: (_fixed(i), _box),
+                              between=lambda i: setattr(_box, "v", 2.0), mid=lambda i: setattr(_box, "v", 5.0 + i),
+                              reset=lambda: setattr(_box, "v", 2.0))
+    with pytest.raises(SideEffectError, match=r"MH106.*ReferenceType on ctx\.ref"):
+        minihop.capture(_WeakRefOnCtx, _fixed(0), _box)
+
+
+class _WeakProxyOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t, h):
+        ctx.h = __import__("weakref").proxy(h)
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.h.v, None
+
+
+def test_weakref_proxy_on_ctx():
+    eager_modes.matches_eager(_WeakProxyOnCtx, lambda i: (_fixed(i), _box),
+                              between=lambda i: setattr(_box, "v", 2.0), mid=lambda i: setattr(_box, "v", 3.0 + i),
+                              reset=lambda: setattr(_box, "v", 2.0))
+
+
+_scales: Any = None
+
+
+def _weak_scales() -> Any:
+    global _scales
+    if _scales is None:
+        import weakref
+        _scales = weakref.WeakKeyDictionary()
+        _scales[_box] = 2.0
+    return _scales
+
+
+class _WeakKeyDictOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t, h):
+        ctx.table, ctx.key = _weak_scales(), h
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.table[ctx.key], None
+
+
+def test_weak_key_dictionary_on_ctx():
+    eager_modes.matches_eager(_WeakKeyDictOnCtx, lambda i: (_fixed(i), _box),
+                              between=lambda i: _weak_scales().__setitem__(_box, 2.0),
+                              mid=lambda i: _weak_scales().__setitem__(_box, -1.0 - i),
+                              reset=lambda: _weak_scales().__setitem__(_box, 2.0))
+
+
+_over: dict[str, float] = {}
+_chain = __import__("collections").ChainMap(_over, {"k": 2.0})
+
+
+class _ChainMapOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t, cm):
+        ctx.cm = cm
+        return t * cm["k"]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.cm["k"], None
+
+
+def test_chain_map_on_ctx_overridden_before_backward():
+    """red team 3 #03: an override key appears in the ChainMap's first map before backward."""
+    eager_modes.matches_eager(_ChainMapOnCtx, lambda i: (_fixed(i), _chain), between=lambda i: _over.clear(),
+                              mid=lambda i: _over.update(k=-3.0 - i) if i % 2 else None, reset=_over.clear)
+    with pytest.raises(SideEffectError, match=r"MH106.*ChainMap on ctx\.cm"):
+        minihop.capture(_ChainMapOnCtx, _fixed(0), _chain)
+
+
+class _NewChildOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t, cm):
+        ctx.scopes = [cm.new_child()]  # a child scope, kept in a list on ctx
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scopes[0]["k"], None
+
+
+def test_chain_map_new_child_in_list_on_ctx():
+    eager_modes.matches_eager(_NewChildOnCtx, lambda i: (_fixed(i), _chain), between=lambda i: _over.clear(),
+                              mid=lambda i: _over.__setitem__("k", 4.0 + i), reset=_over.clear)
+
+
+_dq = __import__("collections").deque([2.0])
+_dd = __import__("collections").defaultdict(lambda: 2.0)
+
+
+class _DequeOnCtx(Function):
+    @staticmethod
+    def forward(ctx, t, q, d):
+        ctx.q, ctx.d = q, d
+        return t * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.q[-1] * ctx.d["s"], None, None
+
+
+def test_deque_and_defaultdict_on_ctx_changed_before_backward():
+    def reset() -> None:
+        _dq.clear(), _dq.append(2.0), _dd.clear()
+
+    def mid(i: int) -> None:
+        _dq.append(3.0 + i)
+        _dd["s"] = 1.0 + i
+
+    eager_modes.matches_eager(_DequeOnCtx, lambda i: (_fixed(i), _dq, _dd), between=lambda i: reset(), mid=mid,
+                              reset=reset)
+
+
+# A helper's mutable default (``def acc(v, seen=[])``) is one object every call: state it reads
+# and grows, keyed like a global (minihop/tracer/roots.py resolve_root; red team 3 #09: forward
+# read its first length on every call, silent).
+
+def _accumulate(v: float, acc: list = []) -> int:  # noqa: B006 - the user's mutable default
+    acc.append(v)
+    return len(acc)
+
+
+class _GrowingDefault(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * _accumulate(1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_mutable_default_list_grows_each_call():
+    eager_modes.matches_eager(_GrowingDefault, lambda i: (_fixed(i),),
+                              state=lambda: list(_accumulate.__defaults__[0]),
+                              reset=lambda: _accumulate.__defaults__[0].clear())
+
+
+def _scale_for(key: str, *, cache: dict = {}) -> float:  # noqa: B006
+    return cache.get(key, 2.0)
+
+
+class _KwOnlyCacheDefault(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * _scale_for("s")
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _scale_for("s")
+
+
+def test_kw_only_mutable_default_changed_between_calls_and_before_backward():
+    cache = _scale_for.__kwdefaults__["cache"]
+    eager_modes.matches_eager(_KwOnlyCacheDefault, lambda i: (_fixed(i),),
+                              between=lambda i: cache.__setitem__("s", 1.0 + i),
+                              mid=lambda i: cache.__setitem__("s", -2.0 - i), reset=cache.clear)

@@ -29,6 +29,7 @@ import torch
 from ..spec import MISSING, Place, Root
 from ..place import walk_plain
 from . import opaque
+from .atoms import CONSTANTS
 from .chains import Chain, CodeFacts, code_facts
 from .library import is_user_function, library_module
 from .names import code_of
@@ -72,6 +73,14 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
             text = f"{fn.__name__}'s default {chain.root}"
             return Root("value", text, text, lambda args, d=default: d)
         return Root("arg", where, chain.root, lambda args, i=where, d=default: args[i] if i < len(args) else d)
+    if where is None and chain.root not in code_facts(code).reassigned:
+        # A helper's parameter (a helper's arguments are not the Function's): its mutable
+        # default (``def acc(v, seen=[])``, ``*, cache={}``) is one object every call, read and
+        # grown like a global; keyed like one.
+        default = default_of(fn, chain.root)
+        if default is not MISSING and not isinstance(default, (*CONSTANTS, tuple, frozenset)):
+            text = f"{fn.__name__}'s default {chain.root}"
+            return Root("value", text, text, lambda args, d=default: d)
     return None
 
 

@@ -30,6 +30,7 @@ from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
 from .backward import GradSpec, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
+from .ctx_held import refuse_unkeyed_ctx_holders
 from .effects import (ctx_as_forward_left_it, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
                       share_arguments)
 from .frames import format_frame, user_frame_of
@@ -217,6 +218,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
     # backward sees what forward left, as in eager; a global's memo: read when backward runs
     with outside.replayed(t.backward_reads.stand_in), t.ctx_after_forward:
+        refuse_unkeyed_ctx_holders(parts.name, ctx)
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
         ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx)
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)

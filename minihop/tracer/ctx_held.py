@@ -1,0 +1,74 @@
+"""Values on ctx that backward reaches through a holder minihop cannot key: refused (MH106).
+
+Place in the pipeline: tracer (``trace.py`` calls ``refuse_unkeyed_ctx_holders`` once forward
+has run, before backward is traced). Backward's reads of a plain value are keyed on where the
+value lives (an argument's attribute, a list or dict item, a global): minihop re-reads or
+re-traces when it changes. A weak reference (``weakref.ref``, ``weakref.proxy``, a
+``WeakKeyDictionary``/``WeakValueDictionary``/``WeakSet``) or a ``collections.ChainMap`` hides
+the place: backward's ``ctx.ref().v`` or ``ctx.cm["k"]`` reads what the caller left there when
+``.backward()`` runs (red team 3: forward's value was used, silently). Until such a holder's
+reads are keyed by the place model, one kept on ctx (directly, or in a list, tuple, dict or
+plain object on ctx) makes the capture refuse; ``fallback="eager"`` then runs the Function eagerly.
+
+Invariant: every ctx value of a type in ``UNKEYED`` (up to ``MAX_DEPTH`` containers down) is
+refused; nothing else is changed.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from typing import Any
+
+from ..errors import SideEffectError
+
+__all__ = ["UNKEYED", "refuse_unkeyed_ctx_holders"]
+
+# Holders whose lookups are not an attribute or item step of the place model: what they yield
+# is found when backward runs (a dereference, a chain of maps searched in order).
+UNKEYED: tuple[type, ...] = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
+                             weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet,
+                             collections.ChainMap)
+MAX_DEPTH = 3
+
+
+def _unkeyed(value: Any, depth: int, seen: set[int]) -> str | None:
+    """The type name of the first unkeyed holder inside ``value``, or None."""
+    if isinstance(value, UNKEYED):  # (isinstance on a proxy is its referent's: test the type)
+        return type(value).__name__
+    if type(value) in UNKEYED:
+        return type(value).__name__
+    if depth >= MAX_DEPTH or id(value) in seen:
+        return None
+    seen.add(id(value))
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, collections.deque)):
+        items = list(value)
+    elif type(value).__module__ not in ("builtins", "torch") and hasattr(value, "__dict__") \
+            and not isinstance(value, type):
+        items = [v for k, v in vars(value).items() if not k.startswith("_minihop")]
+    else:
+        return None
+    for item in items:
+        found = _unkeyed(item, depth + 1, seen)
+        if found:
+            return found
+    return None
+
+
+def refuse_unkeyed_ctx_holders(name: str, ctx: Any) -> None:
+    """MH106 where forward left an ``UNKEYED`` holder on ctx (see module docstring)."""
+    seen: set[int] = set()
+    for key, value in vars(ctx).items():
+        if key.startswith("_minihop"):
+            continue
+        found = _unkeyed(value, 1, seen)
+        if found:
+            raise SideEffectError(
+                f"{name}.forward keeps a {found} on ctx.{key}.",
+                f"Backward reads through the {found} when it runs (a dereference or a search of "
+                "several maps), after the caller may have changed what it reaches; minihop keys "
+                "backward's reads on attribute and item places only, so it would use forward's value.",
+                "Keep the object itself (ctx.obj = obj) or a plain dict on ctx, or run it eagerly "
+                "with minihop.function(F, fallback='eager').")
