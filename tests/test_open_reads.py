@@ -1562,3 +1562,49 @@ def test_fnstate_refusals_name_what_they_found():
     with pytest.raises(SideEffectError, match=r"MH106.*factor \(an lru_cache helper\) returned a value computed from _CachedFactor"):
         minihop.capture(_CachedFactor, _fixed(0))
     _CachedFactor.factor.cache_clear()
+
+
+class _OwnDefault(Function):
+    @staticmethod
+    def forward(ctx, t, s=2.0):
+        ctx.s = s
+        return t * s
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s, None
+
+
+class _OwnKwDefault(Function):
+    @staticmethod
+    def forward(ctx, t, *, s=2.0):
+        return t * s
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def _cubed(ctx, t, s=2.0):
+    ctx.s = s
+    return t * t * t
+
+
+@pytest.mark.parametrize("fn_cls, change", [
+    (_OwnDefault, lambda i: setattr(_OwnDefault.forward, "__defaults__", (2.0 + (i % 2),))),
+    (_OwnKwDefault, lambda i: _OwnKwDefault.forward.__kwdefaults__.__setitem__("s", 2.0 + (i >= 2))),
+    (_OwnDefault, lambda i: setattr(_OwnDefault.forward, "__code__",
+                                    _cubed.__code__ if i == 2 else _OwnDefault._code)),
+], ids=["defaults", "kwdefaults-item", "code"])
+def test_the_functions_own_forward_defaults_or_code_replaced(fn_cls, change):
+    """The Function's own forward: its default (read when the call leaves it out), keyword-only
+    default, or code replaced on the same function object between calls."""
+    try:
+        eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),), between=change, reset=lambda: change(0))
+    finally:
+        _OwnDefault.forward.__defaults__ = (2.0,)
+        _OwnDefault.forward.__code__ = _OwnDefault._code
+        _OwnKwDefault.forward.__kwdefaults__["s"] = 2.0
+
+
+_OwnDefault._code = _OwnDefault.forward.__code__
