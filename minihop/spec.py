@@ -23,7 +23,7 @@ from .place import MISSING, Place, Root, arg_place
 from .structure import OutputSpec, Path, fresh
 
 __all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
-           "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
+           "NO_STATE", "NO_WORLD", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
            "StateRead", "StateWrite", "arg_place", "same_value"]
 
 
@@ -259,6 +259,9 @@ def same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# The place every capture reads for torch.distributed's default group, when none is
+# initialised: graphs traced then hold no rank or world size (an artifact may carry them).
+NO_WORLD = "torch.distributed's process group (none initialised)"
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"
