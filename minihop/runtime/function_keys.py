@@ -22,7 +22,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-__all__ = ["function_key", "show_function_key"]
+__all__ = ["function_key", "same_function", "show_function_key"]
 
 # Defaults compared by value: immutable constants (a float by its bits: -0.0 is not 0.0).
 _CONSTANTS = (str, bytes, int, bool, complex, type(None))
@@ -60,6 +60,16 @@ def function_key(fn: types.FunctionType) -> tuple[Any, ...]:
     return ("fn", id(fn), _Same(fn), _Same(fn.__code__),
             tuple(_default_key(v) for v in fn.__defaults__ or ()),
             None if kwdefaults is None else tuple((k, _default_key(v)) for k, v in kwdefaults.items()))
+
+
+def same_function(key: Any) -> bool:
+    """Whether ``key`` is a function's key that its function still has, without keyword
+    defaults (a dict changed in place): then its function, code and defaults tuple being the
+    very same objects is a match (``guards.compile_live_check``'s fast path)."""
+    if not (isinstance(key, tuple) and key and key[0] == "fn" and key[5] is None):
+        return False
+    fn = key[2].obj
+    return fn.__kwdefaults__ is None and function_key(fn) == key
 
 
 def _show_default(key: Any) -> str:

@@ -25,7 +25,7 @@ import torch
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
-from .function_keys import function_key, show_function_key
+from .function_keys import function_key, same_function, show_function_key
 
 __all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
@@ -404,6 +404,13 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
         if isinstance(key, tuple) and len(key) == 3 and key[0] == "V" and key[1] in _PLAIN:
             consts[f"t{i}"], consts[f"v{i}"] = key[1], key[2]
             lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
+        elif same_function(key):
+            # A function, its code and defaults the very objects keyed (held here): no key built.
+            fn = key[2].obj
+            consts[f"o{i}"], consts[f"c{i}"], consts[f"d{i}"] = fn, fn.__code__, fn.__defaults__
+            lines += [f"    v = f{i}(args)",
+                      f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None)"
+                      f" and key_of(v) != k{i}:", "        return False"]
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
     # A fetch that raises (the place's owner replaced by an object without that attribute)
