@@ -9,9 +9,10 @@ other.__code__``. Each of those changes what the helper computes (its defaults a
 the graphs as constants), so each is part of its key. ``__globals__`` and ``__closure__``
 cannot be rebound; the closure cells' contents are read places of their own (``tracer/roots``).
 
-A default's own contents (a list default that grows, ``seen=[]``) are the default's place,
-guarded or replayed like any read (``tracer/roots.resolve_root``): here a default is keyed by
-identity unless it is a plain constant (compared by value, so setting ``(2.0,)`` again hits).
+A default's own contents (a list default that grows, ``seen=[]``) are not in the key: they
+are state of that default object (``tracer/roots.resolve_root`` reads a Function method's
+defaults as places). Here a default is keyed by identity unless it is a plain constant
+(compared by value, so setting ``(2.0,)`` again hits).
 
 Invariant: the key holds the function, its code and each default it keys by identity, so no
 id in it is reused by another object while the key lives.
