@@ -22,8 +22,8 @@ import torch.fx as fx
 from .place import MISSING, Place, Root, arg_place
 from .structure import OutputSpec, Path, fresh
 
-__all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "MISSING",
-           "NO_STATE", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
+__all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "CTX_HELD", "MISSING",
+           "NO_STATE", "NO_WORLD", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
            "StateRead", "StateWrite", "arg_place", "same_value"]
 
 
@@ -161,6 +161,11 @@ class PythonState:
     # found and left them; None when it changed none. A second backward (``retain_graph``)
     # reads ``after``, as eager's ctx holds it: the runtime keys backward on them.
     ctx_state: tuple[Any, Any] | None = None
+    # The user's attributes on ctx as forward left them (eager's ``y.grad_fn`` is that ctx: the
+    # caller may read or set them before ``.backward()``): ``(name, value)``, the value where it
+    # is an immutable plain one (numbers, strings, tuples of them), else ``CTX_HELD``; and
+    # ``(name, MISSING)`` for a name backward looked up and did not find (``getattr(ctx, k, d)``).
+    ctx_forward: tuple[tuple[str, Any], ...] = ()
 
     def reads_in(self, phase: str) -> tuple[StateRead, ...]:
         return tuple(r for r in self.reads if r.phase == phase)
@@ -176,6 +181,14 @@ class PythonState:
 
 
 NO_STATE = PythonState()
+# In ``PythonState.ctx_forward``: an attribute holding a tensor, an object, a mutable container
+# or a number of symbolic sizes (a capture has no one value of it to show the caller).
+class _Held:
+    def __repr__(self) -> str:
+        return "CTX_HELD"
+
+
+CTX_HELD: Any = _Held()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +272,9 @@ def same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# The place every capture reads for torch.distributed's default group, when none is
+# initialised: graphs traced then hold no rank or world size (an artifact may carry them).
+NO_WORLD = "torch.distributed's process group (none initialised)"
 # The meta key marking the ``_set_grad_enabled`` calls rewire wraps a body in (not the
 # user's own): the runtime leaves them out where eager runs backward with grad mode on.
 GRAD_TOGGLE = "minihop_grad_toggle"

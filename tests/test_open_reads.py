@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import types
 from typing import Any
 
@@ -1180,6 +1181,433 @@ def test_tensor_on_ctx_rebound_in_backward_run_twice():
     eager_modes.matches_eager(_HalvedOnCtx, lambda i: (_fixed(i),), backwards=2)
     with pytest.raises(SideEffectError, match=r"MH106.*rebinds ctx\.k"):
         minihop.capture(_HalvedOnCtx, _fixed(0))
+
+
+# --- fnstate ---------------------------------------------------------------------------------------
+# A function read by the Function is what it reads of itself (its defaults, keyword defaults, code),
+# a module imported inside the Function is the module a global would name, and an lru_cache
+# helper's stale value is refused whatever it returns (red team 3, #28).
+
+def _scaled(t, s=2.0):
+    return t * s
+
+
+class _DefaultScale(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return _scaled(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3.0
+
+
+def test_helper_defaults_replaced_between_calls():
+    """``_scaled.__defaults__ = (3.0,)`` before calls 1 and 3: eager scales by the new default."""
+    def between(i):
+        _scaled.__defaults__ = (2.0 + i,) if i in (1, 3) else (2.0,)
+
+    try:
+        eager_modes.matches_eager(_DefaultScale, lambda i: (_fixed(i),), between=between,
+                                  reset=lambda: between(0))
+    finally:
+        _scaled.__defaults__ = (2.0,)
+
+
+def _kw_scaled(t, *, s=2.0):
+    return t * s
+
+
+class _KwDefaultScale(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return _kw_scaled(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+@pytest.mark.parametrize("how", ["replaced", "item-set"])
+def test_helper_kwdefaults_replaced_between_calls(how):
+    """``_kw_scaled.__kwdefaults__ = {"s": 4.0}``, or its dict's item set in place."""
+    def between(i):
+        s = 2.0 + (i >= 2)
+        if how == "replaced":
+            _kw_scaled.__kwdefaults__ = {"s": s}
+        else:
+            _kw_scaled.__kwdefaults__["s"] = s
+
+    try:
+        eager_modes.matches_eager(_KwDefaultScale, lambda i: (_fixed(i),), between=between,
+                                  reset=lambda: between(0))
+    finally:
+        _kw_scaled.__kwdefaults__ = {"s": 2.0}
+
+
+SHIFT = lambda t, k=1.0: t + k  # noqa: E731  (a lambda held in a global is the case)
+
+
+class _LambdaShift(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return SHIFT(t) * t
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_lambda_default_replaced_between_calls():
+    def between(i):
+        SHIFT.__defaults__ = (1.0 + 0.5 * i,)
+
+    try:
+        eager_modes.matches_eager(_LambdaShift, lambda i: (_fixed(i),), between=between,
+                                  reset=lambda: between(0))
+    finally:
+        SHIFT.__defaults__ = (1.0,)
+
+
+def _square_code(t, s=2.0):
+    return t * t * s
+
+
+class _CodeSwapped(Function):
+    _ORIGINAL = _scaled.__code__
+
+    @staticmethod
+    def forward(ctx, t):
+        return _scaled(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_helper_code_replaced_between_calls():
+    """``_scaled.__code__ = _square_code.__code__`` before call 2 (a patched helper)."""
+    def between(i):
+        _scaled.__code__ = _square_code.__code__ if i == 2 else _CodeSwapped._ORIGINAL
+
+    try:
+        eager_modes.matches_eager(_CodeSwapped, lambda i: (_fixed(i),), between=between,
+                                  reset=lambda: between(0))
+    finally:
+        _scaled.__code__ = _CodeSwapped._ORIGINAL
+
+
+class _StaticDefault(Function):
+    @staticmethod
+    def scale(t, s=2.0):
+        return t * s
+
+    @staticmethod
+    def forward(ctx, t):
+        return _StaticDefault.scale(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_staticmethod_defaults_replaced_between_calls():
+    """The Function's own helper (a staticmethod, read as ``_StaticDefault.scale``)."""
+    def between(i):
+        _StaticDefault.scale.__defaults__ = (2.0 + (i % 2),)
+
+    try:
+        eager_modes.matches_eager(_StaticDefault, lambda i: (_fixed(i),), between=between,
+                                  reset=lambda: between(0))
+    finally:
+        _StaticDefault.scale.__defaults__ = (2.0,)
+
+
+class _LocalNumpy(Function):
+    @staticmethod
+    def forward(ctx, t):
+        import numpy as np
+        return t * float(np.random.rand())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _LocalNumpyFrom(Function):
+    @staticmethod
+    def forward(ctx, t):
+        from numpy import random as npr
+        return t * float(npr.uniform())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _LocalNumpyInLambda(Function):
+    @staticmethod
+    def forward(ctx, t):
+        import numpy.random
+        draw = lambda: float(numpy.random.rand())  # noqa: E731  (the import's name in nested code)
+        return t * draw()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@pytest.mark.parametrize("fn_cls", [_LocalNumpy, _LocalNumpyFrom, _LocalNumpyInLambda],
+                         ids=["import-as", "from-import-as", "in-a-lambda"])
+def test_numpy_random_after_an_import_inside_forward(fn_cls):
+    """The caller reseeds numpy's stream between calls (not before call 2): eager draws anew."""
+    np = pytest.importorskip("numpy")
+    eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),),
+                              between=lambda i: np.random.seed(i) if i != 2 else None,
+                              reset=lambda: np.random.seed(0))
+
+
+class _ImportModuleRandom(Function):
+    @staticmethod
+    def forward(ctx, t):
+        import importlib
+        rng = importlib.import_module("random")
+        return t * rng.random()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _DunderImportRandom(Function):
+    @staticmethod
+    def forward(ctx, t):
+        rng = __import__("random")
+        return t + rng.gauss(0.0, 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@pytest.mark.parametrize("fn_cls", [_ImportModuleRandom, _DunderImportRandom],
+                         ids=["importlib.import_module", "__import__"])
+def test_python_random_after_an_import_call_inside_forward(fn_cls):
+    """``importlib.import_module("random")`` / ``__import__("random")`` in forward: every
+    call draws a new number in eager."""
+    eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),))
+
+
+class _CachedFactor(Function):
+    SCALE = 2.0
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4)
+    def factor(n):
+        return _CachedFactor.SCALE * n
+
+    @staticmethod
+    def forward(ctx, t):
+        return t * _CachedFactor.factor(t.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_lru_cached_float_from_class_state_is_stale():
+    """An lru_cache'd staticmethod returns a float computed from a class attribute the caller
+    changes: eager keeps returning the cached float."""
+    def reset():
+        _CachedFactor.factor.cache_clear()
+        _CachedFactor.SCALE = 2.0
+
+    try:
+        eager_modes.matches_eager(_CachedFactor, lambda i: (_fixed(i),), reset=reset,
+                                  between=lambda i: setattr(_CachedFactor, "SCALE", 2.0 + i))
+    finally:
+        reset()
+
+
+HEADS = 2
+
+
+@functools.cache
+def _heads() -> int:
+    return HEADS * 2
+
+
+@functools.lru_cache(maxsize=None)
+def _window(n: int) -> tuple[float, ...]:
+    return tuple(CONF.s * k for k in range(n))
+
+
+class _CachedInt(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * _heads()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _heads()
+
+
+class _CachedTuple(Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * torch.tensor(_window(t.shape[1]))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def test_functools_cache_int_from_a_global_is_stale():
+    """``functools.cache`` returning an int from a global the caller rebinds (read in forward
+    and backward)."""
+    def between(i):
+        global HEADS
+        HEADS = 2 + i
+
+    def reset():
+        global HEADS
+        HEADS = 2
+        _heads.cache_clear()
+
+    try:
+        eager_modes.matches_eager(_CachedInt, lambda i: (_fixed(i),), between=between, reset=reset)
+    finally:
+        reset()
+
+
+def test_lru_cached_tuple_of_floats_from_an_object_is_stale():
+    def reset():
+        CONF.s = 1.0
+        _window.cache_clear()
+
+    try:
+        eager_modes.matches_eager(_CachedTuple, lambda i: (_fixed(i),), reset=reset,
+                                  between=lambda i: setattr(CONF, "s", 1.0 + i))
+    finally:
+        reset()
+
+
+def _user_config_module() -> types.ModuleType:
+    """A user's own module (a config or plugin module), imported by name inside forward."""
+    mod = _shim_module("fnstate_cfg", SCALE=2.0)
+
+    def scale(t, s=1.0):
+        return t * s * mod.SCALE
+
+    scale.__module__ = "fnstate_cfg"
+    mod.scale = scale
+    return mod
+
+
+class _ImportsUserModule(Function):
+    @staticmethod
+    def forward(ctx, t):
+        import fnstate_cfg as cfg
+        return t * cfg.SCALE
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _FromUserModuleImportsAValue(Function):
+    @staticmethod
+    def forward(ctx, t):
+        from fnstate_cfg import SCALE
+        return t * SCALE
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _FromUserModuleImportsAHelper(Function):
+    @staticmethod
+    def forward(ctx, t):
+        from fnstate_cfg import scale
+        return scale(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+@pytest.mark.parametrize("fn_cls", [_ImportsUserModule, _FromUserModuleImportsAValue, _FromUserModuleImportsAHelper],
+                         ids=["import-as", "from-import-value", "from-import-helper"])
+def test_user_module_imported_inside_forward_changes(fn_cls, monkeypatch):
+    """The module's SCALE changes between calls (and its helper's default before call 3): read
+    through the import as through a global naming the module."""
+    mod = _user_config_module()
+    monkeypatch.setitem(sys.modules, "fnstate_cfg", mod)
+
+    def between(i):
+        mod.SCALE = 2.0 + (i % 2)
+        mod.scale.__defaults__ = (1.0 + (i == 3),)
+
+    eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),), between=between, reset=lambda: between(0))
+
+
+def test_fnstate_refusals_name_what_they_found():
+    """The strict-mode refusals are coded and say what was read: a draw after a local import,
+    a cached value computed from a class attribute."""
+    pytest.importorskip("numpy")
+    with pytest.raises(SideEffectError, match=r"MH106.*draws from numpy's global random state.*numpy\.random\.rand"):
+        minihop.capture(_LocalNumpy, _fixed(0))
+    _CachedFactor.factor.cache_clear()
+    with pytest.raises(SideEffectError, match=r"MH106.*factor \(an lru_cache helper\) returned a value computed from _CachedFactor"):
+        minihop.capture(_CachedFactor, _fixed(0))
+    _CachedFactor.factor.cache_clear()
+
+
+class _OwnDefault(Function):
+    @staticmethod
+    def forward(ctx, t, s=2.0):
+        ctx.s = s
+        return t * s
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s, None
+
+
+class _OwnKwDefault(Function):
+    @staticmethod
+    def forward(ctx, t, *, s=2.0):
+        return t * s
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def _cubed(ctx, t, s=2.0):
+    ctx.s = s
+    return t * t * t
+
+
+@pytest.mark.parametrize("fn_cls, change", [
+    (_OwnDefault, lambda i: setattr(_OwnDefault.forward, "__defaults__", (2.0 + (i % 2),))),
+    (_OwnKwDefault, lambda i: _OwnKwDefault.forward.__kwdefaults__.__setitem__("s", 2.0 + (i >= 2))),
+    (_OwnDefault, lambda i: setattr(_OwnDefault.forward, "__code__",
+                                    _cubed.__code__ if i == 2 else _OwnDefault._code)),
+], ids=["defaults", "kwdefaults-item", "code"])
+def test_the_functions_own_forward_defaults_or_code_replaced(fn_cls, change):
+    """The Function's own forward: its default (read when the call leaves it out), keyword-only
+    default, or code replaced on the same function object between calls."""
+    try:
+        eager_modes.matches_eager(fn_cls, lambda i: (_fixed(i),), between=change, reset=lambda: change(0))
+    finally:
+        _OwnDefault.forward.__defaults__ = (2.0,)
+        _OwnDefault.forward.__code__ = _OwnDefault._code
+        _OwnKwDefault.forward.__kwdefaults__["s"] = 2.0
+
+
+_OwnDefault._code = _OwnDefault.forward.__code__
 
 
 # --- ctxheld ---

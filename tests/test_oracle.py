@@ -1134,6 +1134,45 @@ def _start_fresh_processes_first(request: pytest.FixtureRequest) -> None:
 # Artifacts: Capture.save / minihop.load
 # ---------------------------------------------------------------------------------------------
 
+_ARTIFACT_SCALE = 2.0
+_ARTIFACT_LOG: list[int] = []
+_ARTIFACT_ACT = torch.tanh
+
+
+class _ScaleByGlobal(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * _ARTIFACT_SCALE
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * _ARTIFACT_SCALE
+
+
+class _LogsCalls(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        _ARTIFACT_LOG.append(x.shape[0])
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+class _GlobalActivation(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = _ARTIFACT_ACT(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return g * (1 - y * y)
+
+
 class TestArtifacts:
     def test_save_load_in_fresh_process_runs_like_eager(self, fresh_processes: dict[str, Started]) -> None:
         """Static and dynamic captures of a non-importable Function, loaded in a fresh process, give eager's outputs and grads."""
@@ -1149,6 +1188,37 @@ class TestArtifacts:
                            match=r"Cannot save the capture of UdfOutput: its output holds a Foo \(object\)"):
             cap.save(str(path))
         assert not path.exists()
+
+    def test_capture_reading_a_global_value_is_refused_at_save(self, tmp_path: Path) -> None:
+        """A loaded capture checks only its arguments: one whose forward read a global float
+        would keep the value seen when saving after the caller changed it (eager reads the new
+        one), so saving it is refused, naming the global, and no file is written."""
+        cap = minihop.capture(_ScaleByGlobal, torch.randn(3, requires_grad=True))
+        path = tmp_path / "g.mh"
+        with pytest.raises(minihop.UnsupportedOutputError,
+                           match=r"Cannot save the capture of _ScaleByGlobal: its forward reads _ARTIFACT_SCALE"):
+            cap.save(str(path))
+        assert not path.exists()
+
+    def test_capture_writing_python_state_is_refused_at_save(self, tmp_path: Path) -> None:
+        """Forward appends to a global log on every eager call; a loaded capture would not."""
+        cap = minihop.capture(_LogsCalls, torch.randn(3, requires_grad=True))
+        with pytest.raises(minihop.UnsupportedOutputError,
+                           match=r"Cannot save the capture of _LogsCalls: its forward writes _ARTIFACT_LOG"):
+            cap.save(str(tmp_path / "w.mh"))
+
+    def test_global_holding_a_library_function_is_carried(self, tmp_path: Path) -> None:
+        """A global holding torch.tanh is code the graphs resolved to tanh: the capture saves,
+        and the loaded one gives eager's output and grad."""
+        x = torch.randn(5, requires_grad=True)
+        path = tmp_path / "act.mh"
+        minihop.capture(_GlobalActivation, x).save(str(path))
+        loaded = minihop.load(str(path))
+        xe, xm = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        ye, ym = _GlobalActivation.apply(xe), loaded(xm)
+        ye.sum().backward()
+        ym.sum().backward()
+        assert torch.equal(ye, ym) and torch.equal(xe.grad, xm.grad)
 
     def test_wrong_version_is_refused(self, tmp_path: Path) -> None:
         """A file whose manifest has another version is refused with a ValueError naming both versions."""

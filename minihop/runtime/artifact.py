@@ -30,6 +30,7 @@ import dataclasses
 import importlib
 import json
 import pickle
+import types
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import _get_qualified_name
 
 from ..errors import UnsupportedOutputError
-from ..spec import GRAD_TOGGLE, InputSource, Pair, arg_place
+from ..spec import GRAD_TOGGLE, NO_WORLD, InputSource, Pair, arg_place
 from ..structure import Computed, OutputSpec, has_computed
 
 __all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
@@ -125,6 +126,15 @@ def save_capture(cap: Any, path: str) -> None:
             "An artifact holds the pair and plain guards; value guards are not stored, and "
             "a loaded capture without them could give another value's result.",
             "Save a capture whose forward and backward read no values from tensor data.")
+    outside = _outside_reads_and_writes(cap)
+    if outside:
+        raise UnsupportedOutputError(
+            f"Cannot save the capture of {pair.function_name}: {outside[0]}"
+            + (f" (and {len(outside) - 1} more such)" if len(outside) > 1 else "") + ".",
+            "A loaded capture checks only its call's arguments: it has no route to the Python "
+            "state the Function reads or writes, so it would run with the values seen when "
+            "saving and skip the writes, where the Function itself would not.",
+            "Pass such values as arguments (and return what forward writes), to save the capture.")
     if cap.python_state.ctx_state is not None:
         raise UnsupportedOutputError(
             f"Cannot save the capture of {pair.function_name}: its backward writes ctx "
@@ -165,6 +175,38 @@ def save_capture(cap: Any, path: str) -> None:
     torch.save({"manifest": json.dumps(manifest, indent=1), "fwd": graph_to_json(pair.fwd),
                 "bwd": graph_to_json(pair.bwd),
                 "constants": constants, "key": key_bytes, "grad_assumptions": assumptions}, path)
+
+
+def _outside_reads_and_writes(cap: Any) -> list[str]:
+    """What ``cap`` read or wrote of Python state outside its arguments, as phrases: the
+    assumptions and replays an artifact cannot carry (its guard is the call key alone)."""
+    state, argnames = cap.python_state, cap.pair.argnames
+    found = [f"its {w.phase} writes {w.place.describe(argnames)}" for w in state.writes]
+    found += [f"its {r.phase} reads {r.place.describe(argnames)}" for r in state.reads
+              if not _resolved_in_graphs(r.place, argnames)]
+    found += [f"it may serve only the call it was traced for ({why})" for why in state.single_use]
+    found += [f"its forward reads the tensor at {s.description}" for s in cap.pair.inputs if s.fetched]
+    return found
+
+
+# What a read may hold and still be carried by an artifact: code its graphs call (resolved
+# there to the ops it ran, named by qualified name) rather than a value they hold.
+_CODE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
+
+
+def _resolved_in_graphs(place: Any, argnames: tuple[str, ...]) -> bool:
+    """Whether a read of ``place`` needs no check on a loaded capture: the process group when
+    none is initialised (no rank in the graphs), or a module, function or class outside the
+    arguments (the graphs hold the ops it resolved to). A value read is not: the graphs would
+    keep the one seen when saving."""
+    if place.describe(argnames) == NO_WORLD:
+        return True
+    if place.uses_args:
+        return False
+    try:
+        return isinstance(place.get(()), _CODE)
+    except Exception:  # gone since the capture: nothing to carry
+        return False
 
 
 def _qualified_name(target: Any) -> str:

@@ -31,6 +31,7 @@ from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfe
                         same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
+from .grad_fn import mirror_ctx
 from .guards import compile_live_check
 from .transformable import make_transformable
 
@@ -106,7 +107,9 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         "__qualname__": f"Captured[{pair.function_name}]",
         "__module__": __name__,
     }
-    return type(f"Captured_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), namespace)
+    function = type(f"Captured_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), namespace)
+    mirror_ctx(function, state, pair.function_name)  # y.grad_fn answers as the user's ctx does
+    return function
 
 
 def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Callable[..., Any] | None,

@@ -25,6 +25,7 @@ import torch
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..structure import PLAIN_CALLABLES, argname, attributes
+from .function_keys import function_key, same_function, show_function_key
 
 __all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
            "unmet_marks", "value_key"]
@@ -84,11 +85,13 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, types.MethodType):
         # A bound method computes with its object: keyed by its function and that object.
         inner = _open | {id(value)}
-        return ("bound", id(value.__func__), value_key(value.__self__, inner))
+        return ("bound", _callee_key(value.__func__), value_key(value.__self__, inner))
     if isinstance(value, functools.partial):
         # What it is called with is part of what it computes (``partial(surrogate, alpha=2.0)``).
         inner = _open | {id(value)}
-        return ("partial", id(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
+        return ("partial", _callee_key(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
+    if isinstance(value, types.FunctionType):
+        return function_key(value)  # its defaults and code too: the caller may replace them
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
     if isinstance(value, weakref.ref):
@@ -125,6 +128,11 @@ class _Held:
         return id(self.obj)
 
 
+def _callee_key(fn: Any) -> Any:
+    """What a bound method or a partial calls: a function by ``function_key``, else by id."""
+    return function_key(fn) if isinstance(fn, types.FunctionType) else id(fn)
+
+
 def _library_name(module: Any) -> bool:
     top = str(module or "").split(".")[0]
     return top in ("torch", "builtins", "minihop") or top in sys.stdlib_module_names
@@ -156,8 +164,8 @@ _CODE = (types.FunctionType, staticmethod, classmethod, property)
 def _code_key(v: Any) -> tuple[Any, ...]:
     """A method kept on a class, by what runs when it is called or read."""
     if isinstance(v, property):
-        return ("code", v.fget, v.fset, v.fdel)
-    return ("code", getattr(v, "__func__", v))
+        return ("code", *(None if f is None else _callee_key(f) for f in (v.fget, v.fset, v.fdel)))
+    return ("code", _callee_key(getattr(v, "__func__", v)))
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:
@@ -181,6 +189,8 @@ def show_value_key(key: Any) -> str:
         return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
     if isinstance(key, tuple) and key and key[0] == "C":
         return "class with " + ", ".join(f"{k}={show_value_key(v)}" for k, v in key[2][:6])
+    if isinstance(key, tuple) and key and key[0] == "fn":
+        return show_function_key(key)
     if isinstance(key, tuple) and key and key[0] == "id":
         return f"the {key[1].__name__} object at {key[2]:#x}"
     if isinstance(key, tuple) and key and key[0] == "T":
@@ -394,6 +404,13 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
         if isinstance(key, tuple) and len(key) == 3 and key[0] == "V" and key[1] in _PLAIN:
             consts[f"t{i}"], consts[f"v{i}"] = key[1], key[2]
             lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
+        elif same_function(key):
+            # A function, its code and defaults the very objects keyed (held here): no key built.
+            fn = key[2].obj
+            consts[f"o{i}"], consts[f"c{i}"], consts[f"d{i}"] = fn, fn.__code__, fn.__defaults__
+            lines += [f"    v = f{i}(args)",
+                      f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None)"
+                      f" and key_of(v) != k{i}:", "        return False"]
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
     # A fetch that raises (the place's owner replaced by an object without that attribute)

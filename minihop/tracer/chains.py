@@ -20,6 +20,7 @@ import types
 from typing import Any
 
 from .bytecode import Instruction, instructions
+from .imports import Callee, bindings, rebased
 
 __all__ = ["Chain", "CodeFacts", "code_facts", "constant_global"]
 
@@ -35,12 +36,13 @@ class Chain:
     """``root.step.step...`` as the code reads it (``steps`` are ("attr", name) or
     ("item", constant)); ``use`` is how the code uses the value at its end."""
 
-    root_kind: str  # "global", "deref" or "fast"
+    root_kind: str  # "global", "deref", "fast", or "import" (``root``: a module's name, see imports)
     root: str
     steps: tuple[tuple[str, Any], ...]
     use: str  # "value", "receiver" (of a store or a mutating call), "increment" (of +=)
     line: int | None
     method: str | None = None  # the method called on the chain's value (``np.random.rand()``)
+    callee: Callee | None = None  # "import": the import function called (``importlib.import_module``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +148,13 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 escaping.add(root)
             chains.append(Chain(kind, root, tuple(steps), use, line, method))
         i = j if j > i + 1 else i + 1
+    # A local an import binds (``import numpy as np`` in forward) holds that module: its chains
+    # are the module's, as a global's would be (imports.py), and so is the import's own read.
+    imported: dict[str, list[Any]] = {}
+    for b in bindings(ins, code.co_firstlineno):
+        imported.setdefault(b.name, []).append(b)
+        chains.append(Chain("import", b.module, b.steps, "value", b.line, None, b.callee))
+    chains = [c for chain in chains for c in rebased(chain, imported, code.co_cellvars)] if imported else chains
     # A chain from a local that is not a parameter reads what the code itself made.
     params = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     chains = [c for c in chains if c.root_kind != "fast" or c.root in params]
@@ -157,7 +166,8 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             inner = code_facts(const)
-            chains += [c for c in inner.chains if c.root_kind != "fast"]
+            chains += [r for c in inner.chains if c.root_kind != "fast"
+                       for r in (rebased(c, imported, code.co_cellvars) if imported else (c,))]
             stores += inner.stores
             targets += [t for t in inner.targets if t.root_kind != "fast"]
     return CodeFacts(tuple(chains), tuple(stores), frozenset(escaping), frozenset(reassigned),

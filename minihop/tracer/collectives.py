@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
-from ..spec import Place
+from ..spec import NO_WORLD, Place
 from .roots import value_place
 
 __all__ = ["WRITE_BACK", "is_collective", "record", "world_places"]
@@ -182,7 +182,7 @@ def world_places() -> tuple[Place, ...]:
     group = _default_group()
     # None is guarded too: a capture made before init_process_group (a branch on
     # dist.is_initialized(), a collective that is then eager's error) is not one for after it.
-    text = ("torch.distributed's process group (none initialised)" if group is None else
+    text = (NO_WORLD if group is None else
             f"torch.distributed's process group (rank {dist.get_rank()} of {dist.get_world_size()})")
     c10d = distributed_c10d  # read through the module on each call (no import per call: a hot path)
     return (value_place(text, lambda args: c10d._world.default_pg),)

@@ -40,6 +40,9 @@ class CtxRecord:
     where: dict[str, str | None] = dataclasses.field(default_factory=dict)
     caller: dict[str, str] = dataclasses.field(default_factory=dict)  # method -> "F.forward"
     saved_reads: int = 0  # reads of saved_tensors (each unpacks every saved tensor in eager)
+    # Attributes the user's code looked up and did not find (``getattr(ctx, "k", default)``):
+    # in eager, the caller may set one on ``y.grad_fn`` before backward (``runtime.grad_fn``).
+    missing: list[str] = dataclasses.field(default_factory=list)
 
     def use(self, feature: str) -> None:
         if feature not in self.used:
@@ -101,6 +104,11 @@ class ProxyCtx:
         kind = "tensor" if isinstance(value, torch.Tensor) else type(value).__name__
         self._minihop_record.use(f"ctx.{name} ({kind})")
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:  # only for names the ctx lacks
+        if not name.startswith(("__", "_minihop")):
+            self._minihop_record.missing.append(name)
+        raise AttributeError(f"'FunctionCtx' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
         return "<minihop proxy ctx>"

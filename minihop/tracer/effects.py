@@ -37,9 +37,10 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
+from ..spec import CTX_HELD
 from .atoms import CONSTANTS
 
-__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
+__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
            "ctx_objects", "refuse_ctx_rebinding", "share_arguments"]
 
 
@@ -205,6 +206,18 @@ def ctx_values(ctx: Any) -> dict[str, Any]:
     shared = vars(ctx).get("_minihop_shared", ())
     copied = {k: _copied(v) for k, v in vars(ctx).items() if not k.startswith("_minihop") and k not in shared}
     return {k: v for k, v in copied.items() if v is not _OTHER}
+
+
+def ctx_forward(ctx: Any) -> tuple[tuple[str, Any], ...]:
+    """The user's attributes on ``ctx`` as forward left them, for ``PythonState.ctx_forward``:
+    each immutable plain value (numbers, strings, tuples of them) as it is, anything else as
+    ``CTX_HELD`` (a mutable container the caller could change through ``y.grad_fn``; a tensor,
+    an object, a number of symbolic sizes)."""
+    def shown(value: Any) -> Any:
+        if type(value) in _PLAIN or (type(value) is tuple and all(shown(v) is v for v in value)):
+            return value
+        return CTX_HELD
+    return tuple((k, shown(v)) for k, v in vars(ctx).items() if not k.startswith("_minihop"))
 
 
 def share_arguments(ctx: Any, args: tuple[Any, ...]) -> None:

@@ -196,8 +196,8 @@ class ReadWatch:
                     where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
                     self.cache_calls.append((self.phase, home, name, what, args, kwargs, where))
                 result = unwrapped(*args, **kwargs)
-                if where is not None and _holds_tensor(result):
-                    stale_cache_check(fn, what, where)
+                if where is not None:  # whatever it returns: a float is as stale as a tensor
+                    stale_cache_check(fn, what, where, "tensor" if _holds_tensor(result) else "value")
                 return result
 
             self._install(home, name, fn, uncached)
@@ -326,21 +326,22 @@ def _holds_tensor(value: Any) -> bool:
     return any(_holds_tensor(v) for v in items)
 
 
-def stale_cache_check(fn: Any, what: str, where: str) -> None:
-    """An lru_cache helper returned a tensor: the graphs compute it, where eager gets what
-    its cache holds, computed when that entry was made. Equal only if it is a function of
-    its arguments alone; one that reads state outside them (a global tensor, a number, an
-    object) is refused, since its cache may hold a value computed from that state as it was."""
+def stale_cache_check(fn: Any, what: str, where: str, result: str = "tensor") -> None:
+    """An lru_cache helper returned a ``result`` (a tensor, or a value: a number, a tuple...): the capture
+    computes it (the graphs, or a constant in them), where eager gets what its cache holds,
+    computed when that entry was made. Equal only if it is a function of its arguments alone;
+    one that reads state outside them (a global tensor, a number, an object, a class) is
+    refused, since its cache may hold a value computed from that state as it was."""
     read = state_named(fn.__wrapped__)
     if read is not None:
         raise SideEffectError(
-            f"{what} (an lru_cache helper) returned a tensor computed from {read}, which is "
+            f"{what} (an lru_cache helper) returned a {result} computed from {read}, which is "
             "not one of its arguments.",
-            "Eager gets the tensor its cache holds, computed from "
+            f"Eager gets the {result} its cache holds, computed from "
             f"{read} as it was when that entry was made; a capture computes it again from "
             f"{read} as it is now, and the two differ once {read} changes (its cache is not "
             "keyed by it).",
-            f"Pass {read} to the cached function as an argument, compute the tensor outside "
+            f"Pass {read} to the cached function as an argument, compute the {result} outside "
             "the Function and pass it in, or run it eagerly with minihop.function(F, "
             "fallback='eager').",
             where=where)

@@ -50,7 +50,7 @@ from .atoms import ATOMS
 from .heap import Seen, argument_seen, del_attr, set_attr
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
-from .module_reads import places_held
+from .method_reads import places_named
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
                     methods_of, place_at, reads_environment, resolve_root, tensor_holder, walk)
@@ -157,7 +157,7 @@ class StateTracker:
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
-                for place in places_held(root, value, named):  # MATHLIB.cos: which module MATHLIB holds
+                for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)
                     self._add_read(place, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     continue  # torch.sin, math.pi: the module's attributes are not the user's state

@@ -31,6 +31,7 @@ from ..place import walk_plain
 from . import opaque
 from .atoms import CONSTANTS
 from .chains import Chain, CodeFacts, code_facts
+from .imports import module_root
 from .library import is_user_function, library_module
 from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
@@ -55,6 +56,8 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
         if name not in g and hasattr(builtins, name):
             return None  # a builtin (len, print, ...): not the user's state
         return global_place(g, name, name).root
+    if chain.root_kind == "import":
+        return module_root(fn, chain)  # a module the code imports itself (``import numpy as np``)
     if chain.root_kind == "deref":
         if chain.root not in code.co_freevars:
             return None  # a local captured by an inner function

@@ -115,8 +115,11 @@ def state_named(fn: Any) -> str | None:
     for _kind, name, value, _fetch, _code in _reached_free_values(fn, 0, set()):
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
             continue  # code (a function of the user's: its own names are followed)
-        if isinstance(value, (types.ModuleType, type)) and is_library(value):
-            continue
+        if isinstance(value, (types.ModuleType, type)):
+            if is_library(value):
+                continue
+            return name  # the user's class or module: its attributes may change (a class is
+            # callable, and its type is the library's ``type``: not a library callable below)
         if callable(value) and is_library(type(value)) and not isinstance(value, functools.partial):
             continue  # a library callable (torch's op objects)
         return name
@@ -144,8 +147,8 @@ def _helpers_of(value: Any) -> list[Any]:
     methods = []
     for attr in vars(cls).values():
         attr = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
-        if isinstance(attr, types.FunctionType):
-            methods.append(attr)
+        if isinstance(attr, types.FunctionType) and not is_library(attr):
+            methods.append(attr)  # (not a stand-in minihop put there while tracing)
     return methods
 
 

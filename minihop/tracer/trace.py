@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..spec import RawCapture
+from ..spec import MISSING, RawCapture
 from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
 from .backward import GradSpec, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .ctx import ProxyCtx, check_ctx_arguments
 from .ctx_held import refuse_unkeyed_ctx_holders
-from .effects import (ctx_as_forward_left_it, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
+from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
                       share_arguments)
 from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
@@ -219,6 +219,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     # backward sees what forward left, as in eager; a global's memo: read when backward runs
     with outside.replayed(t.backward_reads.stand_in), t.ctx_after_forward:
         refuse_unkeyed_ctx_holders(parts.name, ctx)
+        forward_left = ctx_forward(ctx)  # what the caller sees on y.grad_fn, in eager
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
         ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx)
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
@@ -228,7 +229,9 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     # capture holds none of the caller's tensors.
     t.values.real_args = None
     state.ctx_view = outside.replayed
-    python_state = state.finish(ctx)
+    left_names = {k for k, _ in forward_left}
+    looked_up = tuple(dict.fromkeys((k, MISSING) for k in ctx._minihop_record.missing if k not in left_names))
+    python_state = dataclasses.replace(state.finish(ctx), ctx_forward=forward_left + looked_up)
     if ctx_after != ctx_before:  # a second backward of the call reads what this one left
         refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
         python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))

@@ -1,0 +1,92 @@
+"""A Python function as a key: what it reads of itself when called.
+
+Place in the pipeline: runtime, used by ``guards.value_key`` wherever a function is keyed (an
+argument, a guarded global or class attribute holding a helper, a bound method's or a
+partial's function, a method in a user class's state). A function object keeps its identity
+while the caller replaces what a call of it runs: ``helper.__defaults__ = (3.0,)``,
+``helper.__kwdefaults__["s"] = 3.0`` (a dict, changed in place), ``helper.__code__ =
+other.__code__``. Each of those changes what the helper computes (its defaults are baked into
+the graphs as constants), so each is part of its key. ``__globals__`` and ``__closure__``
+cannot be rebound; the closure cells' contents are read places of their own (``tracer/roots``).
+
+A default's own contents (a list default that grows, ``seen=[]``) are not in the key: they
+are state of that default object (``tracer/roots.resolve_root`` reads a Function method's
+defaults as places). Here a default is keyed by identity unless it is a plain constant
+(compared by value, so setting ``(2.0,)`` again hits).
+
+Invariant: the key holds the function, its code and each default it keys by identity, so no
+id in it is reused by another object while the key lives.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+__all__ = ["function_key", "same_function", "show_function_key"]
+
+# Defaults compared by value: immutable constants (a float by its bits: -0.0 is not 0.0).
+_CONSTANTS = (str, bytes, int, bool, complex, type(None))
+
+
+class _Same:
+    """An object a key holds, equal only to that very object (never by ``==``)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
+
+
+def _default_key(value: Any) -> Any:
+    if type(value) is float:
+        return ("F", value.hex())
+    if type(value) in _CONSTANTS or isinstance(value, type):
+        return ("V", type(value), value)
+    return ("id", _Same(value))
+
+
+def function_key(fn: types.FunctionType) -> tuple[Any, ...]:
+    """``fn``'s identity, its code's and its defaults' (positional and keyword-only)."""
+    kwdefaults = fn.__kwdefaults__
+    return ("fn", id(fn), _Same(fn), _Same(fn.__code__),
+            tuple(_default_key(v) for v in fn.__defaults__ or ()),
+            None if kwdefaults is None else tuple((k, _default_key(v)) for k, v in kwdefaults.items()))
+
+
+def same_function(key: Any) -> bool:
+    """Whether ``key`` is a function's key that its function still has, without keyword
+    defaults (a dict changed in place): then its function, code and defaults tuple being the
+    very same objects is a match (``guards.compile_live_check``'s fast path)."""
+    if not (isinstance(key, tuple) and key and key[0] == "fn" and key[5] is None):
+        return False
+    fn = key[2].obj
+    return fn.__kwdefaults__ is None and function_key(fn) == key
+
+
+def _show_default(key: Any) -> str:
+    if key[0] == "F":
+        return repr(float.fromhex(key[1]))
+    return repr(key[2]) if key[0] == "V" else f"the {type(key[1].obj).__name__} object at {id(key[1].obj):#x}"
+
+
+def show_function_key(key: tuple[Any, ...]) -> str:
+    """A function's key as a person reads it: ``function helper (defaults (2.0,))``."""
+    fn = key[2].obj
+    text = f"function {getattr(fn, '__qualname__', fn)}"
+    if key[4]:
+        text += f" (defaults ({', '.join(_show_default(d) for d in key[4])}{',' if len(key[4]) == 1 else ''}))"
+    if key[5]:
+        text += f" (keyword defaults {{{', '.join(f'{k!r}: {_show_default(d)}' for k, d in key[5])}}})"
+    if key[3].obj is not fn.__code__:
+        text += " (its code since replaced)"
+    return text
