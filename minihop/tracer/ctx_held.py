@@ -21,6 +21,7 @@ import weakref
 from typing import Any
 
 from ..errors import SideEffectError
+from .library import is_library
 
 __all__ = ["UNKEYED", "refuse_unkeyed_ctx_holders"]
 
@@ -45,8 +46,8 @@ def _unkeyed(value: Any, depth: int, seen: set[int]) -> str | None:
         items = list(value.values())
     elif isinstance(value, (list, tuple, collections.deque)):
         items = list(value)
-    elif type(value).__module__ not in ("builtins", "torch") and hasattr(value, "__dict__") \
-            and not isinstance(value, type):
+    elif not is_library(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
+        # (the user's own object; a library object's internals, a module's hooks, are its own)
         items = [v for k, v in vars(value).items() if not k.startswith("_minihop")]
     else:
         return None
