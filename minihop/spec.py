@@ -109,6 +109,7 @@ class StateWrite:
     gets ``payload``'s items appended), ``"set"`` (``place = payload``, a constant; ``MISSING``
     deletes it, as ``opts.pop("k")`` does) or ``"copy"`` (``place = `` a fresh deep copy of
     ``payload``, a container of constants: eager's forward makes a new one on every call) or
+    ``"discard"`` (backward deleted a memo entry forward wrote: deleted where still there) or
     ``"call"`` (the ``functools.lru_cache`` helper at ``place`` called with ``payload``'s
     ``(args, kwargs)``: the trace bypassed its cache).
     """
@@ -130,6 +131,11 @@ class StateWrite:
             self.place.get(args).extend(payload)
         elif self.kind == "copy":
             self.place.set(args, copy.deepcopy(payload))
+        elif self.kind == "discard":  # backward emptied a memo; gone already (the caller): as eager
+            try:
+                self.place.set(args, MISSING)
+            except (KeyError, AttributeError):
+                pass
         else:
             self.place.set(args, payload)
 
@@ -141,6 +147,8 @@ class StateWrite:
             return f"{self.place.description} += {self.payload!r}"
         if self.kind == "extend":
             return f"{self.place.description}.extend({list(self.payload)!r})"
+        if self.kind == "discard":
+            return f"del {self.place.description} (where it is still there)"
         if self.payload is MISSING:
             return f"del {self.place.description}"
         return f"{self.place.description} = {self.payload!r}"

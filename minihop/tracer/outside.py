@@ -41,6 +41,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root
 from ..structure import Path, _is_object_container, attributes, iter_leaves
 from .heap import class_state, del_attr, same, set_attr
+from .memo_writes import changes_since
 from .names import free_values
 
 __all__ = ["OutsideTensor", "OutsideSnapshot", "outside_roots", "snapshot_outside",
@@ -89,7 +90,7 @@ class OutsideSnapshot:
 
     @contextlib.contextmanager
     def replayed(self, outside_value: Callable[[Any], Any] | None = None,
-                 again: bool = False) -> Iterator[None]:
+                 again: bool = False, changes: list[Any] | None = None) -> Iterator[None]:
         """Forward's writes taken back out put there again while backward is traced: a
         backward that reads what forward stored (a mask cached in a global dict) finds it, as
         in eager. Each container is left as it was found, however backward ended (when
@@ -104,15 +105,20 @@ class OutsideSnapshot:
         repeated forward's writes there, and the caller changed what it changed)."""
         redone = [(c, _contents(c)) for c in self.containers if c.after is not None
                   and not (again and _caller_held(c))]
+        put = []
         for c, _ in redone:
             after = c.after
             if outside_value is not None and _caller_held(c):
                 after = _mapped(c, after, outside_value)
             _set_contents(c, after)
+            put.append(after)
         try:
             yield
         finally:
-            for c, found in redone:
+            for (c, found), after in zip(redone, put, strict=True):
+                if changes is not None and c.kind != "tensor":  # what backward did there (``changes``)
+                    changes += changes_since(c.kind, after, _contents(c),
+                                             lambda s, c=c: location(c.root, c.path, s, c.fetch_root))
                 _set_contents(c, found)
 
 

@@ -35,6 +35,7 @@ from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_valu
                       share_arguments)
 from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
+from .memo_writes import backward_writes
 from .names import FrameSnapshot, code_of, name_hints
 from .outputs import check_returned, hidden_outputs, refuse_hidden_tensors, refuse_unbacked_numbers, saved_node
 from .outside import find_outside_tensors, outside_roots, snapshot_outside
@@ -217,7 +218,8 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     t.replay_outside = functools.partial(outside.replayed, again=True)  # the caller's containers as they are
     t.ctx_after_forward = ctx_as_forward_left_it(ctx, state.existed_before)  # entered now; again per rerun
     # backward sees what forward left, as in eager; a global's memo: read when backward runs
-    with outside.replayed(t.backward_reads.stand_in), t.ctx_after_forward:
+    emptied: list[Any] = []  # what backward did to forward's memos (memo_writes)
+    with outside.replayed(t.backward_reads.stand_in, changes=emptied), t.ctx_after_forward:
         refuse_unkeyed_ctx_holders(parts.name, ctx)
         forward_left = ctx_forward(ctx)  # what the caller sees on y.grad_fn, in eager
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
@@ -232,6 +234,9 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     left_names = {k for k, _ in forward_left}
     looked_up = tuple(dict.fromkeys((k, MISSING) for k in ctx._minihop_record.missing if k not in left_names))
     python_state = dataclasses.replace(state.finish(ctx), ctx_forward=forward_left + looked_up)
+    if emptied:
+        python_state = dataclasses.replace(python_state, writes=python_state.writes + backward_writes(
+            parts.name, parts.argnames, emptied))
     if ctx_after != ctx_before:  # a second backward of the call reads what this one left
         refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
         python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))
