@@ -131,7 +131,7 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     refuse_iterator_arguments(fn_cls.__qualname__, args)  # before the trace could spend one
     dims = dynamic_dims(fn_cls, args, dynamic)
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
-    raw = trace_function(fn_cls, args, {}, dynamic=dims)
+    raw = trace_function(fn_cls, args, {}, dynamic=dims, key_of=value_key)
     _check_strict_marks(fn_cls, args, raw)
     pair = make_pair(raw)
     reads = _runtime_reads(raw.data_reads, pair)
@@ -208,7 +208,7 @@ def trace(fn: Any, *args: Any, **kwargs: Any) -> fx.GraphModule:
 
 def _pair_for_apply(fn_cls: type, inputs: TraceInputs) -> Pair:
     """One Function applied inside ``trace``, on the outer trace's fake arguments."""
-    return make_pair(trace_function(fn_cls, (), {}, retrace=inputs))
+    return make_pair(trace_function(fn_cls, (), {}, retrace=inputs, key_of=value_key))
 
 
 def load(path: str) -> Capture:

@@ -99,6 +99,10 @@ class StateRead:
     place: Place
     phase: str
     line: str | None = None
+    # A backward read's value key as backward found it while traced (forward's writes put
+    # back: a memo forward filled), or None: the key is taken from the place after the trace
+    # (which left the caller's state as it found it, before forward).
+    seen: Any = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

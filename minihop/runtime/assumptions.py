@@ -231,7 +231,7 @@ def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
     for r in state.reads_in("backward"):
         if r.place.description in held:
             continue  # in module_reads' record
-        old = value_key(r.place.get(args))
+        old = value_key(r.place.get(args)) if r.seen is None else r.seen  # as backward found it
         found.append(Assumption(
             r.place.description, "backward", show_value_key(old),
             lambda call, get=r.place.get, old=old: value_key(get(call)) == old,

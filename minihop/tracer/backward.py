@@ -29,6 +29,7 @@ from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
 from .function_parts import FunctionParts
+from .memo_writes import seen_by_backward, with_seen
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
 from .session import TRACE_LOCK, Tracing
@@ -87,6 +88,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
             # hold (saved from fwd), before anything backward reads.
             t.lift_shape_symbols(t.bwd, g)
     bwd_frame = FrameSnapshot()
+    t.backward_reads.begin()  # where each tensor lives as backward starts (read, then deleted)
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
         # forward's values, not the places'; an argument container's tensors: the places' (backward_reads.py)
@@ -173,11 +175,12 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         state.start()
         state.forward_done()  # what changes now, backward changes
         t.backward_grad_on = grad_mode
+        seen = seen_by_backward(state.reads, call_args or fake_args, t.key_of)
         try:
             bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
                                call_args or None)
             ctx_after = ctx_values(ctx)
-            python_state = state.finish(ctx)  # undone: the runtime replays them
+            python_state = with_seen(state.finish(ctx), seen)  # undone: the runtime replays them
             if ctx_after != ctx_before:
                 refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
                 python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))

@@ -51,6 +51,10 @@ class BackwardReads:
         self.paths: dict[int, tuple[torch.Tensor, Path]] = {}  # id -> (argument tensor, its path): ``register``
         # id(stand-in) -> (stand-in, forward's fake): what forward wrote into a global's container
         self.stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # id -> (tensor, route): where each tensor a route reaches lived as backward started
+        # (``begin``): backward may read it and then delete its entry (``del MEMO[k]``) before
+        # using it; the place it read is the one it was read from.
+        self.at_start: dict[int, tuple[torch.Tensor, tuple[str, Any]]] = {}
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -86,6 +90,18 @@ class BackwardReads:
         self.paths.clear()
         self.fakes.clear()
         self.stand_ins.clear()
+        self.at_start.clear()
+
+    def begin(self) -> None:
+        """Backward starts: note the route to each tensor the routes reach now (``at_start``)."""
+        self.at_start.clear()
+        for key, route in self.routes().items():
+            try:
+                value = route[1].get(())
+            except Exception:
+                continue
+            if isinstance(value, torch.Tensor) and id(value) == key:
+                self.at_start[key] = (value, route)
 
     def stand_in(self, value: Any) -> Any:
         """What backward finds where forward wrote ``value`` into a container below a global or
@@ -120,6 +136,20 @@ class BackwardReads:
             "Save it for backward (ctx.save_for_backward), capture without dynamic=..., or run "
             "the Function eagerly with minihop.function(F, fallback='eager').")
 
+    def unreachable_memo(self) -> SideEffectError:
+        """Backward reads a tensor forward stored below a global or a cell where no route
+        reaches (deeper than ``routes.py`` follows): its place cannot be read again when
+        backward runs, and forward's value would stand for what the caller left there."""
+        return SideEffectError(
+            f"{self.t.parts.name}.backward reads a tensor that forward stored in a container "
+            "below a global or a closure cell, deeper than minihop fetches tensors from.",
+            "Eager's backward reads what that place holds when backward runs (the caller may "
+            "have replaced or removed it since forward); minihop cannot read that place again, "
+            "and forward's tensor would stand for it.",
+            "Save it for backward (ctx.save_for_backward), keep the memo at most three steps "
+            "below its global, or run the Function eagerly with "
+            "minihop.function(F, fallback='eager').")
+
     def lift(self, real: torch.Tensor) -> torch.Tensor | None:
         """Backward's fake for ``real``, or None when no live route reaches it."""
         entry = self.fakes.get(id(real))
@@ -138,8 +168,13 @@ class BackwardReads:
             if route is None:
                 self.t.closure_routes = self.routes()
                 route = self.t.closure_routes.get(id(real))
+            if route is None:
+                start = self.at_start.get(id(real))
+                route = start[1] if start is not None and start[0] is real else None
+                if route is None and stood is not None:
+                    raise self.unreachable_memo()
                 if route is None:
-                    return None if stood is None else stood[1]
+                    return None
             name, place = route
             if stood is not None and _symbolic(stood[1]):
                 raise self.symbolic_memo(place.description)
@@ -257,7 +292,10 @@ def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
     objects, as eager does. Where backward rebinds a swapped item, its write stays (the heap
     watch sees it)."""
     if real_args is None:
-        yield
+        try:
+            yield
+        finally:
+            t.backward_reads.forget_call()  # stand-ins and the routes' tensors are not kept
         return
     copies: dict[int, tuple[Any, Any, Path]] = {}  # id(forward's copy) -> (copy, caller's, path)
     for i, (fake, real) in enumerate(zip(fake_args, real_args)):

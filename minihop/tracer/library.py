@@ -16,7 +16,7 @@ import sysconfig
 import types
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "NEVER_DRAW", "is_library", "is_user_function", "library_module"]
+__all__ = ["LIBRARY_PACKAGES", "NEVER_DRAW", "is_exec_class", "is_library", "is_user_function", "library_module"]
 
 LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_extensions",
                               "functorch", "builtins", "_pytest", "pytest", "pluggy",
@@ -41,9 +41,19 @@ def is_library(value: Any) -> bool:
     its own globals are analysed wherever they are defined.)"""
     if isinstance(value, types.ModuleType):
         name = value.__name__
+    elif is_exec_class(value):
+        return False
     else:
         name = getattr(value, "__module__", None) or ""
     return library_module(name) if isinstance(name, str) else False
+
+
+def is_exec_class(value: Any) -> bool:
+    """Whether ``value`` is a class made by ``exec`` in a namespace without ``__name__`` (code
+    generated at run time, a notebook cell runner): Python names its module "builtins", yet
+    its methods are Python functions, never a builtin class's. It is the user's."""
+    return isinstance(value, type) and value.__module__ == "builtins" and any(
+        isinstance(getattr(v, "__func__", v), types.FunctionType) for v in vars(value).values())
 
 
 def is_user_function(value: Any) -> bool:

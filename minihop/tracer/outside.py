@@ -41,6 +41,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root
 from ..structure import Path, _is_object_container, attributes, iter_leaves
 from .heap import class_state, del_attr, same, set_attr
+from .library import is_exec_class
 from .memo_writes import changes_since
 from .names import free_values
 
@@ -170,7 +171,7 @@ def _rebound_globals(forward: Any) -> tuple[dict[str, Any], tuple[str, ...]] | N
 
 def _is_user_class(value: Any) -> bool:
     return isinstance(value, type) and not issubclass(value, torch.nn.Module) and \
-        (value.__module__ or "").split(".")[0] not in _LIBRARY_ROOTS
+        ((value.__module__ or "").split(".")[0] not in _LIBRARY_ROOTS or is_exec_class(value))
 
 
 _LIBRARY_ROOTS = frozenset({"builtins", "torch", "numpy", "typing", "collections", "enum", "abc"})

@@ -45,9 +45,9 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, Root, StateRead, StateWrite
-from . import collectives, effects, heap, hidden, opaque
+from . import collectives, effects, heap, hidden, opaque, store_marks
 from .atoms import ATOMS
-from .heap import Seen, argument_seen, del_attr, set_attr
+from .heap import Seen, argument_seen
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, is_library, is_user_function, library_module
 from .method_reads import places_named
@@ -58,13 +58,6 @@ from .settings import backends_place, setting_place
 from .userattr import UserAttribute
 
 __all__ = ["StateTracker", "arg_masks", "is_library"]
-
-
-class _Marker:
-    """What an attribute that is only stored to holds while tracing (see ``_mark_store_targets``)."""
-
-    def __repr__(self) -> str:
-        return "<minihop: not stored yet>"
 
 
 class _PrintWatch:
@@ -112,11 +105,11 @@ class StateTracker:
         self.opaque = opaque.Finder(self.name, library_module)  # why it may be single-use
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
-        self.marked = self._mark_store_targets()
+        self.marked = store_marks.mark(self.analysed, self.reads, self.args)
         try:
             self.before = self._snapshot()
         except BaseException:
-            self._unmark()  # no tracker comes back to do it
+            store_marks.unmark(self.marked)  # no tracker comes back to do it
             raise
         self.after_forward: dict[int, Seen] | None = None
         self.finished = False
@@ -204,52 +197,6 @@ class StateTracker:
         elif found[0] == "random":
             self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
 
-    def _mark_store_targets(self) -> list[tuple[Any, str, Any]]:
-        """Attributes the code stores to but never reads (``RECORDER.last = n``) hold a marker
-        while tracing: a store of the value already there is a write all the same (eager makes
-        it on every call, and the value may have changed by the next one)."""
-        read_places = {r.place.description for r in self.reads}
-        marked: list[tuple[Any, str, Any]] = []
-        for phase, fn, facts, params in self.analysed:
-            for target in facts.targets:
-                root = resolve_root(fn, target, {})
-                if root is None or root.uses_args:
-                    continue  # attributes of argument objects are in the call key
-                place = place_at(root, target.steps)
-                if place.description in read_places:
-                    continue  # guarded: the same before every call, so storing it again changes nothing
-                owner = place.owner(self.args)
-                name = str(target.steps[-1][1])
-                setter = getattr(type(owner), name, None)
-                if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
-                    continue  # a property: reading or marking it would run the user's code in it
-                try:
-                    old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
-                except Exception:  # a user __getattr__: not a plain attribute to mark
-                    continue
-                if owner is MISSING or isinstance(owner, types.ModuleType) or not (
-                        old is MISSING or isinstance(old, ATOMS)) or \
-                        any(o is owner and n == name for o, n, _ in marked):
-                    continue
-                try:
-                    set_attr(owner, name, _Marker())
-                except Exception:
-                    continue
-                marked.append((owner, name, old))
-        return marked
-
-    def _unmark(self) -> None:
-        for owner, name, old in self.marked:
-            try:
-                if old is MISSING:
-                    if isinstance(getattr(owner, name, None), _Marker):
-                        del_attr(owner, name)
-                elif isinstance(getattr(owner, name, None), _Marker):
-                    set_attr(owner, name, old)
-            except Exception:
-                continue
-        self.marked = []
-
     def _add_read(self, place: Place, phase: str, code: types.CodeType | None, line: int | None) -> None:
         key = (place.description, phase)
         if key in self._read_keys:
@@ -312,7 +259,8 @@ class StateTracker:
             self.finished = True
             self.opaque.put_back()  # what unanalysed code wrote, then what pystate watched
             heap.restore(self.before)
-            self._unmark()
+            store_marks.unmark(self.marked)
+            self.marked = []
 
     def _snapshot(self) -> dict[int, Seen]:
         real_of = None if self.hidden_reads is None else self.hidden_reads.real_of

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -78,8 +79,10 @@ class Tracing:
     """State of one capture while forward and backward are traced."""
 
     def __init__(self, fn_cls: type, parts: FunctionParts, fake_mode: FakeTensorMode,
-                 dynamic: dict[int, tuple[int, ...]], plan: Plan = Plan()) -> None:
+                 dynamic: dict[int, tuple[int, ...]], plan: Plan = Plan(), *,
+                 key_of: Callable[[Any], Any]) -> None:
         self.fn_cls = fn_cls
+        self.key_of = key_of  # the runtime's key of a Python value (trace_function)
         self.parts = parts
         self.fake_mode = fake_mode
         self.assumptions: list[GradAssumption] = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_valu
                       share_arguments)
 from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
-from .memo_writes import backward_writes
+from .memo_writes import backward_writes, seen_by_backward, with_seen
 from .names import FrameSnapshot, code_of, name_hints
 from .outputs import check_returned, hidden_outputs, refuse_hidden_tensors, refuse_unbacked_numbers, saved_node
 from .outside import find_outside_tensors, outside_roots, snapshot_outside
@@ -63,15 +64,18 @@ class TraceInputs:
 def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                    grad_specs: tuple[GradSpec | None, ...] | None = None,
                    retrace: TraceInputs | None = None,
-                   dynamic: dict[int, tuple[int, ...]] | None = None) -> RawCapture:
+                   dynamic: dict[int, tuple[int, ...]] | None = None,
+                   key_of: Callable[[Any], Any]) -> RawCapture:
     """Run ``fn_cls``'s forward and backward symbolically and return both raw graphs.
 
     ``grad_specs`` (one per fwd output; default: contiguous grads) sets the layout of the fake
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
+    ``key_of``: the runtime's key of a Python value (``runtime.guards.value_key``), for the
+    values backward's reads found as it started (``memo_writes.seen_by_backward``).
     """
     with TRACE_LOCK, quiet_torch_logs():  # a log line of torch's is never the caller's
         try:
-            return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic)
+            return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic, key_of)
         except Exception as e:
             # Anything torch-internal left (minihop's own checks on what tracing made, such as
             # a size comparison): still minihop's refusal, never torch's exception type.
@@ -84,14 +88,14 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 def _trace_planned(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                    grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
-                   dynamic: dict[int, tuple[int, ...]] | None) -> RawCapture:
+                   dynamic: dict[int, tuple[int, ...]] | None, key_of: Callable[[Any], Any]) -> RawCapture:
     """Trace, and trace again as the trace asks (``unbacked.Retrace``): with a ShapeEnv once a
     data-dependent op is met, with a scalar read as a value read once Python branches on it.
     Each retrace asks for more than the last, so this ends."""
     plan = Plan(unbacked=bool(dynamic))
     while True:
         try:
-            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic, plan)
+            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic, plan, key_of)
         except Retrace as again:
             if retrace is not None or again.plan == plan:
                 raise again.refusal from None  # fake arguments of another trace: its mode stays
@@ -100,12 +104,13 @@ def _trace_planned(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                     grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
-                    dynamic: dict[int, tuple[int, ...]] | None, plan: Plan) -> RawCapture:
+                    dynamic: dict[int, tuple[int, ...]] | None, plan: Plan,
+                    key_of: Callable[[Any], Any]) -> RawCapture:
     parts = function_parts(fn_cls)
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
-        t = Tracing(fn_cls, parts, retrace.fake_mode, {}, plan)
+        t = Tracing(fn_cls, parts, retrace.fake_mode, {}, plan, key_of=key_of)
     else:
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
@@ -117,7 +122,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
             # was two thirds of a symbolic capture. Static captures keep it (their entries are
             # hit by later captures).
             mode.cache_enabled = False
-        t = Tracing(fn_cls, parts, mode, dynamic, plan)
+        t = Tracing(fn_cls, parts, mode, dynamic, plan, key_of=key_of)
         t.values.real_args = args  # values read from the inputs' data are computed from these
     refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
@@ -224,6 +229,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         forward_left = ctx_forward(ctx)  # what the caller sees on y.grad_fn, in eager
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
         ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx)
+        seen = seen_by_backward(state.reads, fake_args, t.key_of)  # forward's writes put back
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
         ctx_after = ctx_values(ctx)
         refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx))
@@ -233,7 +239,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     state.ctx_view = outside.replayed
     left_names = {k for k, _ in forward_left}
     looked_up = tuple(dict.fromkeys((k, MISSING) for k in ctx._minihop_record.missing if k not in left_names))
-    python_state = dataclasses.replace(state.finish(ctx), ctx_forward=forward_left + looked_up)
+    python_state = dataclasses.replace(with_seen(state.finish(ctx), seen), ctx_forward=forward_left + looked_up)
     if emptied:
         python_state = dataclasses.replace(python_state, writes=python_state.writes + backward_writes(
             parts.name, parts.argnames, emptied))
