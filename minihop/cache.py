@@ -42,7 +42,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import MinihopError
-from .pipeline import Capture, dynamic_dims, run_pipeline, guard_key, tracing
+from .pipeline import Capture, dynamic_dims, methods_held, methods_key, run_pipeline, guard_key, tracing
 from .arguments import bind_arguments
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
@@ -86,34 +86,6 @@ def _slot(i: int, value: Any) -> tuple[int, Any] | None:
     return (i, "int") if type(value) is int else None
 
 
-def _method_key(fn_cls: type) -> tuple[Any, ...]:
-    """The Function's methods, and what a call of each reads of itself besides its identity:
-    its code, defaults and keyword defaults, which the caller may replace on the same function
-    object (``F.forward.__defaults__ = (3.0,)``). By id, on the hot path: ``_held`` keeps the
-    objects of every key made, so no id in a key is another object's while it lives."""
-    fwd, bwd, setup = fn_cls.forward, fn_cls.backward, fn_cls.setup_context
-    try:  # functions (staticmethods): a few attribute loads per call, no key objects built
-        if fwd.__kwdefaults__ is None and bwd.__kwdefaults__ is None and setup is _NO_SETUP:
-            return (fn_cls, fwd, bwd, fn_cls.vjp, setup, id(fwd.__code__), id(fwd.__defaults__),
-                    id(bwd.__code__), id(bwd.__defaults__))
-        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, *(id(part) for f in (fwd, bwd, setup) for part in (
-            f.__code__, f.__defaults__, *(f.__kwdefaults__ or {}).values())))
-    except AttributeError:  # a callable object: its own state is not a function's
-        return (fn_cls, fwd, bwd, fn_cls.vjp, setup)
-
-
-_NO_SETUP = torch.autograd.Function.setup_context
-
-
-def _held(fn_cls: type) -> list[Any]:
-    """The objects ``_method_key`` names by id."""
-    found: list[Any] = []
-    for fn in (fn_cls.forward, fn_cls.backward, fn_cls.setup_context):
-        kw = getattr(fn, "__kwdefaults__", None)
-        found += [getattr(fn, "__code__", None), getattr(fn, "__defaults__", None), *(kw or {}).values()]
-    return found
-
-
 class CapturedFunction:
     """``F.apply`` through a guarded cache of captures; ``.apply`` is the drop-in."""
 
@@ -140,7 +112,7 @@ class CapturedFunction:
         # reader in another thread sees one consistent tuple.
         self._recent: tuple[Capture, ...] = ()
         self._recent_methods: tuple[Any, ...] = ()
-        self._holding: dict[int, Any] = {}  # what the keys' ids name (see _method_key)
+        self._holding: dict[int, Any] = {}  # what the keys' ids name (see methods_key)
         # Automatic policy (dynamic=None): per (argument position, rank) the sizes seen on
         # misses, None where they differed; and whether a symbolic trace was refused.
         self._seen: dict[tuple[int, int], tuple[int | None, ...]] = {}
@@ -185,7 +157,7 @@ class CapturedFunction:
 
     def _apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recent = self._recent
-        if recent and not kwargs and _method_key(self.fn_cls) == self._recent_methods:
+        if recent and not kwargs and methods_key(self.fn_cls) == self._recent_methods:
             for cap in recent:
                 if cap.fits(args):
                     if tracing():
@@ -245,8 +217,8 @@ class CapturedFunction:
         return dynamic_dims(self.fn_cls, args, policy)
 
     def _key(self, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]]) -> Any:
-        self._holding.update((id(o), o) for o in _held(self.fn_cls))  # (see _method_key)
-        return (_method_key(self.fn_cls), guard_key(self.fn_cls, args, dims or None))
+        self._holding.update((id(o), o) for o in methods_held(self.fn_cls))  # (see methods_key)
+        return (methods_key(self.fn_cls), guard_key(self.fn_cls, args, dims or None))
 
     def _note_sizes(self, args: tuple[Any, ...]) -> bool:
         """Record the tensor arguments' sizes (automatic policy, on a miss); whether a size

@@ -35,6 +35,7 @@ from .runtime.capture import Capture, make_capture
 from .runtime.backwards import Fetched, live_slots, reads_grad_mode
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
+from .runtime.function_keys import methods_held, methods_key
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
@@ -51,7 +52,7 @@ __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trac
            "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
-           "run_on_stream", "show_value_key", "tracing", "value_key"]
+           "methods_held", "methods_key", "run_on_stream", "show_value_key", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""

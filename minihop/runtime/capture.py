@@ -14,12 +14,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec
 from .assumptions import Assumption, assumptions_of, backward_values, compile_fits
 from .backwards import keeps_arguments
 from .function import Retrace, make_function, set_call_arguments
+from .function_keys import methods_held, methods_key
 from .display import readable, summary
 from .fetch import fetch_positional, fetcher
 from .single_use import once
@@ -89,6 +91,10 @@ class Capture:
     # guarding backward before each backward (``runtime.backwards``).
     data_reads: tuple[DataRead, ...] = ()
     run: Callable[[tuple[Any, ...]], Any] = dataclasses.field(repr=False, default=None)  # type: ignore[assignment]
+    # ``function``'s methods when captured (``function_keys.methods_key``) and the objects the
+    # key names by id: a direct call checks them (the cache keys them itself).
+    methods: tuple[Any, ...] | None = dataclasses.field(repr=False, compare=False, default=None)
+    _methods_held: list[Any] = dataclasses.field(repr=False, compare=False, default_factory=list)
 
     # One source of truth: the pair a capture runs is the one it shows, prints and saves. So
     # ``fwd``, ``bwd`` and ``graph`` are copies, made on each access: editing one (torch.fx
@@ -126,6 +132,8 @@ class Capture:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():
             return self._under_compiler(args, kwargs)
+        if self.methods is not None and methods_key(self.function) != self.methods:  # type: ignore[arg-type]
+            raise self._methods_replaced()
         if not kwargs and self.fits(args):
             return self.run(args)
         args = self.bind(args, kwargs)
@@ -134,6 +142,15 @@ class Capture:
             if error is not None:
                 raise error
         return self.run(args)
+
+    def _methods_replaced(self) -> GuardMismatchError:
+        return GuardMismatchError(
+            f"{self.name}'s forward, backward, setup_context or vjp is not the one captured: "
+            "the method was replaced, or its defaults or code, since this capture was made.",
+            "A capture runs the graphs traced from the methods as they were; the Function now "
+            "computes something else.",
+            f"Capture again (minihop.capture({self.name}, ...)), or call it through "
+            "minihop.apply or minihop.function, which capture again by themselves.")
 
     def on_stream(self, stream: Any) -> Callable[..., Any]:
         """This capture as a callable whose calls run on CUDA ``stream``: forward there (and so
@@ -313,4 +330,6 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         non_differentiable_idx=pair.non_differentiable_idx, dirty_idx=pair.dirty_idx,
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
-        _function=function_cls, data_reads=data_reads, run=run)
+        _function=function_cls, data_reads=data_reads, run=run,
+        methods=None if function is None else methods_key(function),
+        _methods_held=[] if function is None else methods_held(function))

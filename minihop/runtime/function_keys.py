@@ -14,8 +14,14 @@ are state of that default object (``tracer/roots.resolve_root`` reads a Function
 defaults as places). Here a default is keyed by identity unless it is a plain constant
 (compared by value, so setting ``(2.0,)`` again hits).
 
+And ``methods_key``: a Function class's own methods as a key, by the ids of their code and
+defaults (one attribute load each, on the hot path): the cache's key (``cache.py``) and what a
+direct capture checks before each call (``Capture.__call__``: ``F.forward`` replaced, or its
+defaults or code, since the capture was made).
+
 Invariant: the key holds the function, its code and each default it keys by identity, so no
-id in it is reused by another object while the key lives.
+id in it is reused by another object while the key lives (``methods_held``: what a holder of
+a ``methods_key`` keeps alive).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from __future__ import annotations
 import types
 from typing import Any
 
-__all__ = ["function_key", "same_function", "show_function_key"]
+import torch
+
+__all__ = ["function_key", "methods_held", "methods_key", "same_function", "show_function_key"]
 
 # Defaults compared by value: immutable constants (a float by its bits: -0.0 is not 0.0).
 _CONSTANTS = (str, bytes, int, bool, complex, type(None))
@@ -90,3 +98,31 @@ def show_function_key(key: tuple[Any, ...]) -> str:
     if key[3].obj is not fn.__code__:
         text += " (its code since replaced)"
     return text
+
+
+def methods_key(fn_cls: type) -> tuple[Any, ...]:
+    """The Function's methods, and what a call of each reads of itself besides its identity:
+    its code, defaults and keyword defaults, which the caller may replace on the same function
+    object (``F.forward.__defaults__ = (3.0,)``). By id, on the hot path: ``methods_held`` keeps the
+    objects of every key made, so no id in a key is another object's while it lives."""
+    fwd, bwd, setup = fn_cls.forward, fn_cls.backward, fn_cls.setup_context
+    try:  # functions (staticmethods): a few attribute loads per call, no key objects built
+        if fwd.__kwdefaults__ is None and bwd.__kwdefaults__ is None and setup is _NO_SETUP:
+            return (fn_cls, fwd, bwd, fn_cls.vjp, setup, id(fwd.__code__), id(fwd.__defaults__),
+                    id(bwd.__code__), id(bwd.__defaults__))
+        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, *(id(part) for f in (fwd, bwd, setup) for part in (
+            f.__code__, f.__defaults__, *(f.__kwdefaults__ or {}).values())))
+    except AttributeError:  # a callable object: its own state is not a function's
+        return (fn_cls, fwd, bwd, fn_cls.vjp, setup)
+
+
+_NO_SETUP = torch.autograd.Function.setup_context
+
+
+def methods_held(fn_cls: type) -> list[Any]:
+    """The objects ``methods_key`` names by id."""
+    found: list[Any] = []
+    for fn in (fn_cls.forward, fn_cls.backward, fn_cls.setup_context):
+        kw = getattr(fn, "__kwdefaults__", None)
+        found += [getattr(fn, "__code__", None), getattr(fn, "__defaults__", None), *(kw or {}).values()]
+    return found
