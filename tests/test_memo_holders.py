@@ -145,3 +145,58 @@ class F(torch.autograd.Function):
             exec(f"{read} = torch.full((3,), 7.0)", ns)
 
     eager_modes.matches_eager(ns["F"], lambda i: (torch.arange(1.0, 4.0 + i % 2).requires_grad_(),), mid=mid)
+
+
+CALLS = {"n": 0}
+LOG: list[str] = []
+STASH: dict[str, torch.Tensor] = {}
+FLAGS = {"strict": False}
+
+
+class CountsThenReads(torch.autograd.Function):
+    """Backward counts its calls, then reads the memo (a ``KeyError`` once the caller emptied it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        STASH["k"] = x.detach() * 2
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        CALLS["n"] += 1
+        return g * STASH["k"]
+
+
+class LogsThenRaises(torch.autograd.Function):
+    """Backward logs, then raises when a flag the caller sets before ``.backward()`` says so."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        LOG.append("backward")
+        if FLAGS["strict"]:
+            raise ValueError("strict mode: no gradient")
+        return g * 2
+
+
+def _reset() -> None:
+    CALLS["n"] = 0
+    LOG.clear()
+    STASH.clear()
+    FLAGS["strict"] = False
+
+
+@pytest.mark.parametrize(("fn_cls", "change"), [
+    (CountsThenReads, lambda i: STASH.clear() if i == 2 else None),
+    (LogsThenRaises, lambda i: FLAGS.update(strict=i == 2)),
+])
+def test_backward_writes_before_its_own_error_stay_made(fn_cls: type, change: Any) -> None:
+    """Backward traced again for the call (the caller changed what it reads) raises the user's
+    error after a Python write: the write stays made, as eager's does (it was undone with the
+    trace, so the counter or log fell one behind, in fallback mode too)."""
+    eager_modes.matches_eager(fn_cls, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),),
+                              state=lambda: (CALLS["n"], list(LOG)), reset=_reset, mid=change,
+                              refusable=False)

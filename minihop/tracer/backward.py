@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ..errors import BackwardOutputError
+from ..errors import BackwardOutputError, MinihopError
 from ..spec import PythonState, RawCapture
 from ..structure import describe_output, iter_leaves
 from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
@@ -188,6 +188,11 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
                 _, _, python_state = resolve_symbolic(parts.name, t.symbol_sources, made[0].output_spec, (), python_state)
         except Retrace as again:
             raise again.refusal from None  # forward is not traced again here
+        except MinihopError:
+            raise
+        except Exception:
+            state.keep_partial()  # the user's own error, in this call's backward: its writes stay
+            raise
         finally:
             t.backward_grad_on = False
             state.abort()

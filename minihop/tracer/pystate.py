@@ -262,6 +262,21 @@ class StateTracker:
             store_marks.unmark(self.marked)
             self.marked = []
 
+    def keep_partial(self) -> None:
+        """The user's backward raised while traced again for a real call (after forward ran):
+        eager's backward would have raised there too, its Python writes before the error made.
+        The trace's writes stay, where each is one minihop would replay (plain values: no
+        fake tensor, no symbolic number in them); otherwise ``abort`` puts all back."""
+        self.stop()
+        try:
+            self._writes(self.after_forward or self.before, self._snapshot(), "backward")
+        except Exception:
+            return
+        self.finished = True
+        self.opaque.undo.clear()  # what unanalysed code wrote stays too, as in finish
+        store_marks.unmark(self.marked)
+        self.marked = []
+
     def _snapshot(self) -> dict[int, Seen]:
         real_of = None if self.hidden_reads is None else self.hidden_reads.real_of
         return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of)
