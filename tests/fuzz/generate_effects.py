@@ -4,7 +4,9 @@ Each case is a module's source text, written the way users write Functions: it w
 one to four paths chosen at random (holder x write form x phase) among attributes of a class,
 items of a global dict, appends to a global list, counters (class, ``global``), pops from an
 argument dict, tensors stored on a class or in a memo dict that backward reads, a dict
-constant set on a class and appended to in backward, ctx attributes and lists written in
+constant set on a class and appended to in backward, a stash forward fills and backward
+reads (an item, ``pop``, read then ``del``, ``get``, ``getattr`` with a default, three dicts
+deep) that ``between()`` may empty or replace, ctx attributes and lists written in
 backward, ``functools.lru_cache`` helpers, ``torch.Generator`` objects made and seeded in the
 Function, draws from torch's global stream, ``warnings.warn``, ``logging``, a user exception
 raised after a write, and cyclic argument objects (a tree with parent links); and paths
@@ -61,7 +63,23 @@ KINDS = {
     "callable_counter": ("fb", ""), "classmethod_counter": ("fb", ""),
     "closure_closure_counter": ("fb", ""), "runtime_module_write": ("fb", ""),
     "ctx_dict_alias": ("f", ""), "attr_alias_before_backward": ("b", ""),
+    # A memo forward fills and backward reads (an item, pop, pop with a default, read then
+    # del, get, getattr with a default, three dicts deep), which between() keeps, empties or
+    # replaces before .backward().
+    "stash": ("f", ""),
 }
+
+# How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
+STASH_READS = {
+    "item": ([], "x * STASH['{k}']"),
+    "pop": ([], "x * STASH.pop('{k}')"),
+    "pop_default": (["{t} = STASH.pop('{k}', None)"], "(x * 3 if {t} is None else x * {t})"),
+    "read_del": (["{t} = STASH['{k}']", "del STASH['{k}']"], "x * {t}"),
+    "get": (["{t} = STASH.get('{k}')"], "(x * 3 if {t} is None else x * {t})"),
+    "getattr": (["{t} = getattr(SNS, '{k}', None)"], "(x * 3 if {t} is None else x * {t})"),
+    "deep": ([], "x * DEEP['a']['b']['c']['{k}']"),
+}
+STASH_CHANGES = ("keep", "clear", "replace")
 
 
 def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], str]:
@@ -125,6 +143,9 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["ctx.cfg = CFGD"], ""
     if kind == "attr_alias_before_backward":
         return [], "x * CONF.s"
+    if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
+        return [f"STASH['s{n}'] = x.detach() * {r.choice([2, 3])}", f"SNS.s{n} = STASH['s{n}']",
+                f"DEEP['a']['b']['c']['s{n}'] = STASH['s{n}']"], ""
     raise AssertionError(kind)
 
 
@@ -140,6 +161,13 @@ def generate_source(r: random.Random) -> str:
         bwd_terms.append("x * MEMO[ctx.n]")
     if any(k == "ctx_dict_alias" for k, _ in effects):
         bwd_terms.append("x * ctx.cfg['s']")
+    stash_change = "keep"
+    for n, (kind, _) in enumerate(effects):
+        if kind == "stash":
+            lines, term = STASH_READS[r.choice(sorted(STASH_READS))]
+            bwd.extend(line.format(k=f"s{n}", t=f"t{n}") for line in lines)
+            bwd_terms.append(term.format(k=f"s{n}", t=f"t{n}"))
+            stash_change = r.choice(STASH_CHANGES)
     for n, (kind, phase) in enumerate(effects):
         lines, term = _lines(kind, "forward" if phase == "f" else "backward", r, n)
         if kind == "global_counter":
@@ -189,9 +217,15 @@ def generate_source(r: random.Random) -> str:
         "    exec('hits = 0\\ndef hit():\\n    global hits\\n    hits += 1\\n', RT.__dict__)",
         "    CFGD = {'s': 1.0}", "    ALIAS_CFG = CFGD", "",
         "    class Conf:", "        pass", "", "    CONF = Conf()", "    CONF.s = 1.0", "",
+        "    STASH, SNS, DEEP = {}, types.SimpleNamespace(), {'a': {'b': {'c': {}}}}", "",
         "    def between(i):",
         "        ALIAS_CFG['s'] = ALIAS_CFG['s'] + 0.5 * (i + 1)",
-        "        vars(CONF)['s'] = CONF.s * 2.0", "",
+        "        vars(CONF)['s'] = CONF.s * 2.0",
+        *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
+          "replace": ["        if i == 2:", "            for k in list(STASH):",
+                      "                STASH[k] = torch.full(STASH[k].shape, 7.0)",
+                      "                setattr(SNS, k, STASH[k]); DEEP['a']['b']['c'][k] = STASH[k]"]}[stash_change],
+        "",
         "    class Fn(torch.autograd.Function):",
         *[f"        calls{n} = 0" for n, (k, _) in enumerate(effects) if k == "class_counter"],
         "        @staticmethod", f"        def forward(ctx, {args}):",
@@ -230,7 +264,7 @@ def generate_source(r: random.Random) -> str:
         " and not isinstance(w, staticmethod)}",
         f"        return plain([LOG, STORE, MEMO, RAISES, heard, passed, own(Holder), own(Rec), own(Fn), "
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
-        f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s])",
+        f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
