@@ -39,7 +39,7 @@ from .runtime.function_keys import methods_held, methods_key
 from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
-from .spec import CtxAfter, DataRead, Pair, PythonState, RawCapture
+from .spec import CtxAfter, DataRead, Pair, PythonState, RawCapture, ServedOnce
 from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
@@ -310,10 +310,17 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         return (variant.bwd, tuple(saved_index[n] if n in saved_index else fetched[i]
                                    for i, n in enumerate(variant.saved_names)),
                 tuple(input_index.get(s.name, -1) for s in variant.inputs),
-                (*variant_raw.python_state.writes_in("backward"), *_ctx_after(variant_raw.python_state)),
+                (*variant_raw.python_state.writes_in("backward"), *_ctx_after(variant_raw.python_state),
+                 *_served_once(variant_raw.python_state)),
                 tuple(r for r in _runtime_reads(variant_raw.data_reads, pair) if r.guards_backward))
 
     return retrace
+
+
+def _served_once(state: PythonState) -> tuple[ServedOnce, ...]:
+    """A variant that may serve only its own call (its code read or wrote what minihop cannot
+    bound or repeat): marked so, among its writes (``runtime.backwards`` never files it)."""
+    return (ServedOnce(state.single_use),) if state.single_use else ()
 
 
 def _ctx_after(state: PythonState) -> tuple[CtxAfter, ...]:

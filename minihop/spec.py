@@ -215,6 +215,18 @@ class CtxAfter:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServedOnce:
+    """Among a bwd variant's writes: its trace stood for the call it was traced for (backward
+    traced again for that call made the call's Python writes itself, as eager's would, and
+    some of them minihop cannot repeat), so the runtime never runs it for another backward."""
+
+    reasons: tuple[str, ...]
+
+    def replay(self, args: tuple[Any, ...], ctx: Any = None) -> None:
+        return None  # the writes were made by the trace, for this call
+
+
+@dataclasses.dataclass(frozen=True)
 class DataRead:
     """A Python value the user's code took out of a tensor's data (``.item()``, ``bool(t)``,
     ``torch.equal``) and the trace continued with.

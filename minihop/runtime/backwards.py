@@ -41,7 +41,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedOperationError
-from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, CtxAfter, DataRead, Pair, PythonState
+from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, CtxAfter, DataRead, Pair, PythonState, ServedOnce
 from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
@@ -198,8 +198,9 @@ class Backwards:
         if input_map != tuple(range(self.num_inputs)):
             code = _scatter_grads(code, input_map, self.num_inputs)
         found = (code, None if saved_map == tuple(range(self.pair.num_saved)) else saved_map)
-        self.code[(case, True)] = found
-        self.writes[(case, "grad on")] = writes
+        if not any(type(w) is ServedOnce for w in writes):  # (else traced again next time)
+            self.code[(case, True)] = found
+            self.writes[(case, "grad on")] = writes
         return (*found, writes)
 
     def layout_of(self, top_grads: tuple[Any, ...]) -> GradLayout:
@@ -227,6 +228,15 @@ class Backwards:
         seeded = {} if ctx_state is None else {"ctx_state": ctx_state}  # else forward's
         gm, saved_map, input_map, writes, reads = self.retrace(self.layout_of(top_grads), call_args, grads, saved,
                                                                False, **seeded)
+        if any(type(w) is ServedOnce for w in writes):
+            # Traced for this call only (its writes made by the trace): never filed, so the
+            # next backward of this key is traced again, as this one was.
+            case = (key, -1)
+            for create_graph in (False, True):
+                self.code.pop((case, create_graph), None)
+            self.variants[case] = (gm, saved_map, input_map)
+            self.writes[case] = writes
+            return case
         cases = self.cases.setdefault(key, [])
         if len(cases) >= MAX_VALUE_VARIANTS:
             self.drop(key, cases.pop(0)[0])

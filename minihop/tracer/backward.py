@@ -14,6 +14,7 @@ tensors once it returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 from typing import Any
@@ -32,6 +33,7 @@ from .function_parts import FunctionParts
 from .memo_writes import seen_by_backward, with_seen
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
+from .size_values import refusing_size_values
 from .session import TRACE_LOCK, Tracing
 from .symvalues import resolve_symbolic
 from .unbacked import Retrace
@@ -171,14 +173,19 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         t.values.call_data = call_data
         state = StateTracker(parts, call_args or fake_args, fn_cls)
         state.on_symbolic = t.unbacked.escape
+        # Traced for this very call, after its forward ran (with dynamic sizes, Python values
+        # taken from sizes would be the capture's: see ``size_values``).
+        state.standing = not t.dynamic_fakes
         t.unrouted = state.opaque.reasons
         state.start()
         state.forward_done()  # what changes now, backward changes
         t.backward_grad_on = grad_mode
         seen = seen_by_backward(state.reads, call_args or fake_args, t.key_of)
         try:
-            bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
-                               call_args or None)
+            sizes = refusing_size_values(parts.name, state.is_user) if t.dynamic_fakes else contextlib.nullcontext()
+            with sizes:
+                bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
+                                   call_args or None)
             ctx_after = ctx_values(ctx)
             python_state = with_seen(state.finish(ctx), seen)  # undone: the runtime replays them
             if ctx_after != ctx_before:

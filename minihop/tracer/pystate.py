@@ -113,6 +113,10 @@ class StateTracker:
             raise
         self.after_forward: dict[int, Seen] | None = None
         self.finished = False
+        # A backward traced again for a real call stands for that call (``rerun_backward``):
+        # a write it cannot repeat stays made, as eager's, and makes its trace serve that call only.
+        self.standing = False
+        self.unreplayable: list[str] = []
 
     # reads: every chain of the code whose value is the user's state
     def _methods(self) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
@@ -262,6 +266,10 @@ class StateTracker:
             store_marks.unmark(self.marked)
             self.marked = []
 
+    def is_user(self, frame: types.FrameType) -> bool:
+        """Whether ``frame`` runs the user's code (not torch's, minihop's or a library's)."""
+        return self.hidden_reads is not None and self.hidden_reads.is_user(frame)
+
     def keep_partial(self) -> None:
         """The user's backward raised while traced again for a real call (after forward ran):
         eager's backward would have raised there too, its Python writes before the error made.
@@ -347,8 +355,14 @@ class StateTracker:
             with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
                 self.read_ctx_chains(ctx)
             self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
+            if self.unreplayable:  # standing: every write of this trace stays made (abort leaves them)
+                self.finished = True
+                store_marks.unmark(self.marked)
+                self.marked = []
         finally:
             self.abort()
+        if self.unreplayable:  # ... and none is replayed: this trace serves its own call only
+            return PythonState(tuple(self.reads), (), (*self.opaque.single_use(), *self.unreplayable))
         return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
 
     def _writes(self, old: dict[int, Seen], new: dict[int, Seen], phase: str) -> list[StateWrite]:
@@ -385,6 +399,9 @@ class StateTracker:
         return StateWrite(place, rule.outcome, value, phase, where)
 
     def _refuse(self, place: Place, phase: str, where: str | None, what: str, *, tensor: bool = False) -> StateWrite:
+        if self.standing and not tensor and phase == "backward":
+            self.unreplayable.append(f"backward {what} {place.description} (made by the trace, for its call)")
+            return StateWrite(place, "made", None, phase, where)  # dropped by finish: nothing to replay
         self.abort()  # Python state put back before the error reaches the user
         todo = ("Return the tensor from forward instead, or run it eagerly with "
                 "minihop.function(F, fallback='eager')." if tensor else
