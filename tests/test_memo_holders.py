@@ -54,9 +54,9 @@ HOLDERS: dict[str, tuple[str, str, dict[str, str], str, str, str]] = {
 CASES = [(h, form) for h, spec in HOLDERS.items() for form in spec[2]]
 
 
-def _function(holder: str, form: str, module: str | None = "memo_cases") -> dict[str, Any]:
-    """The Function (``ns["F"]``) and its holder, written into a fresh namespace."""
-    setup, store, forms, *_ = HOLDERS[holder]
+def _define(setup: str, store: str, backward: str, module: str | None = "memo_cases") -> dict[str, Any]:
+    """A fresh namespace holding ``setup``'s holder and a Function ``F`` whose forward stores
+    ``v`` with ``store`` and whose backward body is ``backward``."""
     ns: dict[str, Any] = {"torch": torch, "types": types, "Holder": Holder}
     if module is not None:
         ns["__name__"] = module
@@ -71,10 +71,15 @@ class F(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        {forms[form]}
-        return g * 3 if t is None else g * t
+        {backward}
 """, ns)
     return ns
+
+
+def _function(holder: str, form: str, module: str | None = "memo_cases") -> dict[str, Any]:
+    """The Function (``ns["F"]``) reading ``holder`` by ``form`` in backward, and its holder."""
+    setup, store, forms, *_ = HOLDERS[holder]
+    return _define(setup, store, f"{forms[form]}\n        return g * 3 if t is None else g * t", module)
 
 
 def _mid(ns: dict[str, Any], holder: str, change: str) -> Callable[[int], None]:
@@ -125,20 +130,7 @@ DEEP = {
 @pytest.mark.parametrize("holder", list(DEEP))
 def test_memo_deeper_than_fetched_is_refused_or_matches(holder: str) -> None:
     setup, store, read = DEEP[holder]
-    ns: dict[str, Any] = {"torch": torch, "types": types, "__name__": "memo_cases"}
-    exec(f"""
-{setup}
-class F(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        v = x.detach() * 2
-        {store}
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * {read}
-""", ns)
+    ns = _define(setup, store, f"return g * {read}")
 
     def mid(i: int) -> None:
         if i == 2:  # same shape, dtype and device as forward's: only its values differ
