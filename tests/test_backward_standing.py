@@ -153,3 +153,28 @@ def test_size_answer_every_size_shares_is_not_refused() -> None:
     eager_modes.matches_eager(ChecksItsSize, lambda i: (torch.arange(1.0, 4.0 + i % 2).requires_grad_(),),
                               mid=lambda i: FLAGS.update(audit=i == 2), state=_state, reset=_reset,
                               refusable=False, steps=5)
+
+
+class WarnsWhenAsked(torch.autograd.Function):
+    """Backward warns and logs, with the grad's norm, when the caller asks before ``.backward()``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if FLAGS["audit"]:
+            import warnings
+            warnings.warn(f"grad norm {float(g.norm()):.3f}")
+            eager_modes.LOG.info("backward of %d", g.shape[0])
+        return g * 2
+
+
+@pytest.mark.parametrize("on", [(2,), (1, 2, 3)], ids=["once", "thrice"])
+def test_messages_of_a_backward_traced_again_are_sent_for_its_call(on: tuple[int, ...]) -> None:
+    """The warning and the log line are sent when that backward runs, with its values, as
+    eager sends them (was MH106 when backward ran, in fallback mode too)."""
+    eager_modes.matches_eager(WarnsWhenAsked, _args, mid=lambda i: FLAGS.update(audit=i in on),
+                              between=lambda i: FLAGS.update(audit=False), state=_state, reset=_reset,
+                              refusable=False, steps=5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import enum
 import functools
+import logging
 import sys
 import types
 import weakref
@@ -94,6 +95,11 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return function_key(value)  # its defaults and code too: the caller may replace them
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
+    if isinstance(value, logging.Logger):
+        # What code can take from a logger is whether it logs (``isEnabledFor``): its level as
+        # its parents set it. Its handlers and manager (every logger of the process) are not
+        # the graphs' business: messages are replayed or refused on their own.
+        return ("logger", id(value), value.getEffectiveLevel(), value.disabled, _Held(value))
     if isinstance(value, weakref.ref):
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))

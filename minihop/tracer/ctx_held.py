@@ -3,7 +3,8 @@
 Place in the pipeline: tracer (``trace.py`` calls ``refuse_unkeyed_ctx_holders`` once forward
 has run, before backward is traced). Backward's reads of a plain value are keyed on where the
 value lives (an argument's attribute, a list or dict item, a global): minihop re-reads or
-re-traces when it changes. A weak reference (``weakref.ref``, ``weakref.proxy``, a
+re-traces when it changes. An iterator, a generator or a random generator kept on ctx moves
+as backward takes values from it (a second backward takes the next); a weak reference (``weakref.ref``, ``weakref.proxy``, a
 ``WeakKeyDictionary``/``WeakValueDictionary``/``WeakSet``) or a ``collections.ChainMap`` hides
 the place: backward's ``ctx.ref().v`` or ``ctx.cm["k"]`` reads what the caller left there when
 ``.backward()`` runs (red team 3: forward's value was used, silently). Until such a holder's
@@ -21,6 +22,7 @@ import weakref
 from typing import Any
 
 from ..errors import SideEffectError
+from .hidden import fingerprint
 from .library import is_library
 
 __all__ = ["UNKEYED", "refuse_unkeyed_ctx_holders"]
@@ -38,6 +40,10 @@ def _unkeyed(value: Any, depth: int, seen: set[int]) -> str | None:
     if isinstance(value, UNKEYED):  # (isinstance on a proxy is its referent's: test the type)
         return type(value).__name__
     if type(value) in UNKEYED:
+        return type(value).__name__
+    if not isinstance(value, (list, tuple, dict)) and fingerprint(value) is not None:
+        # An iterator, a generator, a random generator: each backward (a second one with
+        # retain_graph=True) takes the next value; the trace took one, once.
         return type(value).__name__
     if depth >= MAX_DEPTH or id(value) in seen:
         return None

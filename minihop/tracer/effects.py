@@ -76,8 +76,13 @@ class MessageWatch:
 
     _METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
 
-    def __init__(self, is_user: Callable[[Any], bool]) -> None:
+    def __init__(self, is_user: Callable[[Any], bool], passing: bool = False) -> None:
         self.calls: list[tuple[str, str | None]] = []
+        # A backward traced again for one call (``StateTracker.standing``): its messages are
+        # that call's, sent as the user's code gives them (``sent``), and the trace serves
+        # that call only.
+        self.passing = passing
+        self.sent: list[str] = []
         self.thread = threading.get_ident()
         self.is_user = is_user
         self.saved: list[tuple[Any, str, Any]] = []
@@ -94,6 +99,10 @@ class MessageWatch:
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
+                if self.is_user(frame) and self.passing:
+                    self.sent.append(label)
+                    up_args, up_kwargs = _one_frame_up(home, name, args, kwargs)
+                    return real(*up_args, **up_kwargs)  # attributed to the user's line
                 if self.is_user(frame):
                     self.calls.append((label, f'File "{frame.f_code.co_filename}", '
                                              f'line {frame.f_lineno}'))
@@ -122,6 +131,17 @@ class MessageWatch:
             "that call's values.",
             "Give it outside the Function, or behind a flag that is off, or run it eagerly with "
             "minihop.function(F, fallback='eager').", where=where)
+
+
+def _one_frame_up(home: Any, name: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` for the real call, one more frame up (this module's wrapper is not
+    the caller: the warning's or record's location is the user's line, as in eager)."""
+    if home is warnings and name == "warn" and len(args) >= 3:
+        return (*args[:2], args[2] + 1, *args[3:]), kwargs
+    if home is warnings and name != "warn":
+        return args, kwargs  # warn_explicit: its location is given
+    return args, {**kwargs, "stacklevel": kwargs.get("stacklevel", 1) + 1}
 
 
 class ctx_as_forward_left_it:  # noqa: N801  (used as a context manager, named as one)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import builtins
 import copy
+import dataclasses
 import functools
 import sys
 import threading
@@ -214,24 +215,36 @@ class StateTracker:
         an object; if it is one reachable from the arguments or globals, the read is of that
         place (and checked again when backward runs). Objects forward created are its own."""
         index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
+        roots = {id(value): Seen(value, root, (), "attrs", None) for root, value in self.roots}
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
             for chain in facts.chains:
+                if not chain.steps and chain.method is not None:  # ``ctx.fn(g)``: a callable kept on ctx
+                    chain = dataclasses.replace(chain, steps=(("attr", chain.method),), method=None)
                 if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or not chain.steps \
                         or chain.use != "value":
                     continue
                 # What the user set on ctx (never a property such as saved_tensors: reading it
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
-                seen = index.get(id(first))
                 if isinstance(first, (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
                     continue  # a value, not a holder (a symbolic size is each call's own)
-                if seen is None and isinstance(first, (torch.nn.Module, types.ModuleType)):  # keyed, not snapshotted
-                    seen = argument_seen(first, self.args, self.parts.argnames)
+                # The deepest object along the chain that is the caller's (snapshotted, an
+                # argument, a global's value): a container forward made may hold one
+                # (``ctx.fns = {"sg": fn}``, then ``ctx.fns["sg"](g)``).
+                seen, rest = None, chain.steps[1:]
+                for k in range(len(chain.steps), 0, -1):
+                    obj = walk(first, chain.steps[1:k])
+                    if obj is MISSING or isinstance(obj, ATOMS):
+                        continue  # a value (a small int is one object wherever it is held)
+                    seen = index.get(id(obj)) or argument_seen(obj, self.args, self.parts.argnames) \
+                        or roots.get(id(obj))
+                    if seen is not None:
+                        first, rest = obj, chain.steps[k:]
+                        break
                 if seen is None:
                     continue
-                steps, end = tensor_holder((*seen.steps, *chain.steps[1:]), walk(first, chain.steps[1:]),
-                                           lambda: walk(first, chain.steps[1:-1]))
+                steps, end = tensor_holder((*seen.steps, *rest), walk(first, rest), lambda: walk(first, rest[:-1]))
                 if guarded_value(end):
                     self._add_read(place_at(seen.root, steps, isinstance(end, UserAttribute)), phase, code, chain.line)
 
@@ -245,7 +258,7 @@ class StateTracker:
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""))
-        self.messages = effects.MessageWatch(self.hidden_reads.is_user)
+        self.messages = effects.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
 
     def stop(self) -> None:
         self.opaque.stop()
@@ -327,6 +340,9 @@ class StateTracker:
                     where=where)
             if self.messages is not None:
                 self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
+                # standing: sent for this call, as eager's; no later call may reuse the trace
+                self.unreplayable += [f"backward gives a message ({what}), sent by the trace for its call"
+                                      for what in self.messages.sent[:1]]
             self.opaque.reasons += self.hidden_reads.single_use() if self.hidden_reads is not None else []
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
