@@ -198,7 +198,7 @@ class Backwards:
         if input_map != tuple(range(self.num_inputs)):
             code = _scatter_grads(code, input_map, self.num_inputs)
         found = (code, None if saved_map == tuple(range(self.pair.num_saved)) else saved_map)
-        if not any(type(w) is ServedOnce for w in writes):  # (else traced again next time)
+        if not _served_once(writes):  # (else traced again next time)
             self.code[(case, True)] = found
             self.writes[(case, "grad on")] = writes
         return (*found, writes)
@@ -228,7 +228,7 @@ class Backwards:
         seeded = {} if ctx_state is None else {"ctx_state": ctx_state}  # else forward's
         gm, saved_map, input_map, writes, reads = self.retrace(self.layout_of(top_grads), call_args, grads, saved,
                                                                False, **seeded)
-        if any(type(w) is ServedOnce for w in writes):
+        if _served_once(writes):
             # Traced for this call only (its writes made by the trace): never filed, so the
             # next backward of this key is traced again, as this one was.
             case = (key, -1)
@@ -268,6 +268,11 @@ class Backwards:
             self.code.pop(((key, n), create_graph), None)
         self.variants.pop((key, n), None)
         self.writes.pop((key, n), None)
+
+
+def _served_once(writes: tuple[Any, ...]) -> bool:
+    """Whether a variant's trace serves its own call only (``spec.ServedOnce`` among its writes)."""
+    return any(type(w) is ServedOnce for w in writes)
 
 
 class Unfetched:

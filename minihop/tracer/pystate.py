@@ -219,10 +219,11 @@ class StateTracker:
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
             for chain in facts.chains:
+                if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or chain.use != "value":
+                    continue
                 if not chain.steps and chain.method is not None:  # ``ctx.fn(g)``: a callable kept on ctx
                     chain = dataclasses.replace(chain, steps=(("attr", chain.method),), method=None)
-                if chain.root_kind != "fast" or params.get(chain.root) != "ctx" or not chain.steps \
-                        or chain.use != "value":
+                if not chain.steps:
                     continue
                 # What the user set on ctx (never a property such as saved_tensors: reading it
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
