@@ -71,11 +71,13 @@ class _Refused:
     error: Exception
 
 
-def capture(fn_cls: type, /, *args: Any, dynamic: Any = None) -> Capture:
+def capture(fn_cls: type, /, *args: Any, dynamic: Any = None, eager_backward: bool = False) -> Capture:
     """The cache's capture of ``fn_cls`` for bound ``args``: ``pipeline.run_pipeline``, not
     ``pipeline.capture``, whose check for a keyword shadowing a forward parameter is for a
-    caller's own keywords (here ``dynamic`` is this cache's, never the user's)."""
-    return run_pipeline(fn_cls, args, {}, dynamic)[1]
+    caller's own keywords (here ``dynamic`` is this cache's, never the user's).
+    ``eager_backward`` (``fallback="eager"``): a backward refused when it runs, after forward
+    ran captured, runs the user's backward eagerly, as the rest of that policy does."""
+    return run_pipeline(fn_cls, args, {}, dynamic, eager_backward=eager_backward)[1]
 
 
 def _slot(i: int, value: Any) -> tuple[int, Any] | None:
@@ -310,12 +312,12 @@ class CapturedFunction:
         used as a dict key: symbolic sizes are an optimisation, never a new error) is captured
         static instead, and stays static per size from then on."""
         try:
-            return capture(self.fn_cls, *args, dynamic=dims)
+            return capture(self.fn_cls, *args, dynamic=dims, eager_backward=self.fallback == "eager")
         except Exception:
             static = dynamic_dims(self.fn_cls, args, False)  # the marks' dimensions only
             if self.dynamic is not None or dims == static:
                 raise
-        cap = capture(self.fn_cls, *args, dynamic=static)  # fails too: the call's own error
+        cap = capture(self.fn_cls, *args, dynamic=static, eager_backward=self.fallback == "eager")  # fails too: the call's own error
         self._auto_failed = True
         return cap
 

@@ -33,6 +33,7 @@ from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
 from .runtime.backwards import Fetched, live_slots, reads_grad_mode
+from .runtime.eager_runs import EagerRunner, with_eager_fallback
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.op import autograd_function_apply
 from .runtime.function_keys import methods_held, methods_key
@@ -110,42 +111,46 @@ def capture(fn_cls: type, /, *args: Any, dynamic: bool | Mapping[int | str, Sequ
 
 
 def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       dynamic: bool | Mapping[int | str, Sequence[int]] | None = False) -> tuple[RawCapture, Capture]:
-    """Run the pipeline: ``capture``, also returning the raw trace (``explain`` reads it)."""
+                       dynamic: bool | Mapping[int | str, Sequence[int]] | None = False, *,
+                       eager_backward: bool = False) -> tuple[RawCapture, Capture]:
+    """Run the pipeline: ``capture``, also returning the raw trace (``explain`` reads it).
+    ``eager_backward`` (``fallback="eager"``): where backward, traced again for a call, is
+    refused, the user's backward runs eagerly for that call (``tracer.eager_backward``)."""
     check_python()
     if torch._C._are_functorch_transforms_active():
         # Called inside torch.func.grad/vmap/...: the arguments are the transforms' wrappers.
         # Trace outside the transforms, on plain tensors with the wrappers' (logical)
         # properties; the capture then runs on wrapped tensors like any torch code.
         with temporarily_clear_interpreter_stack():
-            return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic)
+            return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic, eager_backward=eager_backward)
     if torch.is_inference_mode_enabled():
         # Under inference_mode, with inference tensors (the serving setup): trace outside it,
         # on normal copies (an inference tensor has no version counter for the tracer to
         # watch), with grad off as inference mode has it; the capture then runs under
         # inference_mode like any torch code, as eager's F.apply does.
         with torch.inference_mode(False), torch.no_grad():
-            return run_pipeline(fn_cls, _normal_copies(args), _normal_copies(kwargs), dynamic)
+            return run_pipeline(fn_cls, _normal_copies(args), _normal_copies(kwargs), dynamic, eager_backward=eager_backward)
     start = time.perf_counter()
     masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
     refuse_iterator_arguments(fn_cls.__qualname__, args)  # before the trace could spend one
     dims = dynamic_dims(fn_cls, args, dynamic)
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
-    raw = trace_function(fn_cls, args, {}, dynamic=dims, key_of=value_key)
+    raw = trace_function(fn_cls, args, {}, dynamic=dims, key_of=value_key, eager_fallback=eager_backward)
     _check_strict_marks(fn_cls, args, raw)
     pair = make_pair(raw)
     reads = _runtime_reads(raw.data_reads, pair)
     outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
     retrace = None
+    runner = EagerRunner(raw.eager_backward, pair) if eager_backward else None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
             or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs) \
             or reads_grad_mode(pair.bwd_graph) \
             or raw.python_state.ctx_state is not None:  # create_graph=True; a second backward of a call
-        retrace = _backward_retracer(fn_cls, raw, pair)
+        retrace = _backward_retracer(fn_cls, raw, pair, runner)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,
-                       layout_key(args) if raw.reads_layout else None, masks, args, reads)
+                       layout_key(args) if raw.reads_layout else None, masks, args, reads, eager=runner)
     return raw, cap
 
 
@@ -279,9 +284,16 @@ def _normal_copies(value: Any) -> Any:
     return replace_tensors(value, normal, ())
 
 
-def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
+def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair, eager: EagerRunner | None = None) -> Retrace:
     """Trace backward again for grads unlike the ones it was traced with, or for Python
-    values backward reads that changed since forward ran (see runtime)."""
+    values backward reads that changed since forward ran (see runtime). ``eager``: where that
+    trace is refused, a variant that runs the user's backward eagerly for this call."""
+    traced = _backward_tracer(fn_cls, raw, pair)
+    return traced if eager is None else with_eager_fallback(traced, eager)
+
+
+def _backward_tracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
+    """``_backward_retracer``'s trace."""
     saved_index = {name: i for i, name in enumerate(pair.saved_names)}
     input_index = {source.name: i for i, source in enumerate(pair.inputs)}
 

@@ -362,6 +362,10 @@ class RawCapture:
     saved_reads: int = 1
     # Python values forward and backward took out of tensor data, in the order read.
     data_reads: tuple[DataRead, ...] = ()
+    # Runs the user's backward for real on a ctx rebuilt for a call (``tracer.eager_backward.
+    # EagerBackward``): fallback="eager"'s backward where tracing it again for that call is
+    # refused, or where the caller touched the user's attributes on ``y.grad_fn``.
+    eager_backward: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

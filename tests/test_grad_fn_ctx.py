@@ -110,8 +110,7 @@ def test_caller_setting_the_same_value_changes_nothing(mode: str) -> None:
     _same(_run("eager", Scaled, caller), _run(mode, Scaled, caller))
 
 
-@pytest.mark.parametrize("mode", ["strict", "fallback"])
-def test_caller_setting_another_value_is_refused(mode: str) -> None:
+def test_caller_setting_another_value_is_refused() -> None:
     """Eager's backward reads the scale the caller set on grad_fn (the grad is 3, not 2); minihop's
     bwd holds forward's: its backward raises MH106 naming the attribute (was a silent 2)."""
     x = torch.ones(3, requires_grad=True)
@@ -120,21 +119,110 @@ def test_caller_setting_another_value_is_refused(mode: str) -> None:
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 3.0))  # what eager does, the reason for refusing
     x = torch.ones(3, requires_grad=True)
-    y = MODES[mode](Scaled)(x, 2.0)
+    y = MODES["strict"](Scaled)(x, 2.0)
     y.grad_fn.scale = 3.0
     with pytest.raises(minihop.SideEffectError, match=r"MH106.*y\.grad_fn\.scale of Scaled to 3\.0 .*forward left 2\.0"):
         y.sum().backward()
 
 
-@pytest.mark.parametrize("mode", ["strict", "fallback"])
-def test_caller_reading_a_container_on_ctx_is_refused(mode: str) -> None:
+def test_caller_setting_another_value_under_fallback_matches_eager() -> None:
+    """fallback="eager": that call's backward runs the user's backward eagerly, on the user's ctx
+    rebuilt for the call with the caller's value (was MH106, in fallback mode too)."""
+    def caller(apply: Callable[..., Any], x: torch.Tensor, i: int) -> Any:
+        y = apply(x, 2.0)
+        if i == 1:
+            y.grad_fn.scale = 3.0
+        y.sum().backward()
+        return y.grad_fn.scale
+    _same(_run("eager", Scaled, caller), _run("fallback", Scaled, caller))
+
+
+def test_caller_reading_a_container_on_ctx_is_refused() -> None:
     """A list on ctx: eager hands the caller the list backward reads (changes to it count);
     minihop has no such list: a coded error, not an AttributeError or a copy whose changes are lost."""
     y = KeepsList.apply(torch.ones(2, requires_grad=True))
     assert y.grad_fn.dims == [0]
-    y = MODES[mode](KeepsList)(torch.ones(2, requires_grad=True))
+    y = MODES["strict"](KeepsList)(torch.ones(2, requires_grad=True))
     with pytest.raises(minihop.UnsupportedOperationError, match=r"MH104.*y\.grad_fn\.dims of KeepsList"):
         y.grad_fn.dims
+
+
+def test_caller_changing_a_container_on_ctx_under_fallback_matches_eager() -> None:
+    """fallback="eager": the caller gets the list of the user's ctx rebuilt for the call, and
+    backward (run eagerly on it, twice with retain_graph) sees what the caller did to it."""
+    def caller(apply: Callable[..., Any], x: torch.Tensor, i: int) -> Any:
+        y = apply(x)
+        seen = list(y.grad_fn.dims)
+        if i == 1:
+            y.grad_fn.dims.append(5)
+        y.sum().backward(retain_graph=True)
+        y.sum().backward()
+        return seen, list(y.grad_fn.dims)
+    _same(_run("eager", KeepsList, caller), _run("fallback", KeepsList, caller))
+
+
+@pytest.mark.parametrize("reset_to", [None, 0, 1])
+def test_caller_resetting_a_count_between_backwards(reset_to: int | None) -> None:
+    """Between two backwards of a call the caller sets the count backward keeps on ctx: to what
+    the first backward left (1: nothing changes), or back to forward's 0 (eager's second
+    backward counts from there). Strict: equal to eager or MH106; fallback: equal to eager."""
+    def caller(apply: Callable[..., Any], x: torch.Tensor, i: int) -> Any:
+        y = apply(x)
+        y.sum().backward(retain_graph=True)
+        if reset_to is not None:
+            y.grad_fn.calls = reset_to
+        y.sum().backward()
+        return y.grad_fn.calls
+    eager = _run("eager", CountsBackwards, caller)
+    _same(eager, _run("fallback", CountsBackwards, caller))
+    try:
+        strict = _run("strict", CountsBackwards, caller)
+    except minihop.SideEffectError:
+        assert reset_to == 0
+        return
+    _same(eager, strict)
+
+
+def test_caller_setting_a_count_backward_increments_under_fallback() -> None:
+    """Backward counts its runs on ctx; the caller sets the count first: eager's backward starts
+    from it, and the caller reads what backward left, in fallback mode as in eager."""
+    def caller(apply: Callable[..., Any], x: torch.Tensor, i: int) -> Any:
+        y = apply(x)
+        y.grad_fn.calls = 10 * i
+        y.sum().backward(retain_graph=True)
+        seen = [y.grad_fn.calls]
+        y.sum().backward()
+        return (*seen, y.grad_fn.calls)
+    _same(_run("eager", CountsBackwards, caller), _run("fallback", CountsBackwards, caller))
+
+
+class KeepsTensors(torch.autograd.Function):
+    """Tensors on ctx, as an attribute and through save_for_backward (timm-style ``ctx.w``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.w = w * 2
+        ctx.save_for_backward(x)
+        return x * w * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        return g * ctx.w, g * x * 2
+
+
+def test_caller_reading_and_replacing_a_tensor_on_ctx_under_fallback_matches_eager() -> None:
+    """``y.grad_fn.w`` is the call's tensor (equal to eager's); replaced by the caller, backward
+    uses the caller's tensor, as eager's does."""
+    def caller(apply: Callable[..., Any], x: torch.Tensor, i: int) -> Any:
+        w = torch.arange(3.0, 6.0, requires_grad=True)
+        y = apply(x, w)
+        seen = y.grad_fn.w.detach().clone()
+        if i == 2:
+            y.grad_fn.w = torch.full((3,), 7.0)
+        y.sum().backward()
+        return torch.cat([seen, w.grad])
+    _same(_run("eager", KeepsTensors, caller), _run("fallback", KeepsTensors, caller))
 
 
 @pytest.mark.parametrize("mode", ["strict", "fallback"])
@@ -187,15 +275,21 @@ def test_optional_attribute_left_unset_matches_eager(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["strict", "fallback"])
-def test_optional_attribute_set_by_the_caller_is_refused(mode: str) -> None:
+def test_optional_attribute_set_by_the_caller_is_refused_or_eager(mode: str) -> None:
     """The caller sets the attribute backward looks up: eager's grad uses it (1.0, not 2.0);
-    minihop's bwd was traced with the default, so its backward raises MH106 (was silent)."""
+    minihop's bwd was traced with the default, so its backward raises MH106 (was silent);
+    under fallback="eager" it runs the user's backward eagerly and gives eager's 1.0."""
     x = torch.ones(2, requires_grad=True)
     y = OptionalTemperature.apply(x)
     y.grad_fn.temperature = 0.5
     y.sum().backward()
     assert torch.equal(x.grad, torch.ones(2))
-    y = MODES[mode](OptionalTemperature)(torch.ones(2, requires_grad=True))
+    x = torch.ones(2, requires_grad=True)
+    y = MODES[mode](OptionalTemperature)(x)
     y.grad_fn.temperature = 0.5
+    if mode == "fallback":
+        y.sum().backward()
+        assert torch.equal(x.grad, torch.ones(2))
+        return
     with pytest.raises(minihop.SideEffectError, match=r"MH106.*y\.grad_fn\.temperature .*looks it up"):
         y.sum().backward()

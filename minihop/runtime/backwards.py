@@ -46,7 +46,7 @@ from ..structure import make_getter
 from .codegen import emit
 from .guards import value_key
 
-__all__ = ["Backwards", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
+__all__ = ["Backwards", "EagerVariant", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
            "reads_grad_mode", "same_properties", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
@@ -169,14 +169,16 @@ class Backwards:
             found = self.code.get((case, create_graph))
             if found is not None:
                 return (*found, self.writes.get((case, "grad on"), writes) if create_graph else writes)
-            if create_graph and self.retrace is not None and reads_grad_mode(self.variants[case][0].graph if self.variants[case][0] is not None else self.pair.bwd_graph):
+            traced = self.variants[case][0]
+            if create_graph and self.retrace is not None and type(traced) is not EagerVariant \
+                    and reads_grad_mode(traced.graph if traced is not None else self.pair.bwd_graph):
                 return self.grad_on(case, top_grads, call_args, grads, saved, ctx_state)
             if case == self.base_case and self.plain is not None:
                 return self.plain, None, writes  # the traced case, without toggles: right in either mode
             gm, saved_map, input_map = self.variants[case]
             if gm is None:
                 gm = self.pair.bwd
-            if create_graph:
+            if create_graph and type(gm) is not EagerVariant:
                 gm = _strip_grad_toggles(gm)
             code = gm.forward
             if input_map != tuple(range(self.num_inputs)):
@@ -194,7 +196,7 @@ class Backwards:
         retrace = typing.cast(Retrace, self.retrace)  # get() asks only where there is one
         seeded = {} if ctx_state is None else {"ctx_state": ctx_state}
         gm, saved_map, input_map, writes, _reads = retrace(self.layout_of(top_grads), call_args, grads, saved, True, **seeded)
-        code = _strip_grad_toggles(gm).forward
+        code = gm.forward if type(gm) is EagerVariant else _strip_grad_toggles(gm).forward
         if input_map != tuple(range(self.num_inputs)):
             code = _scatter_grads(code, input_map, self.num_inputs)
         found = (code, None if saved_map == tuple(range(self.pair.num_saved)) else saved_map)
@@ -268,6 +270,17 @@ class Backwards:
             self.code.pop(((key, n), create_graph), None)
         self.variants.pop((key, n), None)
         self.writes.pop((key, n), None)
+
+
+class EagerVariant:
+    """A variant that runs the user's backward itself for one call (``fallback="eager"``: tracing
+    it again for that call was refused). ``forward(*grads, *saved)`` gives one gradient per
+    forward argument; its Python writes are the user's code's own. Served once, never filed."""
+
+    __slots__ = ("forward",)
+
+    def __init__(self, forward: Callable[..., tuple[Any, ...]]) -> None:
+        self.forward = forward
 
 
 def _served_once(writes: tuple[Any, ...]) -> bool:

@@ -20,6 +20,7 @@ from ..arguments import bind_arguments, uses_setup_context
 from ..structure import OutputSpec
 from .assumptions import Assumption, assumptions_of, backward_values, compile_fits
 from .backwards import keeps_arguments
+from .eager_runs import EagerRunner
 from .function import Retrace, make_function, set_call_arguments
 from .function_keys import methods_held, methods_key
 from .display import readable, summary
@@ -275,11 +276,11 @@ def _same(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _with_replay(run: Callable[[tuple[Any, ...]], Any], state: PythonState,
-                 pair: Pair) -> Callable[[tuple[Any, ...]], Any]:
+                 pair: Pair, keep_args: bool) -> Callable[[tuple[Any, ...]], Any]:
     """``run``, then forward's Python writes replayed for the call (as eager's forward makes
     them on every call; tracing undid its own)."""
     writes = state.writes_in("forward")
-    if keeps_arguments(pair, state):
+    if keep_args or keeps_arguments(pair, state):
         inner = run
 
         def run(args: tuple[Any, ...]) -> Any:
@@ -309,7 +310,12 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  python_state: PythonState = NO_STATE,
                  layout: tuple[Any, ...] | None = None,
                  masks: dict[int, frozenset[str]] | None = None,
-                 args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = ()) -> Capture:
+                 args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = (),
+                 eager: EagerRunner | None = None) -> Capture:
+    """``eager`` (``fallback="eager"``): runs the user's backward for a call where the
+    captured one cannot stand for it (``eager_runs``); forward then keeps the call's arguments
+    on ctx wherever that may happen (a backward traced again, attributes on ``y.grad_fn``)."""
+    keep_args = eager is not None and (retrace is not None or bool(python_state.ctx_forward))
     setup_style = function is not None and uses_setup_context(function)
     assumed = assumptions_of(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout,
                              args, data_reads)
@@ -318,10 +324,12 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
     function_cls = make_function(pair, retrace, transformable=setup_style,
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
                                  state=python_state, backward_values=backward_values(assumed),
-                                 bwd_reads=tuple(r for r in data_reads if r.guards_backward))
+                                 bwd_reads=tuple(r for r in data_reads if r.guards_backward), keep_args=keep_args,
+                                 eager=eager)
     assumptions, run = once(pair.function_name, python_state.single_use, assumed,
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                             function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair))
+                             function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair,
+                     keep_args))
     return Capture(
         pair=pair, python_state=python_state, masks=dict(masks or {}), assumptions=assumptions,
         fits=compile_fits(assumptions),

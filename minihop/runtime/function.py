@@ -31,6 +31,7 @@ from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfe
                         same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
+from .eager_runs import EagerRunner
 from .grad_fn import mirror_ctx
 from .guards import compile_live_check
 from .transformable import make_transformable
@@ -56,7 +57,8 @@ def set_call_arguments(args: tuple[Any, ...] | None) -> None:
 def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: bool = False,
                   generate_vmap_rule: bool = False, state: PythonState = NO_STATE,
                   backward_values: tuple[Any, ...] = (),
-                  bwd_reads: tuple[DataRead, ...] = ()) -> type[torch.autograd.Function]:
+                  bwd_reads: tuple[DataRead, ...] = (), keep_args: bool = False,
+                  eager: EagerRunner | None = None) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
 
     Apply it as ``F.apply(*inputs)``, or ``F.apply(sink, *inputs)`` when ``F.uses_sink`` (some
@@ -67,9 +69,11 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
 
     With ``transformable`` (the user's Function is in the ``setup_context`` style, which is
     what torch.func transforms require), ``F.transformable`` is a second class in that style,
-    used while a transform is active (see ``make_transformable``).
+    used while a transform is active (see ``make_transformable``). ``keep_args``: forward keeps
+    the call's arguments on ctx whatever backward reads (a backward run eagerly needs them);
+    ``eager``: runs the user's backward where the caller touched ``y.grad_fn`` (``grad_fn``).
     """
-    layout = Layout.of(pair, keeps_args=keeps_arguments(pair, state))
+    layout = Layout.of(pair, keeps_args=keep_args or keeps_arguments(pair, state))
     # A bwd that read the grad mode is right in one mode only: create_graph takes another (Backwards.grad_on).
     bwd_plain = None if reads_grad_mode(pair.bwd_graph) and retrace is not None else without_body_toggles(pair.bwd_graph, "bwd_body")
     backwards = Backwards(pair, layout.top_idx, retrace, state, backward_values, bwd_reads)
@@ -79,7 +83,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     # not tensors fetched when it runs): while they are the captured ones, the traced bwd runs.
     state_only = None
     if bool(backwards.state_reads) and not backwards.checks and layout.materialize \
-            and not layout.keeps_args and not backwards.reads_values and not live_slots(pair):
+            and not keeps_arguments(pair, state) and not backwards.reads_values and not live_slots(pair):
         state_only = compile_live_check(backwards.state_reads, backwards.state_base)
     # Or its only reason is tensors it reads when it runs: fetched, and while each has the
     # traced properties, the traced bwd runs on them.
@@ -108,7 +112,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         "__module__": __name__,
     }
     function = type(f"Captured_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), namespace)
-    mirror_ctx(function, state, pair.function_name)  # y.grad_fn answers as the user's ctx does
+    mirror_ctx(function, state, pair.function_name, eager, layout)  # y.grad_fn answers as the user's ctx does
     return function
 
 

@@ -24,7 +24,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import BackwardOutputError, MinihopError
-from ..spec import PythonState, RawCapture
+from ..spec import READS_GRAD_MODE, PythonState, RawCapture
 from ..structure import describe_output, iter_leaves
 from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
@@ -38,7 +38,7 @@ from .session import TRACE_LOCK, Tracing
 from .symvalues import resolve_symbolic
 from .unbacked import Retrace
 
-__all__ = ["BackwardRun", "GradSpec", "reads_data_in_backward", "rerun_backward", "run_backward", "save_everything"]
+__all__ = ["BackwardRun", "GradSpec", "may_trace_backward_again", "reads_data_in_backward", "rerun_backward", "run_backward", "save_everything"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +126,15 @@ def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
             t.bwd.node_for(value)  # a bwd placeholder, paired with its fwd node (bwd_saved)
 
 
+def may_trace_backward_again(t: Tracing, record: Any, state: PythonState) -> bool:
+    """Whether backward may be traced again after forward ran, for reasons other than the
+    values it reads (those save everything anyway): it read its grads' layout, may be handed
+    None, reads Python state or tensors from their places when it runs, or the grad mode."""
+    return bool(t.assumptions) or not record.materialize_grads or bool(state.reads_in("backward")) \
+        or any(s.read_in_backward for s in t.placeholder_sources.values()) \
+        or any(n.meta.get(READS_GRAD_MODE) for n in t.bwd.graph.nodes)
+
+
 def reads_data_in_backward(state: PythonState, args: tuple[Any, ...]) -> bool:
     """Whether backward reads a Python value (not code: a function, class or module, which
     a program does not rebind between forward and ``.backward()``) checked again when it
@@ -178,6 +187,8 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         state.standing = not t.dynamic_fakes
         t.unrouted = state.opaque.reasons
         state.start()
+        if t.eager_fallback and state.messages is not None:
+            state.messages.passing = False  # a message refuses the trace: eager's backward sends it
         state.forward_done()  # what changes now, backward changes
         t.backward_grad_on = grad_mode
         seen = seen_by_backward(state.reads, call_args or fake_args, t.key_of)

@@ -83,6 +83,7 @@ class Tracing:
                  key_of: Callable[[Any], Any]) -> None:
         self.fn_cls = fn_cls
         self.key_of = key_of  # the runtime's key of a Python value (trace_function)
+        self.eager_fallback = False  # fallback="eager" (trace_function): backward can run eagerly
         self.parts = parts
         self.fake_mode = fake_mode
         self.assumptions: list[GradAssumption] = []

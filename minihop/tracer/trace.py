@@ -29,7 +29,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..spec import MISSING, RawCapture
 from ..arguments import bind_arguments
 from ..structure import describe_output, replace_tensors
-from .backward import GradSpec, reads_data_in_backward, rerun_backward, run_backward, save_everything
+from .backward import GradSpec, may_trace_backward_again, reads_data_in_backward, rerun_backward, run_backward, save_everything
+from .eager_backward import EagerBackward
 from .ctx import ProxyCtx, check_ctx_arguments
 from .ctx_held import refuse_unkeyed_ctx_holders
 from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
@@ -65,17 +66,21 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
                    grad_specs: tuple[GradSpec | None, ...] | None = None,
                    retrace: TraceInputs | None = None,
                    dynamic: dict[int, tuple[int, ...]] | None = None,
-                   key_of: Callable[[Any], Any]) -> RawCapture:
+                   key_of: Callable[[Any], Any], eager_fallback: bool = False) -> RawCapture:
     """Run ``fn_cls``'s forward and backward symbolically and return both raw graphs.
 
     ``grad_specs`` (one per fwd output; default: contiguous grads) sets the layout of the fake
     grads backward is traced with; ``retrace`` reuses the fake arguments of an earlier trace.
     ``key_of``: the runtime's key of a Python value (``runtime.guards.value_key``), for the
     values backward's reads found as it started (``memo_writes.seen_by_backward``).
+    ``eager_fallback`` (``fallback="eager"``): a backward refused when traced again after forward
+    ran is run eagerly (``eager_backward``). So, where backward may be traced again, forward
+    keeps every tensor on ctx, as eager's ctx does; and such a trace sends no message of the
+    user's code (it is refused, and eager's backward sends them, once).
     """
     with TRACE_LOCK, quiet_torch_logs():  # a log line of torch's is never the caller's
         try:
-            return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic, key_of)
+            return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic, key_of, eager_fallback)
         except Exception as e:
             # Anything torch-internal left (minihop's own checks on what tracing made, such as
             # a size comparison): still minihop's refusal, never torch's exception type.
@@ -88,14 +93,15 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 def _trace_planned(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                    grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
-                   dynamic: dict[int, tuple[int, ...]] | None, key_of: Callable[[Any], Any]) -> RawCapture:
+                   dynamic: dict[int, tuple[int, ...]] | None, key_of: Callable[[Any], Any],
+                   eager_fallback: bool = False) -> RawCapture:
     """Trace, and trace again as the trace asks (``unbacked.Retrace``): with a ShapeEnv once a
     data-dependent op is met, with a scalar read as a value read once Python branches on it.
     Each retrace asks for more than the last, so this ends."""
     plan = Plan(unbacked=bool(dynamic))
     while True:
         try:
-            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic, plan, key_of)
+            return _trace_function(fn_cls, args, kwargs, grad_specs, retrace, dynamic, plan, key_of, eager_fallback)
         except Retrace as again:
             if retrace is not None or again.plan == plan:
                 raise again.refusal from None  # fake arguments of another trace: its mode stays
@@ -105,7 +111,7 @@ def _trace_planned(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
 def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                     grad_specs: tuple[GradSpec | None, ...] | None, retrace: TraceInputs | None,
                     dynamic: dict[int, tuple[int, ...]] | None, plan: Plan,
-                    key_of: Callable[[Any], Any]) -> RawCapture:
+                    key_of: Callable[[Any], Any], eager_fallback: bool = False) -> RawCapture:
     parts = function_parts(fn_cls)
     if retrace is not None:
         args = retrace.fake_args
@@ -124,6 +130,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
             mode.cache_enabled = False
         t = Tracing(fn_cls, parts, mode, dynamic, plan, key_of=key_of)
         t.values.real_args = args  # values read from the inputs' data are computed from these
+    t.eager_fallback = eager_fallback
     refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
         if isinstance(a, torch.nn.Module):
@@ -248,7 +255,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))
     other_path = any(r.guards_backward for r in t.values.reads) or reads_data_in_backward(python_state, state.args) \
         or python_state.ctx_state is not None
-    if other_path:
+    if other_path or (t.eager_fallback and may_trace_backward_again(t, record, python_state)):
         # Another grad's values, or another Python value backward reads (a flag changed
         # between forward and ``.backward()``), may take backward down another path, traced
         # then: forward keeps what it could read, as eager's ctx does.
@@ -285,6 +292,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         data_reads=tuple(t.values.reads), saved_reads=record.saved_reads - reads_before,
         rerun_backward=functools.partial(rerun_backward, t, parts, fn_cls, ctx, out, len(flat), fake_args,
                                          grad_on, fwd_names, made),
+        eager_backward=EagerBackward(t, parts, ctx, out, fake_args),
     )
     made.append(raw)
     return raw
