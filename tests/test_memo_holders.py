@@ -46,6 +46,18 @@ HOLDERS: dict[str, tuple[str, str, dict[str, str], str, str, str]] = {
     "list": ("L = []", "L.append(v)",
              {"item": "t = L[-1]", "pop": "t = L.pop()", "item_clear": "t = L[-1]; L.clear()"},
              "[x.tolist() for x in L]", "L.clear()", "L.append(w)"),
+    # Library holders (found from outside: a registered buffer rebound by forward left a fake
+    # tensor in ``_buffers``; a ModuleType namespace's memo, a fake tensor in the module).
+    "module_buffer": ("S = torch.nn.Module()\nS.register_buffer('k', None)", "S.k = v", {"attr": "t = S.k"},
+                      "[S.k.tolist()] if S.k is not None else []", "S.k = None", "S.k = w"),
+    "module_namespace": ("S = types.ModuleType('memo')", "S.k = v",
+                         {"attr": "t = S.k", "getattr": "t = getattr(S, 'k', None)"},
+                         "[x.tolist() for n, x in vars(S).items() if n == 'k']", "vars(S).pop('k', None)", "S.k = w"),
+    "deque": ("import collections\nM = collections.deque(maxlen=4)", "M.append(v)",
+              {"item": "t = M[-1]", "pop": "t = M.pop()"}, "[x.tolist() for x in M]", "M.clear()", "M.append(w)"),
+    "chainmap": ("import collections\nM = collections.ChainMap({})", "M['k'] = v",
+                 {"item": "t = M['k']", "get": "t = M.get('k', None)"},
+                 "sorted((k, x.tolist()) for k, x in M.items())", "M.clear()", "M['k'] = w"),
     "class": ("", "F.k = v",
               {"attr": "t = F.k", "attr_del": "t = F.k; del F.k", "getattr": "t = getattr(F, 'k', None)"},
               "[F.__dict__['k'].tolist()] if 'k' in F.__dict__ else []",

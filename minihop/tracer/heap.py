@@ -34,7 +34,7 @@ from ..spec import MISSING, Root
 from ..structure import argname, attributes
 from . import effects, hidden
 from .atoms import ATOMS, CONSTANTS
-from .library import is_library
+from .library import is_library, is_user_module
 from .roots import cell_value
 
 __all__ = ["RULES", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
@@ -51,7 +51,7 @@ class Seen:
     obj: Any
     root: Root
     steps: tuple[tuple[str, Any], ...]
-    kind: str  # "attrs", "list", "dict", "set", "globals", "cell"
+    kind: str  # "attrs", "list", "dict", "set", "globals", "cell"; "module": walked as its dict
     contents: Any
 
 
@@ -83,6 +83,20 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         value, root, steps, depth = queue.popleft()
         if id(value) in found or depth > MAX_DEPTH:
             continue
+        if is_user_module(value):
+            # The user's module (``import cfg; cfg.step += 1``) or a ModuleType namespace: its
+            # names are globals of its own functions, so it is watched as their globals dict
+            # (one place per name, whether written as ``cfg.step`` or ``global step``).
+            # All its names are watched (``restore`` removes one the trace added: root "module").
+            g = vars(value)
+            data = {k: v for k, v in g.items() if not _dunder(k)}
+            seen = found.get(id(g))
+            found[id(g)] = Seen(g, Root("value", "module", value.__name__, lambda args, g=g: g), (), "globals",
+                                data if seen is None else {**data, **seen.contents})
+            found[id(value)] = Seen(value, root, steps, "module", None)  # (visited; compared as its dict)
+            for key, child in data.items():
+                queue.append((child, root, (*steps, ("attr", key)), depth + 1))
+            continue
         kind, contents = contents_of(value)
         if kind is None:
             continue
@@ -102,7 +116,7 @@ def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[tuple[Seen, 
     An object no longer reachable is left out: nothing of it is state the next call sees."""
     for key, was in old.items():
         later = new.get(key)
-        if later is None or later.obj is not was.obj:
+        if later is None or later.obj is not was.obj or was.kind == "module":
             continue
         if same(was.kind, was.contents, later.contents):
             continue
@@ -195,9 +209,11 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     if type(value) in UNWATCHED:
         return None, None
     if isinstance(value, torch.nn.Module):
-        # Its plain attributes (``training``, ``self.steps``); parameters, buffers and
-        # submodules live in its underscore dicts (submodules are walked as children).
-        return "attrs", {k: v for k, v in vars(value).items() if not k.startswith("_")}
+        # Its plain attributes (``training``, ``self.steps``), and its parameters and buffers
+        # by name (``mod.k = t`` rebinds a registered buffer in ``_buffers``); submodules are
+        # walked as children.
+        return "attrs", {**{k: v for k, v in vars(value).items() if not k.startswith("_")},
+                         **value._parameters, **value._buffers}
     if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
                                                       types.BuiltinFunctionType, types.MethodType,
                                                       staticmethod, classmethod, property, tuple,
@@ -272,6 +288,9 @@ def restore(snapshot: dict[int, Seen]) -> None:
         obj, old = seen.obj, seen.contents
         try:
             if seen.kind == "globals":
+                if seen.root.key == "module":  # a user module's: names the trace added go
+                    for k in [k for k in obj if k not in old and not _dunder(k)]:
+                        del obj[k]
                 for k, v in old.items():
                     if v is MISSING:
                         obj.pop(k, None)
@@ -299,12 +318,34 @@ def restore(snapshot: dict[int, Seen]) -> None:
             continue
 
 
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
 def set_attr(obj: Any, name: str, value: Any) -> None:
-    # object.__setattr__ past a user's own __setattr__; a thread-local's needs its own.
+    # object.__setattr__ past a user's own __setattr__; a thread-local's needs its own; a
+    # module's parameter or buffer lives in its own dict (``contents_of``).
+    held = _module_slot(obj, name)
+    if held is not None:
+        held[name] = value
+        return
     setter = type.__setattr__ if isinstance(obj, type) else setattr if plain_holder(obj) else object.__setattr__
     setter(obj, name, value)
 
 
 def del_attr(obj: Any, name: str) -> None:
+    held = _module_slot(obj, name)
+    if held is not None:
+        del held[name]
+        return
     deleter = type.__delattr__ if isinstance(obj, type) else delattr if plain_holder(obj) else object.__delattr__
     deleter(obj, name)
+
+
+def _module_slot(obj: Any, name: str) -> dict[str, Any] | None:
+    """The ``_parameters`` or ``_buffers`` dict of module ``obj`` that holds ``name``, if any."""
+    if isinstance(obj, torch.nn.Module):
+        for held in (obj._parameters, obj._buffers):
+            if name in held:
+                return held
+    return None

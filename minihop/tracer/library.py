@@ -63,3 +63,16 @@ def is_user_function(value: Any) -> bool:
 # Library packages whose functions never draw from Python's random generator.
 NEVER_DRAW = frozenset({"torch", "math", "operator", "builtins", "functools", "itertools", "typing",
                         "minihop", "numbers", "cmath", "_operator"})
+
+
+def is_user_module(value: Any) -> bool:
+    """The user's module (``import cfg``) or a ModuleType made as a namespace: its attributes
+    are state like an object's (a library module's are not the user's to change)."""
+    return type(value) is types.ModuleType and not is_library(value)
+
+
+def module_data(module: types.ModuleType) -> dict[str, Any]:
+    """A user module's data attributes: not its dunders, functions, classes or modules."""
+    return {k: v for k, v in vars(module).items()
+            if not (k.startswith("__") and k.endswith("__"))
+            and not isinstance(v, (types.ModuleType, types.FunctionType, type, types.BuiltinFunctionType))}

@@ -25,7 +25,7 @@ import types
 from typing import Any
 
 from ..spec import MISSING, Place, Root
-from .library import is_library
+from .library import is_library, is_user_module, module_data
 from .roots import place_at, walk
 from .userattr import UserAttribute
 
@@ -39,6 +39,11 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
     found: list[Place] = []
     if isinstance(value, types.ModuleType) and not root.uses_args:
         found.append(place_at(root, ()))  # MATHLIB, F, m: which module the name holds
+    if not steps and is_user_module(value):
+        # The user's module read whole (``getattr(cfg, "debug", False)``, passed to a helper):
+        # its data attributes, keyed together (a name added or rebound is another value).
+        found.append(Place(Root("value", f"module {value.__name__}", f"the attributes of module {value.__name__}",
+                                lambda args, m=value: module_data(m)), ()))
     current = value
     for k, step in enumerate(steps):
         if current is MISSING or isinstance(current, UserAttribute) or (

@@ -41,7 +41,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root
 from ..structure import Path, _is_object_container, attributes, iter_leaves
 from .heap import class_state, del_attr, same, set_attr
-from .library import is_exec_class
+from .library import is_exec_class, is_user_module, module_data
 from .memo_writes import changes_since
 from .names import free_values
 
@@ -178,7 +178,7 @@ _LIBRARY_ROOTS = frozenset({"builtins", "torch", "numpy", "typing", "collections
 
 
 def _is_state(value: Any) -> bool:
-    if _is_user_class(value):
+    if _is_user_class(value) or is_user_module(value):
         return True
     if isinstance(value, (types.ModuleType, type, torch.Tensor, torch.nn.Module)):
         return False
@@ -214,6 +214,8 @@ def _walk(value: Any, root: RootKey, path: Path, fetch: Callable[[], Any] | None
         kind, step, items = "globals", "key", []  # their values are roots of their own
     elif _is_user_class(value):
         kind, step, items = "class", "attr", list(class_state(value).items())
+    elif is_user_module(value):  # its data (``usermod.last = y``), not its code
+        kind, step, items = "object", "attr", list(module_data(value).items())
     elif _is_object_container(value) or isinstance(value, torch.nn.Module):
         # A module argument too: ``mod.last = y`` is a plain attribute, as on any object.
         kind, step, items = "object", "attr", list(attributes(value).items())
@@ -240,7 +242,7 @@ def _contents(c: _Container) -> Any:
         return dict(c.value)
     if c.kind == "tensor":
         return tensor_attributes(c.value)
-    return attributes(c.value)
+    return module_data(c.value) if is_user_module(c.value) else attributes(c.value)
 
 
 def _changed(c: _Container) -> bool:

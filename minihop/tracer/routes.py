@@ -28,7 +28,7 @@ from ..graph_names import free_value_root, held_name, parameter_name, tensor_nam
 from ..structure import attributes
 from .chains import code_facts
 from .names import free_values
-from .library import is_library
+from .library import is_library, is_user_module, module_data
 
 __all__ = ["closure_routes", "state_named"]
 
@@ -198,6 +198,8 @@ def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
         return [(("attr", k), v) for k, v in attributes(value).items()]
     if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
         return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
+    if is_user_module(value):  # ``usermod.last``: a user module's data
+        return [(("attr", k), v) for k, v in module_data(value).items()]
     return []
 
 
