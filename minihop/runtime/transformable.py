@@ -91,7 +91,10 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
         saved = list(ctx.saved_tensors)
         for i, v in ctx.minihop_numbers:
             saved.insert(i, v)
-        return call_bwd(grads[:n_top], saved)[0]
+        found, writes = call_bwd(grads[:n_top], saved)
+        for write in writes:  # backward's Python writes, as eager's backward makes them
+            write.replay((), ctx)
+        return found
 
     return type(f"Transformable_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), {
         "forward": staticmethod(forward),
