@@ -11,17 +11,21 @@ backward recorded:
   by backward flipped before ``.backward()`` with a Python int from a dynamic size, an expanded
   grad, the caller setting ``y.grad_fn.scale``), with and without ``create_graph=True``.
 
-Strict mode is run too: it must equal eager or raise a ``MinihopError``.
+Strict mode is run too: it must equal eager or raise a ``MinihopError``. Then each of
+autograd's ctx features (``mark_dirty``, ``mark_non_differentiable``, a nested output, a
+``once_differentiable`` backward, an inner Function, a saved output) on the eager path.
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from torch.autograd.function import once_differentiable
 
 import minihop
 from minihop.errors import MinihopError
@@ -139,3 +143,137 @@ def test_fallback_equals_eager(keep: str, returns: str, trigger: str, create_gra
     except MinihopError:
         return
     assert same_normalized(strict, eager), f"strict differs from eager:\n{strict}\n{eager}"
+
+
+# --- ctx features on the eager path ------------------------------------------------------------
+# Each backward, when the caller turns auditing on before the last call's ``.backward()``,
+# records a Python int from its grad's (dynamic) size: strict refuses that call (MH104), and
+# fallback runs the user's backward eagerly for it, with the ctx feature as eager has it.
+
+def _audit(g: torch.Tensor) -> None:
+    if FLAGS["audit"]:
+        SEEN.append(int(g.shape[0]))
+
+
+class Inner(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.exp()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * x.exp()
+
+
+class MarksDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        _audit(g)
+        (x,) = ctx.saved_tensors
+        return g * 2 + x * 0
+
+
+class MarksNonDifferentiable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = x.argmax().reshape(1)
+        ctx.mark_non_differentiable(idx)
+        return x * 3, idx
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, gi: Any) -> torch.Tensor:
+        _audit(g)
+        return g * 3
+
+
+class ReturnsNested(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ctx.k = x.cos()
+        return x * 2, {"aux": x.sin()}
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, gd: Any) -> torch.Tensor:
+        _audit(g)
+        return g * 2 + ctx.k
+
+
+class OnceDifferentiable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x ** 2
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        _audit(g)
+        (x,) = ctx.saved_tensors
+        return g * 2 * x
+
+
+class CallsInner(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = Inner.apply(x)
+        ctx.save_for_backward(y)
+        return y * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        _audit(g)
+        (y,) = ctx.saved_tensors
+        return g * 2 * y
+
+
+class SavesOutput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x.tanh()
+        ctx.save_for_backward(y)
+        ctx.out = y
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        _audit(g)
+        (y,) = ctx.saved_tensors
+        return g * (1 - ctx.out ** 2) + y * 0
+
+
+def _feature_script(dirty: bool) -> Callable[[Callable[..., Any]], list[Any]]:
+    def script(call: Callable[..., Any]) -> list[Any]:
+        out: list[Any] = []
+        for i in range(4):
+            x0 = torch.randn(3 + i % 2, requires_grad=True)
+            y = call(x0.clone() if dirty else x0)
+            first = y[0] if isinstance(y, tuple) else y
+            FLAGS["audit"] = i == 3
+            (first * 1.5).sum().backward()
+            FLAGS["audit"] = False
+            out += [[v for v in (y if isinstance(y, tuple) else (y,)) if isinstance(v, torch.Tensor)], x0.grad]
+        return out + [list(SEEN)]
+    return script
+
+
+@pytest.mark.parametrize("fn_cls", [MarksDirty, MarksNonDifferentiable, ReturnsNested, OnceDifferentiable,
+                                    CallsInner, SavesOutput], ids=lambda f: f.__name__)
+def test_ctx_features_on_the_eager_path(fn_cls: type) -> None:
+    script = _feature_script(fn_cls is MarksDirty)
+    eager = _records(fn_cls.apply, script)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback = _records(minihop.function(fn_cls, fallback="eager"), script)
+    assert same_normalized(fallback, eager), f"fallback differs from eager:\n{fallback}\n{eager}"
+    assert any(".backward eagerly" in str(w.message) for w in caught)
+    with pytest.raises(MinihopError):
+        _records(minihop.function(fn_cls), script)
