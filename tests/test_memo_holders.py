@@ -58,6 +58,12 @@ HOLDERS: dict[str, tuple[str, str, dict[str, str], str, str, str]] = {
     "chainmap": ("import collections\nM = collections.ChainMap({})", "M['k'] = v",
                  {"item": "t = M['k']", "get": "t = M.get('k', None)"},
                  "sorted((k, x.tolist()) for k, x in M.items())", "M.clear()", "M['k'] = w"),
+    # An attribute of the user's function (Python's static-variable idiom): the heap watch
+    # left functions out; the trace's write (a fake tensor) stayed, never replayed.
+    "function_attr": ("def memo(): pass", "memo.k = v",
+                      {"attr": "t = memo.k", "getattr": "t = getattr(memo, 'k', None)"},
+                      "[memo.__dict__['k'].tolist()] if 'k' in memo.__dict__ else []",
+                      "memo.__dict__.pop('k', None)", "memo.k = w"),
     "class": ("", "F.k = v",
               {"attr": "t = F.k", "attr_del": "t = F.k; del F.k", "getattr": "t = getattr(F, 'k', None)"},
               "[F.__dict__['k'].tolist()] if 'k' in F.__dict__ else []",

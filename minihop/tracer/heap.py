@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -206,6 +207,11 @@ UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.Modul
 
 def contents_of(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
+    if isinstance(value, (functools.partial, functools._lru_cache_wrapper)) or (
+            type(value) is types.FunctionType and not is_library(value)):
+        # Attributes set on the user's function or a wrapper of it (``helper.calls += 1``,
+        # ``memo.last = t``): Python's static-variable idiom, state like an object's.
+        return "attrs", {k: v for k, v in vars(value).items() if not _dunder(k) and not k.startswith("_minihop")}
     if type(value) in UNWATCHED:
         return None, None
     if isinstance(value, torch.nn.Module):
