@@ -92,7 +92,8 @@ def mirror_ctx(function: type[torch.autograd.Function], state: PythonState, name
                 del held[attr]
             return backward(ctx, *grads)
         if eager is None:
-            _refuse_caller_writes(ctx, left, name)
+            _refuse_caller_writes(ctx, left, name)  # (raises: a value differs)
+            return backward(ctx, *grads)
         real_ctx = rebuilt(ctx, f"the caller set y.grad_fn.{changed[0]}" if changed else "")
         for attr in names.intersection(held):
             setattr(real_ctx, attr, held[attr])
