@@ -19,6 +19,7 @@ class _Thing:
 # is shadowed by one above it.
 SAMPLES = {
     "a random generator or iterator moved": Change("hidden", ("whole", None), 1, 2),
+    "a library object's own state changed": Change("list", ("extend", None), None, [1], library=True),
     "Python values appended": Change("list", ("extend", None), None, [1, "a", (2, 3.0)]),
     "objects appended": Change("list", ("extend", None), None, [_Thing()]),
     "a counter incremented by a whole number": Change("attrs", ("attr", "calls"), 1, 2, increment=True),
@@ -49,3 +50,21 @@ def test_an_unforeseen_change_is_refused() -> None:
     assert last.outcome == "refuse" and last.when(Change("weird", ("whole", None), object(), object()))
     for after in (_Thing(), object(), torch.nn.Linear(1, 1), [_Thing()]):
         assert heap.classify(Change("attrs", ("attr", "x"), None, after)).outcome == "refuse"
+
+
+def test_a_library_object_is_watched_whole() -> None:
+    """What a queue, a buffer or a ``bytearray`` holds is seen (``library_state``): a change
+    made by its own methods is a change of the snapshot, and ``restore`` takes it back."""
+    import io
+    import queue
+    q, buf, raw = queue.Queue(), io.StringIO(), bytearray(b"a")
+    roots = ()
+    before = heap.snapshot(roots, (q, buf, raw), ("q", "buf", "raw"))
+    q.put(1)
+    buf.write("x")
+    raw.extend(b"b")
+    after = heap.snapshot(roots, (q, buf, raw), ("q", "buf", "raw"))
+    changed = {(was.root.description, was.library) for was, *_ in heap.changes(before, after)}
+    assert changed == {("q", True), ("buf", True), ("raw", False)}  # (q: its deque and counter)
+    heap.restore(before)
+    assert not q.queue and q.unfinished_tasks == 0 and buf.getvalue() == "" and raw == b"a"

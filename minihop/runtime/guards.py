@@ -19,12 +19,13 @@ import logging
 import sys
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping, MutableSequence
 from typing import Any
 
 import torch
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
+from ..library_state import STATE, library_object, state_of
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
@@ -103,6 +104,18 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, weakref.ref):
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))
+    if isinstance(value, MutableSequence) or isinstance(value, MutableMapping):
+        # Whatever class holds them (``array``, ``bytearray``, ``UserDict``, ``deque``): its items.
+        inner = _open | {id(value)}
+        items = value.items() if isinstance(value, MutableMapping) else enumerate(value)
+        return ("items", type(value), id(value), _Held(value),
+                tuple((value_key(k, inner), value_key(v, inner)) for k, v in items))
+    if library_object(value):
+        # A library object (a queue, a buffer): what the heap watch sees of it, keyed.
+        inner = _open | {id(value)}
+        state = state_of(value)
+        return ("L", type(value), id(value), _Held(value), tuple(
+            (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()))
     attrs = attributes(value)
     # A user's object's methods read its class's attributes too (``type(self).factor``,
     # ``self.factor`` not set on the object): its class is keyed with its state.

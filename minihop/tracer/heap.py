@@ -24,9 +24,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import threading
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, MutableSequence, MutableSet
 from typing import Any
 
 import torch
@@ -36,9 +35,10 @@ from ..structure import argname, attributes
 from . import effects, hidden
 from .atoms import ATOMS, CONSTANTS
 from .library import is_library, is_user_module
+from ..library_state import STATE, kept_by_library, plain_holder, put_back, state_of
 from .roots import cell_value
 
-__all__ = ["RULES", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
+__all__ = ["RULES", "STATE", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
            "del_attr", "restore", "same", "set_attr", "snapshot"]
 
 MAX_OBJECTS = 2000  # a snapshot walks at most this many objects ...
@@ -52,8 +52,9 @@ class Seen:
     obj: Any
     root: Root
     steps: tuple[tuple[str, Any], ...]
-    kind: str  # "attrs", "list", "dict", "set", "globals", "cell"; "module": walked as its dict
+    kind: str  # "attrs", "list", "dict", "set", "globals", "cell", "library"; "module": walked as its dict
     contents: Any
+    library: bool = False  # a library object's own state, or a container of it: any change refused
 
 
 def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, ...],
@@ -61,7 +62,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     """Every object reachable from ``roots`` and the arguments, with a shallow copy of what it
     holds (``real_of``: the user's own binding of a global or cell minihop stood in for)."""
     found: dict[int, Seen] = {}
-    queue: collections.deque[tuple[Any, Root, tuple[tuple[str, Any], ...], int]] = collections.deque()
+    queue: collections.deque[tuple[Any, Root, tuple[tuple[str, Any], ...], int, bool]] = collections.deque()
     globals_seen: dict[int, tuple[Any, dict[str, Any]]] = {}
     for root in roots:
         value = root.fetch(args)
@@ -74,14 +75,15 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             cell = root.home
             bound = cell_value(cell)  # the user's own binding, not minihop's stand-in
             found.setdefault(id(cell), Seen(cell, root, (), "cell", bound if real_of is None else real_of(bound)))
-        queue.append((value, root, (), 0))
+        # (the user's own object below a stand-in: ``memo.k = t`` on an ``lru_cache`` helper)
+        queue.append((value if real_of is None else real_of(value), root, (), 0, False))
     for i, a in enumerate(args):
         queue.append((a, Root("arg", i, argname(i, argnames), lambda args, i=i: args[i] if i < len(args) else MISSING),
-                      (), 0))
+                      (), 0, False))
     for gid, (g, names) in globals_seen.items():
         found[gid] = Seen(g, Root("value", "globals", "globals", lambda args, g=g: g), (), "globals", dict(names))
     while queue and len(found) < MAX_OBJECTS:
-        value, root, steps, depth = queue.popleft()
+        value, root, steps, depth, below_library = queue.popleft()
         if id(value) in found or depth > MAX_DEPTH:
             continue
         if is_user_module(value):
@@ -96,19 +98,21 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
                                 data if seen is None else {**data, **seen.contents})
             found[id(value)] = Seen(value, root, steps, "module", None)  # (visited; compared as its dict)
             for key, child in data.items():
-                queue.append((child, root, (*steps, ("attr", key)), depth + 1))
+                queue.append((child, root, (*steps, ("attr", key)), depth + 1, False))
             continue
         kind, contents = contents_of(value)
         if kind is None:
             continue
-        found[id(value)] = Seen(value, root, steps, kind, contents)
-        children = (contents.items() if kind in ("attrs", "dict") else
+        # A container a library object holds (a queue's deque) is its state too.
+        library = kind == "library" or below_library and kind in ("list", "dict", "set")
+        found[id(value)] = Seen(value, root, steps, kind, contents, library)
+        children = (contents.items() if kind in ("attrs", "dict", "library") else
                     enumerate(contents) if kind == "list" else ())
         if isinstance(value, torch.nn.Module):
             children = [*children, *value._modules.items()]
         for key, child in children:
-            step = ("attr", key) if kind == "attrs" else ("item", key)
-            queue.append((child, root, (*steps, step), depth + 1))
+            step = ("attr", key) if kind in ("attrs", "library") else ("item", key)
+            queue.append((child, root, (*steps, step), depth + 1, library))
     return found
 
 
@@ -135,6 +139,7 @@ class Change:
     after: Any
     guarded: bool = False      # the place is a guarded read: the same before every call
     increment: bool = False    # the code writes it with ``+=``/``-=``
+    library: bool = False      # the place is a library object's own state (``Seen.library``)
 
 
 def _atomic(value: Any) -> bool:
@@ -156,6 +161,10 @@ class Rule:
 # First match wins; the last row matches everything, so nothing unforeseen is replayed.
 RULES: tuple[Rule, ...] = (
     Rule("a random generator or iterator moved", lambda c: c.kind == "hidden", "refuse-hidden"),
+    # What a library object keeps (a queue's items, a buffer's text) changes by its own code,
+    # which the capture does not run again: refused, whatever the value.
+    Rule("a library object's own state changed", lambda c: c.library, "refuse",
+         "changes, through library code minihop does not run again on later calls,"),
     Rule("Python values appended", lambda c: c.step == ("extend", None)
          and all(isinstance(v, ATOMS) or atom_tuple(v) for v in c.after), "extend"),
     Rule("objects appended", lambda c: c.step == ("extend", None), "refuse",
@@ -220,7 +229,8 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
         # walked as children.
         return "attrs", {**{k: v for k, v in vars(value).items() if not k.startswith("_")},
                          **value._parameters, **value._buffers}
-    if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, types.ModuleType, types.FunctionType,
+    if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+                                                      types.ModuleType, types.FunctionType,
                                                       types.BuiltinFunctionType, types.MethodType,
                                                       staticmethod, classmethod, property, tuple,
                                                       frozenset, torch.nn.Module)) or value is MISSING:
@@ -228,18 +238,21 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     state = hidden.fingerprint(value)
     if state is not None:
         return "hidden", state  # a random generator or an iterator: refused if it moves
-    if isinstance(value, (list, collections.deque)):
+    # Containers whose whole state is their items, whoever defined them (``bytearray``,
+    # ``array``, ``UserDict``, a ``WeakValueDictionary``): watched, and replayed, as items.
+    if isinstance(value, (list, collections.deque)) or \
+            isinstance(value, MutableSequence) and not isinstance(value, (str, bytes)):
         return "list", list(value)
-    if isinstance(value, dict):
+    if isinstance(value, (dict, MutableMapping)):
         return "dict", dict(value)
-    if isinstance(value, set):
+    if isinstance(value, (set, MutableSet)):
         return "set", set(value)
     if isinstance(value, type):
         if is_library(value):  # (a class exec made is the user's: library.is_exec_class)
             return None, None
         return "attrs", class_state(value)
     if is_library(type(value)) and not plain_holder(value):
-        return None, None
+        return (None, None) if kept_by_library(value) else ("library", state_of(value))
     try:
         return "attrs", attributes(value)
     except Exception:
@@ -252,37 +265,45 @@ def class_state(cls: type) -> dict[str, Any]:
             and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
 
 
-def plain_holder(value: Any) -> bool:
-    """A library object that only holds the user's values as attributes (``SimpleNamespace``,
-    ``argparse.Namespace``, ``threading.local``): watched like the user's own objects. Other
-    library objects keep their own bookkeeping (a logger's cache), which is not the user's."""
-    cls = type(value)
-    return isinstance(value, (types.SimpleNamespace, threading.local)) or \
-        (cls.__module__ == "argparse" and cls.__name__ == "Namespace")
-
-
 def same(kind: str, old: Any, new: Any) -> bool:
     if kind == "cell":
         return old is new or (isinstance(old, ATOMS) and type(old) is type(new) and old == new)
+    if kind == "library":
+        return old.keys() == new.keys() and all(old[k] is new[k] or k == STATE and old[k] == new[k] for k in old)
     if kind in ("attrs", "dict", "globals"):
-        return old.keys() == new.keys() and all(old[k] is new[k] for k in old)
+        # In order: a dict's order is what later ``popitem``/iteration sees.
+        return list(old) == list(new) and all(old[k] is new[k] for k in old)
     if kind == "list":
-        return len(old) == len(new) and all(a is b for a, b in zip(old, new))
+        return len(old) == len(new) and all(map(_identical, old, new))
     return old == new
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """The same item: the same object, or the same number made again (an ``array``'s or a
+    ``bytearray``'s items are new objects each time they are read)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or type(a) not in (int, float, bool):
+        return False
+    return a.hex() == b.hex() if type(a) is float else a == b
 
 
 def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any], Any, Any]]:
     if kind == "cell":
         yield ("cell", None), old, new
         return
-    if kind in ("attrs", "dict", "globals"):
-        step_kind = "attr" if kind == "attrs" else "item"
+    if kind in ("attrs", "dict", "globals", "library"):
+        step_kind = "item" if kind in ("dict", "globals") else "attr"
+        found = False
         for k in (*old.keys(), *(k for k in new if k not in old)):
             a, b = old.get(k, MISSING), new.get(k, MISSING)
-            if a is not b:
+            if a is not b and not (k == STATE and a == b):
+                found = True
                 yield (step_kind, k), a, b
+        if not found:  # the same entries, in another order
+            yield ("whole", None), old, new
         return
-    if kind == "list" and len(new) >= len(old) and all(a is b for a, b in zip(old, new)):
+    if kind == "list" and len(new) >= len(old) and all(map(_identical, old, new)):
         yield ("extend", None), None, new[len(old):]
         return
     yield ("whole", None), old, new
@@ -309,11 +330,18 @@ def restore(snapshot: dict[int, Seen]) -> None:
                 if hidden.fingerprint(obj) != old:
                     hidden.restore(obj, old)
             elif seen.kind in ("list", "dict", "set"):
-                if not same(seen.kind, old, obj):
-                    obj.clear()
+                if not same(seen.kind, old, contents_of(obj)[1]):
+                    if hasattr(obj, "clear"):
+                        obj.clear()
+                    else:  # an ``array``
+                        del obj[:]
                     (obj.extend if seen.kind == "list" else obj.update)(old)
-            elif seen.kind == "attrs":
+            elif seen.kind in ("attrs", "library"):
                 now = contents_of(obj)[1] or {}
+                if STATE in old and now.get(STATE) != old[STATE]:
+                    put_back(obj, old[STATE])
+                old = {k: v for k, v in old.items() if k != STATE}
+                now = {k: v for k, v in now.items() if k != STATE}
                 for k in now:
                     if k not in old:
                         del_attr(obj, k)

@@ -219,6 +219,11 @@ class ReadWatch:
 
     def _install(self, home: Any, name: str, fn: Any, stand_in: Any) -> None:
         self.real[id(stand_in)] = fn
+        own = getattr(fn, "__dict__", None)
+        if type(own) is dict:
+            # The stand-in shares the function's attributes: ``memo.k = t`` on an lru_cache
+            # helper while it is swapped is the user's write to the helper, seen by the heap watch.
+            stand_in.__dict__ = own
         if isinstance(home, dict):
             self.swapped.append((home, name, fn))
             home[name] = stand_in

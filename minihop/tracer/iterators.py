@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
+from ..library_state import unseen
 from ..structure import attributes
 from .atoms import LEAVES
 from .hidden import fingerprint
@@ -36,11 +37,13 @@ _DEPTH = 6
 
 
 def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tuple[str, ...] = ()) -> None:
-    """Raise MH106 naming the first iterator found in ``args``."""
+    """Raise MH106 naming the first iterator (or object of unseen state) found in ``args``."""
     seen: set[int] = set()
     for i, a in enumerate(args):
         name = argnames[i] if i < len(argnames) else f"args[{i}]"
         found = _find(a, name, seen, 0)
+        if found is not None and not _iterator(found[1]):  # (else: unseen)
+            raise _unseen_error(fn_name, f"is called with {found[0]}", found[1])
         if found is not None:
             raise SideEffectError(
                 f"{fn_name} is called with an iterator or generator ({found[0]}, a "
@@ -53,7 +56,8 @@ def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tup
 
 def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> None:
     """Raise MH106 if ``value``, which the code names at ``place`` (a global, a closure
-    cell, ``COUNTER[0]``), is an iterator: the same, before the trace takes from it."""
+    cell, ``COUNTER[0]``), is an iterator: the same, before the trace takes from it. The same
+    for an object whose state minihop cannot see (``library_state.unseen``: a file)."""
     if not isinstance(value, LEAVES) and _iterator(value):
         raise SideEffectError(
             f"{fn_name}.{phase} takes the next value of {place} (a {type(value).__name__}, an "
@@ -62,6 +66,19 @@ def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> No
             "the trace would spend what eager's call takes.",
             "Pass the values in as an argument, or use fallback='eager' (it runs eager on "
             "the untouched iterator).")
+    if unseen(value):
+        raise _unseen_error(f"{fn_name}.{phase}", f"reaches {place}", value)
+
+
+def _unseen_error(fn_name: str, what: str, value: Any) -> SideEffectError:
+    return SideEffectError(
+        f"{fn_name} {what}, a {type(value).__module__}.{type(value).__qualname__}: a library object "
+        "whose state minihop can neither see nor put back.",
+        "Tracing runs the code on it, once: what that does to it (a write, a read that moves "
+        "it on) would stay done, where eager does it on every call, and no check could tell "
+        "when it changed.",
+        "Keep it out of the Function (pass in what it gives, do the writing outside), or use "
+        "fallback='eager' (it runs eagerly, untouched by a trace).")
 
 
 def _iterator(value: Any) -> bool:
@@ -75,7 +92,7 @@ def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] 
     if isinstance(value, LEAVES) or id(value) in seen or depth > _DEPTH:
         return None
     seen.add(id(value))
-    if _iterator(value):
+    if _iterator(value) or unseen(value):  # (an iterator is named as one)
         return name, value
     if isinstance(value, (list, tuple)):
         items = ((f"{name}[{k}]", v) for k, v in enumerate(value))

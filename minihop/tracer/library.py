@@ -10,28 +10,13 @@ Invariant: the answer depends only on a module's name and where its file is inst
 
 from __future__ import annotations
 
-import functools
-import sys
-import sysconfig
 import types
 from typing import Any
 
+from ..library_state import LIBRARY_PACKAGES, library_module
+
 __all__ = ["LIBRARY_PACKAGES", "NEVER_DRAW", "is_exec_class", "is_library", "is_user_function", "library_module"]
 
-LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_extensions",
-                              "functorch", "builtins", "_pytest", "pytest", "pluggy",
-                              *sys.stdlib_module_names})
-_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
-
-
-@functools.lru_cache(maxsize=4096)
-def library_module(name: str) -> bool:
-    top = name.split(".")[0]
-    if top in LIBRARY_PACKAGES:
-        return True
-    module = sys.modules.get(top)
-    file = getattr(module, "__file__", None) or ""
-    return bool(file) and file.startswith(_INSTALLED)
 
 
 def is_library(value: Any) -> bool:

@@ -146,13 +146,16 @@ class StateTracker:
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = walk(value, named) if named else value  # what the code calls or reads
+                setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
                 if not root.uses_args:  # (arguments: pipeline asked before the trace)
                     refuse_iterator_read(self.name, phase, chain.root, named_end)
+                    if chain.method is not None and setting is None:
+                        # ``LOG.write(s)``: the object it is called on (``CV.get()`` is a setting's read)
+                        refuse_iterator_read(self.name, phase, chain.root, walk(value, chain.steps))
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
                 if reads_environment(value, named):
                     self._add_read(ENVIRONMENT, phase, code, chain.line)
-                setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
                 for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)
@@ -396,8 +399,8 @@ class StateTracker:
             place = global_place(was.obj, step[1], f"global {step[1]}")
         elif was.kind == "cell":
             place = cell_place(was.obj, was.root.key, f"closure variable {was.root.description}")
-        else:
-            place = place_at(was.root, was.steps if step == ("extend", None) else (*was.steps, step))
+        else:  # (a library object's own state: the object's place)
+            place = place_at(was.root, was.steps if step in (("extend", None), ("attr", heap.STATE)) else (*was.steps, step))
         name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
         where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))
         symbolic = [v.node.expr for v in (after if isinstance(after, (tuple, list)) else (after,))
@@ -408,7 +411,7 @@ class StateTracker:
         root = place.description.removeprefix("global ").removeprefix("closure variable ")
         root = root.split(".")[0].split("[")[0]
         rule = heap.classify(heap.Change(was.kind, step, before, after, place.description in read_places,
-                                         (phase, root, name) in self.increments))
+                                         (phase, root, name) in self.increments, was.library))
         if rule.outcome == "refuse":
             return self._refuse(place, phase, where, rule.what, tensor=rule.tensor)
         value = {"extend": lambda: tuple(after), "add": lambda: after - before,

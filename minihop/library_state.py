@@ -1,0 +1,171 @@
+"""What a library object holds, for the heap watch: so that a change to it is seen, never guessed.
+
+Shared by the tracer's heap watch (``tracer.heap.contents_of``: what changed while tracing) and
+the runtime's guards (``runtime.guards.value_key``: what changed between calls), so that both
+see the same state of an object of a library class (the standard library's, torch's, a
+package's) that is not a plain holder of the user's values.
+Such an object keeps state minihop does not model (a ``queue.Queue``'s deque and counters, an
+``io.StringIO``'s buffer, a distribution's lazily cached tensors), and user code changes it by
+calling its methods (``Q.put(t)``, ``BUF.write(s)``). Unknown means unsafe: ``state_of`` takes
+everything the object shows of itself — its attributes and what it hands ``pickle``
+(``__reduce_ex__``: the C-level state of ``StringIO``, ``array``) — and the heap watch refuses
+any change to it (``heap.RULES``: "a library object's own state changed"), putting it back first
+(``put_back``), so a trace leaves it as it found it and ``fallback="eager"`` runs once.
+
+What is left out (``kept_by_library``): ``logging``'s objects, whose caches change as messages
+are sent (messages are minihop's to replay or refuse: ``effects.MessageWatch``).
+
+Invariant: two states compare equal only if every attribute is the same object and every
+value the object hands ``pickle`` is equal (floats by their bits, other objects by identity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import sysconfig
+import threading
+import types
+import weakref
+from typing import Any
+
+__all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "kept_by_library", "library_module", "library_object",
+           "plain_holder", "put_back", "state_of", "unseen"]
+
+# Which code is a library's (torch, the standard library, minihop, installed packages, the
+# test runner), by a module's name and where its file is installed: its module state is not
+# the user's, and its objects keep state of their own.
+LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_extensions",
+                              "functorch", "builtins", "_pytest", "pytest", "pluggy",
+                              *sys.stdlib_module_names})
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+
+STATE = "<its own state>"  # the key of what ``__reduce_ex__`` shows, beside the attributes
+
+
+@functools.lru_cache(maxsize=4096)
+def library_module(name: str) -> bool:
+    top = name.split(".")[0]
+    if top in LIBRARY_PACKAGES:
+        return True
+    module = sys.modules.get(top)
+    file = getattr(module, "__file__", None) or ""
+    return bool(file) and file.startswith(_INSTALLED)
+
+
+def plain_holder(value: Any) -> bool:
+    """A library object that only holds the user's values as attributes (``SimpleNamespace``,
+    ``argparse.Namespace``, ``threading.local``): watched like the user's own objects. Other
+    library objects keep their own bookkeeping (a logger's cache), which is not the user's."""
+    cls = type(value)
+    return isinstance(value, (types.SimpleNamespace, threading.local)) or \
+        (cls.__module__ == "argparse" and cls.__name__ == "Namespace")
+
+
+def library_object(value: Any) -> bool:
+    """An object of a library class whose state is its own: watched and keyed by ``state_of``
+    (minihop's own values, such as a symbolic size's marker, are keyed where they are made)."""
+    module = type(value).__module__
+    return isinstance(module, str) and library_module(module) and module.split(".")[0] != "minihop" \
+        and not plain_holder(value) and not kept_by_library(value)
+
+
+# Library objects pickle cannot reduce that still hold no state a call leaves behind: a lock
+# (released by the ``with`` that took it), a weak reference, a read-only view.
+_NO_STATE_LEFT = (type(threading.Lock()), type(threading.RLock()), weakref.ref, types.MappingProxyType)
+
+
+def unseen(value: Any) -> bool:
+    """A library object whose state minihop can neither see nor put back (an open file,
+    ``sys.stdout``, a ``queue.SimpleQueue``, a database connection): pickle cannot reduce it.
+    Code that reaches one is refused before it is traced (``tracer.iterators``): what the trace
+    did to it would stay done, once, where eager does it on every call. torch's own objects
+    (streams, process groups) are minihop's to model, and are not."""
+    if callable(value) or isinstance(value, (type, types.ModuleType, _NO_STATE_LEFT)) or not library_object(value):
+        return False
+    if (type(value).__module__ or "").split(".")[0] == "torch":
+        return False
+    try:
+        value.__reduce_ex__(4)
+    except Exception:
+        return True
+    return False
+
+
+def kept_by_library(value: Any) -> bool:
+    """Objects whose changes are not the user's state: ``logging``'s (a logger's level cache)."""
+    return (type(value).__module__ or "").split(".")[0] == "logging"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LibraryState:
+    """What ``__reduce_ex__`` showed (``raw``, to put back) and its frozen form (compared)."""
+
+    frozen: Any
+    raw: Any
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LibraryState) and self.frozen == other.frozen
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "its own state"
+
+
+class _Same:
+    """An object inside a frozen state: equal only to itself (a tensor's ``==`` is elementwise)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+_OWN_DICT = ("the object's attributes",)  # stands for its __dict__, compared as attributes
+
+
+def _frozen(value: Any, own: Any, depth: int = 0) -> Any:
+    if value is own and own is not None:
+        return _OWN_DICT
+    if isinstance(value, float):
+        return ("float", value.hex())  # -0.0 and 0.0 differ; a NaN equals itself
+    if value is None or isinstance(value, (bool, int, str, bytes, complex)):
+        return (type(value), value)
+    if depth < 4 and isinstance(value, (tuple, list)):
+        return (type(value), tuple(_frozen(v, own, depth + 1) for v in value))
+    if depth < 4 and type(value) is dict:
+        return (dict, tuple((_frozen(k, own, depth + 1), _frozen(v, own, depth + 1)) for k, v in value.items()))
+    return _Same(value)
+
+
+def state_of(value: Any) -> dict[str, Any]:
+    """``value``'s attributes (dunders left out) and, under ``STATE``, what ``__reduce_ex__``
+    shows beyond them; an object pickle cannot reduce shows its attributes only."""
+    own = getattr(value, "__dict__", None)
+    found = {k: v for k, v in own.items() if not (k.startswith("__") and k.endswith("__"))} \
+        if isinstance(own, dict) else {}
+    try:
+        reduced = value.__reduce_ex__(4)
+    except Exception:  # a lock, a C object of a package: its attributes are what can be seen
+        return found
+    if isinstance(reduced, tuple) and len(reduced) >= 2:
+        raw = reduced[1:3]
+        found[STATE] = LibraryState(_frozen(raw, own), raw)
+    return found
+
+
+def put_back(value: Any, state: LibraryState) -> None:
+    """Give ``value`` the state ``state`` showed again, where its class can take it."""
+    setstate = getattr(value, "__setstate__", None)
+    held = state.raw[1] if len(state.raw) == 2 else None
+    if held is not None and held is not getattr(value, "__dict__", None) and callable(setstate):
+        setstate(held)
