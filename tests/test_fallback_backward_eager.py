@@ -393,3 +393,94 @@ def test_messages_of_a_refused_trace_are_not_sent_twice_under_fallback(capsys: A
                               mid=lambda i: FLAGS.update(audit=i == 2), reset=_reset, steps=4)
     printed = capsys.readouterr().out.count("backward asked")
     assert printed == 2  # eager's backward and fallback's eager one (strict and apply refuse the print)
+
+
+# --- what the rebuild could not make: sizes inside an object, a tensor never used -----------
+
+class SizeInABox(torch.autograd.Function):
+    """Forward keeps its length inside an object it makes (``ctx.box = Box(n)``): symbolic once
+    sizes change. Backward run eagerly gets a Box holding this call's length (it was refused)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.box = Box(x.shape[0])
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if FLAGS["audit"]:
+            SEEN.append(int(ctx.box.value))
+            return g * float(ctx.box.value)
+        return g * 2
+
+
+WEIGHTS = torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+class KeepsAGlobalUnused(torch.autograd.Function):
+    """Forward puts a global tensor on ctx without using it in an op; backward, when the
+    caller asks, takes a size from its grad (refused when traced again). Fallback refused this
+    after forward ran ("a forward tensor the captured forward did not keep")."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.w = WEIGHTS
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if FLAGS["audit"]:
+            SEEN.append(int(g.shape[0]))
+            return g * ctx.w[: g.shape[0]]
+        return g * 2
+
+
+def _audited_calls(call: Callable[..., Any]) -> list[Any]:
+    out = []
+    for i in range(4):
+        x = torch.randn(3 + i % 2, requires_grad=True)
+        y = call(x)
+        FLAGS["audit"] = i >= 2  # flipped between forward and .backward()
+        (y * 1.5).sum().backward()
+        FLAGS["audit"] = False
+        out += [y, x.grad]
+    return out
+
+
+def test_sizes_inside_an_object_on_ctx_are_the_calls() -> None:
+    _check(SizeInABox, _audited_calls, strict_refuses=True, runs_eagerly=True)
+
+
+def test_a_global_tensor_forward_never_used_is_kept_for_an_eager_backward() -> None:
+    """The captured forward keeps it (lifted from its global when forward runs, as eager's
+    ctx holds the object the global held then), so backward run eagerly gets it."""
+    _check(KeepsAGlobalUnused, _audited_calls, strict_refuses=True, runs_eagerly=True)
+
+
+class KeepsGlobalsInAList(torch.autograd.Function):
+    """As KeepsAGlobalUnused, with the tensor inside a list on ctx: not lifted, so no call
+    could rebuild it. Refused at capture under fallback (forward runs eagerly too), never
+    after forward ran."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.ws = [WEIGHTS]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if FLAGS["audit"]:
+            SEEN.append(int(g.shape[0]))
+            return g * ctx.ws[0][: g.shape[0]]
+        return g * 2
+
+
+def test_a_tensor_no_call_could_rebuild_runs_the_function_eagerly() -> None:
+    minihop.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        minihop.function(KeepsGlobalsInAList, fallback="eager")(torch.ones(3, requires_grad=True))
+    assert any("ctx.ws, a tensor" in str(w.message) or "on ctx.ws a tensor it never uses" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    assert minihop.counters()["captures"] == 0 and minihop.counters()["fallbacks"] == 1
+    _check(KeepsGlobalsInAList, _audited_calls, strict_refuses=True, runs_eagerly=False)

@@ -122,6 +122,8 @@ def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
                                           if not name.startswith("_minihop")
                                           for _, leaf in iter_leaves(value))]
     for value in reachable:
+        if isinstance(value, torch.Tensor) and not t.is_traced(value):
+            value = t.real_to_fake.get(id(value), value)  # a real tensor put on ctx: its lifted input
         if t.is_traced(value):
             t.bwd.node_for(value)  # a bwd placeholder, paired with its fwd node (bwd_saved)
 

@@ -19,6 +19,7 @@ whose symbols this call does not give) is refused with a coded error, never gues
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,8 +28,8 @@ import torch
 import torch.fx as fx
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from ..errors import UnsupportedOperationError
-from ..structure import describe_output, make_getter, replace_tensors
+from ..errors import MinihopError, UnsupportedOperationError
+from ..structure import attributes, describe_output, iter_leaves, make_getter, replace_tensors
 from .function_parts import FunctionParts
 from .session import Tracing
 
@@ -70,6 +71,29 @@ class EagerBackward:
                 if not name.startswith("_minihop"):
                     setattr(real_ctx, name, rebuild(value))
         return real_ctx
+
+    def check(self) -> None:
+        """Refuse now, at capture, what no call could rebuild: a tensor on ctx that forward never
+        used in an op (a global's, a closure's): the trace holds the real one, with no record
+        of where eager's forward takes it from on a later call. (``fallback="eager"`` then
+        runs the Function eagerly, forward too.)"""
+        t = self.t
+        for name, value in vars(self.ctx).items():
+            if name.startswith("_minihop"):
+                continue
+            for _, leaf in iter_leaves(value):
+                if not isinstance(leaf, torch.Tensor):
+                    continue
+                fake = leaf if t.is_traced(leaf) else t.real_to_fake.get(id(leaf))
+                if fake is None or (t.input_nodes.get(id(fake)) or t.fwd.node_of.get(id(fake))) is None:
+                    raise UnsupportedOperationError(
+                        f"{self.parts.name}.forward puts on ctx.{name} a tensor it never uses in an op "
+                        f"(of shape {list(leaf.shape)}), and its backward may be traced again after "
+                        "forward ran, or run eagerly (fallback='eager').",
+                        "The captured forward does not keep such a tensor, and the trace has no record "
+                        "of where a later call's forward would take it from.",
+                        "Use it in forward (ctx.w = W.clone(), or save it with save_for_backward), or "
+                        "run the Function itself (F.apply).")
 
     def run(self, real_ctx: RebuiltCtx, grads: Sequence[Any]) -> tuple[Any, ...]:
         """The user's backward on ``real_ctx`` and ``grads`` (one per fwd output): one gradient
@@ -135,12 +159,24 @@ class _Rebuild:
             self.made[id(value)] = new_dict
             new_dict.update((k, self(v)) for k, v in value.items())
             return new_dict
-        # Another object forward left (a user object holding tensors): a shallow copy with
-        # each tensor rebuilt, as ``replace_tensors`` makes; a number of symbolic sizes held in
-        # it would be read as the trace's value, so it is refused.
+        # Another object forward left (a user object holding tensors or sizes): a shallow copy
+        # with each value rebuilt (forward made it: eager's ctx holds a new one on each call).
         if _holds_symbolic(value):
-            self.refuse(f"a number of dynamic sizes inside a {type(value).__name__} on ctx")
+            return self.object(value)
         return replace_tensors(value, lambda _path, x: self.tensor(x))
+
+    def object(self, value: Any) -> Any:
+        """A copy of the object ``value`` with each attribute rebuilt for the call."""
+        try:
+            new = copy.copy(value)
+            self.made[id(value)] = new
+            for name, held in attributes(value).items():
+                object.__setattr__(new, name, self(held))
+        except MinihopError:
+            raise
+        except Exception:
+            self.refuse(f"a number of dynamic sizes inside a {type(value).__name__} on ctx, which cannot be copied")
+        return new
 
     def tensor(self, value: torch.Tensor) -> Any:
         t = self.t

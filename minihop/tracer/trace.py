@@ -260,6 +260,8 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         # between forward and ``.backward()``), may take backward down another path, traced
         # then: forward keeps what it could read, as eager's ctx does.
         save_everything(t, ctx)
+        if t.eager_fallback:  # ... and what it cannot keep is refused now, not after forward ran
+            EagerBackward(t, parts, ctx, None, fake_args).check()
     if other_path or python_state.reads_in("backward"):
         # ... and passes every tensor backward could read where it lives (an argument's
         # container on ctx; with another path, a global's or a helper's too).
