@@ -14,7 +14,10 @@ the analysis was not written for: an ``nn.Module``'s plain attributes, a list in
 dict, a property's setter, a callable object counting its own calls, a classmethod counter,
 a counter in a closure over a closure, a helper module made with ``types.ModuleType`` writing
 its own global, a dict kept on ctx that backward reads and ``between()`` changes through an
-alias before ``.backward()``, an attribute backward reads changed through ``vars(obj)``.
+alias before ``.backward()``, an attribute backward reads changed through ``vars(obj)``; and
+library objects written through their own methods (``Queue.put``, ``StringIO.write``,
+``array.append``, ``bytearray.extend``, ``Counter.update``, ``OrderedDict.move_to_end``,
+``Event.set``, ``UserList.append``, ``SimpleQueue.put``), which ``between()`` writes too.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -67,6 +70,13 @@ KINDS = {
     # del, get, getattr with a default, three dicts deep), which between() keeps, empties or
     # replaces before .backward().
     "stash": ("f", ""),
+    # Library objects written through their own methods (a queue, a buffer, an array, a
+    # Counter, an OrderedDict's order, an Event, a SimpleQueue), which between() also changes
+    # before .backward(). (A file is tested in tests/test_library_objects.py: one left open
+    # per case would warn when collected, inside a later case's record.)
+    "queue_put": ("fb", ""), "buffer_write": ("fb", ""), "array_append": ("fb", ""),
+    "bytearray_extend": ("fb", ""), "counter_update": ("fb", ""), "ordered_move": ("fb", ""),
+    "event_toggle": ("fb", ""), "userlist_append": ("fb", ""), "simplequeue_put": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -143,6 +153,24 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["ctx.cfg = CFGD"], ""
     if kind == "attr_alias_before_backward":
         return [], "x * CONF.s"
+    if kind == "queue_put":
+        return [f"QU.put(({phase!r}, int(x.shape[0])))"], f"x * float(QU.qsize() % 3 + 1)"
+    if kind == "buffer_write":
+        return [f"BUF.write('{phase[0]}%d;' % x.shape[0])"], "x * float(len(BUF.getvalue()) % 4 + 1)"
+    if kind == "array_append":
+        return ["ARR.append(float(x.shape[0]))"], "x * (ARR[-1] + len(ARR))"
+    if kind == "bytearray_extend":
+        return ["BA.extend(b'ab')"], "x * float(len(BA) % 3 + 1)"
+    if kind == "counter_update":
+        return [f"CNT.update(['{phase[0]}', 'k'])"], "x * float(CNT['k'] % 3 + 1)"
+    if kind == "ordered_move":
+        return ["OD.move_to_end(next(iter(OD)))"], "x * OD[next(iter(OD))]"
+    if kind == "event_toggle":
+        return ["EVT.clear() if EVT.is_set() else EVT.set()"], "x * (2.0 if EVT.is_set() else 1.0)"
+    if kind == "userlist_append":
+        return ["UL.append(int(x.shape[0]))"], "x * float(len(UL) % 3 + 1)"
+    if kind == "simplequeue_put":
+        return ["SQ.put(1)"], "x * float(SQ.qsize() % 3 + 1)"
     if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
         return [f"STASH['s{n}'] = x.detach() * {r.choice([2, 3])}", f"SNS.s{n} = STASH['s{n}']",
                 f"DEEP['a']['b']['c']['s{n}'] = STASH['s{n}']"], ""
@@ -180,7 +208,8 @@ def generate_source(r: random.Random) -> str:
     gl = [f"    global {', '.join(globals_)}"] if globals_ else []
     args = ", ".join(["x", *extra_args])
     out = [
-        "import functools, logging, types, warnings", "import torch", "",
+        "import array, collections, functools, io, logging, queue, threading, types, warnings",
+        "import torch", "",
         "def make():",
         "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
         *[f"    global_{g} = 0" for g in globals_],
@@ -218,7 +247,13 @@ def generate_source(r: random.Random) -> str:
         "    CFGD = {'s': 1.0}", "    ALIAS_CFG = CFGD", "",
         "    class Conf:", "        pass", "", "    CONF = Conf()", "    CONF.s = 1.0", "",
         "    STASH, SNS, DEEP = {}, types.SimpleNamespace(), {'a': {'b': {'c': {}}}}", "",
+        "    QU, BUF, ARR, BA = queue.Queue(), io.StringIO(), array.array('d', [0.5]), bytearray()",
+        "    CNT, OD = collections.Counter(), collections.OrderedDict(a=1.5, b=2.0, c=0.5)",
+        "    EVT, UL, SQ = threading.Event(), collections.UserList(), queue.SimpleQueue()",
+        "",
         "    def between(i):",
+        "        BUF.write('|'); ARR.append(-1.0); CNT.update(['k']); QU.put(('caller', i))",
+        "        if i == 1:", "            EVT.set(); OD.move_to_end('a'); BA.extend(b'c'); UL.append(-1); SQ.put(0)",
         "        ALIAS_CFG['s'] = ALIAS_CFG['s'] + 0.5 * (i + 1)",
         "        vars(CONF)['s'] = CONF.s * 2.0",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
@@ -264,7 +299,8 @@ def generate_source(r: random.Random) -> str:
         " and not isinstance(w, staticmethod)}",
         f"        return plain([LOG, STORE, MEMO, RAISES, heard, passed, own(Holder), own(Rec), own(Fn), "
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
-        f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP])",
+        f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
+        f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize()])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

@@ -12,7 +12,9 @@ a Sequential, a callable object whose ``__call__`` reads its own attribute, a cl
 property, a closure over a closure, a helper module made at run time with
 ``types.ModuleType``, an attribute changed through its ``__dict__`` held elsewhere, a list
 inside a list inside a dict changed through the inner list, a list of modules passed as an
-argument, a ``__slots__`` object), an *access form* (directly in forward or backward, through a helper function,
+argument, a ``__slots__`` object; library objects read through their own methods and changed
+through theirs: a queue's size, a buffer's text, an ``array`` item, a ``bytearray``'s length, a
+``Counter``, an ``OrderedDict``'s first entry, an ``Event``, a ``deque``, a ``UserDict``), an *access form* (directly in forward or backward, through a helper function,
 through a lambda, through a method of a user object, through another Function's ``apply``,
 through ``getattr`` with a constant or a variable name, through a helper calling a helper,
 through ``functools.partial``, through an inner Function's *backward* run by
@@ -44,7 +46,12 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # know"): judged by the eager comparison only.
            "nested_module_container", "callable_object", "classmethod_read", "property_read",
            "closure_of_closure", "runtime_module", "dict_alias", "nested_list_alias",
-           "module_in_list_arg", "slots_object")
+           "module_in_list_arg", "slots_object",
+           # Library objects read through their own methods or items, changed by the caller
+           # through theirs (a queue's size, a buffer's text, an array item, a Counter's count,
+           # an OrderedDict's first entry, an Event's flag, a deque's last item, a UserDict item).
+           "queue_size", "buffer_text", "array_item", "bytearray_size", "counter_count",
+           "ordered_first", "event_flag", "deque_last", "user_dict_item")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -53,8 +60,13 @@ _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
 # when backward runs (tracer/backward_reads.py), also after a rebinding before ``.backward()``.
 _FORWARD_ONLY: tuple[str, ...] = ()
 
-_PRELUDE = '''import functools
+_PRELUDE = '''import array
+import collections
+import functools
+import io
 import math
+import queue
+import threading
 import types
 import torch
 from torch.autograd import Function
@@ -203,6 +215,29 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
                 "mods[0](torch.ones(()))", ["MODS"], "mods")
     if holder == "slots_object":
         return (["SLOT = Slotted()"], ["SLOT.k = v"], "SLOT.k", [], "")
+    if holder == "queue_size":
+        return (["QSIZE = queue.Queue()", "QSIZE.put(0)"],
+                ["QSIZE.queue.clear()", "[QSIZE.put(0) for _ in range(int(abs(v) * 2) % 4 + 1)]"],
+                "float(QSIZE.qsize())", [], "")
+    if holder == "buffer_text":
+        return (["TEXT = io.StringIO('ab')"], ["TEXT.seek(0)", "TEXT.truncate()", "TEXT.write('a' * (int(abs(v) * 2) % 5 + 1))"],
+                "float(len(TEXT.getvalue()))", [], "")
+    if holder == "array_item":
+        return (["ARRAY = array.array('d', [2.0])"], ["ARRAY[0] = v"], "ARRAY[0]", [], "")
+    if holder == "bytearray_size":
+        return (["RAW = bytearray(b'ab')"], ["RAW[:] = b'a' * (int(abs(v) * 2) % 5 + 1)"], "float(len(RAW))", [], "")
+    if holder == "counter_count":
+        return (["COUNTS = collections.Counter(k=2)"], ["COUNTS['k'] = int(v * 2)"], "float(COUNTS['k'])", [], "")
+    if holder == "ordered_first":
+        return (["ORDER = collections.OrderedDict(a=2.0, b=3.0)"], ["ORDER.move_to_end('a' if v > 1 else 'b')"],
+                "next(iter(ORDER.values()))", [], "")
+    if holder == "event_flag":
+        return (["FLAG = threading.Event()"], ["FLAG.set() if v > 1 else FLAG.clear()"],
+                "(2.0 if FLAG.is_set() else 3.0)", [], "")
+    if holder == "deque_last":
+        return (["RING = collections.deque([2.0], maxlen=3)"], ["RING.append(v)"], "RING[-1]", [], "")
+    if holder == "user_dict_item":
+        return (["UDICT = collections.UserDict(k=2.0)"], ["UDICT['k'] = v"], "UDICT['k']", [], "")
     # named_attribute: getattr with a name chosen by the value
     return (["NAME = ['k']"], ["NAME[0] = 'k' if v > 1 else 'j'", "Settings.j = v + 1"],
             "getattr(Settings, NAME[0])", [], "")
