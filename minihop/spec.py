@@ -227,6 +227,20 @@ class ServedOnce:
 
 
 @dataclasses.dataclass(frozen=True)
+class KeepsUserCtx:
+    """Among the writes of a backward run eagerly for a call (``fallback="eager"``): the user's
+    ctx it ran on (``held[0]``, once it ran), kept on the runtime's ctx (``minihop_rebuilt``), so
+    that a later backward of the call (``retain_graph=True``) runs on it too, as eager's backwards
+    of one call share one ctx (``runtime.grad_fn``)."""
+
+    held: list[Any]
+
+    def replay(self, args: tuple[Any, ...], ctx: Any = None) -> None:
+        if ctx is not None and self.held:
+            ctx.minihop_rebuilt = self.held[0]
+
+
+@dataclasses.dataclass(frozen=True)
 class DataRead:
     """A Python value the user's code took out of a tensor's data (``.item()``, ``bool(t)``,
     ``torch.equal``) and the trace continued with.

@@ -484,3 +484,56 @@ def test_a_tensor_no_call_could_rebuild_runs_the_function_eagerly() -> None:
                for w in caught), [str(w.message) for w in caught]
     assert minihop.counters()["captures"] == 0 and minihop.counters()["fallbacks"] == 1
     _check(KeepsGlobalsInAList, _audited_calls, strict_refuses=True, runs_eagerly=False)
+
+
+# --- a second backward of the call (retain_graph=True) after one ran eagerly ---------------
+
+class CountsItsBackwards(torch.autograd.Function):
+    """Backward counts its runs on ctx and, when the caller asks, takes a size from its grad
+    (refused when traced again): eager's second backward of a call sees the first's count."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.calls = 0
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        ctx.calls += 1
+        if FLAGS["audit"]:
+            SEEN.append((ctx.calls, int(g.shape[0])))
+        return g * ctx.calls
+
+
+class CountsWithoutForward(CountsItsBackwards):
+    """The same, with nothing left on ctx by forward (``getattr(ctx, "calls", 0)``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        ctx.calls = getattr(ctx, "calls", 0) + 1
+        if FLAGS["audit"]:
+            SEEN.append((ctx.calls, int(g.shape[0])))
+        return g * ctx.calls
+
+
+def _twice_per_call(call: Callable[..., Any]) -> list[Any]:
+    out = []
+    for i in range(3):
+        x = torch.randn(3 + i % 2, requires_grad=True)
+        y = call(x)
+        FLAGS["audit"] = i >= 1
+        y.sum().backward(retain_graph=True)
+        y.sum().backward()
+        FLAGS["audit"] = False
+        out += [y, x.grad]
+    return out
+
+
+@pytest.mark.parametrize("fn_cls", [CountsItsBackwards, CountsWithoutForward])
+def test_a_second_backward_after_an_eager_one_shares_its_ctx(fn_cls: type) -> None:
+    """Before, the second backward was rebuilt from what forward left: count 1 again, not 2."""
+    _check(fn_cls, _twice_per_call, strict_refuses=True, runs_eagerly=True)

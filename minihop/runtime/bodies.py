@@ -283,7 +283,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
     key = f"{src.name('key_of', key_of)}(top_grads, call_args{mine})" if needs_key else "None"
     src.add(f"grads, writes = {src.name('call_bwd', call_bwd)}(top_grads, saved, call_args, {key}{mine})")
     src.add("for write in writes:  # as eager's backward makes them, each time it runs")
-    src.add("write.replay(call_args, ctx)" if ctx_writes else "write.replay(call_args)", 2)
+    src.add("write.replay(call_args, ctx)", 2)  # (some keep what the call's next backward reads on ctx)
     src.add("return grads" if all_top else "return (None, *grads)  # no gradient for the sink")
     return src
 

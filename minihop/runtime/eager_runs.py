@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import MinihopError
-from ..spec import Pair, ServedOnce
+from ..spec import KeepsUserCtx, Pair, ServedOnce
 from .backwards import EagerVariant
 
 __all__ = ["EagerRunner", "with_eager_fallback"]
@@ -82,15 +82,18 @@ def with_eager_fallback(traced: Callable[..., tuple[Any, ...]], runner: EagerRun
         except MinihopError as refused:
             reason = refused.found
 
+        held: list[Any] = []  # the user's ctx it ran on, kept for the call's later backwards
+
         def run(*values: Any) -> tuple[Any, ...]:
             n = runner.num_outputs
             real_ctx = runner.ctx(call_args, values[n:], reason)
             for name, value in (ctx_state or {}).items():  # what an earlier backward of the call left
                 setattr(real_ctx, name, value)
+            held.append(real_ctx)
             return runner.run(real_ctx, values[:n])
 
         return (EagerVariant(run), identity_saved, identity_inputs,
-                (ServedOnce((f"backward ran eagerly: {reason}",)),), ())
+                (ServedOnce((f"backward ran eagerly: {reason}",)), KeepsUserCtx(held)), ())
 
     return retrace
 

@@ -41,8 +41,8 @@ def mirror_ctx(function: type[torch.autograd.Function], state: PythonState, name
     the caller read a tensor or container there, or set a value, that call's backward runs the
     user's backward eagerly on the ctx the caller touched, as eager's does, instead of refusing."""
     left = dict(state.ctx_forward)
-    if not left:
-        return
+    if not left and eager is None:
+        return  # (under fallback, a backward run eagerly keeps its ctx for the call's next one)
     backward = function.backward
     ctx_class = function._backward_cls  # type: ignore[attr-defined]
 
