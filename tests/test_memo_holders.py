@@ -210,3 +210,17 @@ def test_backward_writes_before_its_own_error_stay_made(fn_cls: type, change: An
     eager_modes.matches_eager(fn_cls, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),),
                               state=lambda: (CALLS["n"], list(LOG)), reset=_reset, mid=change,
                               refusable=False)
+
+
+@pytest.mark.parametrize("change", ["kept", "replaced", "cleared"])
+def test_a_memo_of_a_size_read_from_data_matches_eager(change: str) -> None:
+    """Forward memoises ``x[x > 0]`` (its size is read from data: no stand-in can be made for
+    it) in a global dict; backward reads it. Backward used forward's value whatever the caller
+    had put there since; it is now refused (MH106), and fallback runs it eagerly."""
+    ns = _define("M = {}", "M['k'] = v[v > 0]", "return g * M['k'].sum()")
+    mid = {"kept": lambda i: None,
+           "replaced": lambda i: ns["M"].__setitem__("k", torch.ones(5)) if i == 2 else None,
+           "cleared": lambda i: ns["M"].clear() if i == 2 else None}[change]
+    eager_modes.matches_eager(
+        ns["F"], lambda i: (torch.tensor([1.0, -1.0, 2.0, 3.0])[: 2 + i % 3].requires_grad_(),),
+        state=lambda: sorted((k, x.tolist()) for k, x in ns["M"].items()), reset=ns["M"].clear, mid=mid)

@@ -23,6 +23,7 @@ from collections.abc import Callable, MutableMapping, MutableSequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..library_state import STATE, library_object, state_of
@@ -42,7 +43,17 @@ def python_attributes(tensor: torch.Tensor) -> tuple[tuple[str, Any], ...]:
     found = tensor.__dict__
     if not found:
         return ()
-    return tuple(sorted((k, value_key(v)) for k, v in found.items() if not is_dynamo_mark(k)))
+    own = _fake_own() if isinstance(tensor, FakeTensor) else ()  # (a trace's value: what the user set)
+    return tuple(sorted((k, value_key(v)) for k, v in found.items() if not is_dynamo_mark(k) and k not in own))
+
+
+@functools.lru_cache(maxsize=1)
+def _fake_own() -> frozenset[str]:
+    """The ``__dict__`` entries torch gives a fake tensor (its mode, its memos): not the user's
+    attributes, and keying them would walk the whole mode."""
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.empty(0))
+    return frozenset(vars(fake)) | frozenset(vars(fake.new_empty(1)))
 
 
 def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:

@@ -55,6 +55,9 @@ class BackwardReads:
         # (``begin``): backward may read it and then delete its entry (``del MEMO[k]``) before
         # using it; the place it read is the one it was read from.
         self.at_start: dict[int, tuple[torch.Tensor, tuple[str, Any]]] = {}
+        # Forward's tensors of a size read from data (no hint: no stand-in can be made) in a
+        # global's container: backward using one is refused (``check_unbacked_memos``).
+        self.unbacked_memos: list[torch.Tensor] = []
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -119,11 +122,28 @@ class BackwardReads:
             with unset_fake_temporarily(), torch._C.DisableTorchFunction():
                 real = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
         except Exception:  # no hint (an unbacked size), or a device this process cannot allocate on
+            self.unbacked_memos.append(value)
             return value
         if value.requires_grad:
             real.requires_grad_(True)
         self.stand_ins[id(real)] = (real, value)
         return real
+
+    def check_unbacked_memos(self) -> None:
+        """Backward used a tensor of a size read from data that forward stored in a global's
+        container: forward's value would stand for what that place holds when backward runs."""
+        found, self.unbacked_memos = self.unbacked_memos, []
+        for fake in found:
+            if self.t.bwd.node_of.get(id(fake)) is not None:
+                raise SideEffectError(
+                    f"{self.t.parts.name}.backward reads a tensor of a size read from data "
+                    f"(shape {list(fake.shape)}) that forward stored outside its return value (a "
+                    "global's container or object).",
+                    "Eager's backward reads what that place holds when backward runs (the caller may "
+                    "have replaced or removed it since forward); its size is known only when forward "
+                    "runs, so no capture can read that place again, and forward's value would stand for it.",
+                    "Save it for backward (ctx.save_for_backward), or run the Function eagerly with "
+                    "minihop.function(F, fallback='eager').")
 
     def symbolic_memo(self, name: str) -> SideEffectError:
         """Backward reads, at route ``name``, a tensor of symbolic sizes forward stored there."""

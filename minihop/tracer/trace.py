@@ -238,6 +238,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx)
         seen = seen_by_backward(state.reads, fake_args, t.key_of)  # forward's writes put back
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
+        t.backward_reads.check_unbacked_memos()
         ctx_after = ctx_values(ctx)
         refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx))
     # Backward's value reads have computed forward's values from the caller's arguments; a
