@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import traceback
 import warnings
 import weakref
 from collections import OrderedDict
@@ -69,6 +70,23 @@ class _Refused:
     """A key minihop could not capture, run eagerly under ``fallback="eager"``."""
 
     error: Exception
+
+
+def _release(error: BaseException) -> None:
+    """Free the frames of a refused trace, which an exception's traceback keeps in a cycle with
+    their locals (the call's arguments among them): eager frees a call's tensors when the
+    caller drops them (a ``WeakKeyDictionary`` keyed on one loses the entry then), not when
+    the garbage collector next runs. The error is kept for its message only."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
 
 
 def capture(fn_cls: type, /, *args: Any, dynamic: Any = None, eager_backward: bool = False) -> Capture:
@@ -282,6 +300,7 @@ class CapturedFunction:
             self._warn_once("fallback", (
                 f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
                 f"{e}"))
+            _release(e)
             entry = _Refused(e)
         except Exception as e:
             # The user's own error, raised while traced (a backward that raises
@@ -289,6 +308,7 @@ class CapturedFunction:
             # decides, as without minihop (its Python writes before the error stay made, its
             # exception propagates; the trace put back what it changed). Nothing is kept: the
             # next call traces again.
+            _release(e)
             return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""))
         if isinstance(entry, Capture) and entry.python_state.single_use:
             # Its code read or ran what minihop cannot bound (tracer.opaque): right for the call

@@ -20,6 +20,7 @@ class _Thing:
 SAMPLES = {
     "a random generator or iterator moved": Change("hidden", ("whole", None), 1, 2),
     "a library object's own state changed": Change("list", ("extend", None), None, [1], library=True),
+    "an entry keyed by a tensor": Change("dict", ("item", torch.zeros(1)), MISSING, 3),
     "Python values appended": Change("list", ("extend", None), None, [1, "a", (2, 3.0)]),
     "objects appended": Change("list", ("extend", None), None, [_Thing()]),
     "a counter incremented by a whole number": Change("attrs", ("attr", "calls"), 1, 2, increment=True),

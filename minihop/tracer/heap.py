@@ -165,6 +165,10 @@ RULES: tuple[Rule, ...] = (
     # which the capture does not run again: refused, whatever the value.
     Rule("a library object's own state changed", lambda c: c.library, "refuse",
          "changes, through library code minihop does not run again on later calls,"),
+    # An entry keyed by a tensor (a ``WeakKeyDictionary`` memo keyed by the input): the trace's
+    # key is its fake tensor, which no later call holds.
+    Rule("an entry keyed by a tensor", lambda c: isinstance(c.step[1], torch.Tensor), "refuse",
+         "puts an entry keyed by a tensor into", tensor=True),
     Rule("Python values appended", lambda c: c.step == ("extend", None)
          and all(isinstance(v, ATOMS) or atom_tuple(v) for v in c.after), "extend"),
     Rule("objects appended", lambda c: c.step == ("extend", None), "refuse",
@@ -243,8 +247,10 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, (list, collections.deque)) or \
             isinstance(value, MutableSequence) and not isinstance(value, (str, bytes)):
         return "list", list(value)
-    if isinstance(value, (dict, MutableMapping)):
+    if isinstance(value, dict):
         return "dict", dict(value)
+    if isinstance(value, MutableMapping):  # (by its pairs: a weak dictionary's lookups compare keys)
+        return "dict", dict(value.items())
     if isinstance(value, (set, MutableSet)):
         return "set", set(value)
     if isinstance(value, type):
@@ -272,7 +278,7 @@ def same(kind: str, old: Any, new: Any) -> bool:
         return old.keys() == new.keys() and all(old[k] is new[k] or k == STATE and old[k] == new[k] for k in old)
     if kind in ("attrs", "dict", "globals"):
         # In order: a dict's order is what later ``popitem``/iteration sees.
-        return list(old) == list(new) and all(old[k] is new[k] for k in old)
+        return len(old) == len(new) and all(map(_identical, old, new)) and all(old[k] is new[k] for k in old)
     if kind == "list":
         return len(old) == len(new) and all(map(_identical, old, new))
     return old == new

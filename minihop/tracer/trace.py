@@ -157,6 +157,9 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
     finally:
         state.abort()
+        # However it ended, the trace keeps none of the caller's tensors (a refused one is
+        # collected only with its cycles: eager frees them when the caller drops them).
+        t.values.real_args = None
 
 
 def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple[Any, ...],
