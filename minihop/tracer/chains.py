@@ -131,6 +131,10 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                     steps = []
                     use = "done"
                 break
+            elif (nxt.opname == "LOAD_CONST" and j + 1 < len(ins)
+                  and ins[j + 1].opname in ("STORE_SUBSCR", "DELETE_SUBSCR")):
+                stores.append((str(nxt.argval), line))  # ``root[k] = v``: the user's own store of k
+                break
             elif nxt.opname in ("STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR"):
                 use = "receiver"
                 if nxt.opname == "STORE_ATTR":

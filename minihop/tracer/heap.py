@@ -35,6 +35,9 @@ from ..structure import argname, attributes
 from . import effects, hidden
 from .atoms import ATOMS, CONSTANTS
 from .library import is_library, is_user_module
+from .process_state import PROCESS
+from .process_state import put_back as put_back_setting
+from .process_state import state as process_state
 from ..library_state import STATE, kept_by_library, plain_holder, put_back, state_of
 from .roots import cell_value
 
@@ -80,6 +83,10 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     for i, a in enumerate(args):
         queue.append((a, Root("arg", i, argname(i, argnames), lambda args, i=i: args[i] if i < len(args) else MISSING),
                       (), 0, False))
+    # The process's own settings (the environment, torch's defaults, warnings' filters): one
+    # object, changed by library calls no chain names (process_state).
+    found[id(PROCESS)] = Seen(PROCESS, Root("value", "process", "the process", lambda args: PROCESS), (),
+                              "process", process_state())
     for gid, (g, names) in globals_seen.items():
         found[gid] = Seen(g, Root("value", "globals", "globals", lambda args, g=g: g), (), "globals", dict(names))
     while queue and len(found) < MAX_OBJECTS:
@@ -161,6 +168,7 @@ class Rule:
 # First match wins; the last row matches everything, so nothing unforeseen is replayed.
 RULES: tuple[Rule, ...] = (
     Rule("a random generator or iterator moved", lambda c: c.kind == "hidden", "refuse-hidden"),
+    Rule("a process setting changed", lambda c: c.kind == "process", "refuse", "changes the process-wide setting"),
     # What a library object keeps (a queue's items, a buffer's text) changes by its own code,
     # which the capture does not run again: refused, whatever the value.
     Rule("a library object's own state changed", lambda c: c.library, "refuse",
@@ -274,6 +282,8 @@ def class_state(cls: type) -> dict[str, Any]:
 def same(kind: str, old: Any, new: Any) -> bool:
     if kind == "cell":
         return old is new or (isinstance(old, ATOMS) and type(old) is type(new) and old == new)
+    if kind == "process":
+        return old == new  # (by value: an environment variable's str is made anew on each read)
     if kind == "library":
         return old.keys() == new.keys() and all(old[k] is new[k] or k == STATE and old[k] == new[k] for k in old)
     if kind in ("attrs", "dict", "globals"):
@@ -297,6 +307,12 @@ def _identical(a: Any, b: Any) -> bool:
 def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any], Any, Any]]:
     if kind == "cell":
         yield ("cell", None), old, new
+        return
+    if kind == "process":
+        for k in (*old.keys(), *(k for k in new if k not in old)):
+            a, b = old.get(k, MISSING), new.get(k, MISSING)
+            if a is not b and a != b:
+                yield ("attr", k), a, b
         return
     if kind in ("attrs", "dict", "globals", "library"):
         step_kind = "item" if kind in ("dict", "globals") else "attr"
@@ -332,6 +348,11 @@ def restore(snapshot: dict[int, Seen]) -> None:
             elif seen.kind == "cell":
                 if old is not MISSING and cell_value(obj) is not old:
                     obj.cell_contents = old
+            elif seen.kind == "process":
+                now = process_state()
+                for k in (*old.keys(), *(k for k in now if k not in old)):
+                    if now.get(k, MISSING) != old.get(k, MISSING):
+                        put_back_setting(k, old.get(k))
             elif seen.kind == "hidden":
                 if hidden.fingerprint(obj) != old:
                     hidden.restore(obj, old)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import builtins
-import copy
 import dataclasses
 import functools
 import sys
@@ -50,12 +49,13 @@ from . import collectives, effects, heap, hidden, opaque, store_marks
 from .atoms import ATOMS
 from .heap import Seen, argument_seen
 from .iterators import refuse_iterator_read
-from .library import NEVER_DRAW, is_library, is_user_function, library_module
+from .library import NEVER_DRAW, is_library, is_user_function, is_user_module, library_module
 from .method_reads import places_named
 from .names import code_of
-from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, cell_place, global_place, guarded_value,
-                    methods_of, place_at, reads_environment, resolve_root, tensor_holder, walk)
+from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
+                    reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
+from .state_writes import drawn, refused, write_of
 from .userattr import UserAttribute
 
 __all__ = ["StateTracker", "arg_masks", "is_library"]
@@ -161,7 +161,10 @@ class StateTracker:
                 for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)
                     self._add_read(place, phase, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
-                    continue  # torch.sin, math.pi: the module's attributes are not the user's state
+                    # torch.sin, math.pi: the module's attributes are not the user's state; the
+                    # user's own module reached through one is (``sys.modules["cfg"].n += 1``).
+                    self._through_library(root, value, chain, phase, seen_roots)
+                    continue
                 if root.description not in seen_roots:
                     seen_roots.add(root.description)
                     self.roots.append((root, value))
@@ -183,6 +186,26 @@ class StateTracker:
         for place in collectives.world_places():  # rank, world size, groups: constants in the graphs
             self._add_read(place, "forward", None, None)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
+
+    def _through_library(self, root: Root, value: Any, chain: Any, phase: str, seen: set[str]) -> None:
+        """A chain from a library module that reaches the user's module (``sys.modules["cfg"]``):
+        that module is a root of its own, found again through the chain on each call, watched
+        as its globals are (``cfg.n += 1`` there is the counter ``n``)."""
+        steps = chain.steps
+        for k in range(1, len(steps)):
+            try:
+                held = walk(value, steps[:k])
+            except Exception:
+                return
+            if is_user_module(held):
+                name = place_at(root, steps[:k]).description
+                if name not in seen:
+                    seen.add(name)
+                    self.roots.append((Root("value", name, name, lambda args, v=value, s=steps[:k]: walk(v, s)), held))
+                rest = steps[k:]
+                if chain.use == "increment" and len(rest) == 1 and rest[0][0] == "attr":
+                    self.increments.add((phase, rest[0][1], rest[0][1]))  # (as the heap names a module's global)
+                return
 
     def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
         """A clock read or a process-wide generator's function that the code names (``time.time``,
@@ -387,52 +410,15 @@ class StateTracker:
 
     def _writes(self, old: dict[int, Seen], new: dict[int, Seen], phase: str) -> list[StateWrite]:
         read_places = {r.place.description for r in self.reads}
-        return [self._write(was, step, before, after, phase, read_places)
+        return [write_of(self, was, step, before, after, phase, read_places)
                 for was, step, before, after in heap.changes(old, new)]
-
-    def _write(self, was: Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
-               read_places: set[str]) -> StateWrite:
-        """One change, as the first rule of ``heap.RULES`` it matches says: replayed or refused."""
-        if was.kind == "hidden":
-            self._refuse_hidden(was, phase)
-        if was.kind == "globals":
-            place = global_place(was.obj, step[1], f"global {step[1]}")
-        elif was.kind == "cell":
-            place = cell_place(was.obj, was.root.key, f"closure variable {was.root.description}")
-        else:  # (a library object's own state: the object's place)
-            place = place_at(was.root, was.steps if step in (("extend", None), ("attr", heap.STATE)) else (*was.steps, step))
-        name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
-        where = self.stores.get((phase, name)) or self.stores.get((phase, str(step[1])))
-        symbolic = [v.node.expr for v in (after if isinstance(after, (tuple, list)) else (after,))
-                    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))]
-        if symbolic and self.on_symbolic is not None:
-            # A number read from data (an unbacked symbol): written out, it must be a value.
-            raise self.on_symbolic(symbolic[0], where, f"it is written to {place.description}")
-        root = place.description.removeprefix("global ").removeprefix("closure variable ")
-        root = root.split(".")[0].split("[")[0]
-        rule = heap.classify(heap.Change(was.kind, step, before, after, place.description in read_places,
-                                         (phase, root, name) in self.increments, was.library))
-        if rule.outcome == "refuse":
-            return self._refuse(place, phase, where, rule.what, tensor=rule.tensor)
-        value = {"extend": lambda: tuple(after), "add": lambda: after - before,
-                 "copy": lambda: copy.deepcopy(after)}.get(rule.outcome, lambda: after)()
-        return StateWrite(place, rule.outcome, value, phase, where)
 
     def _refuse(self, place: Place, phase: str, where: str | None, what: str, *, tensor: bool = False) -> StateWrite:
         if self.standing and not tensor and phase == "backward":
             self.unreplayable.append(f"backward {what} {place.description} (made by the trace, for its call)")
             return StateWrite(place, "made", None, phase, where)  # dropped by finish: nothing to replay
         self.abort()  # Python state put back before the error reaches the user
-        todo = ("Return the tensor from forward instead, or run it eagerly with "
-                "minihop.function(F, fallback='eager')." if tensor else
-                "Keep such state out of the Function, make it a counter, an append of Python "
-                "values or a constant, or run it eagerly with minihop.function(F, fallback='eager').")
-        raise SideEffectError(
-            f"{self.name}.{phase} {what} {place.description}, Python state it did not create.",
-            "A capture replays tensor operations and only simple Python writes (counter "
-            "increments, appends of Python values, constants set); this one would happen once, "
-            "while tracing, and never again when the graphs run.",
-            todo, where=where)
+        raise refused(self.name, phase, what, place.description, where, tensor)
 
     def _refuse_hidden(self, was: Seen, phase: str) -> None:
         place = was.root.description if not was.steps else place_at(was.root, was.steps).description
@@ -440,11 +426,4 @@ class StateTracker:
 
     def _refuse_draw(self, what: str, where: str | None) -> None:
         self.abort()  # generators put back before the error reaches the user
-        raise SideEffectError(
-            f"{self.name}.{what}, state Python keeps out of sight.",
-            "A capture records tensor operations: a number drawn from a Python or numpy random "
-            "generator, or taken from an iterator, while tracing would be a constant in the "
-            "graphs, and every call would reuse it where eager draws a new one.",
-            "Draw with torch instead (torch.rand(()) is recorded and drawn again on every "
-            "call), pass the number in as an argument, or run it eagerly with "
-            "minihop.function(F, fallback='eager').", where=where)
+        raise drawn(self.name, what, where)

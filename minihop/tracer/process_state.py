@@ -1,0 +1,97 @@
+"""The process's own settings, as one more object of the heap watch.
+
+Place in the pipeline: tracer, asked by ``heap.snapshot``. Library functions change settings
+that live in the interpreter or in torch, not in any object the code names:
+``os.environ["K"] = v``, ``warnings.filterwarnings(...)``, ``sys.setrecursionlimit(n)``,
+``torch.set_default_dtype(...)``, ``torch.use_deterministic_algorithms(...)``,
+``torch.backends.cudnn.benchmark = True``. Run while tracing, such a change happens once (and a
+backward's, while forward is traced), where eager makes it on every call, when that phase runs.
+So the heap watch snapshots them all as one object (``state``: setting -> value, compared by
+value), and any change is refused (``heap.RULES``: "a process setting changed") after it is put
+back (``put_back``): ``fallback="eager"`` then makes it, as eager does.
+
+Reads of these settings are guarded where they are read (``settings.py``, the environment,
+the call key's default dtype); this module is about writes.
+
+Invariant: what ``state`` lists, ``put_back`` can restore (a setting without a setter is
+listed only if restoring it is never needed: it cannot be changed once set).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["PROCESS", "put_back", "state"]
+
+
+class _Process:
+    """The one object standing for the process's settings in a snapshot."""
+
+    def __repr__(self) -> str:
+        return "the process's settings"
+
+
+PROCESS = _Process()
+
+
+def _set_filters(filters: tuple[Any, ...]) -> None:
+    warnings.filters[:] = list(filters)
+    warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def _backend_flag(module: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    return (lambda: getattr(module, name)), (lambda v: setattr(module, name, v))
+
+
+_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "torch.get_default_dtype()": (torch.get_default_dtype, torch.set_default_dtype),
+    "torch.get_num_threads()": (torch.get_num_threads, torch.set_num_threads),
+    # (cpu is torch's own default: put back as None, with no device mode left pushed)
+    "torch.get_default_device()": (torch.get_default_device,
+                                   lambda v: torch.set_default_device(None if v == torch.device("cpu") else v)),
+    "torch.are_deterministic_algorithms_enabled()": (
+        lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    "torch.is_anomaly_enabled()": (
+        lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+        lambda v: torch.autograd.set_detect_anomaly(v[0], check_nan=v[1])),
+    "torch.get_float32_matmul_precision()": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    "torch.backends.cudnn.benchmark": _backend_flag(torch.backends.cudnn, "benchmark"),
+    "torch.backends.cudnn.deterministic": _backend_flag(torch.backends.cudnn, "deterministic"),
+    "torch.backends.cudnn.enabled": _backend_flag(torch.backends.cudnn, "enabled"),
+    "torch.backends.cudnn.allow_tf32": _backend_flag(torch.backends.cudnn, "allow_tf32"),
+    "torch.backends.cuda.matmul.allow_tf32": _backend_flag(torch.backends.cuda.matmul, "allow_tf32"),
+    "torch.backends.mkldnn.enabled": _backend_flag(torch.backends.mkldnn, "enabled"),
+    "sys.getrecursionlimit()": (sys.getrecursionlimit, sys.setrecursionlimit),
+    "sys.getswitchinterval()": (sys.getswitchinterval, sys.setswitchinterval),
+    "warnings.filters": (lambda: tuple(warnings.filters), _set_filters),
+    "logging.disable()": (lambda: logging.root.manager.disable, logging.disable),
+}
+
+
+def state() -> dict[str, Any]:
+    """Every setting's value now, and each environment variable (``os.environ['K']``)."""
+    found = {name: get() for name, (get, _) in _SETTINGS.items()}
+    found.update((f"os.environ[{k!r}]", v) for k, v in os.environ.items())
+    return found
+
+
+def put_back(name: str, value: Any) -> None:
+    """Give setting ``name`` its value ``value`` again (``MISSING``-like None: an environment
+    variable that was not set is removed)."""
+    if name.startswith("os.environ["):
+        key = ast.literal_eval(name[len("os.environ["):-1])
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+        return
+    _SETTINGS[name][1](value)
