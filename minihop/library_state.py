@@ -31,7 +31,7 @@ import weakref
 from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "kept_by_library", "library_module", "library_object",
-           "plain_holder", "put_back", "state_of", "unseen"]
+           "plain_holder", "put_back", "Same", "state_of", "unseen"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -115,8 +115,9 @@ class LibraryState:
         return "its own state"
 
 
-class _Same:
-    """An object inside a frozen state: equal only to itself (a tensor's ``==`` is elementwise)."""
+class Same:
+    """An object a key or a frozen state holds, equal only to that very object (never by
+    ``==``: a tensor's is elementwise). Shared with ``runtime.function_keys``."""
 
     __slots__ = ("obj",)
 
@@ -124,10 +125,13 @@ class _Same:
         self.obj = obj
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
+        return isinstance(other, Same) and other.obj is self.obj
 
     def __hash__(self) -> int:
         return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
 
 
 _OWN_DICT = ("the object's attributes",)  # stands for its __dict__, compared as attributes
@@ -144,7 +148,7 @@ def _frozen(value: Any, own: Any, depth: int = 0) -> Any:
         return (type(value), tuple(_frozen(v, own, depth + 1) for v in value))
     if depth < 4 and type(value) is dict:
         return (dict, tuple((_frozen(k, own, depth + 1), _frozen(v, own, depth + 1)) for k, v in value.items()))
-    return _Same(value)
+    return Same(value)
 
 
 def state_of(value: Any) -> dict[str, Any]:

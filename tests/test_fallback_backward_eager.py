@@ -155,18 +155,21 @@ class Box:
 
 
 def test_sizes_on_ctx_are_the_calls_when_backward_runs_eagerly() -> None:
-    def script(call: Callable[..., Any]) -> list[Any]:
-        out = []
-        for i in range(4):
-            x = torch.randn(3 + i % 2, requires_grad=True)
-            y = call(x)
-            FLAGS["audit"] = i >= 2  # flipped between forward and .backward()
-            (y * 1.5).sum().backward()
-            FLAGS["audit"] = False
-            out += [y, x.grad]
-        return out
+    _check(KeepsItsLength, _audited_calls, strict_refuses=True, runs_eagerly=True)
 
-    _check(KeepsItsLength, script, strict_refuses=True, runs_eagerly=True)
+
+def _audited_calls(call: Callable[..., Any]) -> list[Any]:
+    """Four calls of two sizes; from the third, the caller asks backward to audit (flipped
+    between forward and ``.backward()``)."""
+    out = []
+    for i in range(4):
+        x = torch.randn(3 + i % 2, requires_grad=True)
+        y = call(x)
+        FLAGS["audit"] = i >= 2
+        (y * 1.5).sum().backward()
+        FLAGS["audit"] = False
+        out += [y, x.grad]
+    return out
 
 
 # --- an argument object on ctx ---------------------------------------------------------------
@@ -433,18 +436,6 @@ class KeepsAGlobalUnused(torch.autograd.Function):
             SEEN.append(int(g.shape[0]))
             return g * ctx.w[: g.shape[0]]
         return g * 2
-
-
-def _audited_calls(call: Callable[..., Any]) -> list[Any]:
-    out = []
-    for i in range(4):
-        x = torch.randn(3 + i % 2, requires_grad=True)
-        y = call(x)
-        FLAGS["audit"] = i >= 2  # flipped between forward and .backward()
-        (y * 1.5).sum().backward()
-        FLAGS["audit"] = False
-        out += [y, x.grad]
-    return out
 
 
 def test_sizes_inside_an_object_on_ctx_are_the_calls() -> None:

@@ -31,28 +31,12 @@ from typing import Any
 
 import torch
 
+from ..library_state import Same as _Same
+
 __all__ = ["function_key", "methods_held", "methods_key", "same_function", "show_function_key"]
 
 # Defaults compared by value: immutable constants (a float by its bits: -0.0 is not 0.0).
 _CONSTANTS = (str, bytes, int, bool, complex, type(None))
-
-
-class _Same:
-    """An object a key holds, equal only to that very object (never by ``==``)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __repr__(self) -> str:
-        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
 
 
 def _default_key(value: Any) -> Any:

@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
-from ..library_state import STATE, library_object, state_of
+from ..library_state import STATE, Same, library_object, state_of
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
@@ -111,7 +111,7 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # What code can take from a logger is whether it logs (``isEnabledFor``): its level as
         # its parents set it. Its handlers and manager (every logger of the process) are not
         # the graphs' business: messages are replayed or refused on their own.
-        return ("logger", id(value), value.getEffectiveLevel(), value.disabled, _Held(value))
+        return ("logger", id(value), value.getEffectiveLevel(), value.disabled, Same(value))
     if isinstance(value, weakref.ref):
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))
@@ -119,13 +119,13 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # Whatever class holds them (``array``, ``bytearray``, ``UserDict``, ``deque``): its items.
         inner = _open | {id(value)}
         items = value.items() if isinstance(value, MutableMapping) else enumerate(value)
-        return ("items", type(value), id(value), _Held(value),
+        return ("items", type(value), id(value), Same(value),
                 tuple((value_key(k, inner), value_key(v, inner)) for k, v in items))
     if library_object(value):
         # A library object (a queue, a buffer): what the heap watch sees of it, keyed.
         inner = _open | {id(value)}
         state = state_of(value)
-        return ("L", type(value), id(value), _Held(value), tuple(
+        return ("L", type(value), id(value), Same(value), tuple(
             (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()))
     attrs = attributes(value)
     # A user's object's methods read its class's attributes too (``type(self).factor``,
@@ -139,23 +139,8 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         hash(value)
     except TypeError:
         # By identity, the object held (a key that lives keeps its id from being reused).
-        return ("id", cls, id(value), _Held(value), *of_class)
+        return ("id", cls, id(value), Same(value), *of_class)
     return ("V", cls, value, *of_class)
-
-
-class _Held:
-    """An object a key holds so that its ``id`` stays its own; equal only to itself."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Held) and other.obj is self.obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
 
 
 def _callee_key(fn: Any) -> Any:
