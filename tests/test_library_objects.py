@@ -14,7 +14,10 @@ backward of the third call.
 
 from __future__ import annotations
 
+import collections
 import io
+import os
+import queue
 import tempfile
 from typing import Any
 
@@ -22,7 +25,7 @@ import pytest
 import torch
 
 import minihop
-from minihop.errors import SideEffectError
+from minihop.errors import MinihopError, SideEffectError
 
 import eager_modes
 
@@ -214,3 +217,114 @@ def test_lock_is_not_refused() -> None:
         assert x.grad.tolist() == [2.0, 2.0]
     assert minihop.counters()["captures"] == 1 and minihop.counters()["cache_hits"] == 1
     assert not lock.locked()
+
+
+# --- crossed with transforms, dynamic sizes, ctx, and values library code sets ------------
+
+def test_crossed_counter_under_func_grad() -> None:
+    C = collections.Counter()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            C.update(["f"])
+            return x * C["f"]
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+        @staticmethod
+        def backward(ctx, g):
+            C.update(["b"])
+            return g * 2
+    def run(call):
+        C.clear(); out = []
+        for i in range(3):
+            x = torch.arange(1.0, 4.0)
+            out.append(torch.func.grad(lambda t: call(t).sum())(x).tolist())
+        return out, dict(C)
+    e = run(F.apply)
+    for mode in ("strict", "fallback"):
+        minihop.reset()
+        try:
+            m = run(minihop.function(F, fallback="eager" if mode == "fallback" else "raise"))
+        except MinihopError as err:
+            m = "refused " + str(err)[:80]
+        ok = m == e or (mode == "strict" and isinstance(m, str))
+        assert ok, (mode, m, e)
+
+def test_crossed_library_dynamic_sizes() -> None:
+    BUF = io.StringIO()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            BUF.write("%d;" % x.shape[0])
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 3.0 + i).requires_grad_(),), state=BUF.getvalue,
+                              reset=lambda: (BUF.seek(0), BUF.truncate()))
+
+def test_crossed_queue_on_ctx_backward() -> None:
+    Q = queue.Queue()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, q):
+            ctx.q = q
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.q.put(int(g.shape[0]))
+            return g * 2, None
+    eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 3.0 + i % 2).requires_grad_(), Q),
+                              state=lambda: list(Q.queue), reset=Q.queue.clear)
+
+def test_crossed_counter_dynamic_key() -> None:
+    C = collections.Counter()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            C.update([x.shape[0]])
+            return x * C[x.shape[0]]
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 3.0 + i % 3).requires_grad_(),), state=lambda: dict(C), reset=C.clear, steps=6)
+
+def test_crossed_env_read_after_own_write() -> None:
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            n = int(os.environ.get("MH_N", "0"))
+            return x * (n + 1)
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    try:
+        eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),),
+                                  between=lambda i: os.environ.__setitem__("MH_N", str(i)), reset=lambda: os.environ.pop("MH_N", None))
+    finally:
+        os.environ.pop("MH_N", None)
+
+def test_crossed_setdefault_list_append() -> None:
+    D = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            D.setdefault("seen", []).append(x.shape[0])
+            return x * len(D["seen"])
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),), state=lambda: {k: list(v) for k, v in D.items()}, reset=D.clear)
+
+def test_crossed_dict_update_constant() -> None:
+    D = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            D.update(mode="train", calls=D.get("calls", 0) + 1)
+            return x * D["calls"]
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),), state=lambda: dict(D), reset=D.clear)
