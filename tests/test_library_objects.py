@@ -328,3 +328,25 @@ def test_crossed_dict_update_constant() -> None:
         def backward(ctx, g):
             return g * 2
     eager_modes.matches_eager(F, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),), state=lambda: dict(D), reset=D.clear)
+
+
+def test_a_value_library_code_set_is_an_assumption_explain_shows() -> None:
+    """``COUNTS.update(["k"])`` set ``COUNTS["k"]``: the place is guarded (what was there before
+    each call), named by ``explain`` with the line of the call that set it."""
+    counts: collections.Counter = collections.Counter()
+
+    class Counts(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            COUNTS.update(["k"])
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2
+
+    COUNTS = counts
+    report = str(minihop.explain(Counts, torch.ones(3, requires_grad=True), print_report=False))
+    line = Counts.forward.__code__.co_firstlineno + 2
+    assert f"Python value COUNTS['k'] read by forward: == 0  [File \"{__file__}\", line {line}]" in report
+    assert "COUNTS['k'] = 1  (set, replayed each time forward runs)" in report

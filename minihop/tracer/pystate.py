@@ -228,12 +228,13 @@ class StateTracker:
         elif found[0] == "random":
             self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
 
-    def _add_read(self, place: Place, phase: str, code: types.CodeType | None, line: int | None) -> None:
+    def _add_read(self, place: Place, phase: str, code: types.CodeType | None, line: int | None,
+                  where: str | None = None) -> None:
         key = (place.description, phase)
         if key in self._read_keys:
             return
         self._read_keys.add(key)
-        where = f'File "{code.co_filename}", line {line}' if code is not None else None
+        where = f'File "{code.co_filename}", line {line}' if code is not None else where
         self.reads.append(StateRead(place, phase, where))
 
     def read_ctx_chains(self, ctx: Any) -> None:

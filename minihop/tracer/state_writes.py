@@ -63,7 +63,8 @@ def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after:
         if phase == "backward":
             return tracker._refuse(place, phase, where, "changes, through library code whose result "
                                 "may depend on what was there,")
-        tracker._add_read(place, "forward", None, None)
+        # (its source line: the call on the container, ``C.update(...)``, where the code names it)
+        tracker._add_read(place, "forward", None, None, tracker.stores.get((phase, root)))
     value = {"extend": lambda: tuple(after), "add": lambda: after - before,
              "copy": lambda: copy.deepcopy(after)}.get(rule.outcome, lambda: after)()
     return StateWrite(place, rule.outcome, value, phase, where)
