@@ -91,6 +91,13 @@ class MessageWatch:
                 self._swap(home, name)
         for name in ("warn", "warn_explicit"):
             self._swap(warnings, name)
+        # A warning torch's C++ gives while an op is traced (``torch.tensor(t)``'s) is shown
+        # by eager once per call, and by the graphs, which call that op again, once per call
+        # too: the trace's own showing would be one more. Python-level ones pass through
+        # ``call`` below (``python_warn``), and are shown or refused there.
+        self.python_warn = 0
+        self.show = warnings.showwarning
+        warnings.showwarning = self._show
 
     def _swap(self, home: Any, name: str) -> None:
         real = vars(home)[name]
@@ -99,23 +106,53 @@ class MessageWatch:
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
-                if self.is_user(frame) and self.passing:
+                # A library's warning about the user's call (``F.upsample``'s deprecation, its
+                # stacklevel naming the user's line) is the user's message as much as their own.
+                blamed = self._blamed(frame, home, name, args, kwargs)
+                if blamed is not None and self.passing:
                     self.sent.append(label)
-                    up_args, up_kwargs = _one_frame_up(home, name, args, kwargs)
-                    return real(*up_args, **up_kwargs)  # attributed to the user's line
-                if self.is_user(frame):
-                    self.calls.append((label, f'File "{frame.f_code.co_filename}", '
-                                             f'line {frame.f_lineno}'))
+                    up_args, up_kwargs = _one_frame_up(home, name, args, kwargs) if blamed is frame else (args, kwargs)
+                    return self._python(real, up_args, up_kwargs)  # attributed to the user's line
+                if blamed is not None:
+                    self.calls.append((label, f'File "{blamed.f_code.co_filename}", '
+                                             f'line {blamed.f_lineno}'))
                     return None  # sent by eager on the call itself, not by the trace
-            return real(*args, **kwargs)
+            return self._python(real, args, kwargs) if home is warnings else real(*args, **kwargs)
 
         self.saved.append((home, name, real))
         setattr(home, name, call)
+
+    def _blamed(self, frame: Any, home: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The user's frame a message is about: the caller's own, or the one a library's
+        ``warnings.warn(..., stacklevel=n)`` names; None for a library's own message."""
+        if self.is_user(frame):
+            return frame
+        if home is not warnings or name != "warn":
+            return None
+        level = kwargs.get("stacklevel", args[2] if len(args) > 2 else 1)
+        named = frame
+        for _ in range(max(int(level) - 1, 0)):
+            named = named.f_back if named is not None else None
+        return named if named is not None and self.is_user(named) else None
+
+    def _python(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.python_warn += 1
+        try:
+            return real(*args, **kwargs)
+        finally:
+            self.python_warn -= 1
+
+    def _show(self, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == self.thread and not self.python_warn:
+            return None  # (C++'s, while an op is traced: the graphs give it when they run)
+        return self.show(*args, **kwargs)
 
     def stop(self) -> None:
         for home, name, real in reversed(self.saved):
             setattr(home, name, real)
         self.saved.clear()
+        if warnings.showwarning == self._show:
+            warnings.showwarning = self.show
 
     def refuse(self, describe: str, named: Any = None) -> None:
         """MH106 for the first message: one seen here, or one ``named`` (pystate's
