@@ -10,13 +10,14 @@ Invariant: the answer depends only on a module's name and where its file is inst
 
 from __future__ import annotations
 
+import random
 import types
 from typing import Any
 
 from ..library_state import LIBRARY_PACKAGES, library_module
 
-__all__ = ["LIBRARY_PACKAGES", "NEVER_DRAW", "is_exec_class", "is_library", "is_user_function", "library_module"]
-
+__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "bounded", "is_exec_class", "is_library", "is_user_function",
+           "library_module"]
 
 
 def is_library(value: Any) -> bool:
@@ -61,3 +62,29 @@ def module_data(module: types.ModuleType) -> dict[str, Any]:
     return {k: v for k, v in vars(module).items()
             if not (k.startswith("__") and k.endswith("__"))
             and not isinstance(v, (types.ModuleType, types.FunctionType, type, types.BuiltinFunctionType))}
+
+# Libraries whose functions answer from their arguments and from state minihop models: torch
+# (its process-wide reads are guarded or watched: settings, hidden), Python's pure modules, and
+# those whose objects the heap watch sees (collections, queue, io, array). A library function
+# from elsewhere (``os.listdir``, ``secrets.token_hex``, ``socket``, ``datetime.now``) may
+# answer from files, the system or the network: unknown, so the capture is single-use.
+BOUNDED = frozenset({*NEVER_DRAW, "random", "numpy", "sympy", "typing_extensions", "functorch", "math", "cmath",
+                     "statistics", "fractions", "decimal", "heapq", "bisect", "collections", "copy", "types",
+                     "abc", "enum", "dataclasses", "string", "re", "json", "struct", "array", "queue", "io",
+                     "contextlib", "contextvars", "weakref", "threading", "warnings", "logging", "inspect",
+                     "textwrap", "pprint", "reprlib", "keyword", "_collections_abc", "collections.abc",
+                     "_functools", "_heapq", "_bisect", "_struct", "_json", "_string", "_weakref",
+                     "_thread", "_io", "_contextvars", "_warnings", "_random", "time"})
+
+
+def bounded(fn: Any) -> bool:
+    """Whether calling the library function ``fn`` answers from what minihop bounds
+    (``BOUNDED``; ``time``'s clocks are watched where the code names them: ``hidden``). A
+    class is bounded unless its objects answer from the system (``random.SystemRandom``)."""
+    if isinstance(fn, type):
+        return fn is not random.SystemRandom
+    module = getattr(fn, "__module__", None) or getattr(getattr(fn, "__self__", None), "__module__", None) or ""
+    if not isinstance(module, str):
+        return False
+    return module.split(".")[0] in BOUNDED
+

@@ -49,7 +49,7 @@ from . import collectives, effects, heap, hidden, opaque, store_marks
 from .atoms import ATOMS
 from .heap import Seen, argument_seen
 from .iterators import refuse_iterator_read
-from .library import NEVER_DRAW, is_library, is_user_function, is_user_module, library_module
+from .library import NEVER_DRAW, bounded, is_library, is_user_function, is_user_module, library_module
 from .method_reads import places_named
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
@@ -154,6 +154,12 @@ class StateTracker:
                         refuse_iterator_read(self.name, phase, chain.root, walk(value, chain.steps))
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
+                if setting is None and callable(named_end) \
+                        and is_library(named_end) and hidden.watched(named_end) is None and not bounded(named_end):
+                    self.opaque.reasons.append(  # unknown: right for the call it is traced for
+                        f"{phase} calls {getattr(named_end, '__qualname__', repr(named_end))}, library code that "
+                        f'may answer from files, the system or the network (File "{code.co_filename}", '
+                        f"line {chain.line})")
                 if reads_environment(value, named):
                     self._add_read(ENVIRONMENT, phase, code, chain.line)
                 if setting is not None:
