@@ -19,7 +19,6 @@ listed only if restoring it is never needed: it cannot be changed once set).
 
 from __future__ import annotations
 
-import ast
 import logging
 import os
 import sys
@@ -77,21 +76,29 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
 }
 
 
+def _environ() -> dict[Any, Any]:
+    return dict(getattr(os.environ, "_data", os.environ))  # the raw entries: no decoding per snapshot
+
+
+def _set_environ(old: dict[Any, Any]) -> None:
+    now = _environ()
+    for key in {*now, *old}:
+        if now.get(key) != old.get(key):
+            name = os.fsdecode(key) if isinstance(key, bytes) else key
+            if key in old:
+                os.environ[name] = os.fsdecode(old[key]) if isinstance(old[key], bytes) else old[key]
+            else:
+                os.environ.pop(name, None)
+
+
+_SETTINGS["os.environ"] = (_environ, _set_environ)
+
+
 def state() -> dict[str, Any]:
-    """Every setting's value now, and each environment variable (``os.environ['K']``)."""
-    found = {name: get() for name, (get, _) in _SETTINGS.items()}
-    found.update((f"os.environ[{k!r}]", v) for k, v in os.environ.items())
-    return found
+    """Every setting's value now (the environment as one: ``os.environ``)."""
+    return {name: get() for name, (get, _) in _SETTINGS.items()}
 
 
 def put_back(name: str, value: Any) -> None:
-    """Give setting ``name`` its value ``value`` again (``MISSING``-like None: an environment
-    variable that was not set is removed)."""
-    if name.startswith("os.environ["):
-        key = ast.literal_eval(name[len("os.environ["):-1])
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-        return
+    """Give setting ``name`` its value ``value`` again."""
     _SETTINGS[name][1](value)
