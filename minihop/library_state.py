@@ -13,7 +13,13 @@ any change to it (``heap.RULES``: "a library object's own state changed"), putti
 (``put_back``), so a trace leaves it as it found it and ``fallback="eager"`` runs once.
 
 What is left out (``kept_by_library``): ``logging``'s objects, whose caches change as messages
-are sent (messages are minihop's to replay or refuse: ``effects.MessageWatch``).
+are sent (messages are minihop's to replay or refuse: ``effects.MessageWatch``). An object
+``pickle`` cannot reduce shows nothing of its state (``unseen``: a file, a ``SimpleQueue``):
+code reaching one is refused before tracing (``tracer.iterators``).
+
+Place in the pipeline: the shared layer (beside ``structure``), imported by the tracer and the
+runtime, which never import each other. Also here, as both need them: which modules are a
+library's (``library_module``) and the identity box keys hold objects in (``Same``).
 
 Invariant: two states compare equal only if every attribute is the same object and every
 value the object hands ``pickle`` is equal (floats by their bits, other objects by identity).
