@@ -350,3 +350,67 @@ def test_a_value_library_code_set_is_an_assumption_explain_shows() -> None:
     line = Counts.forward.__code__.co_firstlineno + 2
     assert f"Python value COUNTS['k'] read by forward: == 0  [File \"{__file__}\", line {line}]" in report
     assert "COUNTS['k'] = 1  (set, replayed each time forward runs)" in report
+
+
+# --- reached through a callable or a tuple: a bound method, a partial, a tuple ---------------
+
+_CALLBACK_QUEUE: queue.Queue = queue.Queue()
+
+
+class _Box:
+    k = 0
+
+
+_BOX = _Box()
+_TUPLE = (_BOX,)
+
+
+class _CallsIt(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cb: Any) -> torch.Tensor:
+        cb(1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * 2, None
+
+
+class _CallsItInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cb: Any) -> torch.Tensor:
+        ctx.cb = cb
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.cb(1)
+        return g * 2, None
+
+
+class _ThroughGlobalTuple(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        _TUPLE[0].k = _TUPLE[0].k + 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * _TUPLE[0].k
+
+
+@pytest.mark.parametrize("fn_cls", [_CallsIt, _CallsItInBackward], ids=["forward", "backward"])
+@pytest.mark.parametrize("callback", ["bound", "partial"])
+def test_a_library_object_reached_through_a_callable_matches_eager(fn_cls: type, callback: str) -> None:
+    """``cb = Q.put`` (or ``functools.partial(Q.put)``) passed in and called: the heap watch did
+    not look into a bound method's object or a partial's function, so the queue was unwatched."""
+    import functools
+    cb = _CALLBACK_QUEUE.put if callback == "bound" else functools.partial(_CALLBACK_QUEUE.put)
+    eager_modes.matches_eager(fn_cls, lambda i: (torch.arange(1.0, 4.0).requires_grad_(), cb),
+                              state=lambda: list(_CALLBACK_QUEUE.queue), reset=_CALLBACK_QUEUE.queue.clear)
+
+
+def test_an_object_in_a_global_tuple_matches_eager() -> None:
+    """``T[0].k = T[0].k + 1`` with ``T = (box,)``: tuples were not walked, the write was unseen."""
+    eager_modes.matches_eager(_ThroughGlobalTuple, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),),
+                              state=lambda: _BOX.k, reset=lambda: setattr(_BOX, "k", 0))

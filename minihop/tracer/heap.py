@@ -55,7 +55,8 @@ class Seen:
     obj: Any
     root: Root
     steps: tuple[tuple[str, Any], ...]
-    kind: str  # "attrs", "list", "dict", "set", "globals", "cell", "library"; "module": walked as its dict
+    kind: str  # "attrs", "list", "dict", "set", "globals", "cell", "library", "process"; "module": walked
+    #            as its dict; "through": a bound method, partial or tuple, walked to what it holds
     contents: Any
     library: bool = False  # a library object's own state, or a container of it: any change refused
 
@@ -65,7 +66,8 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     """Every object reachable from ``roots`` and the arguments, with a shallow copy of what it
     holds (``real_of``: the user's own binding of a global or cell minihop stood in for)."""
     found: dict[int, Seen] = {}
-    queue: collections.deque[tuple[Any, Root, tuple[tuple[str, Any], ...], int, bool]] = collections.deque()
+    # (value, root, steps, depth, below a library object, reached through a callable or tuple)
+    queue: collections.deque[tuple[Any, Root, tuple[tuple[str, Any], ...], int, bool, bool]] = collections.deque()
     globals_seen: dict[int, tuple[Any, dict[str, Any]]] = {}
     for root in roots:
         value = root.fetch(args)
@@ -79,10 +81,10 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             bound = cell_value(cell)  # the user's own binding, not minihop's stand-in
             found.setdefault(id(cell), Seen(cell, root, (), "cell", bound if real_of is None else real_of(bound)))
         # (the user's own object below a stand-in: ``memo.k = t`` on an ``lru_cache`` helper)
-        queue.append((value if real_of is None else real_of(value), root, (), 0, False))
+        queue.append((value if real_of is None else real_of(value), root, (), 0, False, False))
     for i, a in enumerate(args):
         queue.append((a, Root("arg", i, argname(i, argnames), lambda args, i=i: args[i] if i < len(args) else MISSING),
-                      (), 0, False))
+                      (), 0, False, False))
     # The process's own settings (the environment, torch's defaults, warnings' filters): one
     # object, changed by library calls no chain names (process_state).
     found[id(PROCESS)] = Seen(PROCESS, Root("value", "process", "the process", lambda args: PROCESS), (),
@@ -90,7 +92,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     for gid, (g, names) in globals_seen.items():
         found[gid] = Seen(g, Root("value", "globals", "globals", lambda args, g=g: g), (), "globals", dict(names))
     while queue and len(found) < MAX_OBJECTS:
-        value, root, steps, depth, below_library = queue.popleft()
+        value, root, steps, depth, below_library, through = queue.popleft()
         if id(value) in found or depth > MAX_DEPTH:
             continue
         if is_user_module(value):
@@ -105,10 +107,17 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
                                 data if seen is None else {**data, **seen.contents})
             found[id(value)] = Seen(value, root, steps, "module", None)  # (visited; compared as its dict)
             for key, child in data.items():
-                queue.append((child, root, (*steps, ("attr", key)), depth + 1, False))
+                queue.append((child, root, (*steps, ("attr", key)), depth + 1, False, False))
             continue
+        # What a callable the code is handed or names (not one a library object keeps as an
+        # attribute: singledispatch's cache) or a tuple holds is reached through it.
+        held = _held_by(value, depth == 0 or through)
+        for step, child in held:
+            queue.append((child, root, (*steps, step), depth + 1, False, True))
         kind, contents = contents_of(value)
         if kind is None:
+            if held:
+                found[id(value)] = Seen(value, root, steps, "through", None)  # (visited)
             continue
         # A container a library object holds (a queue's deque) is its state too.
         library = kind == "library" or below_library and kind in ("list", "dict", "set")
@@ -118,9 +127,27 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         if isinstance(value, torch.nn.Module):
             children = [*children, *value._modules.items()]
         for key, child in children:
+            if kind == "library" and key == STATE:
+                continue  # (a frozen copy, compared as it is)
             step = ("attr", key) if kind in ("attrs", "library") else ("item", key)
-            queue.append((child, root, (*steps, step), depth + 1, library))
+            queue.append((child, root, (*steps, step), depth + 1, library, False))
     return found
+
+
+def _held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
+    """The objects a tuple holds, and (``callables``) a bound method (its ``__self__``:
+    ``cb = Q.put``) or a ``functools.partial`` (its function and arguments): not state of their
+    own, but the way to state the code changes (``cb(1)`` puts into ``Q``). A random
+    generator's method is left to ``hidden`` (its draws are named there)."""
+    if type(value) is tuple:
+        return [(("item", i), v) for i, v in enumerate(value)]
+    if not callables:
+        return []
+    if isinstance(value, types.MethodType):
+        return [] if hidden.fingerprint(value.__self__) is not None else [(("attr", "__self__"), value.__self__)]
+    if isinstance(value, functools.partial):
+        return [(("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
+    return []
 
 
 def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[tuple[Seen, tuple[str, Any], Any, Any]]:
@@ -128,7 +155,7 @@ def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[tuple[Seen, 
     An object no longer reachable is left out: nothing of it is state the next call sees."""
     for key, was in old.items():
         later = new.get(key)
-        if later is None or later.obj is not was.obj or was.kind == "module":
+        if later is None or later.obj is not was.obj or was.kind in ("module", "through"):
             continue
         if same(was.kind, was.contents, later.contents):
             continue

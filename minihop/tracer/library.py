@@ -74,7 +74,9 @@ BOUNDED = frozenset({*NEVER_DRAW, "random", "numpy", "sympy", "typing_extensions
                      "contextlib", "contextvars", "weakref", "threading", "warnings", "logging", "inspect",
                      "textwrap", "pprint", "reprlib", "keyword", "_collections_abc", "collections.abc",
                      "_functools", "_heapq", "_bisect", "_struct", "_json", "_string", "_weakref",
-                     "_thread", "_io", "_contextvars", "_warnings", "_random", "time"})
+                     "_thread", "_io", "_contextvars", "_warnings", "_random", "time",
+                     # pytest's assertion rewriting, in an ``assert`` inside forward under pytest
+                     "_pytest", "pytest"})
 
 
 def bounded(fn: Any) -> bool:
