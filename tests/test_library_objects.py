@@ -414,3 +414,24 @@ def test_an_object_in_a_global_tuple_matches_eager() -> None:
     """``T[0].k = T[0].k + 1`` with ``T = (box,)``: tuples were not walked, the write was unseen."""
     eager_modes.matches_eager(_ThroughGlobalTuple, lambda i: (torch.arange(1.0, 4.0).requires_grad_(),),
                               state=lambda: _BOX.k, reset=lambda: setattr(_BOX, "k", 0))
+
+
+@pytest.mark.parametrize("make", [lambda: collections.UserDict(k=2.0), lambda: collections.deque([2.0]),
+                                  lambda: __import__("array").array("d", [2.0])], ids=["UserDict", "deque", "array"])
+def test_a_new_container_holding_the_same_items_reuses_the_capture(make: Any) -> None:
+    """Keyed by its items, as a list or a dict is: a new one per call with the same items is
+    the same key (keying these by identity, too, captured on every call)."""
+    class First(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, held: Any) -> torch.Tensor:
+            return x * (held["k"] if isinstance(held, collections.UserDict) else held[0])
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return g * 2, None
+
+    minihop.reset()
+    call = minihop.function(First)
+    for _ in range(3):
+        call(torch.ones(2, requires_grad=True), make())
+    assert minihop.counters()["captures"] == 1 and minihop.counters()["cache_hits"] == 2

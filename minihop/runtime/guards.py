@@ -116,15 +116,17 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))
     if isinstance(value, MutableSequence) or isinstance(value, MutableMapping):
-        # Whatever class holds them (``array``, ``bytearray``, ``UserDict``, ``deque``): its items.
+        # Whatever class holds them (``array``, ``bytearray``, ``UserDict``, ``deque``): its
+        # items, as a list's or a dict's (a new one holding the same is the same key).
         inner = _open | {id(value)}
         items = value.items() if isinstance(value, MutableMapping) else enumerate(value)
-        return ("items", type(value), id(value), Same(value),
-                tuple((value_key(k, inner), value_key(v, inner)) for k, v in items))
+        return ("items", type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in items))
     if library_object(value):
-        # A library object (a queue, a buffer): what the heap watch sees of it, keyed.
+        # A library object (a queue, a buffer): what the heap watch sees of it, keyed
         inner = _open | {id(value)}
         state = state_of(value)
+        # (and by identity, as before: what pickle shows may leave out what it computes with,
+        # an ``operator.methodcaller``'s keywords)
         return ("L", type(value), id(value), Same(value), tuple(
             (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()))
     attrs = attributes(value)
