@@ -37,7 +37,7 @@ import weakref
 from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "kept_by_library", "library_module", "library_object",
-           "plain_holder", "put_back", "Same", "state_of", "unseen"]
+           "module_attributes", "plain_holder", "put_back", "Same", "state_of", "unseen"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -48,6 +48,21 @@ LIBRARY_PACKAGES = frozenset({"torch", "minihop", "numpy", "sympy", "typing_exte
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
 
 STATE = "<its own state>"  # the key of what ``__reduce_ex__`` shows, beside the attributes
+
+
+@functools.lru_cache(maxsize=1)
+def _module_bookkeeping() -> frozenset[str]:
+    import torch
+
+    return frozenset(k for k in vars(torch.nn.Module()) if k.startswith("_"))
+
+
+def module_attributes(module: Any) -> dict[str, Any]:
+    """An ``nn.Module``'s own attributes: its ``__dict__`` less nn.Module's bookkeeping (the
+    parameter, buffer, submodule and hook dicts). What its code reads of itself is all of the
+    rest, a leading underscore or not (``training``, ``eps``, the user's ``self._calls``)."""
+    skip = _module_bookkeeping()
+    return {k: v for k, v in vars(module).items() if k not in skip and not k.startswith("_minihop")}
 
 
 @functools.lru_cache(maxsize=4096)

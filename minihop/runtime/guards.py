@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
-from ..library_state import STATE, Same, library_object, state_of
+from ..library_state import STATE, Same, library_object, module_attributes, state_of
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
@@ -186,8 +186,8 @@ def _code_key(v: Any) -> tuple[Any, ...]:
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:
-    plain = tuple((k, value_key(v, inner)) for k, v in module.__dict__.items()
-                  if not k.startswith("_") and not isinstance(v, torch.Tensor))
+    plain = tuple((k, value_key(v, inner)) for k, v in module_attributes(module).items()
+                  if not isinstance(v, torch.Tensor))
     hooks = tuple(id(h) for d in (module._forward_pre_hooks, module._forward_hooks) for h in d.values())
     return (name, type(module), id(module), module.training, plain, hooks)
 

@@ -38,7 +38,7 @@ from .library import is_library, is_user_module
 from .process_state import PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
-from ..library_state import STATE, kept_by_library, plain_holder, put_back, state_of
+from ..library_state import STATE, kept_by_library, module_attributes, plain_holder, put_back, state_of
 from .roots import cell_value
 
 __all__ = ["RULES", "STATE", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
@@ -266,8 +266,7 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
         # Its plain attributes (``training``, ``self.steps``), and its parameters and buffers
         # by name (``mod.k = t`` rebinds a registered buffer in ``_buffers``); submodules are
         # walked as children.
-        return "attrs", {**{k: v for k, v in vars(value).items() if not k.startswith("_")},
-                         **value._parameters, **value._buffers}
+        return "attrs", {**module_attributes(value), **value._parameters, **value._buffers}
     if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
                                                       types.ModuleType, types.FunctionType,
                                                       types.BuiltinFunctionType, types.MethodType,
