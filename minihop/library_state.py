@@ -19,7 +19,9 @@ code reaching one is refused before tracing (``tracer.iterators``).
 
 Place in the pipeline: the shared layer (beside ``structure``), imported by the tracer and the
 runtime, which never import each other. Also here, as both need them: which modules are a
-library's (``library_module``) and the identity box keys hold objects in (``Same``).
+library's (``library_module``), the identity box keys hold objects in (``Same``), what of an
+``nn.Module`` and of a tensor is the user's state (``module_attributes``, ``tensor_attributes``)
+and how an attribute is written back past a user's ``__setattr__`` (``set_attr``, ``del_attr``).
 
 Invariant: two states compare equal only if every attribute is the same object and every
 value the object hands ``pickle`` is equal (floats by their bits, other objects by identity).
@@ -37,7 +39,7 @@ import weakref
 from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "kept_by_library", "library_module", "library_object",
-           "module_attributes", "plain_holder", "put_back", "Same", "state_of", "unseen"]
+           "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -63,6 +65,28 @@ def module_attributes(module: Any) -> dict[str, Any]:
     rest, a leading underscore or not (``training``, ``eps``, the user's ``self._calls``)."""
     skip = _module_bookkeeping()
     return {k: v for k, v in vars(module).items() if k not in skip and not k.startswith("_minihop")}
+
+
+@functools.lru_cache(maxsize=1)
+def torch_tensor_entries() -> frozenset[str]:
+    """The ``__dict__`` entries torch itself gives a tensor, real or fake (a fake's mode, its
+    memos): never the user's attributes, and keying them would walk the whole mode."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.empty(0))
+        made = fake.new_empty(1)
+    return frozenset(vars(fake)) | frozenset(vars(made)) | frozenset(vars(torch.empty(0)))
+
+
+def tensor_attributes(t: Any) -> dict[str, Any]:
+    """The attributes user code set on tensor ``t`` (``x.scale = 2.0``, ``out._soft = soft``)."""
+    found = t.__dict__
+    if not found:
+        return {}
+    internal = torch_tensor_entries()
+    return {k: v for k, v in found.items() if k not in internal and not k.startswith("__")}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -194,3 +218,35 @@ def put_back(value: Any, state: LibraryState) -> None:
     held = state.raw[1] if len(state.raw) == 2 else None
     if held is not None and held is not getattr(value, "__dict__", None) and callable(setstate):
         setstate(held)
+
+
+def set_attr(obj: Any, name: str, value: Any) -> None:
+    """Set what a watched object holds as ``name``, putting it back: ``object.__setattr__``
+    past a user's own ``__setattr__``; a thread-local's needs its own; a module's parameter or
+    buffer lives in its own dict (``heap.contents_of``)."""
+    held = _module_slot(obj, name)
+    if held is not None:
+        held[name] = value
+        return
+    setter = type.__setattr__ if isinstance(obj, type) else setattr if plain_holder(obj) else object.__setattr__
+    setter(obj, name, value)
+
+
+def del_attr(obj: Any, name: str) -> None:
+    held = _module_slot(obj, name)
+    if held is not None:
+        del held[name]
+        return
+    deleter = type.__delattr__ if isinstance(obj, type) else delattr if plain_holder(obj) else object.__delattr__
+    deleter(obj, name)
+
+
+def _module_slot(obj: Any, name: str) -> dict[str, Any] | None:
+    """The ``_parameters`` or ``_buffers`` dict of module ``obj`` that holds ``name``, if any."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        for held in (obj._parameters, obj._buffers):
+            if name in held:
+                return held
+    return None

@@ -5,7 +5,7 @@ uses to name and reach a value outside a graph's tensors: the Python-state guard
 writes they replay (``tracer.pystate``/``roots``, ``runtime.capture``), forward's writes
 outside its return value (``tracer.outside``, ``runtime.writes``), and the messages and
 ``explain`` text that name them (``describe``). Place in the pipeline: part of the contract
-(``spec`` re-exports it); it imports only ``structure``.
+(``spec`` re-exports it); it imports only ``structure`` and ``library_state``.
 
 Invariant: a place holds no value, only the way to it: its root is fetched anew on each call
 (an argument from that call, a global or cell as it is bound now), as eager would read it.
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .library_state import del_attr, set_attr
 from .structure import Path, Step, argname
 
 __all__ = ["MISSING", "Place", "Root", "arg_place", "walk_plain"]
@@ -155,10 +156,12 @@ class Place:
         owner = self.owner(args)
         kind, key = self.step
         if kind == "attr":
+            # As the heap watch put it back while tracing: the state eager's code left (past a
+            # user's ``__setattr__``, which ran in eager and whose other changes are writes too).
             if value is MISSING:
-                delattr(owner, key)
+                del_attr(owner, key)
             else:
-                setattr(owner, key, value)
+                set_attr(owner, key, value)
         elif kind == "cell":
             owner.cell_contents = value
         elif value is MISSING:

@@ -23,10 +23,10 @@ from collections.abc import Callable, MutableMapping, MutableSequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
-from ..library_state import STATE, Same, library_object, module_attributes, state_of
+from ..library_state import STATE, Same, library_object, module_attributes, state_of, torch_tensor_entries
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
@@ -43,17 +43,8 @@ def python_attributes(tensor: torch.Tensor) -> tuple[tuple[str, Any], ...]:
     found = tensor.__dict__
     if not found:
         return ()
-    own = _fake_own() if isinstance(tensor, FakeTensor) else ()  # (a trace's value: what the user set)
+    own = torch_tensor_entries() if isinstance(tensor, FakeTensor) else ()  # (a trace's value: what the user set)
     return tuple(sorted((k, value_key(v)) for k, v in found.items() if not is_dynamo_mark(k) and k not in own))
-
-
-@functools.lru_cache(maxsize=1)
-def _fake_own() -> frozenset[str]:
-    """The ``__dict__`` entries torch gives a fake tensor (its mode, its memos): not the user's
-    attributes, and keying them would walk the whole mode."""
-    with FakeTensorMode() as mode:
-        fake = mode.from_tensor(torch.empty(0))
-    return frozenset(vars(fake)) | frozenset(vars(fake.new_empty(1)))
 
 
 def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:

@@ -31,6 +31,7 @@ from .ctx import ProxyCtx
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
 from .function_parts import FunctionParts
 from .memo_writes import seen_by_backward, with_seen
+from .tensor_attr_reads import as_called
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
 from .size_values import refusing_size_values
@@ -170,6 +171,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
     with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
         t.backward_reads.arguments(call_args)  # a module argument's tensors as they are now
+        as_called(fake_args, call_args)  # (and a tensor argument's own attributes)
         swapped: dict[str, Any] = {}
         if call_args:
             for name, value in vars(ctx).items():

@@ -108,7 +108,7 @@ class BackwardReads:
 
     def stand_in(self, value: Any) -> Any:
         """What backward finds where forward wrote ``value`` into a container below a global or
-        a cell (``outside.OutsideSnapshot.replayed``): for a tensor forward computed, a real
+        a cell (``outside.OutsideWrites.replayed``): for a tensor forward computed, a real
         stand-in of its properties, so that backward's read of it is a read of that place
         when backward runs (``lift``: a route leads to it now), as eager's is: the caller may
         have cleared the memo (eager's ``KeyError``) or put another tensor there since. Where

@@ -77,6 +77,13 @@ def code_facts(code: types.CodeType) -> CodeFacts:
             line = op.lineno
         if op.opname in ("STORE_ATTR", "STORE_GLOBAL", "STORE_DEREF", "DELETE_ATTR", "DELETE_GLOBAL"):
             stores.append((str(op.argval), line))
+        if op.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or \
+                op.opname in ("STORE_DEREF", "DELETE_DEREF") and op.argval in code.co_freevars:
+            # A global or closure variable the code rebinds is a root of the heap watch whether
+            # or not the code reads it (``global G; G = y``, ``nonlocal cache; cache = y``): the
+            # receiver of a store, watched, not a read.
+            chains.append(Chain("global" if op.opname.endswith("GLOBAL") else "deref", str(op.argval), (),
+                                "receiver", line))
         kind = _ROOTS.get(op.opname)
         if kind is None:
             i += 1

@@ -4,7 +4,7 @@ ops, and messages (``logging``) sent while it is traced.
 Place in the pipeline: tracer, beside the heap watch (``heap``). The recorder notes each
 ``torch.Generator`` that reaches a recorded op (``note_generator``); the trace asks
 ``refuse_generators`` once the phase's code has run. ``MessageWatch`` sees ``logging`` calls
-made while the user's code runs.
+made while the user's code runs, ``PrintWatch`` its ``print`` calls.
 
 Why a generator is refused: a graph can only hold it as a constant, the object seen while
 tracing. A generator made and seeded inside forward (``torch.Generator().manual_seed(0)``)
@@ -25,6 +25,7 @@ captured.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import dataclasses
 import logging
@@ -40,7 +41,7 @@ from ..errors import SideEffectError
 from ..spec import CTX_HELD
 from .atoms import CONSTANTS
 
-__all__ = ["MessageWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
+__all__ = ["MessageWatch", "PrintWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
            "ctx_objects", "refuse_ctx_rebinding", "share_arguments"]
 
 
@@ -68,6 +69,37 @@ def refuse_generators(generators: list[str | None], describe: str) -> None:
         "an argument would be the traced call's, where eager draws from the one of each call.",
         "Draw from torch's default generator (seed it outside the Function), or run it eagerly "
         "with minihop.function(F, fallback='eager').", where=generators[0])
+
+
+class PrintWatch:
+    """``print`` while the user's code is traced (in the tracing thread): recorded, not run."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, int, str]] = []  # (function, line in it, where)
+        self.thread = threading.get_ident()
+        self.real = builtins.print
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if threading.get_ident() != self.thread:
+            return self.real(*args, **kwargs)
+        frame = sys._getframe(1)
+        self.lines.append((frame.f_code.co_name, frame.f_lineno,
+                           f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
+        return None
+
+    def refuse(self, name: str) -> None:
+        """A ``print`` ran while the code was traced: refused (it would print once, never again)."""
+        if not self.lines:
+            return
+        method, line, where = self.lines[0]
+        raise SideEffectError(
+            f"{name}.{method} calls `print` (line {line}).",
+            "A capture replays only tensor operations and the simple Python writes "
+            "minihop can repeat (counters, appends, constants); printing happens once, "
+            "while tracing, and never again when the graphs run.",
+            "Print outside the Function, or behind a flag that is off (if DEBUG: ...), "
+            "or run it eagerly with minihop.function(F, fallback='eager').",
+            where=where)
 
 
 class MessageWatch:

@@ -3,8 +3,10 @@
 Place in the pipeline: tracer, driven by ``pystate.StateTracker``. Before forward is traced,
 ``snapshot`` records every object reachable from the roots the read analysis found
 (``roots``: globals, closure cells, classes, objects reached from them) and from the
-arguments: a shallow copy of what each holds. After forward and after backward a second
-snapshot is taken and ``changes`` lists every difference, once. ``classify`` turns each
+arguments: a shallow copy of what each holds (of a tensor, the attributes the user set on it).
+After forward and after backward a second snapshot is taken and ``changes`` lists every
+difference, once: after forward, ``outside.claim`` takes those of the containers forward
+stored a tensor of the trace in (repeated on each call as hidden fwd outputs). ``classify`` turns each
 difference into what the capture does about it, by the first row of ``RULES`` (data:
 condition -> outcome) that matches: a replayable ``StateWrite`` kind (``add``, ``extend``,
 ``set``, ``copy``) or a refusal (``SideEffectError``, raised by the tracker with the place and
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..spec import MISSING, Root
+from ..spec import MISSING, Place, Root
 from ..structure import argname, attributes
 from . import effects, hidden
 from .atoms import ATOMS, CONSTANTS
@@ -38,14 +40,21 @@ from .library import is_library, is_user_module
 from .process_state import PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
-from ..library_state import STATE, kept_by_library, module_attributes, plain_holder, put_back, state_of
+from ..library_state import (STATE, del_attr, kept_by_library, module_attributes, plain_holder, put_back, set_attr,
+                             state_of, tensor_attributes)
 from .roots import cell_value
 
-__all__ = ["RULES", "STATE", "Change", "Rule", "Seen", "argument_seen", "changes", "class_state", "classify", "contents_of",
-           "del_attr", "restore", "same", "set_attr", "snapshot"]
+__all__ = ["MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",
+           "current", "put", "restore", "same", "snapshot"]
 
-MAX_OBJECTS = 2000  # a snapshot walks at most this many objects ...
-MAX_DEPTH = 6       # ... and this deep below its roots
+# A snapshot walks everything reachable, however deep (cycles are cut by identity): a change
+# below a depth limit would go unseen, and a fake tensor of the trace stay there. Past this many
+# objects (tensors not counted) it stops and the capture is refused (``TooMuchState``).
+MAX_OBJECTS = 5000
+
+
+class TooMuchState(Exception):
+    """More objects are reachable than a snapshot walks: what is past them is not watched."""
 
 
 @dataclasses.dataclass
@@ -55,8 +64,9 @@ class Seen:
     obj: Any
     root: Root
     steps: tuple[tuple[str, Any], ...]
-    kind: str  # "attrs", "list", "dict", "set", "globals", "cell", "library", "process"; "module": walked
-    #            as its dict; "through": a bound method, partial or tuple, walked to what it holds
+    kind: str  # "attrs", "list", "dict", "set", "globals", "cell", "library", "process", "tensor" (its own
+    #            attributes); "module": walked as its dict; "through": a bound method, partial or
+    #            tuple, walked to what it holds
     contents: Any
     library: bool = False  # a library object's own state, or a container of it: any change refused
 
@@ -91,10 +101,14 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
                               "process", process_state())
     for gid, (g, names) in globals_seen.items():
         found[gid] = Seen(g, Root("value", "globals", "globals", lambda args, g=g: g), (), "globals", dict(names))
-    while queue and len(found) < MAX_OBJECTS:
+    tensors = 0  # (a tensor's attributes are watched too; the bound is on other objects)
+    while queue:
         value, root, steps, depth, below_library, through = queue.popleft()
-        if id(value) in found or depth > MAX_DEPTH:
+        if id(value) in found:
             continue
+        if len(found) - tensors >= MAX_OBJECTS and (is_user_module(value) or _held_by(value, True)
+                                                    or contents_of(value)[0] not in (None, "tensor")):
+            raise TooMuchState(Place(root, steps).description)  # (where the walk stopped)
         if is_user_module(value):
             # The user's module (``import cfg; cfg.step += 1``) or a ModuleType namespace: its
             # names are globals of its own functions, so it is watched as their globals dict
@@ -122,6 +136,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         # A container a library object holds (a queue's deque) is its state too.
         library = kind == "library" or below_library and kind in ("list", "dict", "set")
         found[id(value)] = Seen(value, root, steps, kind, contents, library)
+        tensors += kind == "tensor"
         children = (contents.items() if kind in ("attrs", "dict", "library") else
                     enumerate(contents) if kind == "list" else ())
         if isinstance(value, torch.nn.Module):
@@ -150,7 +165,11 @@ def _held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
     return []
 
 
-def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[tuple[Seen, tuple[str, Any], Any, Any]]:
+# One difference between two snapshots: (what was seen, step, before, after).
+Difference = tuple[Seen, tuple[str, Any], Any, Any]
+
+
+def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[Difference]:
     """Each difference from snapshot ``old`` to ``new``: (what was seen, step, before, after).
     An object no longer reachable is left out: nothing of it is state the next call sees."""
     for key, was in old.items():
@@ -255,6 +274,10 @@ UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.Modul
 
 def contents_of(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
+    if isinstance(value, torch.Tensor):
+        # The attributes the user set on it (``x.scale = 2.0``, ``out._soft = soft``): its data is
+        # the graphs', its properties are keyed with the call.
+        return "tensor", tensor_attributes(value)
     if isinstance(value, (functools.partial, functools._lru_cache_wrapper)) or (
             type(value) is types.FunctionType and not is_library(value)):
         # Attributes set on the user's function or a wrapper of it (``helper.calls += 1``,
@@ -312,7 +335,7 @@ def same(kind: str, old: Any, new: Any) -> bool:
         return old == new  # (by value: an environment variable's str is made anew on each read)
     if kind == "library":
         return old.keys() == new.keys() and all(old[k] is new[k] or k == STATE and old[k] == new[k] for k in old)
-    if kind in ("attrs", "dict", "globals"):
+    if kind in ("attrs", "dict", "globals", "tensor"):
         # In order: a dict's order is what later ``popitem``/iteration sees.
         return len(old) == len(new) and all(map(_identical, old, new)) and all(old[k] is new[k] for k in old)
     if kind == "list":
@@ -340,7 +363,7 @@ def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any]
             if a is not b and a != b:
                 yield ("attr", k), a, b
         return
-    if kind in ("attrs", "dict", "globals", "library"):
+    if kind in ("attrs", "dict", "globals", "library", "tensor"):
         step_kind = "item" if kind in ("dict", "globals") else "attr"
         found = False
         for k in (*old.keys(), *(k for k in new if k not in old)):
@@ -357,82 +380,68 @@ def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any]
     yield ("whole", None), old, new
 
 
+def current(seen: Seen) -> Any:
+    """What the object ``seen`` watched holds now, as a snapshot would record it there."""
+    if seen.kind == "globals":  # (the names watched; a user module's: all of them)
+        names = {**seen.contents, **({k: None for k in seen.obj if not _dunder(k)} if seen.root.key == "module" else {})}
+        return {k: seen.obj.get(k, MISSING) for k in names}
+    if seen.kind == "cell":
+        return cell_value(seen.obj)
+    return contents_of(seen.obj)[1]
+
+
 def restore(snapshot: dict[int, Seen]) -> None:
     """Put every watched object back as the snapshot saw it."""
     for seen in snapshot.values():
-        obj, old = seen.obj, seen.contents
-        try:
-            if seen.kind == "globals":
-                if seen.root.key == "module":  # a user module's: names the trace added go
-                    for k in [k for k in obj if k not in old and not _dunder(k)]:
-                        del obj[k]
-                for k, v in old.items():
-                    if v is MISSING:
-                        obj.pop(k, None)
-                    elif obj.get(k, MISSING) is not v:
-                        obj[k] = v
-            elif seen.kind == "cell":
-                if old is not MISSING and cell_value(obj) is not old:
-                    obj.cell_contents = old
-            elif seen.kind == "process":
-                now = process_state()
-                for k in (*old.keys(), *(k for k in now if k not in old)):
-                    if now.get(k, MISSING) != old.get(k, MISSING):
-                        put_back_setting(k, old.get(k))
-            elif seen.kind == "hidden":
-                if hidden.fingerprint(obj) != old:
-                    hidden.restore(obj, old)
-            elif seen.kind in ("list", "dict", "set"):
-                if not same(seen.kind, old, contents_of(obj)[1]):
-                    if hasattr(obj, "clear"):
-                        obj.clear()
-                    else:  # an ``array``
-                        del obj[:]
-                    (obj.extend if seen.kind == "list" else obj.update)(old)
-            elif seen.kind in ("attrs", "library"):
-                now = contents_of(obj)[1] or {}
-                if STATE in old and now.get(STATE) != old[STATE]:
-                    put_back(obj, old[STATE])
-                old = {k: v for k, v in old.items() if k != STATE}
-                now = {k: v for k, v in now.items() if k != STATE}
-                for k in now:
-                    if k not in old:
-                        del_attr(obj, k)
-                for k, v in old.items():
-                    if now.get(k, MISSING) is not v:
-                        set_attr(obj, k, v)
-        except Exception:
-            continue
+        put(seen, seen.contents)
+
+
+def put(seen: Seen, old: Any) -> None:
+    """Make the object ``seen`` watched hold ``old`` (contents as ``contents_of`` gives them)."""
+    obj = seen.obj
+    try:
+        if seen.kind == "globals":
+            if seen.root.key == "module":  # a user module's: names the trace added go
+                for k in [k for k in obj if k not in old and not _dunder(k)]:
+                    del obj[k]
+            for k, v in old.items():
+                if v is MISSING:
+                    obj.pop(k, None)
+                elif obj.get(k, MISSING) is not v:
+                    obj[k] = v
+        elif seen.kind == "cell":
+            if old is not MISSING and cell_value(obj) is not old:
+                obj.cell_contents = old
+        elif seen.kind == "process":
+            now = process_state()
+            for k in (*old.keys(), *(k for k in now if k not in old)):
+                if now.get(k, MISSING) != old.get(k, MISSING):
+                    put_back_setting(k, old.get(k))
+        elif seen.kind == "hidden":
+            if hidden.fingerprint(obj) != old:
+                hidden.restore(obj, old)
+        elif seen.kind in ("list", "dict", "set"):
+            if not same(seen.kind, old, contents_of(obj)[1]):
+                if hasattr(obj, "clear"):
+                    obj.clear()
+                else:  # an ``array``
+                    del obj[:]
+                (obj.extend if seen.kind == "list" else obj.update)(old)
+        elif seen.kind in ("attrs", "library", "tensor"):
+            now = contents_of(obj)[1] or {}
+            if STATE in old and now.get(STATE) != old[STATE]:
+                put_back(obj, old[STATE])
+            old = {k: v for k, v in old.items() if k != STATE}
+            now = {k: v for k, v in now.items() if k != STATE}
+            for k in now:
+                if k not in old:
+                    del_attr(obj, k)
+            for k, v in old.items():
+                if now.get(k, MISSING) is not v:
+                    set_attr(obj, k, v)
+    except Exception:
+        return
 
 
 def _dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
-
-
-def set_attr(obj: Any, name: str, value: Any) -> None:
-    # object.__setattr__ past a user's own __setattr__; a thread-local's needs its own; a
-    # module's parameter or buffer lives in its own dict (``contents_of``).
-    held = _module_slot(obj, name)
-    if held is not None:
-        held[name] = value
-        return
-    setter = type.__setattr__ if isinstance(obj, type) else setattr if plain_holder(obj) else object.__setattr__
-    setter(obj, name, value)
-
-
-def del_attr(obj: Any, name: str) -> None:
-    held = _module_slot(obj, name)
-    if held is not None:
-        del held[name]
-        return
-    deleter = type.__delattr__ if isinstance(obj, type) else delattr if plain_holder(obj) else object.__delattr__
-    deleter(obj, name)
-
-
-def _module_slot(obj: Any, name: str) -> dict[str, Any] | None:
-    """The ``_parameters`` or ``_buffers`` dict of module ``obj`` that holds ``name``, if any."""
-    if isinstance(obj, torch.nn.Module):
-        for held in (obj._parameters, obj._buffers):
-            if name in held:
-                return held
-    return None

@@ -1,7 +1,7 @@
 """What backward does to the containers forward stored tensors in (a memo forward fills and
 backward empties: ``CACHE["mask"] = m`` in forward, ``CACHE.pop("mask")`` in backward).
 
-Place in the pipeline: tracer, called by ``outside.OutsideSnapshot.replayed`` when backward is
+Place in the pipeline: tracer, called by ``outside.OutsideWrites.replayed`` when backward is
 traced with forward's writes put back, and by ``trace.trace`` to turn what it found into the
 record. Forward's tensors are put back for backward to read and taken out again after it (a
 trace leaves the caller's state as it found it), so the heap watch (``pystate``) never sees

@@ -35,10 +35,8 @@ import contextlib
 import builtins
 import dataclasses
 import functools
-import sys
-import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -47,7 +45,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, opaque, store_marks
 from .atoms import ATOMS
-from .heap import Seen, argument_seen
+from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, bounded, is_library, is_user_function, is_user_module, library_module
 from .method_reads import places_named
@@ -55,27 +53,11 @@ from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
                     reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
-from .state_writes import drawn, refused, write_of
+from .state_writes import drawn, refused, too_much_state, write_of
+from .tensor_attr_reads import tensor_attribute_reads
 from .userattr import UserAttribute
 
 __all__ = ["StateTracker", "arg_masks", "is_library"]
-
-
-class _PrintWatch:
-    """``print`` while the user's code is traced (in the tracing thread): recorded, not run."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, int, str]] = []  # (function, line in it, where)
-        self.thread = threading.get_ident()
-        self.real = builtins.print
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        if threading.get_ident() != self.thread:
-            return self.real(*args, **kwargs)
-        frame = sys._getframe(1)
-        self.lines.append((frame.f_code.co_name, frame.f_lineno,
-                           f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
-        return None
 
 
 class StateTracker:
@@ -90,7 +72,7 @@ class StateTracker:
         self.stores: dict[tuple[str, str], str] = {}  # (phase, name stored) -> where
         # (phase, root, name) written by ``+=``/``-=``: ``F.calls += 1`` is (.., "F", "calls")
         self.increments: set[tuple[str, str, str]] = set()
-        self.watch: _PrintWatch | None = None
+        self.watch: effects.PrintWatch | None = None
         self.hidden_reads: hidden.ReadWatch | None = None
         # Whether Python's generator may be drawn from where the code does not name it.
         self.may_draw = False
@@ -113,6 +95,7 @@ class StateTracker:
             store_marks.unmark(self.marked)  # no tracker comes back to do it
             raise
         self.after_forward: dict[int, Seen] | None = None
+        self.forward_diff: list[Difference] = []  # (heap.changes from before to after_forward)
         self.finished = False
         # A backward traced again for a real call stands for that call (``rerun_backward``):
         # a write it cannot repeat stays made, as eager's, and makes its trace serve that call only.
@@ -247,7 +230,7 @@ class StateTracker:
         """Backward's reads through ctx (``ctx.cfg.scale``): after forward ran, ``ctx.cfg`` is
         an object; if it is one reachable from the arguments or globals, the read is of that
         place (and checked again when backward runs). Objects forward created are its own."""
-        index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values()}
+        index = {id(seen.obj): seen for seen in (self.after_forward or self.before).values() if seen.kind != "tensor"}
         roots = {id(value): Seen(value, root, (), "attrs", None) for root, value in self.roots}
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
@@ -281,11 +264,13 @@ class StateTracker:
                 steps, end = tensor_holder((*seen.steps, *rest), walk(first, rest), lambda: walk(first, rest[:-1]))
                 if guarded_value(end):
                     self._add_read(place_at(seen.root, steps, isinstance(end, UserAttribute)), phase, code, chain.line)
+        for place, code in tensor_attribute_reads(self.analysed, self.args, self.parts.argnames, ctx):
+            self._add_read(place, "backward", code, code.co_firstlineno)
 
     # writes: snapshots of everything reachable from the roots
     def start(self) -> None:
         """Before the user's code runs: watch ``print`` and the clock."""
-        self.watch = _PrintWatch()
+        self.watch = effects.PrintWatch()
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
         self.opaque.start(codes, self.args)
@@ -334,17 +319,28 @@ class StateTracker:
 
     def _snapshot(self) -> dict[int, Seen]:
         real_of = None if self.hidden_reads is None else self.hidden_reads.real_of
-        return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of)
+        try:
+            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of)
+        except heap.TooMuchState as e:
+            raise too_much_state(self.name, str(e)) from None
 
     def existed_before(self, value: Any) -> bool:
         """Whether ``value`` is an object of the Python state forward found (not its own)."""
-        return id(value) in self.before
+        seen = self.before.get(id(value))
+        return seen is not None and seen.kind != "tensor"
 
-    def forward_done(self) -> None:
+    def forward_changes(self) -> tuple[list[Difference], dict[int, Seen]]:
+        """Forward's differences, diffed once, and the snapshot after it (``outside.claim``)."""
         self.after_forward = self._snapshot()
-        # Classified now: a value forward set (a fresh dict) is copied as forward left it,
-        # before backward changes it.
-        self.forward_writes = self._writes(self.before, self.after_forward, "forward")
+        self.forward_diff = list(heap.changes(self.before, self.after_forward))
+        return self.forward_diff, self.after_forward
+
+    def forward_done(self, rest: list[Difference] | None = None) -> None:
+        """Forward's differences ``outside.claim`` left, classified now: a value forward set (a
+        fresh dict) is copied as forward left it, before backward changes it."""
+        if self.after_forward is None:
+            self.forward_changes()
+        self.forward_writes = self._classify(self.forward_diff if rest is None else rest, "forward")
         if self.hidden_reads is not None:
             self.hidden_reads.check_generator()
             self.hidden_reads.phase = "backward"
@@ -362,16 +358,8 @@ class StateTracker:
                         else self._writes(self.before, after_forward, "forward")),
                       *self._writes(after_forward, after, "backward"),
                       *(self.hidden_reads.call_writes() if self.hidden_reads is not None else ())]
-            if self.watch is not None and self.watch.lines:
-                method, line, where = self.watch.lines[0]
-                raise SideEffectError(
-                    f"{self.name}.{method} calls `print` (line {line}).",
-                    "A capture replays only tensor operations and the simple Python writes "
-                    "minihop can repeat (counters, appends, constants); printing happens once, "
-                    "while tracing, and never again when the graphs run.",
-                    "Print outside the Function, or behind a flag that is off (if DEBUG: ...), "
-                    "or run it eagerly with minihop.function(F, fallback='eager').",
-                    where=where)
+            if self.watch is not None:
+                self.watch.refuse(self.name)
             if self.messages is not None:
                 self.messages.refuse(f"{self.name}.backward", self.hidden_reads)
                 # standing: sent for this call, as eager's; no later call may reuse the trace
@@ -416,9 +404,12 @@ class StateTracker:
         return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
 
     def _writes(self, old: dict[int, Seen], new: dict[int, Seen], phase: str) -> list[StateWrite]:
+        return self._classify(heap.changes(old, new), phase)
+
+    def _classify(self, differences: Iterable[Difference], phase: str) -> list[StateWrite]:
         read_places = {r.place.description for r in self.reads}
         return [write_of(self, was, step, before, after, phase, read_places)
-                for was, step, before, after in heap.changes(old, new)]
+                for was, step, before, after in differences]
 
     def _refuse(self, place: Place, phase: str, where: str | None, what: str, *, tensor: bool = False) -> StateWrite:
         if self.standing and not tensor and phase == "backward":

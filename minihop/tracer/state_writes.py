@@ -24,7 +24,7 @@ from . import heap
 from .heap import Seen
 from .roots import cell_place, global_place, place_at, value_place
 
-__all__ = ["drawn", "refused", "write_of"]
+__all__ = ["drawn", "refused", "too_much_state", "write_of"]
 
 
 def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
@@ -94,3 +94,15 @@ def drawn(name: str, what: str, where: str | None) -> SideEffectError:
         "Draw with torch instead (torch.rand(()) is recorded and drawn again on every "
         "call), pass the number in as an argument, or run it eagerly with "
         "minihop.function(F, fallback='eager').", where=where)
+
+
+def too_much_state(name: str, where: str) -> SideEffectError:
+    """More is reachable than the heap watch walks (``heap.TooMuchState``): refused, not guessed."""
+    return SideEffectError(
+        f"{name}: the Python state its code can reach (its arguments' objects and what it "
+        f"names) holds more than {heap.MAX_OBJECTS} objects; the watch stopped at {where}.",
+        "minihop watches everything a trace can reach for writes (one it did not see would "
+        "stay made by the trace alone, or leave a fake tensor there), and refuses rather than "
+        "guess past what it watched.",
+        "Pass the Function what it uses rather than a large structure holding it, or run it "
+        "eagerly with minihop.function(F, fallback='eager').")

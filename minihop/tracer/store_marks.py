@@ -19,7 +19,7 @@ from typing import Any
 
 from ..spec import MISSING, StateRead
 from .atoms import ATOMS
-from .heap import del_attr, set_attr
+from ..library_state import del_attr, set_attr
 from .roots import place_at, resolve_root
 
 __all__ = ["Marked", "mark", "unmark"]

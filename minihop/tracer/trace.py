@@ -40,7 +40,7 @@ from .function_parts import FunctionParts, function_parts
 from .memo_writes import backward_writes, seen_by_backward, with_seen
 from .names import FrameSnapshot, code_of, name_hints
 from .outputs import check_returned, hidden_outputs, refuse_hidden_tensors, refuse_unbacked_numbers, saved_node
-from .outside import find_outside_tensors, outside_roots, snapshot_outside
+from .outside import claim
 from .pystate import StateTracker
 from .refusals import refusal_for
 from .session import TRACE_LOCK, GradAssumption, Tracing
@@ -167,16 +167,13 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
                 state: StateTracker) -> RawCapture:
     record = ctx._minihop_record
     fwd_frame = FrameSnapshot()
-    outside = snapshot_outside(outside_roots(parts.forward, fake_args))
-    try:
-        if parts.setup_context is None:
-            out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
-        else:
-            out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
-            t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
-    except BaseException:
-        outside.restore()  # no fake tensor stays in the caller's objects
-        raise
+    # (however forward or what follows ends, ``state.abort`` puts the caller's objects back:
+    # no fake tensor stays in them)
+    if parts.setup_context is None:
+        out = t.run("forward", parts.forward, t.fwd, fwd_frame, ctx, *fake_args)
+    else:
+        out = t.run("forward", parts.forward, t.fwd, fwd_frame, *fake_args)
+        t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
     t.unbacked.flush(t.fwd)
     t.unbacked.check_ranges(t.fwd)
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
@@ -195,18 +192,17 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         top.append(is_top)
         return len(flat) - 1
 
-    try:
-        refuse_hidden_tensors(parts, (out,), "output")
-        refuse_unbacked_numbers(t, out)
-        spec = describe_output(out, on_tensor)
-        found = find_outside_tensors(outside, tuple(flat), t.is_traced, parts.name,
-                                     code_of(parts.forward), parts.argnames)
-        num_user_outputs = len(flat)
-        outside_writes = hidden_outputs(t, found, flat, top, fake_args)
-    except BaseException:
-        outside.restore()  # refused: as if forward had not run (eager may run it next)
-        raise
-    state.forward_done()  # after the tensors written outside were taken back out
+    refuse_hidden_tensors(parts, (out,), "output")
+    refuse_unbacked_numbers(t, out)
+    spec = describe_output(out, on_tensor)
+    # One diff of the heap watch: the tensors forward put outside its return value are
+    # taken back out first (``outside``), the rest is classified by the rule table.
+    differences, after_forward = state.forward_changes()
+    outside, rest = claim(differences, state.before, after_forward, tuple(flat), t.is_traced, parts.name,
+                          code_of(parts.forward), parts.argnames)
+    num_user_outputs = len(flat)
+    outside_writes = hidden_outputs(t, outside.tensors, flat, top, fake_args)
+    state.forward_done(rest)
     fwd_outputs = t.fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_ids = {id(v) for v in fake_args if isinstance(v, torch.Tensor)}
     dirty_ids = {id(d) for d in record.dirty}

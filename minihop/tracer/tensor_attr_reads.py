@@ -1,0 +1,88 @@
+"""The Python attributes of a tensor argument that backward may read: read places of backward.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker`` once forward has run (with
+ctx as forward left it). A tensor argument's own attributes (``x.scale = 2.0``) are in the call
+key, so forward's reads of them are guarded. Backward reads them later, off the tensor it gets
+back from ``ctx.saved_tensors`` or ctx (``getattr(x, "scale", 1.0)``), and the caller may set,
+change or delete one between forward and ``.backward()``: eager's backward reads it then. The
+read goes through a local the bytecode chains do not follow (it is not a parameter), so every
+name backward's code loads as an attribute or names as a constant (the ``getattr`` spelling)
+that is not the tensor's own (``torch.Tensor``'s methods and properties) nor ctx's is a read
+place ``arg.name`` of backward for each tensor argument that carries attributes of the user's:
+checked when backward runs, another value (or one set since) traces backward again, as eager's
+backward would take that path (and forward saves what such a backward may use).
+
+Traced again for a call (``as_called``), each tensor argument's fake takes the attributes
+the call's tensor has then.
+
+Invariant: over-approximate, never under, for a tensor argument with attributes: a name it
+does not hold reads as missing, twice. A tensor argument with none at the call (an attribute
+first set between forward and backward) is not watched: docs/reads.md, "Open".
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import types
+from typing import Any
+
+import torch
+
+from ..library_state import del_attr, set_attr, tensor_attributes
+from ..spec import Place, Root
+from ..structure import argname
+from .names import code_of
+
+__all__ = ["as_called", "tensor_attribute_reads"]
+
+
+@functools.lru_cache(maxsize=1)
+def _not_user_names() -> frozenset[str]:
+    """What a tensor or ctx answers itself: never a user attribute."""
+    from torch.autograd.function import BackwardCFunction, FunctionCtx
+
+    return frozenset(dir(torch.Tensor)) | frozenset(dir(BackwardCFunction)) | frozenset(dir(FunctionCtx))
+
+
+@functools.lru_cache(maxsize=512)
+def _loaded_names(code: types.CodeType) -> frozenset[str]:
+    """Every attribute name ``code`` (and code nested in it) loads, and its identifier constants."""
+    found = {str(i.argval) for i in dis.get_instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+    for const in code.co_consts:
+        if isinstance(const, str) and const.isidentifier():
+            found.add(const)
+        elif isinstance(const, types.CodeType):
+            found |= _loaded_names(const)
+    return frozenset(found)
+
+
+def tensor_attribute_reads(analysed: tuple[tuple[str, Any, Any, Any], ...], args: tuple[Any, ...],
+                           argnames: tuple[str, ...], ctx: Any) -> list[tuple[Place, types.CodeType | None]]:
+    """Backward's read places ``arg.name`` of each tensor argument's possible attributes."""
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and tensor_attributes(a)]
+    if not tensors:
+        return []
+    skip = _not_user_names() | frozenset(vars(ctx))
+    found: list[tuple[Place, types.CodeType | None]] = []
+    for phase, fn, _facts, _params in analysed:
+        code = code_of(fn)
+        if phase != "backward" or code is None:
+            continue
+        for name in sorted(_loaded_names(code) - skip):
+            for i in tensors:
+                root = Root("arg", i, argname(i, argnames), lambda call, i=i: call[i])
+                found.append((Place(root, (("attr", name),)), code))
+    return found
+
+
+def as_called(fake_args: tuple[Any, ...], call_args: tuple[Any, ...]) -> None:
+    """Before backward is traced again for a call: each tensor argument's fake carries the
+    attributes the call's tensor has now (a value read there is what eager's backward reads)."""
+    for fake, real in zip(fake_args, call_args):
+        if isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake is not real:
+            now, want = tensor_attributes(fake), tensor_attributes(real)
+            for name in now.keys() - want.keys():
+                del_attr(fake, name)
+            for name, value in want.items():
+                set_attr(fake, name, value)

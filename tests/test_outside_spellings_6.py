@@ -1,0 +1,287 @@
+"""Hostile spellings, round 6: Python state written and read the ways users write it, tried
+from outside while the heap watch became one (``tracer/outside.py`` claiming from its diff).
+
+Each was a silent difference from eager (or a fake tensor left in the caller's state) before
+this round, in strict and in fallback mode, unless said:
+
+- a counter and a tensor set on the same argument object (``s.count += 1; s.cache = y``): the
+  counter was repeated as the traced value, not as an increment (``outside.claim`` now takes
+  only the entries holding the tensor; the counter is the rule table's);
+- ``object.__setattr__`` on a frozen dataclass: the replayed write went through its
+  ``__setattr__`` and raised (``Place.set`` writes as the heap watch puts back);
+- ``global G; G = y`` and ``nonlocal cache; cache = y`` where the code never reads the name:
+  not a root of the heap watch, so the fake tensor stayed there (and ``N = 5`` was made once);
+- a tensor argument's own attribute read by backward off ``ctx.saved_tensors``, changed
+  between forward and ``.backward()``: backward used the traced value.
+
+Each runs against eager in strict, apply and fallback mode (``eager_modes.matches_eager``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from eager_modes import matches_eager
+
+
+def x_(i):
+    return (torch.linspace(-1, 1, 4) + i).requires_grad_()
+
+
+
+class Slotted:
+    __slots__ = ("count", "cache")
+    def __init__(self): self.count = 0; self.cache = None
+
+def test_slots_counter_tensor() -> None:
+    """slots counter + tensor."""
+    box = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s):
+            s.count += 1
+            s.cache = x * 2
+            return x * 3
+        @staticmethod
+        def backward(ctx, g): return g * 3, None
+    def reset(): box["s"] = Slotted()
+    matches_eager(F, lambda i: (x_(i), box["s"]), reset=reset,
+                  state=lambda: (box["s"].count, None if box["s"].cache is None else box["s"].cache.detach()), refusable=False)
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    scale: float = 2.0
+
+def test_frozen_dataclass_object_setattr() -> None:
+    """frozen dataclass object.__setattr__."""
+    box = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, f):
+            object.__setattr__(f, "scale", f.scale + 1)
+            return x * f.scale
+        @staticmethod
+        def backward(ctx, g): return g, None
+    def reset(): box["f"] = Frozen()
+    matches_eager(F, lambda i: (x_(i), box["f"]), reset=reset, state=lambda: box["f"].scale)
+
+class Prop:
+    def __init__(self): self._v = 1.0
+    @property
+    def v(self): return self._v
+    @v.setter
+    def v(self, val): self._v = val
+
+PROP = Prop()
+def test_global_property_setter() -> None:
+    """global property setter."""
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            PROP.v = PROP.v * 2
+            return x * PROP.v
+        @staticmethod
+        def backward(ctx, g): return g, 
+    def reset(): PROP._v = 1.0
+    matches_eager(F, lambda i: (x_(i),), reset=reset, state=lambda: PROP._v)
+
+class Counted:
+    count = 0
+    def bump(self):
+        type(self).count += 1
+        return type(self).count
+
+def test_type_self_count_via_arg_method() -> None:
+    """type(self).count via arg method."""
+    box = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, obj):
+            n = obj.bump()
+            return x * n
+        @staticmethod
+        def backward(ctx, g): return g, None
+    def reset(): Counted.count = 0; box["o"] = Counted()
+    matches_eager(F, lambda i: (x_(i), box["o"]), reset=reset, state=lambda: Counted.count)
+
+class Bag: pass
+def test_setattr_variable_name_dict_tensor() -> None:
+    """setattr variable name + __dict__ tensor."""
+    box = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, bag, name):
+            setattr(bag, name, getattr(bag, name, 0) + 1)
+            bag.__dict__["cache"] = x * 2
+            return x * 3
+        @staticmethod
+        def backward(ctx, g): return g * 3, None, None
+    def reset(): box["b"] = Bag()
+    names = ["a", "b", "a", "c"]
+    matches_eager(F, lambda i: (x_(i), box["b"], names[i]), reset=reset,
+                  state=lambda: {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in sorted(vars(box["b"]).items())} and
+                  sorted((k, str(v) if not isinstance(v, torch.Tensor) else v.detach().tolist()) for k, v in vars(box["b"]).items()))
+
+def test_vars_obj_update() -> None:
+    """vars(obj).update."""
+    box = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, bag):
+            vars(bag).update(n=getattr(bag, "n", 0) + 1, last=x.sum().item() if False else 1.0)
+            return x * bag.n
+        @staticmethod
+        def backward(ctx, g): return g, None
+    def reset(): box["b"] = Bag()
+    matches_eager(F, lambda i: (x_(i), box["b"]), reset=reset, state=lambda: sorted(vars(box["b"]).items()))
+
+def test_nonlocal_tensor_cache() -> None:
+    """nonlocal tensor cache."""
+    cache = None
+    def get(): return cache
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            nonlocal cache
+            cache = x * 2
+            return x * 3
+        @staticmethod
+        def backward(ctx, g): return g * 3
+    def reset():
+        nonlocal cache
+        cache = None
+    matches_eager(F, lambda i: (x_(i),), reset=reset, state=lambda: None if get() is None else get().detach())
+
+def test_module_private_tensor_cache_global() -> None:
+    """module private tensor cache global."""
+    class M(torch.nn.Module):
+        def __init__(self): super().__init__(); self._cache = None; self._n = 0
+    m = M()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            m._n += 1
+            m._cache = x.detach() * m._n
+            return x * 3
+        @staticmethod
+        def backward(ctx, g): return g * 3
+    def reset(): m._cache = None; m._n = 0
+    matches_eager(F, lambda i: (x_(i),), reset=reset, state=lambda: (m._n, None if m._cache is None else m._cache.detach()), refusable=False)
+
+def test_tensor_attr_on_arg_read_in_backward() -> None:
+    """tensor attr on arg read in backward."""
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * getattr(x, "scale", 1.0)
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * getattr(x, "scale", 1.0)
+    xs = []
+    def make(i):
+        t = x_(i)
+        t.scale = 2.0 + i
+        if i % 2:
+            t.note = "odd"  # (another attribute beside it: a tensor with user attributes)
+        xs.append(t)
+        return (t,)
+    def mid(i):
+        if i == 2: xs[-1].scale = 9.0
+    matches_eager(F, make, mid=mid, reset=xs.clear)
+
+
+class Plain:
+    def __init__(self):
+        self.count = 0
+        self.cache = None
+
+
+@pytest.mark.parametrize("holder", [Plain, Slotted])
+def test_counter_beside_a_tensor_on_the_same_object(holder) -> None:
+    """The counter is an increment each call; the tensor this call's."""
+    box = {}
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s):
+            s.count += 1
+            s.cache = x.detach() * s.count
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3, None
+
+    def reset():
+        box["s"] = holder()
+
+    matches_eager(F, lambda i: (x_(i), box["s"]), steps=5, reset=reset,
+                  state=lambda: (box["s"].count, None if box["s"].cache is None else box["s"].cache.clone()),
+                  refusable=False)
+
+
+STORED = None
+COUNT_SET = 0
+
+
+@pytest.mark.parametrize("what", ["tensor", "int"])
+def test_a_global_the_code_only_stores_to(what: str) -> None:
+    """``global G; G = y`` with no read of G: a root of the heap watch all the same."""
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            global STORED, COUNT_SET
+            if what == "tensor":
+                STORED = x * 2
+            else:
+                COUNT_SET = 5
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    def reset():
+        global STORED, COUNT_SET
+        STORED, COUNT_SET = None, 0
+
+    def between(i):
+        global COUNT_SET
+        COUNT_SET = 0  # the caller clears it: each call sets it again, as eager's does
+
+    matches_eager(F, lambda i: (x_(i),), reset=reset, between=between,
+                  state=lambda: (COUNT_SET, None if STORED is None else STORED.detach()), refusable=False)
+    reset()
+
+
+def test_a_closure_variable_the_code_only_stores_to() -> None:
+    """``nonlocal n; n = 5`` with no read of n: replayed each call."""
+    n = 0
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            nonlocal n
+            n = 5
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    def reset():
+        nonlocal n
+        n = 0
+
+    def between(i):
+        nonlocal n
+        n = 0
+
+    matches_eager(F, lambda i: (x_(i),), reset=reset, between=between, state=lambda: n, refusable=False)
+
