@@ -32,6 +32,7 @@ from .display import show_key
 from .backwards import reads_grad_mode
 from .fetch import fetcher
 from .module_reads import holds_modules, module_assumptions
+from .sharing import sharing_of
 from .guards import (argument_key, autocast_key, compile_guard, compile_live_check, describe_argument,
                      describe_autocast, layout_key, show_value_key, unmet_marks, value_key)
 
@@ -205,7 +206,7 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
         phases[r.place.description] = "forward" if r.phase == "forward" else phases.get(r.place.description, r.phase)
     live = (*(s.place.get for s in fetched), *places.values())
     if not live:
-        return []
+        return _alias_assumption(name, state, held, args, pair.argnames)
     captured = tuple(value_key(fetch(args)) for fetch in live)
     found = []
     for s, fetch, old in zip(fetched, live[:len(fetched)], captured[:len(fetched)], strict=True):
@@ -221,7 +222,27 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
             f"Python value {place} read by {phase}: {show_key(old)}{again}", lines[place], None))
     # The batch is generated from the records themselves: what is checked is what they say.
     batch = compile_live_check(tuple(a.fetch for a in found), tuple(a.key for a in found))
-    return [dataclasses.replace(a, batch=batch) for a in found]
+    return [dataclasses.replace(a, batch=batch) for a in found] + _alias_assumption(name, state, held, args, pair.argnames)
+
+
+def _alias_assumption(name: str, state: PythonState, held: frozenset[str], args: Args,
+                      argnames: tuple[str, ...]) -> list[Assumption]:
+    """Which argument objects and objects along the places read are one object (``sharing``)."""
+    found = sharing_of(state, held, args, argnames)
+    if found is None:
+        return []
+    old, now, show = found
+
+    def failure(call: Args) -> GuardMismatchError:
+        return _error(
+            f"Capture of {name}: which of its arguments and the places it read are one object "
+            f"changed: at capture {show(old)}, now {show(now(call))}.",
+            "A write through one of them was seen through the other while tracing (or not), and "
+            "the graphs hold what was read then.", where=None)
+
+    return [Assumption("sharing of argument objects and places read", "forward", show(old),
+                       lambda call: now(call) == old, f"objects shared between arguments and places read: {show(old)}",
+                       None, explain_failure=failure)]
 
 
 def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
