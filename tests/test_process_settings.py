@@ -1,6 +1,7 @@
 """Process-wide settings written by forward or backward through library calls: the environment,
 ``warnings``' filters, the recursion limit, torch's default dtype, thread count, deterministic
-and anomaly modes, a cudnn flag, ``logging.disable``; and the user's module reached through a
+and anomaly modes, a cudnn flag, ``logging.disable``, ``sys.path``, the working directory,
+``socket``'s default timeout, the locale, the profile function; and the user's module reached through a
 library one (``sys.modules["cfg"].n += 1``).
 
 No chain of the code names where these live, so the heap watch snapshots them as one object
@@ -13,8 +14,10 @@ recorded state, read after forward and after backward.
 
 from __future__ import annotations
 
+import locale
 import logging
 import os
+import socket
 import sys
 import types
 import warnings
@@ -30,7 +33,8 @@ import minihop.errors
 
 
 def _function(forward: str, backward: str = "pass") -> type:
-    ns: dict[str, Any] = {"torch": torch, "os": os, "sys": sys, "warnings": warnings, "logging": logging}
+    ns: dict[str, Any] = {"torch": torch, "os": os, "sys": sys, "warnings": warnings, "logging": logging,
+                          "socket": socket, "locale": locale, "PROFILE": _profile}
     exec(f"""
 class F(torch.autograd.Function):
     @staticmethod
@@ -50,6 +54,19 @@ _FILTERS = list(warnings.filters)
 _THREADS = torch.get_num_threads()
 _LIMIT = sys.getrecursionlimit()
 _BENCHMARK = torch.backends.cudnn.benchmark
+_PATH = list(sys.path)
+_CWD = os.getcwd()
+_TIMEOUT = socket.getdefaulttimeout()
+_CTYPE = locale.setlocale(locale.LC_CTYPE)
+_PROFILER = sys.getprofile()
+
+
+def _profile(frame: Any, event: str, arg: Any) -> None:
+    """A profile function that does nothing (set by the Function under test)."""
+
+
+def _restore_path() -> None:
+    sys.path[:] = _PATH
 
 
 def _restore_filters() -> None:
@@ -76,6 +93,16 @@ WRITES: dict[str, tuple[str, Callable[[], Any], Callable[[], Any]]] = {
                    lambda: torch.backends.cudnn.benchmark, lambda: setattr(torch.backends.cudnn, "benchmark", _BENCHMARK)),
     "logging_disable": ("logging.disable(logging.DEBUG + len(x))", lambda: logging.root.manager.disable,
                         lambda: logging.disable(logging.NOTSET)),
+    # Found from outside after the list above (each made once, while tracing, before):
+    "sys_path": ("sys.path.append('/minihop-test-%d' % len(sys.path))", lambda: len(sys.path), _restore_path),
+    "working_directory": ("os.chdir('/' if os.getcwd() != '/' else os.path.expanduser('~'))", os.getcwd,
+                          lambda: os.chdir(_CWD)),
+    "socket_timeout": ("socket.setdefaulttimeout((socket.getdefaulttimeout() or 0) + 1.0)",
+                       socket.getdefaulttimeout, lambda: socket.setdefaulttimeout(_TIMEOUT)),
+    "locale": ("locale.setlocale(locale.LC_CTYPE, 'C' if locale.setlocale(locale.LC_CTYPE) != 'C' else 'C.UTF-8')",
+               lambda: locale.setlocale(locale.LC_CTYPE), lambda: locale.setlocale(locale.LC_CTYPE, _CTYPE)),
+    "profile_function": ("sys.setprofile(None if sys.getprofile() is PROFILE else PROFILE)",
+                         lambda: sys.getprofile() is _profile, lambda: sys.setprofile(_PROFILER)),
 }
 
 

@@ -91,7 +91,8 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
     try:
         yield
     finally:
-        sys.setprofile(previous)
+        if sys.getprofile() is profile:  # (not once the user's code set one of its own: that stays)
+            sys.setprofile(previous)
         if started:
             frame = started.pop()
             # Parameters name inputs, not the values an op returned in their place

@@ -4,7 +4,8 @@ Place in the pipeline: tracer, asked by ``heap.snapshot``. Library functions cha
 that live in the interpreter or in torch, not in any object the code names:
 ``os.environ["K"] = v``, ``warnings.filterwarnings(...)``, ``sys.setrecursionlimit(n)``,
 ``torch.set_default_dtype(...)``, ``torch.use_deterministic_algorithms(...)``,
-``torch.backends.cudnn.benchmark = True``. Run while tracing, such a change happens once (and a
+``torch.backends.cudnn.benchmark = True``, ``sys.setprofile(f)``, ``sys.path.append(p)``,
+``os.chdir(d)``, ``socket.setdefaulttimeout(t)``, ``locale.setlocale(...)``. Run while tracing, such a change happens once (and a
 backward's, while forward is traced), where eager makes it on every call, when that phase runs.
 So the heap watch snapshots them all as one object (``state``: setting -> value, compared by
 value), and any change is refused (``heap.RULES``: "a process setting changed") after it is put
@@ -19,8 +20,10 @@ listed only if restoring it is never needed: it cannot be changed once set).
 
 from __future__ import annotations
 
+import locale
 import logging
 import os
+import socket
 import sys
 import warnings
 from collections.abc import Callable
@@ -73,6 +76,12 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "sys.getswitchinterval()": (sys.getswitchinterval, sys.setswitchinterval),
     "warnings.filters": (lambda: tuple(warnings.filters), _set_filters),
     "logging.disable()": (lambda: logging.root.manager.disable, logging.disable),
+    "sys.getprofile()": (sys.getprofile, sys.setprofile),
+    "sys.path": (lambda: tuple(sys.path), lambda v: sys.path.__setitem__(slice(None), list(v))),
+    "os.getcwd()": (os.getcwd, os.chdir),
+    "socket.getdefaulttimeout()": (socket.getdefaulttimeout, socket.setdefaulttimeout),
+    "locale.setlocale(locale.LC_ALL)": (lambda: locale.setlocale(locale.LC_ALL, None),
+                                        lambda v: locale.setlocale(locale.LC_ALL, v)),
 }
 
 
