@@ -17,7 +17,10 @@ its own global, a dict kept on ctx that backward reads and ``between()`` changes
 alias before ``.backward()``, an attribute backward reads changed through ``vars(obj)``; and
 library objects written through their own methods (``Queue.put``, ``StringIO.write``,
 ``array.append``, ``bytearray.extend``, ``Counter.update``, ``OrderedDict.move_to_end``,
-``Event.set``, ``UserList.append``, ``SimpleQueue.put``), which ``between()`` writes too.
+``Event.set``, ``UserList.append``, ``SimpleQueue.put``), which ``between()`` writes too; and,
+found from outside in round 6, a module's private counter beside a tensor it keeps, a write
+twelve containers down, a closure variable only stored to, and an argument that is, on some
+calls, the very dict the code also reads.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -77,6 +80,11 @@ KINDS = {
     "queue_put": ("fb", ""), "buffer_write": ("fb", ""), "array_append": ("fb", ""),
     "bytearray_extend": ("fb", ""), "counter_update": ("fb", ""), "ordered_move": ("fb", ""),
     "event_toggle": ("fb", ""), "userlist_append": ("fb", ""), "simplequeue_put": ("fb", ""),
+    # Found from outside in round 6: a module's private counter beside a tensor it keeps, a
+    # write twelve containers down, a closure variable only stored to, and an argument that
+    # is, on some calls, the very dict the code also reads.
+    "module_private_counter": ("f", ""), "deep_write": ("fb", ""), "store_only_cell": ("fb", ""),
+    "alias_arg": ("f", "sink"),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -171,6 +179,16 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["UL.append(int(x.shape[0]))"], "x * float(len(UL) % 3 + 1)"
     if kind == "simplequeue_put":
         return ["SQ.put(1)"], "x * float(SQ.qsize() % 3 + 1)"
+    if kind == "module_private_counter":
+        return ["STATS._n += 1", "STATS._last = x.detach() * STATS._n"], ""
+    if kind == "deep_write":
+        leaf = "DEEPW['a'][0]['b']['c'][0]['d']['e'][0]['f']"
+        lines = [f"{leaf}['log'].append(({phase!r}, int(x.shape[0])))"]
+        return lines + ([f"{leaf}['t{n}'] = x.detach() * 2"] if phase == "forward" else []), ""
+    if kind == "store_only_cell":
+        return [f"COUNT_SET{n} = int(x.shape[0])"], ""
+    if kind == "alias_arg":
+        return ["sink['n'] += 1"], "x * float(ALIASD['n'] % 3 + 1)"
     if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
         return [f"STASH['s{n}'] = x.detach() * {r.choice([2, 3])}", f"SNS.s{n} = STASH['s{n}']",
                 f"DEEP['a']['b']['c']['s{n}'] = STASH['s{n}']"], ""
@@ -181,7 +199,7 @@ def generate_source(r: random.Random) -> str:
     """One case's module source."""
     effects = [(k, r.choice(KINDS[k][0])) for k in r.sample(sorted(KINDS), r.randint(1, 4))]
     needs = {KINDS[k][1] for k, _ in effects} - {""}
-    extra_args = [a for a in ("opts", "node") if a in needs]
+    extra_args = [a for a in ("opts", "node", "sink") if a in needs]
     fwd, bwd, fwd_terms, bwd_terms, globals_ = [], [], [], [], []
     if any(k == "ctx_backward" for k, _ in effects):
         fwd.append("ctx.trail = [0]")
@@ -200,6 +218,8 @@ def generate_source(r: random.Random) -> str:
         lines, term = _lines(kind, "forward" if phase == "f" else "backward", r, n)
         if kind == "global_counter":
             globals_.append(f"COUNT{n}")
+        if kind == "store_only_cell":
+            globals_.append(f"COUNT_SET{n}")
         (fwd if phase == "f" else bwd).extend(lines)
         if term:
             (fwd_terms if phase == "f" else bwd_terms).append(term)
@@ -227,7 +247,8 @@ def generate_source(r: random.Random) -> str:
         "            if parent is not None:", "                parent.children.append(self)", "",
         "    class Stats(torch.nn.Module):", "        def __init__(self):",
         "            super().__init__()", "            self.steps, self.last = 0, None", "",
-        "    STATS = Stats()", "    NEST = {'a': {'log': []}}", "",
+        "    STATS = Stats()", "    STATS._n, STATS._last = 0, None", "    NEST = {'a': {'log': []}}",
+        "    DEEPW = {'a': [{'b': {'c': [{'d': {'e': [{'f': {'log': []}}]}}]}}]}", "    ALIASD = {'n': 0}", "",
         "    class Prop:", "        def __init__(self):", "            self.history = []",
         "        @property", "        def value(self):", "            return self.history[-1]",
         "        @value.setter", "        def value(self, v):", "            self.history.append(v)", "",
@@ -284,6 +305,8 @@ def generate_source(r: random.Random) -> str:
     if "opts" in extra_args:
         out += ["        passed.append({'method': ('sum', 'mean')[i % 2], 'eps': 0.5})",
                 "        extra.append(passed[-1])"]
+    if "sink" in extra_args:
+        out += ["        extra.append(ALIASD if i % 2 == 0 else {'n': i})"]
     if "node" in extra_args:
         out += ["        root = Node(torch.full((sizes[i],), 1.5 + i))",
                 "        extra.append(Node(torch.ones(sizes[i]), root))"]
@@ -300,7 +323,8 @@ def generate_source(r: random.Random) -> str:
         f"        return plain([LOG, STORE, MEMO, RAISES, heard, passed, own(Holder), own(Rec), own(Fn), "
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
-        f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize()])",
+        f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
+        f"DEEPW, ALIASD])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

@@ -12,7 +12,8 @@ a Sequential, a callable object whose ``__call__`` reads its own attribute, a cl
 property, a closure over a closure, a helper module made at run time with
 ``types.ModuleType``, an attribute changed through its ``__dict__`` held elsewhere, a list
 inside a list inside a dict changed through the inner list, a list of modules passed as an
-argument, a ``__slots__`` object; library objects read through their own methods and changed
+argument, a ``__slots__`` object, a module's private attribute, a value twelve containers
+below a global, a tensor argument's own attribute; library objects read through their own methods and changed
 through theirs: a queue's size, a buffer's text, an ``array`` item, a ``bytearray``'s length, a
 ``Counter``, an ``OrderedDict``'s first entry, an ``Event``, a ``deque``, a ``UserDict``), an *access form* (directly in forward or backward, through a helper function,
 through a lambda, through a method of a user object, through another Function's ``apply``,
@@ -51,7 +52,10 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # through theirs (a queue's size, a buffer's text, an array item, a Counter's count,
            # an OrderedDict's first entry, an Event's flag, a deque's last item, a UserDict item).
            "queue_size", "buffer_text", "array_item", "bytearray_size", "counter_count",
-           "ordered_first", "event_flag", "deque_last", "user_dict_item")
+           "ordered_first", "event_flag", "deque_last", "user_dict_item",
+           # Found from outside in round 6: a module's private attribute (as an argument and as
+           # a global), a value twelve containers below a global, a tensor argument's attribute.
+           "module_private_arg", "module_private_global", "deep_global", "tensor_attribute_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -80,6 +84,15 @@ class UserScale(torch.nn.Module):
 
     def forward(self, t):
         return self.inner(t) * (self.k if self.training else 1.0 - self.k)
+
+
+class PrivateScale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._k = 2.0
+
+    def _scaled(self):
+        return self._k * 1.0
 
 
 class Holder:
@@ -238,6 +251,16 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["RING = collections.deque([2.0], maxlen=3)"], ["RING.append(v)"], "RING[-1]", [], "")
     if holder == "user_dict_item":
         return (["UDICT = collections.UserDict(k=2.0)"], ["UDICT['k'] = v"], "UDICT['k']", [], "")
+    if holder == "module_private_arg":
+        return (["PMOD = PrivateScale()"], ["PMOD._k = v"], "pm._k", ["PMOD"], "pm")
+    if holder == "module_private_global":
+        return (["GPMOD = PrivateScale()"], ["GPMOD._k = v"], "GPMOD._scaled()", [], "")
+    if holder == "deep_global":
+        return (["DEEP = {'n': [{'n': {'n': [{'n': {'n': [{'n': {'k': 2.0}}]}}]}}]}"],
+                ["DEEP['n'][0]['n']['n'][0]['n']['n'][0]['n']['k'] = v"],
+                "DEEP['n'][0]['n']['n'][0]['n']['n'][0]['n']['k']", [], "")
+    if holder == "tensor_attribute_arg":
+        return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
     return (["NAME = ['k']"], ["NAME[0] = 'k' if v > 1 else 'j'", "Settings.j = v + 1"],
             "getattr(Settings, NAME[0])", [], "")
