@@ -30,8 +30,19 @@ def is_library(value: Any) -> bool:
     elif is_exec_class(value):
         return False
     else:
-        name = getattr(value, "__module__", None) or ""
+        name = getattr(value, "__module__", None) or _owner_module(value)
     return library_module(name) if isinstance(name, str) else False
+
+
+def _owner_module(fn: Any) -> str:
+    """The module of what a builtin method is bound to (``datetime.datetime.now`` has no
+    ``__module__`` of its own: its class's is ``datetime``)."""
+    owner = getattr(fn, "__self__", None)
+    if owner is None:
+        return ""
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    return getattr(owner if isinstance(owner, type) else type(owner), "__module__", None) or ""
 
 
 def is_exec_class(value: Any) -> bool:
@@ -85,7 +96,10 @@ def bounded(fn: Any) -> bool:
     class is bounded unless its objects answer from the system (``random.SystemRandom``)."""
     if isinstance(fn, type):
         return fn is not random.SystemRandom
-    module = getattr(fn, "__module__", None) or getattr(getattr(fn, "__self__", None), "__module__", None) or ""
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, (type, types.ModuleType)) and not bounded(type(owner)):
+        return False  # a method answers from its object (``secrets.randbits``: a SystemRandom's)
+    module = getattr(fn, "__module__", None) or _owner_module(fn)
     if not isinstance(module, str):
         return False
     return module.split(".")[0] in BOUNDED
