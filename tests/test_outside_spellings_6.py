@@ -285,3 +285,28 @@ def test_a_closure_variable_the_code_only_stores_to() -> None:
 
     matches_eager(F, lambda i: (x_(i),), reset=reset, between=between, state=lambda: n, refusable=False)
 
+
+
+ITEMS = [0]
+
+
+def test_a_refused_item_replacement_names_the_container() -> None:
+    """``ITEMS[0] += 1`` replaces a list item (not a counter minihop repeats): the refusal names
+    ``ITEMS``, not ``ITEMS[None]`` (the heap's step for a changed whole)."""
+    import minihop
+    from minihop.errors import SideEffectError
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ITEMS[0] += 1
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    with pytest.raises(SideEffectError) as info:
+        minihop.function(F)(torch.ones(2))
+    assert str(info.value).splitlines()[0].endswith("F.forward changes ITEMS, Python state it did not create."), info.value
+    assert ITEMS == [0]  # put back

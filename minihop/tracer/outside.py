@@ -215,7 +215,9 @@ def _writes(seen: Seen, group: list[Difference], who: _Who) -> list[tuple[tuple[
     writes = []
     step_kind = "key" if seen.kind in ("dict", "globals") else "attr"
     for _, (kind, name), _, value in group:
-        if kind == "whole" or value is MISSING:
+        if kind == "whole":  # (entries reordered: the container's own place)
+            raise _refusal(who, place_at(seen.root, _route(seen.steps)), _REMOVED)
+        if value is MISSING:
             raise _refusal(who, location(seen, (step_kind, name)), _REMOVED)
         writes.append(((step_kind, name), value))
     return writes
@@ -240,9 +242,12 @@ def location(seen: Seen, step: tuple[str, Any]) -> Place:
     into the container the heap watch saw as ``seen``."""
     if seen.kind == "globals":  # a global rebound (or a user module's name): written into its dict
         return global_place(seen.obj, step[1], f"global {step[1]}")
-    # The heap watch's item steps, as the runtime's getters spell them: an index, or a key.
-    steps = tuple(("key", k) if kind == "item" and not isinstance(k, int) else (kind, k) for kind, k in seen.steps)
-    return place_at(seen.root, (*steps, step))
+    return place_at(seen.root, (*_route(seen.steps), step))
+
+
+def _route(steps: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """The heap watch's item steps, as the runtime's getters spell them: an index, or a key."""
+    return tuple(("key", k) if kind == "item" and not isinstance(k, int) else (kind, k) for kind, k in steps)
 
 
 def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:

@@ -40,7 +40,8 @@ def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after:
     elif was.kind == "process":
         place = value_place(str(step[1]), lambda args: None)
     else:  # (a library object's own state: the object's place)
-        place = place_at(was.root, was.steps if step in (("extend", None), ("attr", heap.STATE)) else (*was.steps, step))
+        place = place_at(was.root, was.steps if step in (("extend", None), ("whole", None), ("attr", heap.STATE))
+                         else (*was.steps, step))  # (the whole container's: an item replaced, entries reordered)
     name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
     where = tracker.stores.get((phase, name)) or tracker.stores.get((phase, str(step[1])))
     symbolic = [v.node.expr for v in (after if isinstance(after, (tuple, list)) else (after,))
