@@ -310,3 +310,29 @@ def test_a_refused_item_replacement_names_the_container() -> None:
         minihop.function(F)(torch.ones(2))
     assert str(info.value).splitlines()[0].endswith("F.forward changes ITEMS, Python state it did not create."), info.value
     assert ITEMS == [0]  # put back
+
+
+@pytest.mark.parametrize("sizes_change", [False, True])
+@pytest.mark.parametrize("saved", ["output", "intermediate"])
+@pytest.mark.parametrize("read", ["getattr with a default", "plain attribute"])
+def test_an_attribute_on_a_saved_tensor_read_by_backward(saved: str, read: str, sizes_change: bool) -> None:
+    """Eager's backward gets a saved *output* back as a new tensor object, without the
+    attributes forward set on it (``y.n`` is an ``AttributeError`` there); an intermediate
+    comes back as itself, attributes and all. The trace kept forward's fake with ``n`` for
+    both: backward used 3.0 where eager used its default, or ran where eager raised."""
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x * 2
+            z = x * 3
+            (y if saved == "output" else z).n = 3.0
+            ctx.save_for_backward(y if saved == "output" else z)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (t,) = ctx.saved_tensors
+            return g * (getattr(t, "n", 1.0) if read == "getattr with a default" else t.n)
+
+    matches_eager(F, lambda i: (torch.ones(2 + (i if sizes_change else 0), requires_grad=True),), steps=4)

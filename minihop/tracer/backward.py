@@ -31,7 +31,7 @@ from .ctx import ProxyCtx
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
 from .function_parts import FunctionParts
 from .memo_writes import seen_by_backward, with_seen
-from .tensor_attr_reads import as_called
+from .tensor_attr_reads import as_called, saved_outputs_bare
 from .names import FrameSnapshot, name_hints
 from .pystate import StateTracker
 from .size_values import refusing_size_values
@@ -95,7 +95,8 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
     grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
     try:
         # forward's values, not the places'; an argument container's tensors: the places' (backward_reads.py)
-        with forward_values_on_ctx(t, ctx), argument_tensors_on_ctx(t, ctx, fake_args, real_args):
+        with forward_values_on_ctx(t, ctx), argument_tensors_on_ctx(t, ctx, fake_args, real_args), \
+                saved_outputs_bare(ctx._minihop_record.saved, _tensor_leaves(out), fake_args):
             result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)

@@ -13,7 +13,9 @@ checked when backward runs, another value (or one set since) traces backward aga
 backward would take that path (and forward saves what such a backward may use).
 
 Traced again for a call (``as_called``), each tensor argument's fake takes the attributes
-the call's tensor has then.
+the call's tensor has then. And a saved *output* comes back to eager's backward as a new tensor
+object, without the attributes forward set on it (an input or an intermediate comes back as
+itself): ``saved_outputs_bare`` hides them while backward is traced.
 
 Invariant: over-approximate, never under, for a tensor argument with attributes: a name it
 does not hold reads as missing, twice. A tensor argument with none at the call (an attribute
@@ -22,9 +24,11 @@ first set between forward and backward) is not watched: docs/reads.md, "Open".
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,7 +38,7 @@ from ..spec import Place, Root
 from ..structure import argname
 from .names import code_of
 
-__all__ = ["as_called", "tensor_attribute_reads"]
+__all__ = ["as_called", "saved_outputs_bare", "tensor_attribute_reads"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,3 +90,26 @@ def as_called(fake_args: tuple[Any, ...], call_args: tuple[Any, ...]) -> None:
                 del_attr(fake, name)
             for name, value in want.items():
                 set_attr(fake, name, value)
+
+
+@contextlib.contextmanager
+def saved_outputs_bare(saved: Any, outputs: list[Any], args: tuple[Any, ...]) -> Iterator[None]:
+    """While backward is traced: each tensor ``save_for_backward`` got that forward also returns
+    (not an argument) shows none of the attributes forward set on it, as eager's unpacked one
+    (``y.n = 3; ctx.save_for_backward(y); return y``: backward's ``y.n`` is eager's
+    ``AttributeError``). Put back however backward ended."""
+    returned = {id(o) for o in outputs if isinstance(o, torch.Tensor)} - {id(a) for a in args}
+    hidden = []
+    for t in saved or ():
+        if isinstance(t, torch.Tensor) and id(t) in returned and not any(t is h for h, _ in hidden):
+            attrs = tensor_attributes(t)
+            if attrs:
+                hidden.append((t, attrs))
+                for name in attrs:
+                    del_attr(t, name)
+    try:
+        yield
+    finally:
+        for t, attrs in hidden:
+            for name, value in attrs.items():
+                set_attr(t, name, value)
