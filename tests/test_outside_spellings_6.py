@@ -336,3 +336,33 @@ def test_an_attribute_on_a_saved_tensor_read_by_backward(saved: str, read: str, 
             return g * (getattr(t, "n", 1.0) if read == "getattr with a default" else t.n)
 
     matches_eager(F, lambda i: (torch.ones(2 + (i if sizes_change else 0), requires_grad=True),), steps=4)
+
+
+HISTORY: list = []
+
+
+@pytest.mark.parametrize("when", [1, 2])
+def test_a_global_history_the_caller_pops_before_backward(when: int) -> None:
+    """Forward appends to a global list, backward reads its last item, and the caller pops
+    between forward and ``.backward()``: backward reads the item before, as eager's does. The
+    backward traced again for that call lifted the item by a route found at capture (its
+    position in the longer list), which led nowhere once the list was shorter: ``None`` went
+    into the graph (a TypeError in strict and in fallback mode alike)."""
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            HISTORY.append(x.detach() * 2)
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * (HISTORY[-1] if HISTORY else 1.0)
+
+    def mid(i):
+        if i == when:
+            HISTORY.pop()
+
+    matches_eager(F, lambda i: ((torch.ones(3) * (i + 1)).requires_grad_(),), mid=mid, reset=HISTORY.clear,
+                  state=lambda: [h.clone() for h in HISTORY])
+    HISTORY.clear()

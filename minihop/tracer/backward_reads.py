@@ -185,6 +185,8 @@ class BackwardReads:
             stood = stood if stood is not None and stood[0] is real else None
             # A stand-in is new: the routes are found again (an older id may be its now).
             route = None if stood is not None else self.t.closure_routes.get(id(real))
+            if route is not None and not _leads_to(route[1], real):
+                route = None  # (found before: a list's position that moved since; found again now)
             if route is None:
                 self.t.closure_routes = self.routes()
                 route = self.t.closure_routes.get(id(real))
@@ -415,3 +417,11 @@ def _hint(size: Any) -> int:
 
 def _symbolic(value: torch.Tensor) -> bool:
     return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride()))
+
+
+def _leads_to(place: Any, real: torch.Tensor) -> bool:
+    """Whether ``place`` (a route of a global's, a cell's) holds ``real`` now."""
+    try:
+        return place.get(()) is real
+    except Exception:
+        return False
