@@ -206,7 +206,7 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
         phases[r.place.description] = "forward" if r.phase == "forward" else phases.get(r.place.description, r.phase)
     live = (*(s.place.get for s in fetched), *places.values())
     if not live:
-        return _alias_assumption(name, state, held, args, pair.argnames)
+        return _sharing_assumption(name, state, held, args, pair.argnames)
     captured = tuple(value_key(fetch(args)) for fetch in live)
     found = []
     for s, fetch, old in zip(fetched, live[:len(fetched)], captured[:len(fetched)], strict=True):
@@ -222,10 +222,10 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
             f"Python value {place} read by {phase}: {show_key(old)}{again}", lines[place], None))
     # The batch is generated from the records themselves: what is checked is what they say.
     batch = compile_live_check(tuple(a.fetch for a in found), tuple(a.key for a in found))
-    return [dataclasses.replace(a, batch=batch) for a in found] + _alias_assumption(name, state, held, args, pair.argnames)
+    return [dataclasses.replace(a, batch=batch) for a in found] + _sharing_assumption(name, state, held, args, pair.argnames)
 
 
-def _alias_assumption(name: str, state: PythonState, held: frozenset[str], args: Args,
+def _sharing_assumption(name: str, state: PythonState, held: frozenset[str], args: Args,
                       argnames: tuple[str, ...]) -> list[Assumption]:
     """Which argument objects and objects along the places read are one object (``sharing``)."""
     found = sharing_of(state, held, args, argnames)
