@@ -452,14 +452,24 @@ def test_tensor_of_fake_elements_is_mh103() -> None:
         minihop.apply(F, x)
 
 
-def test_dynamic_fake_only_runtime_error_is_mh104() -> None:
-    """A RuntimeError only symbolic fake tensors raise (data_ptr under dynamic shapes) is MH104."""
+def test_dynamic_fake_only_error_is_mh104() -> None:
+    """An error only symbolic fake tensors raise (a dict keyed by a dynamic size: a SymInt is
+    unhashable) is MH104. (``data_ptr``, the example before, is refused as a storage read.)"""
+    F = fn(lambda ctx, a: a * {a.shape[0]: 2}[a.shape[0]], G)
+    x = torch.randn(3, requires_grad=True)
+    F.apply(x)
+    with pytest.raises(minihop.UnsupportedOperationError,
+                       match=r"\[MH104\] F\.forward fails on minihop's fake tensors with a TypeError "
+                             r"that only fake tensors raise\."):
+        minihop.function(F, dynamic=True).apply(x)
+
+
+def test_storage_read_of_a_tensor_argument_is_mh104() -> None:
     F = HOSTILE["data_ptr"]
     x = torch.randn(3, requires_grad=True)
     F.apply(x)
     with pytest.raises(minihop.UnsupportedOperationError,
-                       match=r"\[MH104\] F\.forward calls data_ptr, which fails on minihop's fake "
-                             r"tensors with a RuntimeError that only fake tensors raise\."):
+                       match=r"\[MH104\] F\.forward reads a\.data_ptr, the storage of a tensor argument\."):
         minihop.function(F, dynamic=True).apply(x)
 
 

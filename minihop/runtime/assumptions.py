@@ -241,7 +241,7 @@ def _sharing_assumption(name: str, state: PythonState, held: frozenset[str], arg
             "the graphs hold what was read then.", where=None)
 
     return [Assumption("sharing of argument objects and places read", "forward", show(old),
-                       lambda call: now(call) == old, f"objects shared between arguments and places read: {show(old)}",
+                       lambda call: now(call) == old, f"objects shared between arguments and places read == {show(old)}",
                        None, explain_failure=failure)]
 
 

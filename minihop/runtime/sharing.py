@@ -9,6 +9,13 @@ sharing, by position, in every call it serves: among its argument objects that h
 list, a dict, a user's object, a module) and every object along each place read (its root's
 value, each owner on the way, its value: ``COUNTS["n"]`` is read through ``COUNTS``).
 
+Tensor arguments are keyed by their properties: which of them are one tensor (``F.apply(x,
+x)``, ``F.apply(x, [x])``, a module's parameter passed beside it) is part of the sharing too
+(the trace of ``x is w`` answered it for its call), and so is
+whether one is a tensor the code reached outside its arguments when traced
+(``PythonState.outside_tensors``, ``tracer.identity``: such a call is never served, it is
+refused when traced).
+
 Invariant: a call whose sharing differs from the capture's never reuses it.
 """
 
@@ -32,25 +39,62 @@ _CODE_LIKE = (types.ModuleType, types.FunctionType, types.MethodType, types.Buil
 
 
 def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: tuple[str, ...]
-               ) -> tuple[tuple[int, ...], Callable[[Args], tuple[int, ...]], Callable[[tuple[int, ...]], str]] | None:
+               ) -> tuple[tuple[Any, ...], Callable[[Args], tuple[Any, ...]], Callable[[tuple[Any, ...]], str]] | None:
     """``(sharing at capture, call -> its sharing, sharing -> text)``, or None where nothing
-    can be shared (no argument object holding state, or nothing beside it)."""
-    arg_idx = tuple(i for i, a in enumerate(args) if _holder(a))
+    can be shared (fewer than two argument objects, tensors and objects along the places read,
+    and no tensor the code reached outside its arguments). A sharing is, per object, the first
+    one it is, then which of them are one of ``state.outside_tensors``."""
+    arg_idx = tuple(i for i, a in enumerate(args) if _holder(a) or isinstance(a, torch.Tensor))
     along = {p: f for p, f in _along(state, held).items() if _holder(_fetched(f, args))}
-    if not arg_idx or len(arg_idx) + len(along) < 2:
+    inner = _inner_tensors(args, argnames)
+    outside = {id(t): r for r in state.outside_tensors if (t := r()) is not None}
+    if len(arg_idx) + len(along) + len(inner) < 2 and not outside:
         return None
     fetches = tuple(along.values())
-    names = [argname(i, argnames) for i in arg_idx] + list(along)
+    names = [argname(i, argnames) for i in arg_idx] + list(along) + [name for name, _ in inner]
 
-    def now(call: Args) -> tuple[int, ...]:
-        objs = [call[i] if i < len(call) else MISSING for i in arg_idx] + [_fetched(f, call) for f in fetches]
-        return tuple(next(k for k in range(len(objs)) if objs[k] is o) for o in objs)
+    def now(call: Args) -> tuple[Any, ...]:
+        objs = [call[i] if i < len(call) else MISSING for i in arg_idx] + [_fetched(f, call) for f in fetches] \
+            + [t for _, t in _inner_tensors(call, ())]
+        first: dict[int, int] = {}
+        shared = tuple(first.setdefault(id(o), k) for k, o in enumerate(objs))
+        if not outside:
+            return shared
+        # (a tensor the trace would see as the caller's, while the argument is its fake copy)
+        return (*shared, tuple(k for k, o in enumerate(objs)
+                               if (r := outside.get(id(o))) is not None and r() is o))
 
-    def show(shared: tuple[int, ...]) -> str:
-        same = [f"{names[k]} is {names[j]}" for k, j in enumerate(shared) if j != k]
+    def show(sharing: tuple[Any, ...]) -> str:
+        same = [f"{names[k]} is {names[j]}" for k, j in enumerate(sharing[:len(names)]) if j != k]
+        same += [f"{names[k]} is a tensor the code read outside its arguments"
+                 for k in (sharing[len(names)] if len(sharing) > len(names) else ())]
         return ", ".join(same) or "no two the same object"
 
     return now(args), now, show
+
+
+def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors inside the call's arguments: in lists, tuples and dicts (however nested),
+    and a module's parameters and buffers, with their names (``argnames`` given)."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(value: Any, name: str, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if depth:
+                found.append((name, value))
+        elif isinstance(value, (list, tuple)) and depth < 8:
+            for k, v in enumerate(value):
+                walk(v, f"{name}[{k}]", depth + 1)
+        elif isinstance(value, dict) and depth < 8:
+            for k, v in value.items():
+                walk(v, f"{name}[{k!r}]", depth + 1)
+        elif isinstance(value, torch.nn.Module):
+            for k, t in (*value.named_parameters(), *value.named_buffers()):
+                found.append((f"{name}.{k}", t))
+
+    for i, a in enumerate(call):
+        walk(a, argname(i, argnames) if argnames else "", 0)
+    return found
 
 
 def _along(state: PythonState, held: frozenset[str]) -> dict[str, Callable[[Args], Any]]:

@@ -35,7 +35,8 @@ import torch
 from ..spec import MISSING, Place, Root
 from ..structure import argname, attributes
 from . import effects, hidden
-from .atoms import ATOMS, CONSTANTS
+from .identity import note_tensor
+from .atoms import ATOMS, CONSTANTS, atom_tuple, holds_tensor
 from .library import is_library, is_user_module
 from .process_state import PROCESS
 from .process_state import put_back as put_back_setting
@@ -72,9 +73,13 @@ class Seen:
 
 
 def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, ...],
-             real_of: Callable[[Any], Any] | None = None) -> dict[int, Seen]:
+             real_of: Callable[[Any], Any] | None = None,
+             reached: dict[int, list[Any]] | None = None) -> dict[int, Seen]:
     """Every object reachable from ``roots`` and the arguments, with a shallow copy of what it
-    holds (``real_of``: the user's own binding of a global or cell minihop stood in for)."""
+    holds (``real_of``: the user's own binding of a global or cell minihop stood in for).
+    ``reached``, where given, is filled with every tensor reached (dict keys too), by id:
+    ``[tensor, where an argument holds it (a ``Place``), where a root that is no argument holds
+    it (its description)]``, None where not: ``identity`` reads it."""
     found: dict[int, Seen] = {}
     # (value, root, steps, depth, below a library object, reached through a callable or tuple)
     queue: collections.deque[tuple[Any, Root, tuple[tuple[str, Any], ...], int, bool, bool]] = collections.deque()
@@ -104,6 +109,8 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     tensors = 0  # (a tensor's attributes are watched too; the bound is on other objects)
     while queue:
         value, root, steps, depth, below_library, through = queue.popleft()
+        if reached is not None and isinstance(value, torch.Tensor):
+            note_tensor(reached, value, Place(root, steps))
         if id(value) in found:
             continue
         if len(found) - tensors >= MAX_OBJECTS and (is_user_module(value) or _held_by(value, True)
@@ -141,6 +148,10 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
                     enumerate(contents) if kind == "list" else ())
         if isinstance(value, torch.nn.Module):
             children = [*children, *value._modules.items()]
+        if reached is not None and kind == "dict":
+            for key in contents:  # (a dict keyed by tensors: its lookups compare identities)
+                if isinstance(key, torch.Tensor):
+                    note_tensor(reached, key, Place(root, steps), "a key of ")
         for key, child in children:
             if kind == "library" and key == STATE:
                 continue  # (a frozen copy, compared as it is)
@@ -257,15 +268,6 @@ def argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) 
         if a is value:
             return Seen(a, Root("arg", i, argname(i, argnames), lambda call, i=i: call[i]), (), "attrs", None)
     return None
-
-
-def atom_tuple(value: Any) -> bool:
-    return isinstance(value, tuple) and all(isinstance(v, ATOMS) or atom_tuple(v) for v in value)
-
-
-def holds_tensor(value: Any) -> bool:
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return any(isinstance(v, torch.Tensor) or holds_tensor(v) for v in items)
 
 
 UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.ModuleType, types.FunctionType,

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root, StateWrite
-from .atoms import CONSTANTS
+from .atoms import CONSTANTS, holds_tensor
 from .routes import state_named
 
 __all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "restore", "taking", "watched"]
@@ -197,7 +197,7 @@ class ReadWatch:
                     self.cache_calls.append((self.phase, home, name, what, args, kwargs, where))
                 result = unwrapped(*args, **kwargs)
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
-                    stale_cache_check(fn, what, where, "tensor" if _holds_tensor(result) else "value")
+                    stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")
                 return result
 
             self._install(home, name, fn, uncached)
@@ -322,13 +322,6 @@ def _set_global_state(kind: str, state: Any) -> None:
         sys.modules["numpy.random.mtrand"]._rand.set_state(state)
     else:
         torch.random.default_generator.set_state(state)
-
-
-def _holds_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return any(_holds_tensor(v) for v in items)
 
 
 def stale_cache_check(fn: Any, what: str, where: str, result: str = "tensor") -> None:

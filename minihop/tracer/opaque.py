@@ -37,6 +37,7 @@ from ..errors import UnsupportedOperationError
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import constant_global
+from .identity import TENSOR_STATE, IdentityWatch, names_identity
 from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -238,24 +239,6 @@ def entry_points(value: Any) -> list[tuple[Any, Any]]:
     return found
 
 
-# A tensor's state that its key does not hold (read through getattr with a name from a variable).
-TENSOR_STATE = frozenset({"grad", "is_leaf", "grad_fn", "_version", "_base", "retains_grad",
-                          "output_nr", "_backward_hooks"})
-
-
-def refuse_tensor_state(function: str, phase: str, name: str, attr: str, where: str) -> None:
-    """A tensor argument's autograd state read by the code (``x.grad``, ``x.is_leaf``): the
-    trace's fake tensor has its own (no grad, a leaf), so the traced branch could differ from
-    eager's on this very call; refused (MH104)."""
-    raise UnsupportedOperationError(
-        f"{function}.{phase} reads {name}.{attr}, the autograd state of a tensor argument.",
-        "A capture is traced on fake tensors, whose .grad, .is_leaf and .grad_fn are not the "
-        "caller's tensor's, and the call key does not hold them: the traced code could take "
-        "another branch than eager does.",
-        "Pass what it decides as an argument (e.g. a bool), or run it eagerly with "
-        "minihop.function(F, fallback='eager').", where=where)
-
-
 class GetattrWatch:
     """``getattr`` (the builtin) while the analysed code that names it with a run-time name is
     traced: a lookup on an argument (keyed whole, name and all) or a plain value is bounded;
@@ -309,6 +292,8 @@ class Finder:
         self.lookups: set[types.CodeType] = set()  # code calling getattr with a run-time name
         self.calls: CallWatch | None = None
         self.getattrs: GetattrWatch | None = None
+        self.identity: IdentityWatch | None = None
+        self.refused: list[UnsupportedOperationError] = []
         self.undo: list[Callable[[], None]] = []  # CallWatch's, for a trace that fails
 
     def note_code(self, phase: str, code: types.CodeType) -> None:
@@ -323,10 +308,6 @@ class Finder:
         if isinstance(end, UserAttribute):  # code pystate did not run (see userattr)
             self.reasons.append(f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
-        if on_args and isinstance(value, torch.Tensor) and chain.steps[:1] and chain.steps[0][0] == "attr" \
-                and chain.steps[0][1] in TENSOR_STATE:
-            refuse_tensor_state(self.function, phase, chain.root, chain.steps[0][1],
-                                f'File "{code.co_filename}", line {chain.line}')
 
     def start(self, codes: set[types.CodeType], args: tuple[Any, ...]) -> None:
         if may_call_unanalysed([*args, *self.reachable]):
@@ -334,6 +315,9 @@ class Finder:
                                    lambda frame: library_frame(frame, self.library_module))
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
+        naming = {c for code in codes if names_identity(code) for c in nested_codes(code)}
+        if naming:
+            self.identity = IdentityWatch(naming, self.function)
 
     def put_back(self) -> None:
         """A trace that failed: what unanalysed code may have written, as it was (newest first)."""
@@ -351,6 +335,17 @@ class Finder:
             self.getattrs.stop()
             self.reasons += self.getattrs.found
             self.getattrs = None
+        if self.identity is not None:
+            self.identity.stop()
+            self.reasons += [f"{self.function} {found}" for found in self.identity.found]
+            self.refused += self.identity.refused
+            self.identity = None
+
+    def refuse(self) -> None:
+        """An identity read the trace cannot answer as eager (``identity``), even where the
+        user's code caught the error: raised."""
+        if self.refused:
+            raise self.refused[0]
 
     def single_use(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.reasons))

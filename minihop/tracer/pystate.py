@@ -43,7 +43,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, PythonState, Root, StateRead, StateWrite
-from . import collectives, effects, heap, hidden, opaque, store_marks
+from . import collectives, effects, heap, hidden, identity, opaque, store_marks
 from .atoms import ATOMS
 from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
@@ -63,7 +63,7 @@ __all__ = ["StateTracker", "arg_masks", "is_library"]
 class StateTracker:
     """Watches Python state across one capture's tracing (see the module docstring)."""
 
-    def __init__(self, parts: Any, args: tuple[Any, ...], fn_cls: type) -> None:
+    def __init__(self, parts: Any, args: tuple[Any, ...], fn_cls: type, real_args: tuple[Any, ...] | None = None) -> None:
         self.parts = parts
         self.name = parts.name
         self.args = args
@@ -89,11 +89,14 @@ class StateTracker:
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
         self.marked = store_marks.mark(self.analysed, self.reads, self.args)
+        reached: dict[int, list[Any]] = {}  # the tensors the walk reached, and where (identity)
         try:
-            self.before = self._snapshot()
+            self.before = self._snapshot(reached)
+            identity.outside_aliases(self.name, reached, real_args, parts.argnames)
         except BaseException:
             store_marks.unmark(self.marked)  # no tracker comes back to do it
             raise
+        self.outside_tensors = identity.outside_tensors(reached)
         self.after_forward: dict[int, Seen] | None = None
         self.forward_diff: list[Difference] = []  # (heap.changes from before to after_forward)
         self.finished = False
@@ -317,10 +320,10 @@ class StateTracker:
         store_marks.unmark(self.marked)
         self.marked = []
 
-    def _snapshot(self) -> dict[int, Seen]:
+    def _snapshot(self, tensors: dict[int, list[Any]] | None = None) -> dict[int, Seen]:
         real_of = None if self.hidden_reads is None else self.hidden_reads.real_of
         try:
-            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of)
+            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of, tensors)
         except heap.TooMuchState as e:
             raise too_much_state(self.name, str(e)) from None
 
@@ -354,6 +357,7 @@ class StateTracker:
         after_forward = self.after_forward if self.after_forward is not None else self._snapshot()
         after = self._snapshot()
         try:
+            self.opaque.refuse()  # (an identity read the user's code caught)
             writes = [*(self.forward_writes if self.forward_writes is not None
                         else self._writes(self.before, after_forward, "forward")),
                       *self._writes(after_forward, after, "backward"),
@@ -400,8 +404,10 @@ class StateTracker:
         finally:
             self.abort()
         if self.unreplayable:  # ... and none is replayed: this trace serves its own call only
-            return PythonState(tuple(self.reads), (), (*self.opaque.single_use(), *self.unreplayable))
-        return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use())
+            return PythonState(tuple(self.reads), (), (*self.opaque.single_use(), *self.unreplayable),
+                               outside_tensors=self.outside_tensors)
+        return PythonState(tuple(self.reads), tuple(writes), self.opaque.single_use(),
+                           outside_tensors=self.outside_tensors)
 
     def _writes(self, old: dict[int, Seen], new: dict[int, Seen], phase: str) -> list[StateWrite]:
         return self._classify(heap.changes(old, new), phase)

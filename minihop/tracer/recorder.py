@@ -308,6 +308,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         self.on_constant: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
         # Data-dependent sizes and scalars (``unbacked.UnbackedValues``), or None.
         self.unbacked: Any | None = None
+        # ``(func, args, kwargs, attribute) -> answer or NOT_SPECIAL``: a read of one of
+        # ``state_reads`` (a tensor's autograd state, storage, layout), which a fake copy may
+        # answer with its own (``Tracing._on_state_read``).
+        self.on_state_read: Callable[[Any, tuple[Any, ...], dict[str, Any], str], Any] | None = None
+        self.state_reads: frozenset[str] = frozenset()
 
     def where(self) -> str | None:
         """The user's source line running now, for an error raised from a handler."""
@@ -347,11 +352,18 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # write bumps it, as in eager): that covers methods (``add_``), ``+=``, ``out=``,
         # ``inplace=True``, ``copy_`` and writes through a view, whatever the spelling.
         tensors = tensors_in(kwargs, tensors_in(args, [])) if kwargs else tensors_in(args, [])
+        name = getattr(func, "__name__", None)
+        if self.on_state_read is not None and tensors and args and args[0] is tensors[0]:
+            # (a property's getter is named ``__get__``: its descriptor names the attribute)
+            attr = getattr(getattr(func, "__self__", None), "__name__", None) if name == "__get__" else name
+            if attr in self.state_reads:
+                answer = self.on_state_read(func, args, kwargs, attr)
+                if answer is not NOT_SPECIAL:
+                    return answer
         if any(type(t) is not FakeTensor and not isinstance(t, FakeTensor) for t in tensors):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
             tensors = tensors_in(kwargs, tensors_in(args, []))
         versions = [t._version for t in tensors]
-        name = getattr(func, "__name__", None)
         unbacked = self.unbacked
         try:
             if name in _VALUE_READS:

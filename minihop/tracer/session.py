@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,13 +36,14 @@ from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
 from .backward_reads import BackwardReads
 from .effects import refuse_generators
+from .identity import TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state, tensor_read
 from .frames import format_frame, user_frame, user_frame_of
 from .function_parts import FunctionParts
 from .names import FrameSnapshot, capture_locals, input_name
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
+from .special_calls import NOT_SPECIAL
 from .refusals import refusal_for
-from .backward_reads import BackwardReads
 from .routes import closure_routes
 from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
 from .shape_guards import ArgSource
@@ -71,8 +73,10 @@ _GRAD_FIXED = frozenset({
 
 
 # Reads of a tensor's memory layout: forward's graph may then depend on its inputs' strides.
-_LAYOUT_READS = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense",
-                           "storage_offset", "data_ptr", "untyped_storage", "_is_view"})
+_LAYOUT_READS = TENSOR_LAYOUT | {"data_ptr", "untyped_storage"}
+# What only the caller's tensor can answer: read of one reached outside the arguments, the
+# capture is single-use; of a fake copy, refused (``Tracing._on_state_read``).
+_REAL_ONLY = TENSOR_STATE | TENSOR_STORAGE | _LAYOUT_READS
 
 
 class Tracing:
@@ -125,6 +129,8 @@ class Tracing:
         self.mode.on_constant = self.values.constant_result
         self.unbacked = UnbackedValues(self, plan)
         self.mode.unbacked = self.unbacked
+        self.mode.on_state_read = self._on_state_read
+        self.mode.state_reads = _REAL_ONLY
 
     def reset_backward(self) -> None:
         """Forget what a run of backward recorded, to run it afresh."""
@@ -141,6 +147,9 @@ class Tracing:
         if self.phase != "backward":
             if name in _LAYOUT_READS:
                 self.reads_layout = True
+            source = self.sources.get(id(args[0])) if args else None
+            if source is not None and source.arg_index is None:
+                self._lifted_query(func, name, args[0], source)
             if args and id(args[0]) in self.input_symbols and id(args[0]) not in self.fwd.node_of \
                     and self.mode.recorder is self.fwd:
                 # Forward read the size of a dynamic input before using it (x.shape[0]): Dynamo
@@ -154,6 +163,48 @@ class Tracing:
         index = self.grad_of.get(id(args[0]))
         if index is not None:
             self.assumptions.append(GradAssumption(index, func, tuple(args[1:]), tuple(kwargs.items()), result))
+
+    def _lifted_query(self, func: Any, name: str, fake: torch.Tensor, source: InputSource) -> None:
+        """Forward read a property of a tensor it does not get as an argument itself (a
+        global's, one in a list passed in): its layout is in no key (single-use); its shape,
+        dtype, device and ``requires_grad`` are, once it is a graph input (made one here)."""
+        if name in _LAYOUT_READS:
+            self.unrouted.append(f"reads {name}() of {source.description}, whose layout no key holds "
+                                 f"({format_frame(user_frame())})")
+        elif source.place is not None and not source.place.uses_args and self.mode.recorder is self.fwd:
+            self.fwd.node_for(fake)
+
+    def _on_state_read(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], attr: str) -> Any:
+        """A tensor's autograd state, storage or layout read while tracing. Of the caller's own
+        tensor (a global's, a module's parameter: reached outside the arguments), no key holds
+        it: read by forward, answered from that tensor, for this call only (single-use); by
+        backward, refused (eager reads it when backward runs). Of a fake copy standing
+        for the caller's (an input, or in backward what forward saved), the copy would answer
+        with its own: refused (MH104), as is the storage of any fake."""
+        if sys._getframe(2).f_globals.get("__name__", "").startswith("minihop."):
+            return NOT_SPECIAL  # (minihop's own bookkeeping: which inputs an op wrote)
+        t, where = args[0], format_frame(user_frame())
+        entry = self.backward_reads.fakes.get(id(t)) if self.phase == "backward" else None
+        fake = entry[1] if entry is not None and entry[0] is t else self.real_to_fake.get(id(t))
+        if attr == "grad" and fake is not None and fake.grad is not None:
+            return NOT_SPECIAL  # accumulated by the trace's own backward() (recompute): a graph read
+        if not isinstance(t, FakeTensor):
+            place = self.closure_routes.get(id(t), (None, None))[1]
+            name = place.description if place is not None else "a tensor"
+            if self.phase == "backward":  # (run after the caller may change it: the trace's answer is now's)
+                refuse_tensor_state(self.parts.name, self.phase, name, attr, where or "",
+                                    whose="a tensor it does not get as an argument, which eager reads when "
+                                          "backward runs")
+            self.unrouted.append(f"reads {tensor_read(name, attr)} of a tensor it does not get as an argument "
+                                 f"(a global's, a module's parameter), which no key holds ({where})")
+            return func(*args, **kwargs)
+        source = self.sources.get(id(t))
+        stands_for = source is not None or self.phase == "backward" and id(t) in self.fwd.node_of
+        if attr in TENSOR_STORAGE or attr in TENSOR_STATE and stands_for:
+            refuse_tensor_state(self.parts.name, self.phase, source.description if source is not None
+                                else "a tensor forward saved", attr, where or "", whose=(
+                                    "a tensor argument" if source is not None else "a tensor of the trace"))
+        return NOT_SPECIAL
 
     def is_traced(self, value: Any) -> bool:
         """Whether ``value`` is a fake tensor of this trace (an input's, or one forward made)."""

@@ -149,7 +149,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                    t._describe)
     # Python state: what the user's code reads is guarded, what it writes is replayed or
     # refused, and whatever tracing changed is put back (see pystate).
-    state = StateTracker(parts, fake_args, fn_cls)
+    state = StateTracker(parts, fake_args, fn_cls, real_args=args)
     state.on_symbolic = t.unbacked.escape
     t.unrouted = state.opaque.reasons
     state.start()

@@ -1,0 +1,214 @@
+"""What a fake copy cannot answer as the caller's value: which object it is, and a tensor's own state.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker`` (before the trace),
+``opaque.Finder`` (while it runs) and ``session.Tracing`` (each tensor read). A capture is
+traced on fake tensors: each tensor argument is a fake copy, another object than the caller's
+tensor, with its own autograd state and no storage of the caller's; and the call key holds
+tensors by their properties and objects by their contents, not by which object they are.
+The reads that would differ, each made sound here:
+
+- **a tensor argument the code can also reach as the caller's tensor** (``w is W[0]``, a dict
+  keyed by tensors, ``any(w is t for t in PARAMS)``, ``w is m.weight`` of a module passed
+  in): the code would hold the fake and the caller's tensor as two objects. Refused before
+  tracing (MH104), by the heap watch's walk (``outside_aliases``); the tensors it reached
+  outside the arguments are kept (weakly), and which tensors of a call are one is part of its
+  sharing (``runtime.sharing``), so that no later call of another sharing reuses the capture;
+- **``id`` or ``hash`` of a fake tensor** in the user's code: the fake's identity, never the
+  caller's tensor's. Refused where it is called (``IdentityWatch``, MH104);
+- **``id`` or ``hash`` of an object keyed by its contents** (a user's object, a function, a
+  list): right for the call traced, unknown for the next one (another object with the same
+  contents hits the key). The capture is single-use, with the line;
+- **a tensor's autograd state, storage or layout** (``TENSOR_STATE``, ``TENSOR_STORAGE``,
+  ``TENSOR_LAYOUT``: ``x.grad``, ``x._version``, ``x.data_ptr()``, ``x.stride()``), however the
+  code reaches the tensor: of a fake copy, refused (``refuse_tensor_state``); of the caller's
+  own tensor (a global's), answered by it and single-use in forward, refused in backward
+  (``session.Tracing._on_state_read`` decides which).
+
+``IdentityWatch`` is installed only where the analysed code names ``id`` or ``hash``
+(``names_identity``), so a Function that does not pays nothing.
+
+Invariant: no capture serves a call whose answer to one of these reads could differ from the
+trace's, and none is traced where the trace's own answer would.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..errors import UnsupportedOperationError
+from .atoms import ATOMS
+from .bytecode import instructions
+
+__all__ = ["TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "IdentityWatch", "names_identity", "note_tensor",
+           "outside_aliases", "outside_tensors", "refuse_tensor_state", "tensor_read"]
+
+_NAMES = frozenset({"id", "hash"})
+
+
+@functools.lru_cache(maxsize=2048)
+def names_identity(code: types.CodeType) -> bool:
+    """Whether ``code`` or code nested in it names the builtin ``id`` or ``hash``."""
+    stack = [code]
+    while stack:
+        inner = stack.pop()
+        stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
+        if any(op.opname in ("LOAD_GLOBAL", "LOAD_NAME") and op.argval in _NAMES for op in instructions(inner)[0]):
+            return True
+    return False
+
+
+def note_tensor(reached: dict[int, list[Any]], tensor: torch.Tensor, place: Any, key_of: str = "") -> None:
+    """The heap walk reached ``tensor`` at ``place`` (a ``Place``; ``key_of``: as a dict's key)."""
+    entry = reached.setdefault(id(tensor), [tensor, None, None])
+    if place.uses_args and entry[1] is None:
+        entry[1] = place
+    elif not place.uses_args and entry[2] is None:
+        entry[2] = key_of + place.description
+
+
+def outside_aliases(function: str, reached: dict[int, list[Any]], real_args: tuple[Any, ...] | None,
+                    argnames: tuple[str, ...]) -> None:
+    """Refuse a call one of whose tensor arguments the code can also reach as the caller's
+    tensor: outside its arguments, or held by another argument the trace keeps as it is (a
+    module's parameter). ``reached``: the heap walk's ``[tensor, argument place, outside
+    place]``, the arguments' tensors being the trace's fakes, ``real_args`` the caller's."""
+    if real_args is None:
+        return
+    caller_s = {id(t): outside or inside.describe(argnames) for t, inside, outside in reached.values()
+                if not isinstance(t, FakeTensor)}
+    for fake, inside, _ in reached.values():
+        if inside is None or not isinstance(fake, FakeTensor) or not caller_s:
+            continue
+        try:
+            real = inside.get(real_args)
+        except Exception:  # (a place the caller's arguments do not have: nothing to compare)
+            continue
+        other = caller_s.get(id(real))
+        if other is None:
+            continue
+        arg = inside.describe(argnames)
+        raise UnsupportedOperationError(
+            f"{function} is called with {arg}, which is also {other}, a tensor its code can reach "
+            "as the caller's.",
+            "A capture is traced on a fake copy of each tensor argument: the code would hold "
+            "the copy and the caller's tensor as two objects, so an identity test (`is`, a "
+            "dict keyed by tensors, id()) or an in-place write through one would not be seen "
+            "through the other, as eager sees it.",
+            f"Pass {arg}.clone() (or reach the tensor only through one of them), or run it "
+            "eagerly with minihop.function(F, fallback='eager').")
+
+
+def outside_tensors(tensors: dict[int, list[Any]]) -> tuple[weakref.ref[torch.Tensor], ...]:
+    """Weak references to the tensors reached outside the arguments: no call may pass one."""
+    return tuple(weakref.ref(t) for t, _, outside in tensors.values() if outside is not None)
+
+
+# A tensor's state that its key does not hold (read through getattr with a name from a variable).
+TENSOR_STATE = frozenset({"grad", "is_leaf", "grad_fn", "_version", "_base", "retains_grad",
+                          "output_nr", "_backward_hooks"})
+# ... where its data lives (a fake tensor has no storage of the caller's): read as identity ...
+TENSOR_STORAGE = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "is_set_to"})
+# ... and how it lies there (a fake copy keeps it; the key holds it for tensor arguments only).
+TENSOR_LAYOUT = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense", "storage_offset", "_is_view"})
+
+
+def tensor_read(name: str, attr: str) -> str:
+    """``x.grad``, or ``.grad of a tensor`` where the tensor has no name."""
+    return f"{name}.{attr}" if " " not in name else f".{attr} of {name}"
+
+
+def refuse_tensor_state(function: str, phase: str, name: str, attr: str, where: str,
+                        whose: str = "a tensor argument") -> None:
+    """A tensor argument's autograd state or storage read by the code (``x.grad``,
+    ``x.is_leaf``, ``x.data_ptr()``): the trace's fake tensor has its own (no grad, a leaf, no
+    storage of the caller's), so the traced branch could differ from eager's on this very
+    call; refused (MH104)."""
+    what = "the storage" if attr in TENSOR_STORAGE else "the layout" if attr in TENSOR_LAYOUT else "the autograd state"
+    raise UnsupportedOperationError(
+        f"{function}.{phase} reads {tensor_read(name, attr)}, {what} of {whose}.",
+        "A capture is traced on fake tensors, whose .grad, .is_leaf, .grad_fn and storage are "
+        "not the caller's tensor's, and the call key does not hold them: the traced code could "
+        "take another branch than eager does.",
+        "Pass what it decides as an argument (e.g. a bool), or run it eagerly with "
+        "minihop.function(F, fallback='eager').", where=where)
+
+
+def _by_contents(obj: Any) -> bool:
+    """Whether ``hash(obj)`` is computed from what the object holds, not from its identity."""
+    if isinstance(obj, ATOMS):
+        return True
+    if isinstance(obj, (tuple, frozenset)):
+        return all(_by_contents(v) for v in obj)
+    return not isinstance(obj, torch.Tensor) and type(obj).__hash__ is not object.__hash__ \
+        and not isinstance(obj, (type, types.FunctionType, types.ModuleType))
+
+
+def _holds_fake(obj: Any) -> bool:
+    """A fake tensor, or a tuple or frozenset holding one (``hash((w, 1))``)."""
+    if isinstance(obj, FakeTensor):
+        return True
+    return isinstance(obj, (tuple, frozenset)) and any(_holds_fake(v) for v in obj)
+
+
+def _keyed_by_identity(obj: Any) -> bool:
+    """An object whose identity the call key holds already (a class, a module, a value)."""
+    return obj is None or isinstance(obj, (bool, type, torch.nn.Module, types.ModuleType))
+
+
+class IdentityWatch:
+    """``id`` and ``hash`` (the builtins) while the analysed ``codes`` are traced: of a fake
+    tensor, refused (raised where it is called, and kept for ``refusal``); of an object whose
+    identity the key does not hold, a reason to be single-use."""
+
+    def __init__(self, codes: Iterable[types.CodeType], function: str) -> None:
+        self.codes = set(codes)
+        self.function = function
+        self.thread = threading.get_ident()
+        self.real_id, self.real_hash = builtins.id, builtins.hash
+        self.found: list[str] = []
+        self.refused: list[UnsupportedOperationError] = []
+        builtins.id, builtins.hash = self.id, self.hash  # type: ignore[assignment]
+
+    def id(self, obj: Any) -> int:
+        self._read("id", obj, sys._getframe(1))
+        return self.real_id(obj)
+
+    def hash(self, obj: Any) -> int:
+        self._read("hash", obj, sys._getframe(1))
+        return self.real_hash(obj)
+
+    def _read(self, which: str, obj: Any, frame: Any) -> None:
+        if frame.f_code not in self.codes or threading.get_ident() != self.thread:
+            return
+        where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
+        if _holds_fake(obj):
+            error = UnsupportedOperationError(
+                f"{self.function} calls {which}() of a tensor of the trace (line {frame.f_lineno}).",
+                "A capture is traced on fake tensors: the identity read is the fake copy's, "
+                "never the caller's tensor's, and a call key holds tensors by their properties, "
+                "not by which object they are.",
+                "Key what it caches by something the Function is given (a name, a step number), "
+                "or run it eagerly with minihop.function(F, fallback='eager').", where=where)
+            self.refused.append(error)
+            raise error
+        if which == "hash" and _by_contents(obj) or which == "id" and _keyed_by_identity(obj):
+            return
+        if len(self.found) < 8:
+            self.found.append(f"calls {which}() of a {type(obj).__name__} object: the call key holds it by "
+                              f"its contents, not its identity ({where})")
+
+    def stop(self) -> None:
+        if builtins.id == self.id:
+            builtins.id = self.real_id
+        if builtins.hash == self.hash:
+            builtins.hash = self.real_hash
