@@ -13,7 +13,9 @@ property, a closure over a closure, a helper module made at run time with
 ``types.ModuleType``, an attribute changed through its ``__dict__`` held elsewhere, a list
 inside a list inside a dict changed through the inner list, a list of modules passed as an
 argument, a ``__slots__`` object, a module's private attribute, a value twelve containers
-below a global, a tensor argument's own attribute; library objects read through their own methods and changed
+below a global, a tensor argument's own attribute, a tensor argument that is also a global's
+(``w is PICK[0]``), a table keyed by tensors, ``id()`` of an object argument, a global
+tensor's shape or stride and a global parameter's ``.grad`` read in no op; library objects read through their own methods and changed
 through theirs: a queue's size, a buffer's text, an ``array`` item, a ``bytearray``'s length, a
 ``Counter``, an ``OrderedDict``'s first entry, an ``Event``, a ``deque``, a ``UserDict``), an *access form* (directly in forward or backward, through a helper function,
 through a lambda, through a method of a user object, through another Function's ``apply``,
@@ -55,7 +57,13 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            "ordered_first", "event_flag", "deque_last", "user_dict_item",
            # Found from outside in round 6: a module's private attribute (as an argument and as
            # a global), a value twelve containers below a global, a tensor argument's attribute.
-           "module_private_arg", "module_private_global", "deep_global", "tensor_attribute_arg")
+           "module_private_arg", "module_private_global", "deep_global", "tensor_attribute_arg",
+           # Round 7: which object a value is (a tensor argument that is also a global's, a
+           # table keyed by tensors, id() of an object keyed by its contents), and what the
+           # code reads of a tensor it does not get as an argument (a global's shape, layout,
+           # a parameter's .grad), used in no op.
+           "tensor_identity_global", "tensor_keyed_table", "id_keyed_object_arg", "global_tensor_shape",
+           "global_tensor_layout", "global_param_grad")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -259,6 +267,26 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["DEEP = {'n': [{'n': {'n': [{'n': {'n': [{'n': {'k': 2.0}}]}}]}}]}"],
                 ["DEEP['n'][0]['n']['n'][0]['n']['n'][0]['n']['k'] = v"],
                 "DEEP['n'][0]['n']['n'][0]['n']['n'][0]['n']['k']", [], "")
+    if holder == "tensor_identity_global":
+        return (["PICK = [torch.ones(()), torch.ones(())]", "ARGT = [PICK[0]]"],
+                ["ARGT[0] = PICK[0] if v > 1 else PICK[1]"], "(2.0 if tw is PICK[0] else 3.0)", ["ARGT[0]"], "tw")
+    if holder == "tensor_keyed_table":
+        return (["TKEYS = [torch.ones(()), torch.ones(())]", "TTABLE = {TKEYS[0]: 2.0}", "TPICK = [TKEYS[0]]"],
+                ["TPICK[0] = TKEYS[0] if v > 1 else TKEYS[1]", "TTABLE[TKEYS[0]] = v"], "TTABLE.get(tk, 3.0)",
+                ["TPICK[0]"], "tk")
+    if holder == "id_keyed_object_arg":
+        return (["IDOBJ = [Holder(), Holder()]", "IDPICK = [IDOBJ[0]]",
+                 "IDSLOT = {id(IDOBJ[0]): 2.0, id(IDOBJ[1]): 3.0}"],
+                ["IDPICK[0] = IDOBJ[0] if v > 1 else IDOBJ[1]"], "IDSLOT[id(io)]", ["IDPICK[0]"], "io")
+    if holder == "global_tensor_shape":
+        return (["TSHAPE = [torch.ones(2)]"], ["TSHAPE[0] = torch.ones(int(abs(v) * 2) % 4 + 1)"],
+                "float(TSHAPE[0].shape[0])", [], "")
+    if holder == "global_tensor_layout":
+        return (["TLAY = [torch.ones(2)]"], ["TLAY[0] = torch.ones(2) if v > 1 else torch.ones(4)[::2]"],
+                "float(TLAY[0].stride(0))", [], "")
+    if holder == "global_param_grad":
+        return (["GP = torch.nn.Parameter(torch.ones(()))"], ["GP.grad = None if v > 1 else torch.full((), v)"],
+                "(2.0 if GP.grad is None else 3.0)", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
