@@ -284,3 +284,66 @@ def test_hash_of_plain_values_keeps_the_capture_reusable() -> None:
         Bucketed.apply(e, "a", (1, 2)).sum().backward()
         assert torch.equal(x.grad, e.grad)
     assert (f.stats.captures, f.stats.hits) == (1, 3), f.stats
+
+
+# -- type() of a tensor: the trace's fake is a FakeTensor, the caller's tensor a torch.Tensor --
+
+def test_type_of_a_tensor_argument_is_torch_tensor() -> None:
+    """``type(x) is torch.Tensor``: code that treats subclasses apart (it was ``FakeTensor``)."""
+
+    class PlainOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * (2 if type(x) is torch.Tensor else 3)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(PlainOnly, lambda i: (x_(i),))
+
+
+def test_type_of_a_parameter_argument() -> None:
+    params = [nn.Parameter(torch.ones(4)), torch.ones(4)]
+
+    class Kinds(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * len(type(w).__name__)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(Kinds, lambda i: (x_(i), params[i % 2]))
+
+
+def test_type_of_the_grad_in_backward_keys_a_table() -> None:
+    scales = {torch.Tensor: 2.0}
+
+    class ByType(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * scales.get(type(g), 3.0)
+
+    matches_eager(ByType, lambda i: (x_(i),))
+
+
+def test_type_still_makes_classes_and_checks_them() -> None:
+    """Three-argument ``type`` and ``isinstance(C, type)`` in the traced code are ``type``'s."""
+
+    class MakesOne(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            made = type("Made", (), {"k": 2.0})
+            return x * made.k * (2 if isinstance(made, type) and type(made) is type else 3)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 4.0
+
+    matches_eager(MakesOne, lambda i: (x_(i),))

@@ -35,7 +35,7 @@ import torch
 from ..spec import MISSING, Place, Root
 from ..structure import argname, attributes
 from . import effects, hidden
-from .identity import note_tensor
+from .identity import TYPE, note_tensor
 from .atoms import ATOMS, CONSTANTS, atom_tuple, holds_tensor
 from .library import is_library, is_user_module
 from .process_state import PROCESS
@@ -122,7 +122,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             # (one place per name, whether written as ``cfg.step`` or ``global step``).
             # All its names are watched (``restore`` removes one the trace added: root "module").
             g = vars(value)
-            data = {k: v for k, v in g.items() if not _dunder(k)}
+            data = {k: v for k, v in g.items() if not _dunder(k) and v is not TYPE}
             seen = found.get(id(g))
             found[id(g)] = Seen(g, Root("value", "module", value.__name__, lambda args, g=g: g), (), "globals",
                                 data if seen is None else {**data, **seen.contents})
@@ -385,7 +385,8 @@ def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any]
 def current(seen: Seen) -> Any:
     """What the object ``seen`` watched holds now, as a snapshot would record it there."""
     if seen.kind == "globals":  # (the names watched; a user module's: all of them)
-        names = {**seen.contents, **({k: None for k in seen.obj if not _dunder(k)} if seen.root.key == "module" else {})}
+        names = {**seen.contents, **({k: None for k, v in seen.obj.items() if not _dunder(k) and v is not TYPE}
+                                     if seen.root.key == "module" else {})}
         return {k: seen.obj.get(k, MISSING) for k in names}
     if seen.kind == "cell":
         return cell_value(seen.obj)

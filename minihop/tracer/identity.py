@@ -24,8 +24,13 @@ The reads that would differ, each made sound here:
   own tensor (a global's), answered by it and single-use in forward, refused in backward
   (``session.Tracing._on_state_read`` decides which).
 
-``IdentityWatch`` is installed only where the analysed code names ``id`` or ``hash``
-(``names_identity``), so a Function that does not pays nothing.
+- **``type()`` of a fake tensor** (``type(x) is torch.Tensor``, ``type(g)`` in backward): the
+  fake's class, ``FakeTensor``. Where the analysed code names ``type``, its globals bind
+  ``TYPE`` while it is traced (``TypeAsEager``), which answers the caller's tensor's type.
+  (``x.__class__`` is not seen: ``docs/reads.md``, Open.)
+
+``IdentityWatch`` and ``TypeAsEager`` are installed only where the analysed code names ``id``,
+``hash`` or ``type`` (``names_identity``), so a Function that does not pays nothing.
 
 Invariant: no capture serves a call whose answer to one of these reads could differ from the
 trace's, and none is traced where the trace's own answer would.
@@ -49,22 +54,65 @@ from ..errors import UnsupportedOperationError
 from .atoms import ATOMS
 from .bytecode import instructions
 
-__all__ = ["TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "IdentityWatch", "names_identity", "note_tensor",
+__all__ = ["TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity", "note_tensor",
            "outside_aliases", "outside_tensors", "refuse_tensor_state", "tensor_read"]
 
-_NAMES = frozenset({"id", "hash"})
+_NAMES = frozenset({"id", "hash", "type"})
 
 
 @functools.lru_cache(maxsize=2048)
-def names_identity(code: types.CodeType) -> bool:
-    """Whether ``code`` or code nested in it names the builtin ``id`` or ``hash``."""
+def names_identity(code: types.CodeType) -> frozenset[str]:
+    """Which of the builtins ``id``, ``hash`` and ``type`` ``code`` (or code nested in it) names."""
+    found: set[str] = set()
     stack = [code]
     while stack:
         inner = stack.pop()
         stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
-        if any(op.opname in ("LOAD_GLOBAL", "LOAD_NAME") and op.argval in _NAMES for op in instructions(inner)[0]):
-            return True
-    return False
+        found |= {op.argval for op in instructions(inner)[0]
+                  if op.opname in ("LOAD_GLOBAL", "LOAD_NAME") and op.argval in _NAMES}
+    return frozenset(found)
+
+
+class _TypeAsEager(type):
+    """``TYPE``'s metaclass: calling it is ``type`` but for a fake tensor; ``isinstance`` and
+    ``issubclass`` against it answer as against ``type``."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and isinstance(args[0], FakeTensor):
+            # What the caller's tensor is: an argument's type is in the call key (a subclass
+            # is refused), a Parameter's fake carries ``_is_param``; what ops make is a Tensor.
+            return torch.nn.Parameter if getattr(args[0], "_is_param", False) else torch.Tensor
+        made = type(*args, **kwargs)
+        return cls if made is type else made  # (``type(C) is type``: the name the code compares with)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, type)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, type)
+
+
+class TYPE(metaclass=_TypeAsEager):
+    """``type`` as the user's code finds it while traced (``type(x) is torch.Tensor``): a fake
+    tensor's type is ``FakeTensor``, the caller's tensor's is ``torch.Tensor``. Put in the
+    globals of the analysed code that names ``type`` (``TypeAsEager``), and only there: torch's
+    own code asks for the fake's real type."""
+
+
+class TypeAsEager:
+    """``TYPE`` bound as ``type`` in each namespace given (one that binds no ``type`` of its
+    own), until ``stop``. The heap watch does not see it there (``heap.snapshot``)."""
+
+    def __init__(self, namespaces: Iterable[dict[str, Any]]) -> None:
+        self.namespaces = [g for g in {id(g): g for g in namespaces}.values() if "type" not in g]
+        for g in self.namespaces:
+            g["type"] = TYPE
+
+    def stop(self) -> None:
+        for g in self.namespaces:
+            if g.get("type") is TYPE:
+                del g["type"]
+        self.namespaces = []
 
 
 def note_tensor(reached: dict[int, list[Any]], tensor: torch.Tensor, place: Any, key_of: str = "") -> None:

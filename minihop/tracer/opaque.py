@@ -37,7 +37,7 @@ from ..errors import UnsupportedOperationError
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import constant_global
-from .identity import TENSOR_STATE, IdentityWatch, names_identity
+from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity
 from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -293,6 +293,7 @@ class Finder:
         self.calls: CallWatch | None = None
         self.getattrs: GetattrWatch | None = None
         self.identity: IdentityWatch | None = None
+        self.types: TypeAsEager | None = None
         self.refused: list[UnsupportedOperationError] = []
         self.undo: list[Callable[[], None]] = []  # CallWatch's, for a trace that fails
 
@@ -309,15 +310,17 @@ class Finder:
             self.reasons.append(f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
 
-    def start(self, codes: set[types.CodeType], args: tuple[Any, ...]) -> None:
+    def start(self, codes: set[types.CodeType], args: tuple[Any, ...],
+              namespaces: dict[types.CodeType, dict[str, Any]] | None = None) -> None:
         if may_call_unanalysed([*args, *self.reachable]):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
                                    lambda frame: library_frame(frame, self.library_module))
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
-        naming = {c for code in codes if names_identity(code) for c in nested_codes(code)}
+        naming = {c for code in codes if names_identity(code) - {"type"} for c in nested_codes(code)}
         if naming:
             self.identity = IdentityWatch(naming, self.function)
+        self.types = TypeAsEager(g for code, g in (namespaces or {}).items() if "type" in names_identity(code))
 
     def put_back(self) -> None:
         """A trace that failed: what unanalysed code may have written, as it was (newest first)."""
@@ -335,6 +338,8 @@ class Finder:
             self.getattrs.stop()
             self.reasons += self.getattrs.found
             self.getattrs = None
+        if self.types is not None:
+            self.types.stop()
         if self.identity is not None:
             self.identity.stop()
             self.reasons += [f"{self.function} {found}" for found in self.identity.found]
