@@ -79,10 +79,9 @@ def test_argument_among_a_global_list_of_tensors() -> None:
     matches_eager(Member, lambda i: (x_(i), params[1] if i % 2 else fresh(i)))
 
 
-@pytest.mark.parametrize("holder", ["dict", "WeakKeyDictionary"])
-def test_table_keyed_by_tensors_looked_up_with_an_argument(holder) -> None:
-    """``SCALES.get(w, 5.0)``: a per-tensor table (an optimizer's state, a scale cache)."""
-    scales = {W[0]: 3.0} if holder == "dict" else weakref.WeakKeyDictionary({W[0]: 3.0})
+def scaled_by(scales) -> type:
+    """A Function scaling by ``scales.get(w, 5.0)``: a per-tensor table (an optimizer's state,
+    a scale cache) looked up with its tensor argument."""
 
     class Scaled(torch.autograd.Function):
         @staticmethod
@@ -93,7 +92,13 @@ def test_table_keyed_by_tensors_looked_up_with_an_argument(holder) -> None:
         def backward(ctx, g):
             return g, None
 
-    matches_eager(Scaled, lambda i: (x_(i), W[i % 2]))
+    return Scaled
+
+
+@pytest.mark.parametrize("holder", ["dict", "WeakKeyDictionary"])
+def test_table_keyed_by_tensors_looked_up_with_an_argument(holder) -> None:
+    scales = {W[0]: 3.0} if holder == "dict" else weakref.WeakKeyDictionary({W[0]: 3.0})
+    matches_eager(scaled_by(scales), lambda i: (x_(i), W[i % 2]))
 
 
 def test_id_of_a_tensor_argument_keys_a_cache() -> None:
@@ -223,16 +228,7 @@ def _refusal(fn_cls, *args) -> str:
 
 
 def test_refusals_name_the_argument_and_where_else_it_is() -> None:
-    scales = {W[0]: 3.0}
-
-    class Scaled(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            return x * scales.get(w, 5.0)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g, None
+    Scaled = scaled_by({W[0]: 3.0})
 
     class Keyed(torch.autograd.Function):
         @staticmethod

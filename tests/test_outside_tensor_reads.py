@@ -71,9 +71,9 @@ class Scaled(torch.autograd.Function):
                   reset=lambda: tables.__setitem__("t", first))
 
 
-def test_grad_of_a_global_parameter_decides_a_branch() -> None:
-    """``P.grad is None``: the caller's ``zero_grad(set_to_none=True)`` or a first backward."""
-    weight = nn.Parameter(torch.ones(4))
+def first_step_of(weight) -> type:
+    """A Function branching on ``weight.grad is None`` (the caller's ``zero_grad(set_to_none=True)``
+    or a first backward), ``weight`` a parameter it does not get as an argument."""
 
     class FirstStep(torch.autograd.Function):
         @staticmethod
@@ -83,6 +83,13 @@ def test_grad_of_a_global_parameter_decides_a_branch() -> None:
         @staticmethod
         def backward(ctx, g):
             return g
+
+    return FirstStep
+
+
+def test_grad_of_a_global_parameter_decides_a_branch() -> None:
+    weight = nn.Parameter(torch.ones(4))
+    FirstStep = first_step_of(weight)
 
     def between(i):
         if i == 2:
@@ -169,18 +176,7 @@ def test_version_counter_of_a_global_tensor() -> None:
 
 
 def test_reading_the_grad_of_a_global_names_why_the_capture_is_single_use() -> None:
-    weight = nn.Parameter(torch.ones(4))
-
-    class FirstStep(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * (2 if weight.grad is None else 3)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    text = str(minihop.explain(FirstStep, x_(0)))
+    text = str(minihop.explain(first_step_of(nn.Parameter(torch.ones(4))), x_(0)))
     assert "single-use" in text and "reads weight.grad of a tensor it does not get as an argument" in text
 
 
