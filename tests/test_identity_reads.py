@@ -343,3 +343,66 @@ def test_type_still_makes_classes_and_checks_them() -> None:
             return g * 4.0
 
     matches_eager(MakesOne, lambda i: (x_(i),))
+
+
+# -- the same reads by other names, and a tensor argument held by an object argument --
+
+my_id = id
+my_type = type
+
+
+@pytest.mark.parametrize("spelling", ["my_id(w)", "builtins.id(w)"])
+def test_id_by_another_name_is_refused_not_baked(spelling) -> None:
+    """``my_id = id`` at module level (or ``builtins.id``): the watch stands in for the name
+    ``id`` only; another name would give the fake's id, so the call is refused (strict) and
+    run eagerly (fallback)."""
+    counts: dict[int, float] = {}
+    namespace = {"torch": torch, "builtins": __import__("builtins"), "my_id": my_id, "counts": counts}
+    exec(f"""
+class Counted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        key = {spelling}
+        counts[key] = counts.get(key, 1.0) + 1.0
+        return x * counts[key]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+""", namespace)
+    matches_eager(namespace["Counted"], lambda i: (x_(i), W[i % 2]), state=lambda: sorted(counts.values()),
+                  reset=counts.clear)
+
+
+def test_type_by_another_name() -> None:
+    class PlainOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * (2 if my_type(x) is torch.Tensor else 3)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(PlainOnly, lambda i: (x_(i),))
+
+
+class Holding:
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w = w
+
+
+def test_object_argument_holding_the_tensor_argument() -> None:
+    """``cfg.w is w``: an object keyed by its contents, holding the very tensor passed beside it."""
+    shared = torch.ones(4)
+
+    class Held(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, cfg):
+            return x * (2 if cfg.w is w else 3)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None
+
+    matches_eager(Held, lambda i: (x_(i), shared, Holding(shared) if i % 2 else Holding(torch.ones(4))))

@@ -30,7 +30,7 @@ import torch
 
 from ..spec import MISSING, Place, PythonState
 from ..place import walk_plain
-from ..structure import argname
+from ..structure import argname, attributes
 
 __all__ = ["sharing_of"]
 
@@ -43,7 +43,7 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
     """``(sharing at capture, call -> its sharing, sharing -> text)``, or None where nothing
     can be shared (fewer than two argument objects, tensors and objects along the places read,
     and no tensor the code reached outside its arguments). A sharing is, per object, the first
-    one it is, then which of them are one of ``state.outside_tensors``."""
+    one it is, and which of them are one of ``state.outside_tensors``."""
     arg_idx = tuple(i for i, a in enumerate(args) if _holder(a) or isinstance(a, torch.Tensor))
     along = {p: f for p, f in _along(state, held).items() if _holder(_fetched(f, args))}
     inner = _inner_tensors(args, argnames)
@@ -58,27 +58,32 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
             + [t for _, t in _inner_tensors(call, ())]
         first: dict[int, int] = {}
         shared = tuple(first.setdefault(id(o), k) for k, o in enumerate(objs))
-        if not outside:
-            return shared
         # (a tensor the trace would see as the caller's, while the argument is its fake copy)
-        return (*shared, tuple(k for k, o in enumerate(objs)
-                               if (r := outside.get(id(o))) is not None and r() is o))
+        return shared, tuple(k for k, o in enumerate(objs) if (r := outside.get(id(o))) is not None and r() is o)
 
     def show(sharing: tuple[Any, ...]) -> str:
-        same = [f"{names[k]} is {names[j]}" for k, j in enumerate(sharing[:len(names)]) if j != k]
-        same += [f"{names[k]} is a tensor the code read outside its arguments"
-                 for k in (sharing[len(names)] if len(sharing) > len(names) else ())]
+        shared, hits = sharing
+        if len(shared) != len(names):
+            return "another nesting of containers in the arguments"
+        same = [f"{names[k]} is {names[j]}" for k, j in enumerate(shared) if j != k]
+        same += [f"{names[k]} is a tensor the code read outside its arguments" for k in hits]
         return ", ".join(same) or "no two the same object"
 
     return now(args), now, show
 
 
 def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors inside the call's arguments: in lists, tuples and dicts (however nested),
-    and a module's parameters and buffers, with their names (``argnames`` given)."""
+    """The tensors inside the call's arguments: in lists, tuples, dicts and user objects'
+    attributes (however nested), and a module's parameters and buffers, with their names
+    (``argnames`` given)."""
     found: list[tuple[str, torch.Tensor]] = []
+    seen: set[int] = set()  # (each container once: a tree with parent links is walked once)
 
     def walk(value: Any, name: str, depth: int) -> None:
+        if not isinstance(value, torch.Tensor):
+            if id(value) in seen:
+                return
+            seen.add(id(value))
         if isinstance(value, torch.Tensor):
             if depth:
                 found.append((name, value))
@@ -91,6 +96,9 @@ def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, tor
         elif isinstance(value, torch.nn.Module):
             for k, t in (*value.named_parameters(), *value.named_buffers()):
                 found.append((f"{name}.{k}", t))
+        elif _holder(value) and depth < 8 and not isinstance(value, types.ModuleType):
+            for k, v in attributes(value).items():  # (a user's object: keyed by its contents)
+                walk(v, f"{name}.{k}", depth + 1)
 
     for i, a in enumerate(call):
         walk(a, argname(i, argnames) if argnames else "", 0)

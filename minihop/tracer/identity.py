@@ -55,7 +55,8 @@ from .atoms import ATOMS
 from .bytecode import instructions
 
 __all__ = ["TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity", "note_tensor",
-           "outside_aliases", "outside_tensors", "refuse_tensor_state", "tensor_read"]
+           "outside_aliases", "outside_tensors", "refuse_identity_alias", "refuse_tensor_state",
+           "tensor_read"]
 
 _NAMES = frozenset({"id", "hash", "type"})
 
@@ -71,6 +72,23 @@ def names_identity(code: types.CodeType) -> frozenset[str]:
         found |= {op.argval for op in instructions(inner)[0]
                   if op.opname in ("LOAD_GLOBAL", "LOAD_NAME") and op.argval in _NAMES}
     return frozenset(found)
+
+
+_BUILTINS = {id(getattr(builtins, name)): name for name in _NAMES}
+
+
+def refuse_identity_alias(function: str, phase: str, chain: Any, end: Any, where: str) -> None:
+    """The code reaches the builtin ``id``, ``hash`` or ``type`` by another name than its own
+    (``myid = id``, ``builtins.id``, ``T = type``): the watches above stand in for the names
+    the code says, so a call through another is not seen. Refused (MH104)."""
+    name = _BUILTINS.get(id(end))
+    if name is None or getattr(builtins, name) is not end or (chain.root == name and not chain.steps):
+        return
+    raise UnsupportedOperationError(
+        f"{function}.{phase} calls the builtin {name} as {chain.root}{''.join(f'.{k}' for _, k in chain.steps)}.",
+        f"minihop answers {name}() of a traced tensor as eager would (or refuses it) where the code "
+        f"names {name} itself; called by another name, it would give the fake copy's answer.",
+        f"Call it as {name}(...), or run it eagerly with minihop.function(F, fallback='eager').", where=where)
 
 
 class _TypeAsEager(type):

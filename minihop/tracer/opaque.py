@@ -37,7 +37,7 @@ from ..errors import UnsupportedOperationError
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import constant_global
-from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity
+from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias
 from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -309,6 +309,7 @@ class Finder:
         if isinstance(end, UserAttribute):  # code pystate did not run (see userattr)
             self.reasons.append(f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
+        refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
 
     def start(self, codes: set[types.CodeType], args: tuple[Any, ...],
               namespaces: dict[types.CodeType, dict[str, Any]] | None = None) -> None:
