@@ -181,3 +181,22 @@ def test_torch_module_private_state(make) -> None:
         return (torch.randn(1, 1, 5, 5, generator=torch.Generator().manual_seed(i)).requires_grad_(), conv)
 
     matches_eager(ConvFn, make_args, steps=3, between=between, refusable=True)
+
+
+def test_explain_shows_a_modules_training_flag_once() -> None:
+    """The module argument's guard line names ``training`` once (its attributes, which include
+    ``training`` since every attribute is keyed, printed it a second time)."""
+
+    class Dropped(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, drop):
+            return drop(x) * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    report = minihop.explain(Dropped, torch.ones(3, requires_grad=True), torch.nn.Dropout(0.3).eval(),
+                             print_report=False)
+    line = next(g for g in report.guards if g.startswith("drop:"))
+    assert "Dropout (training=False, p=0.3, inplace=False)" in line, line

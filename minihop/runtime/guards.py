@@ -192,7 +192,7 @@ def show_value_key(key: Any) -> str:
         return repr(float.fromhex(key[2])) if len(key) == 3 else repr(complex(float.fromhex(key[2]), float.fromhex(key[3])))
     if isinstance(key, tuple) and key and key[0] == "M":
         name, _, _, training, plain, _ = key[4][0]
-        attrs = "".join(f", {k}={show_value_key(v)}" for k, v in plain[:6])
+        attrs = "".join(f", {k}={show_value_key(v)}" for k, v in [kv for kv in plain if kv[0] != "training"][:6])
         subs = sum(1 for m in key[4][1:] if m[3] != training)
         return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
     if isinstance(key, tuple) and key and key[0] == "C":
