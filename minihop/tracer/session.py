@@ -36,8 +36,8 @@ from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
 from .backward_reads import BackwardReads
 from .effects import refuse_generators
-from .identity import TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state, tensor_read
-from .frames import format_frame, user_frame, user_frame_of
+from .identity import TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state
+from .frames import format_frame, is_library_code, user_frame, user_frame_of
 from .function_parts import FunctionParts
 from .names import FrameSnapshot, capture_locals, input_name
 from .recompute import rng_state_recorded
@@ -77,6 +77,15 @@ _LAYOUT_READS = TENSOR_LAYOUT | {"data_ptr", "untyped_storage"}
 # What only the caller's tensor can answer: read of one reached outside the arguments, the
 # capture is single-use; of a fake copy, refused (``Tracing._on_state_read``).
 _REAL_ONLY = TENSOR_STATE | TENSOR_STORAGE | _LAYOUT_READS
+
+
+def _reading_frame(depth: int) -> str:
+    """Where the user's code (``exec``'d code too) made the read ``depth`` frames up: torch's
+    and minihop's frames between are skipped."""
+    f = sys._getframe(depth)
+    while f is not None and is_library_code(f.f_code.co_filename):
+        f = f.f_back  # type: ignore[assignment]
+    return "" if f is None else f'File "{f.f_code.co_filename}", line {f.f_lineno}'
 
 
 class Tracing:
@@ -170,7 +179,7 @@ class Tracing:
         dtype, device and ``requires_grad`` are, once it is a graph input (made one here)."""
         if name in _LAYOUT_READS:
             self.unrouted.append(f"reads {name}() of {source.description}, whose layout no key holds "
-                                 f"({format_frame(user_frame())})")
+                                 f"({_reading_frame(4)})")
         elif source.place is not None and not source.place.uses_args and self.mode.recorder is self.fwd:
             self.fwd.node_for(fake)
 
@@ -183,7 +192,7 @@ class Tracing:
         with its own: refused (MH104), as is the storage of any fake."""
         if sys._getframe(2).f_globals.get("__name__", "").startswith("minihop."):
             return NOT_SPECIAL  # (minihop's own bookkeeping: which inputs an op wrote)
-        t, where = args[0], format_frame(user_frame())
+        t, where = args[0], _reading_frame(3)
         entry = self.backward_reads.fakes.get(id(t)) if self.phase == "backward" else None
         fake = entry[1] if entry is not None and entry[0] is t else self.real_to_fake.get(id(t))
         if attr == "grad" and fake is not None and fake.grad is not None:
@@ -192,17 +201,17 @@ class Tracing:
             place = self.closure_routes.get(id(t), (None, None))[1]
             name = place.description if place is not None else "a tensor"
             if self.phase == "backward":  # (run after the caller may change it: the trace's answer is now's)
-                refuse_tensor_state(self.parts.name, self.phase, name, attr, where or "",
+                refuse_tensor_state(self.parts.name, self.phase, name, attr, where,
                                     whose="a tensor it does not get as an argument, which eager reads when "
                                           "backward runs")
-            self.unrouted.append(f"reads {tensor_read(name, attr)} of a tensor it does not get as an argument "
-                                 f"(a global's, a module's parameter), which no key holds ({where})")
+            self.unrouted.append(f"reads {name if place is not None else ''}.{attr} of a tensor it does not get as "
+                                 f"an argument (a global's, a module's parameter), which no key holds ({where})")
             return func(*args, **kwargs)
         source = self.sources.get(id(t))
         stands_for = source is not None or self.phase == "backward" and id(t) in self.fwd.node_of
         if attr in TENSOR_STORAGE or attr in TENSOR_STATE and stands_for:
             refuse_tensor_state(self.parts.name, self.phase, source.description if source is not None
-                                else "a tensor forward saved", attr, where or "", whose=(
+                                else "a tensor forward saved", attr, where, whose=(
                                     "a tensor argument" if source is not None else "a tensor of the trace"))
         return NOT_SPECIAL
 
