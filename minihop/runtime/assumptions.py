@@ -231,7 +231,7 @@ def _sharing_assumption(name: str, state: PythonState, held: frozenset[str], arg
     found = sharing_of(state, held, args, argnames)
     if found is None:
         return []
-    old, now, show = found
+    old, now, show, fast = found
 
     def failure(call: Args) -> GuardMismatchError:
         return _error(
@@ -241,7 +241,8 @@ def _sharing_assumption(name: str, state: PythonState, held: frozenset[str], arg
             "the graphs hold what was read then.", where=None)
 
     return [Assumption("sharing of argument objects and places read", "forward", show(old),
-                       lambda call: now(call) == old, f"objects shared between arguments and places read == {show(old)}",
+                       fast or (lambda call: now(call) == old),
+                       f"objects shared between arguments and places read == {show(old)}",
                        None, explain_failure=failure)]
 
 

@@ -39,8 +39,10 @@ _CODE_LIKE = (types.ModuleType, types.FunctionType, types.MethodType, types.Buil
 
 
 def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: tuple[str, ...]
-               ) -> tuple[tuple[Any, ...], Callable[[Args], tuple[Any, ...]], Callable[[tuple[Any, ...]], str]] | None:
-    """``(sharing at capture, call -> its sharing, sharing -> text)``, or None where nothing
+               ) -> tuple[tuple[Any, ...], Callable[[Args], tuple[Any, ...]], Callable[[tuple[Any, ...]], str],
+                          Callable[[Args], bool] | None] | None:
+    """``(sharing at capture, call -> its sharing, sharing -> text, a faster equivalent of
+    ``now(call) == at capture`` or None)``, or None where nothing
     can be shared (fewer than two argument objects, tensors and objects along the places read,
     and no tensor the code reached outside its arguments). A sharing is, per object, the first
     one it is, and which of them are one of ``state.outside_tensors``."""
@@ -61,6 +63,7 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
         # (a tensor the trace would see as the caller's, while the argument is its fake copy)
         return shared, tuple(k for k, o in enumerate(objs) if (r := outside.get(id(o))) is not None and r() is o)
 
+
     def show(sharing: tuple[Any, ...]) -> str:
         shared, hits = sharing
         if len(shared) != len(names):
@@ -69,7 +72,21 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
         same += [f"{names[k]} is a tensor the code read outside its arguments" for k in hits]
         return ", ".join(same) or "no two the same object"
 
-    return now(args), now, show
+    at_capture = now(args)
+    return at_capture, now, show, _distinct_check(args, arg_idx, at_capture) if not (fetches or inner or outside) else None
+
+
+def _distinct_check(args: Args, arg_idx: tuple[int, ...], at_capture: tuple[Any, ...]) -> Callable[[Args], bool] | None:
+    """For top-level tensor arguments only, all distinct at capture (the usual case, checked on
+    every call's hot path): one generated ``is not`` per pair (a set of ids past four)."""
+    if not all(isinstance(args[i], torch.Tensor) for i in arg_idx) or at_capture != (tuple(range(len(arg_idx))), ()):
+        return None
+    if len(arg_idx) <= 4:
+        test = " and ".join(f"args[{i}] is not args[{j}]" for k, i in enumerate(arg_idx) for j in arg_idx[k + 1:])
+    else:
+        test = f"len({{{', '.join(f'id(args[{i}])' for i in arg_idx)}}}) == {len(arg_idx)}"
+    check: Callable[[Args], bool] = eval(f"lambda args: len(args) > {arg_idx[-1]} and {test}")
+    return check
 
 
 def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
