@@ -179,8 +179,9 @@ class PythonState:
     # ``(name, MISSING)`` for a name backward looked up and did not find (``getattr(ctx, k, d)``).
     ctx_forward: tuple[tuple[str, Any], ...] = ()
     # Weak references to the tensors the code could reach outside its arguments when traced
-    # (``tracer.identity``): a call passing one as an argument never reuses the capture.
-    outside_tensors: tuple[Any, ...] = ()
+    # (``tracer.identity``): a call passing one as an argument never reuses the capture. (Not
+    # compared: two live weak references compare their tensors, elementwise.)
+    outside_tensors: tuple[Any, ...] = dataclasses.field(default=(), compare=False)
 
     def reads_in(self, phase: str) -> tuple[StateRead, ...]:
         return tuple(r for r in self.reads if r.phase == phase)
