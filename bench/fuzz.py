@@ -101,7 +101,10 @@ ABOUT = {
         "own methods and changed through theirs: a queue's size, a buffer's text, an `array` item, "
         "a `bytearray`'s length, a `Counter`, an `OrderedDict`'s first entry, an `Event`, a "
         "`deque`, a `UserDict`; and, found from outside in round 6, a module's private "
-        "attribute, a value twelve containers below a global, a tensor argument's attribute), "
+        "attribute, a value twelve containers below a global, a tensor argument's attribute; in "
+        "round 7, a tensor argument that is also a global's, a table keyed by tensors, `id()` of "
+        "an object argument, a global tensor's shape and stride and a global parameter's `.grad` "
+        "read in no op), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -208,11 +208,16 @@ class Tracing:
                                  f"an argument (a global's, a module's parameter), which no key holds ({where})")
             return func(*args, **kwargs)
         source = self.sources.get(id(t))
-        stands_for = source is not None or self.phase == "backward" and id(t) in self.fwd.node_of
-        if attr in TENSOR_STORAGE or attr in TENSOR_STATE and stands_for:
-            refuse_tensor_state(self.parts.name, self.phase, source.description if source is not None
-                                else "a tensor forward saved", attr, where, whose=(
-                                    "a tensor argument" if source is not None else "a tensor of the trace"))
+        saved = source is None and self.phase == "backward" and id(t) in self.fwd.node_of
+        if source is not None or saved:  # (read by anyone: torch's clip_grad_norm_ reads .grad too)
+            if attr in TENSOR_STORAGE or attr in TENSOR_STATE:
+                refuse_tensor_state(self.parts.name, self.phase, source.description if source is not None
+                                    else "a tensor forward saved", attr, where,
+                                    whose="a tensor argument" if source is not None else "a tensor of the trace")
+        elif attr in TENSOR_STORAGE and not is_library_code(sys._getframe(2).f_code.co_filename):
+            # (torch's own code asks a fake it made for its storage: fake tensors answer that)
+            refuse_tensor_state(self.parts.name, self.phase, "a tensor it made", attr, where,
+                                whose="a tensor of the trace")
         return NOT_SPECIAL
 
     def is_traced(self, value: Any) -> bool:
