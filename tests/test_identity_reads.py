@@ -284,19 +284,22 @@ def test_hash_of_plain_values_keeps_the_capture_reusable() -> None:
 
 # -- type() of a tensor: the trace's fake is a FakeTensor, the caller's tensor a torch.Tensor --
 
-def test_type_of_a_tensor_argument_is_torch_tensor() -> None:
-    """``type(x) is torch.Tensor``: code that treats subclasses apart (it was ``FakeTensor``)."""
+@pytest.mark.parametrize("spelling", ["type", "my_type"])
+def test_type_of_a_tensor_argument_is_torch_tensor(spelling) -> None:
+    """``type(x) is torch.Tensor``: code that treats subclasses apart (it was ``FakeTensor``);
+    by another name (``my_type = type`` at module level): refused (strict), eager (fallback)."""
+    namespace = {"torch": torch, "my_type": my_type}
+    exec(f"""
+class PlainOnly(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * (2 if {spelling}(x) is torch.Tensor else 3)
 
-    class PlainOnly(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * (2 if type(x) is torch.Tensor else 3)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    matches_eager(PlainOnly, lambda i: (x_(i),))
+    @staticmethod
+    def backward(ctx, g):
+        return g
+""", namespace)
+    matches_eager(namespace["PlainOnly"], lambda i: (x_(i),))
 
 
 def test_type_of_a_parameter_argument() -> None:
@@ -372,19 +375,6 @@ class Counted(torch.autograd.Function):
 """, namespace)
     matches_eager(namespace["Counted"], lambda i: (x_(i), W[i % 2]), state=lambda: sorted(counts.values()),
                   reset=counts.clear)
-
-
-def test_type_by_another_name() -> None:
-    class PlainOnly(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * (2 if my_type(x) is torch.Tensor else 3)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    matches_eager(PlainOnly, lambda i: (x_(i),))
 
 
 class Holding:
