@@ -347,11 +347,14 @@ def _unwrapped(value: Any) -> Any:
     while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
         if functorch.is_batchedtensor(value):
             raise UnsupportedOperationError(
-                "A Function's backward takes Python values out of its grads or saved values "
-                "under torch.func.vmap.",
-                "A batched tensor holds one value per batch element; Python control flow "
-                "cannot take all of them (eager refuses data-dependent control flow under vmap).",
-                "Compute with tensor ops instead (torch.where), or call it outside vmap.")
+                "A Function's backward is traced again for a call under torch.func.vmap (it takes "
+                "Python values out of its grads or saved values, or reads Python state that may "
+                "have changed since forward, or runs code minihop did not analyse).",
+                "Tracing it again takes its grads' and saved values' values, and a batched tensor "
+                "holds one value per batch element (eager refuses data-dependent control flow "
+                "under vmap).",
+                "Compute with tensor ops instead (torch.where), call it outside vmap, or run it "
+                "eagerly with minihop.function(F, fallback='eager').")
         value = functorch.get_unwrapped(value)
     return value
 

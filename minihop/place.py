@@ -23,7 +23,7 @@ import torch
 from .library_state import del_attr, set_attr
 from .structure import Path, Step, argname
 
-__all__ = ["MISSING", "Place", "Root", "arg_place", "walk_plain"]
+__all__ = ["MISSING", "UNMATCHED", "Place", "Root", "arg_place", "walk_plain"]
 
 
 class _Missing:
@@ -37,6 +37,23 @@ class _Missing:
 
 
 MISSING = _Missing()
+
+
+class _Unmatched:
+    """A backward read's ``seen`` that no value equals: backward is traced again whenever it
+    runs (its code ran code minihop did not analyse: what it reads now is unknown)."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "unknown (traced again when backward runs)"
+
+
+UNMATCHED = _Unmatched()
 
 # What a root may be: a call argument (``key`` its index) or keyword; a global or closure
 # cell (``key`` its name); the Function class or a user object a method is bound to; ctx;

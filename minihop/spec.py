@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .place import MISSING, Place, Root, arg_place
+from .place import MISSING, UNMATCHED, Place, Root, arg_place
 from .structure import OutputSpec, Path, fresh
 
-__all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "CTX_HELD", "MISSING",
+__all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "CTX_HELD", "MISSING", "UNMATCHED",
            "NO_STATE", "NO_WORLD", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
            "StateRead", "StateWrite", "arg_place", "same_value"]
 
@@ -103,6 +103,7 @@ class StateRead:
     # back: a memo forward filled), or None: the key is taken from the place after the trace
     # (which left the caller's state as it found it, before forward).
     seen: Any = dataclasses.field(default=None, compare=False)
+
 
 
 @dataclasses.dataclass(frozen=True)

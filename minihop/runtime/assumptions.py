@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import GuardMismatchError
-from ..spec import MISSING, DataRead, Pair, PythonState
+from ..spec import MISSING, UNMATCHED, DataRead, Pair, PythonState
 from ..structure import argname
 from .display import show_key
 from .backwards import reads_grad_mode
@@ -199,8 +199,8 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
     lines: dict[str, str | None] = {}
     phases: dict[str, str] = {}
     for r in state.reads:
-        if r.place.description in held:
-            continue
+        if r.place.description in held or r.seen is UNMATCHED:
+            continue  # (UNMATCHED: backward's own, never true: checked when backward runs)
         places.setdefault(r.place.description, r.place.get)
         lines.setdefault(r.place.description, r.line)  # forward's line first
         phases[r.place.description] = "forward" if r.phase == "forward" else phases.get(r.place.description, r.phase)
@@ -254,6 +254,13 @@ def _backward_assumptions(pair: Pair, state: PythonState, args: Args,
         if r.place.description in held:
             continue  # in module_reads' record
         old = value_key(r.place.get(args)) if r.seen is None else r.seen  # as backward found it
+        if r.seen is UNMATCHED:
+            found.append(Assumption(
+                r.place.description, "backward", "unknown", lambda call: False,
+                "backward ran code minihop did not analyse: traced again each time backward runs "
+                "(what that code reads may have changed since forward)", r.line,
+                fetch=r.place.get, key=old))
+            continue
         found.append(Assumption(
             r.place.description, "backward", show_value_key(old),
             lambda call, get=r.place.get, old=old: value_key(get(call)) == old,

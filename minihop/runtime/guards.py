@@ -30,7 +30,7 @@ from ..library_state import STATE, Same, library_object, module_attributes, stat
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
-__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key",
+__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key", "library_name",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -59,7 +59,7 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
         return ("F", type(value), value.real.hex(), value.imag.hex())
     if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
-            not _library_name(value.__module__) and id(value) not in _open:
+            not library_name(value.__module__) and id(value) not in _open:
         # A user's class: what its code reads of it (``cls.scale``, ``getattr(cls, name)``)
         # is its class attributes, keyed whole.
         return ("C", id(value), _class_state(value, _open | {id(value)}))
@@ -69,11 +69,12 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("cycle", type(value), id(value))  # an object that contains itself
     if isinstance(value, (tuple, list)):
         inner = _open | {id(value)}
-        return (type(value), tuple(value_key(v, inner) for v in value))
+        return (type(value), tuple(value_key(v, inner) for v in value), *_of_class(value, _open))
     if isinstance(value, dict):
         inner = _open | {id(value)}
         # Keys by their own keys too: {-0.0: v} is not {0.0: v}, nor (0.0,) (-0.0,).
-        return (type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in value.items()))
+        return (type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in value.items()),
+                *_of_class(value, _open))
     if isinstance(value, (set, frozenset)):
         # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each.
         inner = _open | {id(value)}
@@ -121,10 +122,8 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("L", type(value), id(value), Same(value), tuple(
             (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()))
     attrs = attributes(value)
-    # A user's object's methods read its class's attributes too (``type(self).factor``,
-    # ``self.factor`` not set on the object): its class is keyed with its state.
     cls = type(value)
-    of_class = () if _library_name(cls.__module__) else (value_key(cls, _open),)
+    of_class = _of_class(value, _open)
     if attrs:
         inner = _open | {id(value)}
         return ("O", cls, tuple((k, value_key(v, inner)) for k, v in attrs.items()), *of_class)
@@ -136,12 +135,24 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     return ("V", cls, value, *of_class)
 
 
+def _of_class(value: Any, _open: frozenset[int]) -> tuple[Any, ...]:
+    """A user's object's methods read its class's attributes too (``type(self).factor``,
+    ``self.factor`` not set on the object; a ``NamedTuple``'s method): its class is keyed
+    with its state. A library class is not the user's state: nothing."""
+    cls = type(value)
+    return () if cls in _BUILTIN_HOLDERS or library_name(cls.__module__) else (value_key(cls, _open),)
+
+
+_BUILTIN_HOLDERS = frozenset({tuple, list, dict})
+
+
 def _callee_key(fn: Any) -> Any:
     """What a bound method or a partial calls: a function by ``function_key``, else by id."""
     return function_key(fn) if isinstance(fn, types.FunctionType) else id(fn)
 
 
-def _library_name(module: Any) -> bool:
+def library_name(module: Any) -> bool:
+    """Whether ``module`` (a module's name) is torch's, the standard library's or minihop's."""
     top = str(module or "").split(".")[0]
     return top in ("torch", "builtins", "minihop") or top in sys.stdlib_module_names
 
@@ -153,10 +164,14 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
     identity does not change). The key holds those objects, so their ids are never reused."""
     found: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
-        if _library_name(klass.__module__):
+        if library_name(klass.__module__):
             continue
         for k, v in vars(klass).items():
-            if not (k.startswith("__") and k.endswith("__")):
+            # Its dunder methods too: ``Act.__call__``, ``__getitem__``, ``__float__`` rebound
+            # change what ``act(x)``, ``cfg[k]``, ``float(knob)`` compute (the class's identity
+            # does not change); its data dunders (``__dict__``, ``__doc__``, a dataclass's
+            # fields) do not.
+            if not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, _CODE) or callable(v):
                 found[k] = v
     state = tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
     if isinstance(cls, abc.ABCMeta):
@@ -180,7 +195,8 @@ def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> 
     plain = tuple((k, value_key(v, inner)) for k, v in module_attributes(module).items()
                   if not isinstance(v, torch.Tensor))
     hooks = tuple(id(h) for d in (module._forward_pre_hooks, module._forward_hooks) for h in d.values())
-    return (name, type(module), id(module), module.training, plain, hooks)
+    # A user module's class: its methods (``MyMod.forward`` rebound) and class attributes.
+    return (name, type(module), id(module), module.training, plain, hooks, *_of_class(module, inner))
 
 
 def show_value_key(key: Any) -> str:
@@ -191,7 +207,7 @@ def show_value_key(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] == "F":
         return repr(float.fromhex(key[2])) if len(key) == 3 else repr(complex(float.fromhex(key[2]), float.fromhex(key[3])))
     if isinstance(key, tuple) and key and key[0] == "M":
-        name, _, _, training, plain, _ = key[4][0]
+        name, _, _, training, plain, *_ = key[4][0]
         attrs = "".join(f", {k}={show_value_key(v)}" for k, v in [kv for kv in plain if kv[0] != "training"][:6])
         subs = sum(1 for m in key[4][1:] if m[3] != training)
         return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
@@ -244,7 +260,8 @@ def masked_key(value: Any, masked: frozenset[str]) -> Any:
     attrs = attributes(value)
     if not attrs or isinstance(value, (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
         return value_key(value)
-    return ("O", type(value), tuple((k, value_key(v)) for k, v in attrs.items() if k not in masked))
+    return ("O", type(value), tuple((k, value_key(v)) for k, v in attrs.items() if k not in masked),
+            *_of_class(value, frozenset()))
 
 
 def unmet_marks(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]]) -> tuple[int, int] | None:

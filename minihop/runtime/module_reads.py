@@ -1,4 +1,5 @@
-"""One assumption for every name a capture read that holds a module: it keeps that module.
+"""One assumption for every name a capture read that holds a module, or a library module's
+function: it keeps that very object.
 
 Place in the pipeline: runtime, asked by ``assumptions.assumptions_of``. The tracer reads a
 place holding a module (``MATHLIB`` in ``MATHLIB.cos(p)``, ``F``, ``torch``, ``Cfg.lib``) as any
@@ -10,8 +11,12 @@ is one generated ``is`` per name (``holds_modules``), and, for the names backwar
 record checked when backward runs (``runtime.backwards``: another module traces backward
 again, as eager's backward would call the new one).
 
-Invariant: a read place whose value at capture is a module is in exactly these records, and
-in no per-place value assumption.
+A library module's name bound to a function or a class (``torch.sin``, ``F.gelu``: chains read
+them as places, ``tracer.module_reads``) is in the same record: anyone may rebind it (``F.gelu =
+fast_gelu``), and what the graphs compute is the object it was bound to at capture.
+
+Invariant: a read place whose value at capture is a module, or a library module's callable, is
+in exactly these records, and in no per-place value assumption.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from ..errors import GuardMismatchError
 from ..spec import MISSING, Place, PythonState, StateRead
-from .guards import value_key
+from .guards import library_name, value_key
 
 __all__ = ["holds_modules", "module_assumptions"]
 
@@ -30,14 +35,17 @@ Args = tuple[Any, ...]
 
 
 def holds_modules(state: PythonState, args: Args) -> frozenset[str]:
-    """The read places (by description) that hold a module at capture."""
+    """The read places (by description) that hold a module at capture, or a library module's
+    function or class (``torch.sin``, ``F.gelu``: a binding anyone may rebind)."""
     found = set()
     for r in state.reads:
         try:
             value = r.place.get(args)
+            owner = r.place.owner(args) if r.place.steps else None
         except Exception:
             continue
-        if isinstance(value, types.ModuleType):
+        if isinstance(value, types.ModuleType) or (
+                isinstance(owner, types.ModuleType) and library_name(owner.__name__) and callable(value)):
             found.add(r.place.description)
     return frozenset(found)
 
@@ -45,6 +53,8 @@ def holds_modules(state: PythonState, args: Args) -> frozenset[str]:
 def _shown(value: Any) -> str:
     if isinstance(value, types.ModuleType):
         return f"module {value.__name__}"
+    if callable(value) and isinstance(getattr(value, "__module__", None), str) and hasattr(value, "__name__"):
+        return f"{value.__module__}.{value.__name__}"  # torch.sin (its qualname is a C class's)
     return "nothing" if value is MISSING else f"{type(value).__name__} {getattr(value, '__qualname__', value)!r}"
 
 
@@ -56,6 +66,10 @@ def _reader(place: Place, i: int, consts: dict[str, Any]) -> str:
     if not place.steps and root.kind == "global" and isinstance(root.home, dict):
         consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key
         return f"h{i}.get(k{i})"
+    if root.kind == "global" and isinstance(root.home, dict) and place.steps and all(
+            kind == "attr" and isinstance(name, str) and name.isidentifier() for kind, name in place.steps):
+        consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key  # torch.sin, F.gelu: attribute loads
+        return f"h{i}[k{i}]" + "".join(f".{name}" for _, name in place.steps)
     if not place.steps and root.kind == "cell" and root.home is not None:
         consts[f"c{i}"] = root.home
         return f"c{i}.cell_contents"  # an empty cell raises: the check fails
@@ -123,7 +137,7 @@ def module_assumptions(name: str, state: PythonState, args: Args, held: frozense
 
     check = _compiled(tuple(r.place for r in places.values()), modules)
     found = [make("names holding modules", "forward", listed, check,
-                  f"names holding modules keep them (by identity, at each call): {listed}",
+                  f"names holding modules, and library names' functions, keep them (by identity, at each call): {listed}",
                   next(iter(places.values())).line, explain_failure=failure)]
     for place, r in in_backward.items():
         # Keyed by the module's id (as value_key keys a module), an int: backward compares it
@@ -133,6 +147,6 @@ def module_assumptions(name: str, state: PythonState, args: Args, held: frozense
         shown = f"{place} is {_shown(r.place.get(args))}"
         found.append(make(
             place, "backward", shown, lambda call, identity=identity, old=old: value_key(identity(call)) == old,
-            f"name holding a module read by backward keeps it: {shown} (checked again when backward "
-            "runs; another module: backward traced again)", r.line, fetch=identity, key=old))
+            f"name holding a module or a library function read by backward keeps it: {shown} (checked "
+            "again when backward runs; another one: backward traced again)", r.line, fetch=identity, key=old))
     return found

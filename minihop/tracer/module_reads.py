@@ -24,6 +24,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import torch
+
 from ..spec import MISSING, Place, Root
 from .library import is_library, is_user_module, module_data
 from .roots import place_at, walk
@@ -46,9 +48,14 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
                                 lambda args, m=value: module_data(m)), ()))
     current = value
     for k, step in enumerate(steps):
-        if current is MISSING or isinstance(current, UserAttribute) or (
-                isinstance(current, types.ModuleType) and is_library(current)):
-            break  # below a library module: its state, not the user's
+        if isinstance(current, types.ModuleType) and is_library(current):
+            # Below a library module its state is not the user's, but which function or
+            # constant a name of it is bound to can be rebound by anyone (``F.gelu =
+            # fast_gelu``, ``torch.tanh = ...``): the binding the chain ends on is read.
+            found += _library_binding(root, current, steps, k)
+            break
+        if current is MISSING or isinstance(current, UserAttribute):
+            break
         following = walk(current, (step,))
         in_user_module = isinstance(current, types.ModuleType)
         holds_module = isinstance(following, types.ModuleType)
@@ -58,3 +65,35 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
             found.append(place_at(root, steps[:k + 1]))
         current = following
     return found
+
+
+# What a library module's name is bound to that a capture keys by (identity for a function,
+# a class or a C callable; value for a constant): a module's other objects (a file, a
+# mapping: ``sys.stdout``, ``os.environ``) are watched or refused as what they hold.
+_BOUND = (types.FunctionType, types.BuiltinFunctionType, type, int, float, bool, str, complex,
+          type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str, Any], ...],
+                     k: int) -> list[Place]:
+    """The place of the name the chain reads last below library ``module`` (at ``steps[k]``),
+    through library submodules (``torch.nn.functional.gelu``), where it is bound to a
+    function or a constant: its identity or value is what the capture computed with."""
+    current = module
+    for j in range(k, len(steps)):
+        if steps[j][0] != "attr":
+            return []
+        following = walk(current, (steps[j],))
+        if isinstance(following, types.ModuleType):
+            if not is_library(following):
+                return []  # the user's module under a library's: ``_through_library``
+            current = following
+            continue
+        return [place_at(root, steps[:j + 1])] if isinstance(following, _BOUND) or \
+            type(following).__name__ in _C_CALLABLES else []
+    return []
+
+
+# torch's own callables that are neither functions nor classes (``torch._C._VariableFunctions``' ops
+# are builtins; these wrap them).
+_C_CALLABLES = frozenset({"OpOverloadPacket", "OpOverload", "method_descriptor", "builtin_function_or_method"})

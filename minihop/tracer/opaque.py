@@ -121,8 +121,18 @@ def _library_name(module: Any) -> bool:
 
 def may_call_unanalysed(values: Iterable[Any]) -> bool:
     """Whether any of ``values`` (the arguments, and what the code's chains reach) could run
-    Python code of the user's that was not analysed."""
-    return not all(_plain(v) for v in values)
+    Python code of the user's that was not analysed. A tensor can, where the user's function
+    was set on ``torch.Tensor`` (``torch.Tensor.double_it = ...``, ``torch.Tensor.__add__ =
+    traced_add``): a method call on any tensor runs it."""
+    return not all(_plain(v) for v in values) or tensor_patched()
+
+
+def tensor_patched() -> bool:
+    """Whether ``torch.Tensor`` holds a function that is not torch's (or the standard
+    library's): the user's, set on the class."""
+    return any(isinstance(v, (types.FunctionType, staticmethod, classmethod, property))
+               and not _library_name(getattr(getattr(v, "__func__", getattr(v, "fget", v)), "__module__", None))
+               for v in vars(torch.Tensor).values())
 
 
 class CallWatch:
@@ -134,6 +144,8 @@ class CallWatch:
         self.analysed = analysed
         self.is_library_frame = is_library_frame
         self.found: list[tuple[str, str]] = []  # (what ran, where it was called from)
+        self.phase = "forward"
+        self.ran_in: set[str] = set()  # the phases in which such code ran
         self.previous = sys.gettrace()
         self.ok: set[types.CodeType] = set()
         self.undo: list[Callable[[], None]] = []  # puts back what unanalysed code could write
@@ -145,12 +157,14 @@ class CallWatch:
         if code not in self.ok:
             if code in self.analysed or self.is_library_frame(frame):
                 self.ok.add(code)
-            elif len(self.found) < 8:
-                caller = frame.f_back
-                where = f'File "{caller.f_code.co_filename}", line {caller.f_lineno}' if caller else "?"
-                what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
-                if all(w != what for w, _ in self.found):
-                    self.found.append((what, where))
+            else:
+                self.ran_in.add(self.phase)
+                if len(self.found) < 8:
+                    caller = frame.f_back
+                    where = f'File "{caller.f_code.co_filename}", line {caller.f_lineno}' if caller else "?"
+                    what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
+                    if all(w != what for w, _ in self.found):
+                        self.found.append((what, where))
             if event == "call":
                 self._keep(frame)
         previous = self.previous
@@ -296,6 +310,7 @@ class Finder:
         self.types: TypeAsEager | None = None
         self.refused: list[UnsupportedOperationError] = []
         self.undo: list[Callable[[], None]] = []  # CallWatch's, for a trace that fails
+        self.backward_unanalysed = False  # backward ran code not analysed (see pystate.finish)
 
     def note_code(self, phase: str, code: types.CodeType) -> None:
         for what, line in dynamic_lookups(code):
@@ -329,8 +344,14 @@ class Finder:
             undo()
         self.undo.clear()
 
+    def forward_done(self) -> None:
+        """What unanalysed code runs from now on, backward runs."""
+        if self.calls is not None:
+            self.calls.phase = "backward"
+
     def stop(self) -> None:
         if self.calls is not None:
+            self.backward_unanalysed |= "backward" in self.calls.ran_in
             self.calls.stop()
             self.undo += self.calls.undo
             self.reasons += [f"runs {what}, code minihop did not analyse ({where})" for what, where in self.calls.found]

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
-from ..spec import MISSING, Place, PythonState, Root, StateRead, StateWrite
+from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, identity, opaque, store_marks
 from .atoms import ATOMS
 from .heap import Difference, Seen, argument_seen
@@ -50,7 +50,7 @@ from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, bounded, is_library, is_user_function, is_user_module, library_module
 from .method_reads import places_named
 from .names import code_of
-from .roots import (ENVIRONMENT, FLAG_PLACES, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
+from .roots import (ENVIRONMENT, FLAG_PLACES, UNANALYSED, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
                     reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
 from .state_writes import drawn, refused, too_much_state, write_of
@@ -345,6 +345,7 @@ class StateTracker:
         if self.after_forward is None:
             self.forward_changes()
         self.forward_writes = self._classify(self.forward_diff if rest is None else rest, "forward")
+        self.opaque.forward_done()
         if self.hidden_reads is not None:
             self.hidden_reads.check_generator()
             self.hidden_reads.phase = "backward"
@@ -397,6 +398,10 @@ class StateTracker:
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
                 self.read_ctx_chains(ctx)
+            if self.opaque.backward_unanalysed:
+                # What that code reads may change before ``.backward()``: backward is traced
+                # again when it runs (a read no value matches), as eager's backward runs it then.
+                self.reads.append(StateRead(UNANALYSED, "backward", None, seen=UNMATCHED))
             self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
             if self.unreplayable:  # standing: every write of this trace stays made (abort leaves them)
                 self.finished = True

@@ -36,7 +36,7 @@ from .library import is_user_function, library_module
 from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
 
-__all__ = ["ENVIRONMENT", "FLAG_PLACES", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
+__all__ = ["ENVIRONMENT", "FLAG_PLACES", "UNANALYSED", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
            "global_place", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root",
            "value_place", "walk"]
 
@@ -175,6 +175,9 @@ def environment(args: tuple[Any, ...]) -> dict[Any, Any]:
 
 
 ENVIRONMENT = value_place("the environment (os.environ)", environment)
+# What code minihop did not analyse read while backward was traced (a read of backward whose
+# captured value no call matches: ``spec.UNMATCHED``).
+UNANALYSED = value_place("what code minihop did not analyse reads", lambda args: None)
 
 
 @dataclasses.dataclass(frozen=True)
