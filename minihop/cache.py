@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import traceback
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -42,7 +41,7 @@ from typing import Any, Literal
 
 import torch
 
-from .errors import MinihopError
+from .errors import MinihopError, notice
 from .pipeline import Capture, dynamic_dims, methods_held, methods_key, run_pipeline, guard_key, tracing
 from .arguments import bind_arguments
 
@@ -344,7 +343,7 @@ class CapturedFunction:
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(message, stacklevel=4)
+            notice(message, stacklevel=4)
 
 
 # Every CapturedFunction alive (for entries.reset()), and process-wide totals (entries.counters()).

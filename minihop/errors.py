@@ -1,4 +1,4 @@
-"""Every error minihop raises on purpose.
+"""Every error minihop raises on purpose, and the notices it gives (``MinihopWarning``).
 
 Each class subclasses ``MinihopError`` and the built-in exception a user would already catch
 (``TypeError``, ``ValueError``, ``NotImplementedError``). Messages follow one shape, as JAX's do:
@@ -8,6 +8,9 @@ pinned in tests and looked up in ``docs/unsupported.md``.
 """
 
 from __future__ import annotations
+
+import logging
+import warnings
 
 __all__ = [
     "MinihopError",
@@ -22,6 +25,8 @@ __all__ = [
     "UnsupportedOperationError",
     "CtxArgumentError",
 ]
+# (Not errors, so not in ``__all__``, which tests read as the error classes: ``MinihopWarning``,
+# public as ``minihop.MinihopWarning``, and ``notice``, which gives one.)
 
 
 class _ErrorType(type):
@@ -113,3 +118,19 @@ class InconsistentGraphsError(MinihopError, ValueError):
     """A (fwd, bwd) pair that breaks the graph contract (``check_consistent``)."""
 
     code = "MH401"
+
+
+class MinihopWarning(UserWarning, metaclass=_ErrorType):
+    """minihop's notices: a Function run eagerly (``fallback="eager"``), a cache limit reached,
+    a backward traced for too many values. Filter them by this class."""
+
+
+def notice(message: str, stacklevel: int = 2) -> None:
+    """Give one of minihop's notices as a ``MinihopWarning``. Where the caller's filters make
+    warnings errors (``-W error``, ``simplefilter("error")``), the notice is logged instead
+    (logger ``minihop``): under ``fallback="eager"`` a call runs as eager's would, and raising
+    minihop's notice would make it raise where eager does not."""
+    try:
+        warnings.warn(message, MinihopWarning, stacklevel=stacklevel + 1)
+    except MinihopWarning:
+        logging.getLogger("minihop").warning(message)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -235,3 +236,31 @@ class TestPythonVersion:
     def test_setup_cfg_allows_only_supported(self) -> None:
         with open(os.path.join(ROOT, "setup.cfg")) as f:
             assert "python_requires = >=3.11,<3.12\n" in f.read()
+
+
+def test_fallback_notice_under_error_filter(caplog) -> None:
+    """``simplefilter("error")``: eager raises the user's warning; fallback does the same, and
+    minihop's own notice (``MinihopWarning``) is logged, not raised."""
+
+    class Warns(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            warnings.warn("fwd note")
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    fallback = minihop.function(Warns, fallback="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="fwd note") as eager:
+            Warns.apply(torch.ones(3))
+        with caplog.at_level("WARNING", logger="minihop"):
+            with pytest.raises(UserWarning, match="fwd note") as mine:
+                fallback(torch.ones(3))
+    assert type(mine.value) is type(eager.value) is UserWarning
+    assert any("running" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)
+    with pytest.warns(minihop.MinihopWarning, match="eagerly"):
+        minihop.function(Warns, fallback="eager")(torch.ones(3))

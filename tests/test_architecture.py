@@ -20,7 +20,7 @@ ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 PUBLIC = [
     "BackwardOutputError", "CacheStats", "Capture", "CapturedFunction", "CtxArgumentError",
     "DataDependentError", "Explanation", "GuardMismatchError", "InconsistentGraphsError",
-    "InplaceInputError", "MinihopError", "PairShape", "SideEffectError", "UnsupportedArgumentError",
+    "InplaceInputError", "MinihopError", "MinihopWarning", "PairShape", "SideEffectError", "UnsupportedArgumentError",
     "UnsupportedOperationError", "UnsupportedOutputError", "apply", "capture", "captured",
     "check_consistent", "clear_cache", "counters", "explain", "function", "load", "ops", "reset",
     "testing", "trace", "with_graphs",

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import threading
 import typing
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from ..errors import UnsupportedOperationError
+from ..errors import UnsupportedOperationError, notice
 from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, CtxAfter, DataRead, Pair, PythonState, ServedOnce
 from ..structure import make_getter
 from .codegen import emit
@@ -260,7 +259,7 @@ class Backwards:
         """Forget variant ``n`` of ``key`` (past ``MAX_VALUE_VARIANTS``)."""
         if not self.warned:
             self.warned = True
-            warnings.warn(
+            notice(
                 f"minihop: {self.pair.function_name}.backward was traced for "
                 f"{MAX_VALUE_VARIANTS} different values it reads from its grads or saved "
                 "values; the oldest trace is dropped for each new one (results stay right; "

@@ -16,11 +16,10 @@ Eager would run the user's backward in both cases; strict mode refuses them (a c
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import MinihopError
+from ..errors import MinihopError, notice
 from ..spec import KeepsUserCtx, Pair, ServedOnce
 from .backwards import EagerVariant
 
@@ -65,7 +64,7 @@ class EagerRunner:
         """Once per capture, as the forward's fallback warns once per Function."""
         if not self.warned:
             self.warned = True
-            warnings.warn(f"minihop: running {self.name}.backward eagerly for a call "
+            notice(f"minihop: running {self.name}.backward eagerly for a call "
                           f"(fallback='eager'): {reason}", stacklevel=3)
 
 
