@@ -104,7 +104,9 @@ ABOUT = {
         "attribute, a value twelve containers below a global, a tensor argument's attribute; in "
         "round 7, a tensor argument that is also a global's, a table keyed by tensors, `id()` of "
         "an object argument, a global tensor's shape and stride and a global parameter's `.grad` "
-        "read in no op), "
+        "read in no op; in round 8, a class's dunder method, a user module's class method, a "
+        "library module's function and a method set on `torch.Tensor`, each rebound, and a "
+        "callback `functools.reduce` runs), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -15,7 +15,9 @@ inside a list inside a dict changed through the inner list, a list of modules pa
 argument, a ``__slots__`` object, a module's private attribute, a value twelve containers
 below a global, a tensor argument's own attribute, a tensor argument that is also a global's
 (``w is PICK[0]``), a table keyed by tensors, ``id()`` of an object argument, a global
-tensor's shape or stride and a global parameter's ``.grad`` read in no op; library objects read through their own methods and changed
+tensor's shape or stride and a global parameter's ``.grad`` read in no op; a class's dunder
+method, a user module's class method, a library module's function and a method set on
+``torch.Tensor``, each rebound; a callback run by ``functools.reduce`` (code not analysed); library objects read through their own methods and changed
 through theirs: a queue's size, a buffer's text, an ``array`` item, a ``bytearray``'s length, a
 ``Counter``, an ``OrderedDict``'s first entry, an ``Event``, a ``deque``, a ``UserDict``), an *access form* (directly in forward or backward, through a helper function,
 through a lambda, through a method of a user object, through another Function's ``apply``,
@@ -63,7 +65,16 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # code reads of a tensor it does not get as an argument (a global's shape, layout,
            # a parameter's .grad), used in no op.
            "tensor_identity_global", "tensor_keyed_table", "id_keyed_object_arg", "global_tensor_shape",
-           "global_tensor_layout", "global_param_grad")
+           "global_tensor_layout", "global_param_grad",
+           # Round 8: code rebound where a key did not look: a class's dunder method (``__call__``
+           # of an object passed in or held, ``__getitem__``), a user module's class method, a
+           # library module's function (``F.softsign = torch.tanh``), a user function set on
+           # ``torch.Tensor``.
+           "dunder_call_global", "dunder_call_arg", "dunder_getitem_global", "module_class_forward_arg",
+           "library_binding", "tensor_method_patch",
+           # ... and code minihop does not analyse (a callback ``functools.reduce`` calls) reading
+           # a value that changes before ``.backward()``.
+           "unanalysed_callback")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -146,6 +157,50 @@ class Slotted:
 
     def __init__(self):
         self.k = 2.0
+
+
+def _answers(v):
+    # One function per value (a closure each: another object, the same code), as a caller
+    # rebinds a method to another implementation.
+    def answer(self, *rest):
+        return v
+    return answer
+
+
+class Act:
+    def __call__(self):
+        return 2.0
+
+
+class Lookup:
+    def __getitem__(self, key):
+        return 2.0
+
+
+class Forward(torch.nn.Module):
+    def forward(self, t):
+        return t * 2.0
+
+
+CB_K = [2.0]
+
+
+def cb_scale():
+    return CB_K[0]
+
+
+CALLBACKS = [cb_scale]
+
+
+# Library bindings a case rebinds are put back before each case (another case's rebinding
+# must not leak into this one's eager run).
+_SOFTSIGN = getattr(torch.nn.functional, "_fuzz_softsign", torch.nn.functional.softsign)
+torch.nn.functional._fuzz_softsign = _SOFTSIGN
+torch.nn.functional.softsign = _SOFTSIGN
+Act.__call__ = _answers(2.0)
+Lookup.__getitem__ = _answers(2.0)
+if "fuzz_scale" in vars(torch.Tensor):
+    del torch.Tensor.fuzz_scale
 
 
 def _outer_reader():
@@ -287,6 +342,23 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "global_param_grad":
         return (["GP = torch.nn.Parameter(torch.ones(()))"], ["GP.grad = None if v > 1 else torch.full((), v)"],
                 "(2.0 if GP.grad is None else 3.0)", [], "")
+    if holder == "dunder_call_global":
+        return (["DACT = Act()"], ["Act.__call__ = _answers(v)"], "DACT()", [], "")
+    if holder == "dunder_call_arg":
+        return (["AACT = Act()"], ["Act.__call__ = _answers(v)"], "act()", ["AACT"], "act")
+    if holder == "dunder_getitem_global":
+        return (["LOOK = Lookup()"], ["Lookup.__getitem__ = _answers(v)"], "LOOK['k']", [], "")
+    if holder == "module_class_forward_arg":
+        return (["FWDMOD = Forward()"], ["Forward.forward = lambda self, t, v=v: t * v"],
+                "fm(torch.ones(()))", ["FWDMOD"], "fm")
+    if holder == "library_binding":
+        return ([], ["torch.nn.functional.softsign = (_SOFTSIGN, torch.sin, torch.cos, torch.tanh, torch.exp)"
+                     "[int(abs(v) * 2) % 5]"], "torch.nn.functional.softsign(torch.ones(()))", [], "")
+    if holder == "tensor_method_patch":
+        return ([], ["torch.Tensor.fuzz_scale = lambda self, v=v: self * v"],
+                "torch.ones(()).fuzz_scale()", [], "")
+    if holder == "unanalysed_callback":
+        return ([], ["CB_K[0] = v"], "functools.reduce(lambda acc, f: acc * f(), CALLBACKS, 1.0)", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
