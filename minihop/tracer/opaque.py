@@ -129,10 +129,20 @@ def may_call_unanalysed(values: Iterable[Any]) -> bool:
 
 def tensor_patched() -> bool:
     """Whether ``torch.Tensor`` holds a function that is not torch's (or the standard
-    library's): the user's, set on the class."""
-    return any(isinstance(v, (types.FunctionType, staticmethod, classmethod, property))
-               and not _library_name(getattr(getattr(v, "__func__", getattr(v, "fget", v)), "__module__", None))
-               for v in vars(torch.Tensor).values())
+    library's): the user's, set on the class. (Asked per capture: answered again only where
+    the class's attributes are other objects than last time.)"""
+    values = tuple(vars(torch.Tensor).values())
+    last, answer = _PATCHED
+    if len(last) == len(values) and all(a is b for a, b in zip(last, values, strict=True)):
+        return answer
+    answer = any(isinstance(v, (types.FunctionType, staticmethod, classmethod, property))
+                 and not _library_name(getattr(getattr(v, "__func__", getattr(v, "fget", v)), "__module__", None))
+                 for v in values)
+    _PATCHED[:] = [values, answer]  # (holding the values: no id in it is reused)
+    return answer
+
+
+_PATCHED: list[Any] = [(), False]
 
 
 class CallWatch:
