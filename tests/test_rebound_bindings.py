@@ -10,7 +10,9 @@ capture was reused with the code it was traced with), unless said:
 - a library module's function rebound by anyone (``F.gelu = F.silu``, ``torch.tanh =
   torch.sigmoid``): a chain below a library module was not a read;
 - a user function set on ``torch.Tensor`` (``torch.Tensor.double_it = ...``): a tensor was a
-  value no user code could run through.
+  value no user code could run through;
+- a ``staticmethod(functools.partial(...))`` on a class, its keywords changed in place: keyed
+  by the partial's identity.
 
 The operator dunders (``__rmul__``, ``__float__``, ...) and a callable in a list matched eager
 before (each capture was single-use: code not analysed ran); they stay, crossed with the fix.
@@ -19,6 +21,8 @@ Each runs against eager in strict, apply and fallback mode (``eager_modes.matche
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -261,3 +265,38 @@ def test_user_function_set_on_tensor() -> None:
         matches_eager(F, lambda i: (x_(i),), between=between)
     finally:
         del torch.Tensor.double_it
+
+
+@pytest.mark.parametrize("held", ["global", "argument"])
+def test_static_partial_keywords_changed_in_place(held) -> None:
+    """``act = staticmethod(functools.partial(torch.mul, other=2.0))`` on a class, its keywords
+    changed in place between calls: a class's method was keyed by the partial's identity."""
+
+    class Ops:
+        act = staticmethod(functools.partial(torch.mul, other=2.0))
+
+    class ViaGlobal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return Ops.act(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class ViaArgument(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, ops):
+            return ops.act(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        Ops.__dict__["act"].__func__.keywords["other"] = 2.0 + i
+
+    if held == "global":
+        matches_eager(ViaGlobal, lambda i: (x_(i),), between=between)
+    else:
+        matches_eager(ViaArgument, lambda i: (x_(i), Ops), between=between)

@@ -173,7 +173,7 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
             # fields) do not.
             if not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, _CODE) or callable(v):
                 found[k] = v
-    state = tuple((k, _code_key(v) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+    state = tuple((k, _code_key(v, inner) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
     if isinstance(cls, abc.ABCMeta):
         # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
         registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]
@@ -184,11 +184,14 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
 _CODE = (types.FunctionType, staticmethod, classmethod, property)
 
 
-def _code_key(v: Any) -> tuple[Any, ...]:
-    """A method kept on a class, by what runs when it is called or read."""
+def _code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
+    """A method kept on a class, by what runs when it is called or read (a
+    ``staticmethod(partial(...))`` by its partial's function, arguments and keywords too: they
+    change in place)."""
     if isinstance(v, property):
         return ("code", *(None if f is None else _callee_key(f) for f in (v.fget, v.fset, v.fdel)))
-    return ("code", _callee_key(getattr(v, "__func__", v)))
+    called = getattr(v, "__func__", v)
+    return ("code", _callee_key(called) if isinstance(called, types.FunctionType) else value_key(called, inner))
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:
