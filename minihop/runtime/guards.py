@@ -101,9 +101,10 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("id", type(value), id(value))
     if isinstance(value, logging.Logger):
         # What code can take from a logger is whether it logs (``isEnabledFor``): its level as
-        # its parents set it. Its handlers and manager (every logger of the process) are not
-        # the graphs' business: messages are replayed or refused on their own.
-        return ("logger", id(value), value.getEffectiveLevel(), value.disabled, Same(value))
+        # its parents set it, and the process-wide ``logging.disable(level)`` (its manager's).
+        # Its handlers are not the graphs' business: messages are replayed or refused on their own.
+        return ("logger", id(value), value.getEffectiveLevel(), value.disabled,
+                getattr(getattr(value, "manager", None), "disable", 0), Same(value))
     if isinstance(value, weakref.ref):
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))
