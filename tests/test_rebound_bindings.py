@@ -12,7 +12,9 @@ capture was reused with the code it was traced with), unless said:
 - a user function set on ``torch.Tensor`` (``torch.Tensor.double_it = ...``): a tensor was a
   value no user code could run through;
 - a ``staticmethod(functools.partial(...))`` on a class, its keywords changed in place: keyed
-  by the partial's identity.
+  by the partial's identity;
+- a hook registered for every module (``register_module_forward_hook``) between calls: a
+  module was keyed by its own hooks only.
 
 The operator dunders (``__rmul__``, ``__float__``, ...) and a callable in a list matched eager
 before (each capture was single-use: code not analysed ran); they stay, crossed with the fix.
@@ -300,3 +302,31 @@ def test_static_partial_keywords_changed_in_place(held) -> None:
         matches_eager(ViaGlobal, lambda i: (x_(i),), between=between)
     else:
         matches_eager(ViaArgument, lambda i: (x_(i), Ops), between=between)
+
+
+@pytest.mark.parametrize("kind", ["forward", "forward_pre"])
+def test_global_module_hook_registered_between_calls(kind) -> None:
+    """``register_module_forward_hook`` (every module's call runs it: torch's process-wide
+    state) registered between calls, for a module held in a global or passed in: a module was
+    keyed by its own hooks only."""
+    from torch.nn.modules import module as module_state
+
+    lin = nn.Linear(4, 4)
+    register = getattr(module_state, f"register_module_{kind}_hook")
+    hook = (lambda m, inp, out: out * 10) if kind == "forward" else (lambda m, inp: (inp[0] * 10,))
+    handles = []
+
+    def between(i):
+        while handles:
+            handles.pop().remove()
+        if i % 2:
+            handles.append(register(hook))
+
+    def reset():
+        while handles:
+            handles.pop().remove()
+
+    try:
+        matches_eager(Applies, lambda i: (x_(i), lin), between=between, reset=reset)
+    finally:
+        reset()

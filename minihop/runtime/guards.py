@@ -86,7 +86,8 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         inner = _open | {id(value)}
         return ("M", type(value), id(value), tuple(
             (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())),
-            tuple(_module_state(name, m, inner) for name, m in value.named_modules()))
+            tuple(_module_state(name, m, inner) for name, m in value.named_modules()),
+            tuple(id(h) for d in _GLOBAL_HOOKS for h in getattr(torch.nn.modules.module, d).values()))
     if isinstance(value, types.MethodType):
         # A bound method computes with its object: keyed by its function and that object.
         inner = _open | {id(value)}
@@ -140,11 +141,7 @@ def _of_class(value: Any, _open: frozenset[int]) -> tuple[Any, ...]:
     """A user's object's methods read its class's attributes too (``type(self).factor``,
     ``self.factor`` not set on the object; a ``NamedTuple``'s method): its class is keyed
     with its state. A library class is not the user's state: nothing."""
-    cls = type(value)
-    return () if cls in _BUILTIN_HOLDERS or library_name(cls.__module__) else (value_key(cls, _open),)
-
-
-_BUILTIN_HOLDERS = frozenset({tuple, list, dict})
+    return () if library_name(type(value).__module__) else (value_key(type(value), _open),)
 
 
 def _callee_key(fn: Any) -> Any:
@@ -193,6 +190,10 @@ def _code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
         return ("code", *(None if f is None else _callee_key(f) for f in (v.fget, v.fset, v.fdel)))
     called = getattr(v, "__func__", v)
     return ("code", _callee_key(called) if isinstance(called, types.FunctionType) else value_key(called, inner))
+
+
+# The hooks every module's call runs (``register_module_forward_hook``: process-wide, torch's).
+_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks")
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:
