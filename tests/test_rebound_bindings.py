@@ -14,7 +14,9 @@ capture was reused with the code it was traced with), unless said:
 - a ``staticmethod(functools.partial(...))`` on a class, its keywords changed in place: keyed
   by the partial's identity;
 - a hook registered for every module (``register_module_forward_hook``) between calls: a
-  module was keyed by its own hooks only.
+  module was keyed by its own hooks only;
+- another Function's ``forward`` rebound (``Inner.apply`` inside forward): a Function class was
+  keyed by its identity.
 
 The operator dunders (``__rmul__``, ``__float__``, ...) and a callable in a list matched eager
 before (each capture was single-use: code not analysed ran); they stay, crossed with the fix.
@@ -330,3 +332,30 @@ def test_global_module_hook_registered_between_calls(kind) -> None:
         matches_eager(Applies, lambda i: (x_(i), lin), between=between, reset=reset)
     finally:
         reset()
+
+
+@pytest.mark.parametrize("style", ["staticmethod", "classmethod"])
+def test_inner_function_method_rebound(style) -> None:
+    """``Inner.forward`` rebound between calls (another implementation patched in), the outer
+    forward calling ``Inner.apply``: a Function class was keyed by its identity only."""
+    wrap = staticmethod if style == "staticmethod" else classmethod
+
+    class Inner(torch.autograd.Function):
+        forward = wrap(lambda *a: a[-1] * 2)
+        backward = wrap(lambda *a: a[-1] * 2)
+
+    class Outer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return Inner.apply(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    original = Inner.__dict__["forward"]
+
+    def between(i):
+        Inner.forward = wrap(lambda *a: a[-1] * (2 + i))
+
+    matches_eager(Outer, lambda i: (x_(i),), between=between, reset=lambda: setattr(Inner, "forward", original))

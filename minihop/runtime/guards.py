@@ -30,7 +30,7 @@ from ..library_state import STATE, Same, library_object, module_attributes, stat
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
-__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "describe_key_difference", "layout_key", "library_name",
+__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "layout_key", "library_name",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -58,6 +58,12 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("F", type(value), value.hex())
     if isinstance(value, complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
         return ("F", type(value), value.real.hex(), value.imag.hex())
+    if isinstance(value, type) and issubclass(value, torch.autograd.Function) and value.__module__ != "torch.autograd.function":
+        # Another Function (``Inner.apply`` inside forward, an implementation passed in): which
+        # forward, backward and setup_context it runs, with their code and defaults (its other
+        # class attributes are read places of their own where its code reads them).
+        return ("Fn", id(value), Same(value), *(_callee_key(getattr(getattr(value, m), "__func__", getattr(value, m)))
+                                                for m in _FN_METHODS))
     if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
             not library_name(value.__module__) and id(value) not in _open:
         # A user's class: what its code reads of it (``cls.scale``, ``getattr(cls, name)``)
@@ -144,6 +150,9 @@ def _of_class(value: Any, _open: frozenset[int]) -> tuple[Any, ...]:
     return () if library_name(type(value).__module__) else (value_key(type(value), _open),)
 
 
+_FN_METHODS = ("forward", "backward", "setup_context")  # what another Function's key holds
+
+
 def _callee_key(fn: Any) -> Any:
     """What a bound method or a partial calls: a function by ``function_key``, else by id."""
     return function_key(fn) if isinstance(fn, types.FunctionType) else id(fn)
@@ -218,8 +227,8 @@ def show_value_key(key: Any) -> str:
         return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
     if isinstance(key, tuple) and key and key[0] == "C":
         return "class with " + ", ".join(f"{k}={show_value_key(v)}" for k, v in key[2][:6])
-    if isinstance(key, tuple) and key and key[0] == "fn":
-        return show_function_key(key)
+    if isinstance(key, tuple) and key and key[0] in ("fn", "Fn"):
+        return show_function_key(key) if key[0] == "fn" else f"Function {key[2].obj.__qualname__} (its methods as keyed)"
     if isinstance(key, tuple) and key and key[0] == "id":
         return f"the {key[1].__name__} object at {key[2]:#x}"
     if isinstance(key, tuple) and key and key[0] == "T":
@@ -306,23 +315,6 @@ def argument_key(a: Any, i: int, dynamic: dict[int, tuple[int, ...]] | None = No
     elif dims == () and k[0] == "V" and k[1] is int:
         k = ("V", int, None)  # a dynamic int: its value is a SymInt, checked by the shape guards
     return k
-
-
-def describe_key_difference(expected: tuple[Any, ...], found: tuple[Any, ...],
-                            argnames: tuple[str, ...]) -> str:
-    """A human-readable first difference between two keys."""
-    if expected[0] != found[0]:
-        return f"grad mode: captured with {expected[0]}, called with {found[0]}"
-    if expected[2:] != found[2:]:
-        return (f"autocast: captured {describe_autocast(expected[2:])}, called "
-                f"{describe_autocast(found[2:])}")
-    exp_args, found_args = expected[1], found[1]
-    if len(exp_args) != len(found_args):
-        return f"number of arguments: captured {len(exp_args)}, called with {len(found_args)}"
-    for i, (e, f) in enumerate(zip(exp_args, found_args, strict=True)):
-        if e != f:
-            return describe_argument(i, e, f, argnames)
-    return "no difference"
 
 
 def describe_argument(i: int, expected: Any, found: Any, argnames: tuple[str, ...]) -> str:
@@ -441,6 +433,14 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             lines += [f"    v = f{i}(args)",
                       f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None)"
                       f" and key_of(v) != k{i}:", "        return False"]
+        elif isinstance(key, tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:]):
+            consts[f"o{i}"], test = key[2].obj, [f"v is o{i}"]  # another Function, its methods the keyed ones
+            for m, method_key in zip(_FN_METHODS, key[3:], strict=True):
+                fn = consts[f"m{i}{m}"] = method_key[2].obj
+                consts[f"c{i}{m}"], consts[f"d{i}{m}"] = fn.__code__, fn.__defaults__
+                got = f"v.{m}.__func__" if isinstance(getattr(key[2].obj, m), types.MethodType) else f"v.{m}"  # a classmethod
+                test.append(f"{got} is m{i}{m} and m{i}{m}.__code__ is c{i}{m} and m{i}{m}.__defaults__ is d{i}{m}")
+            lines += [f"    v = f{i}(args)", f"    if not ({' and '.join(test)}) and key_of(v) != k{i}:", "        return False"]
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
     # A fetch that raises (the place's owner replaced by an object without that attribute)
