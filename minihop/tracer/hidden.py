@@ -265,12 +265,13 @@ class ReadWatch:
         if before is not None and not drawn and random._inst.getstate() != before:  # type: ignore[attr-defined]
             self.reads.append((self.phase, "random", None, 0, None))
 
-    def single_use(self) -> list[str]:
+    def single_use(self) -> list[tuple[str, str]]:
         """Take out the reads that make a capture single-use rather than refused (the seed
-        torch's generator was given: traced as a constant that holds for this call only)."""
+        torch's generator was given: traced as a constant that holds for this call only), each
+        as (phase, reason)."""
         taken = [r for r in self.reads if r[1] == "clock" and r[2] in _SEED_READS]
         self.reads = [r for r in self.reads if r not in taken]
-        return [f"{phase} reads {what}() ({where})" for phase, _, what, _, where in taken]
+        return [(phase, f"{phase} reads {what}() ({where})") for phase, _, what, _, where in taken]
 
     def real_of(self, value: Any) -> Any:
         """``value``, or the function it stands in for while swapped (a snapshot of the

@@ -79,8 +79,9 @@ def module_data(module: types.ModuleType) -> dict[str, Any]:
 # those whose objects the heap watch sees (collections, queue, io, array). A library function
 # from elsewhere (``os.listdir``, ``secrets.token_hex``, ``socket``, ``datetime.now``) may
 # answer from files, the system or the network: unknown, so the capture is single-use.
+# (``decimal`` is not among them: its arithmetic answers from the thread's context.)
 BOUNDED = frozenset({*NEVER_DRAW, "random", "numpy", "sympy", "typing_extensions", "functorch", "math", "cmath",
-                     "statistics", "fractions", "decimal", "heapq", "bisect", "collections", "copy", "types",
+                     "statistics", "fractions", "heapq", "bisect", "collections", "copy", "types",
                      "abc", "enum", "dataclasses", "string", "re", "json", "struct", "array", "queue", "io",
                      "contextlib", "contextvars", "weakref", "threading", "warnings", "logging", "inspect",
                      "textwrap", "pprint", "reprlib", "keyword", "_collections_abc", "collections.abc",
@@ -89,18 +90,45 @@ BOUNDED = frozenset({*NEVER_DRAW, "random", "numpy", "sympy", "typing_extensions
                      # pytest's assertion rewriting, in an ``assert`` inside forward under pytest
                      "_pytest", "pytest"})
 
+# Modules of BOUNDED that also answer from files, the interpreter or the running thread: only
+# these of their names are bounded (``open``, ``eval``, ``input``, ``io.FileIO``,
+# ``threading.current_thread`` are not). An allowlist, as BOUNDED is.
+ONLY: dict[str, frozenset[str]] = {
+    "builtins": frozenset({
+        "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr", "classmethod",
+        "complex", "delattr", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset",
+        "getattr", "hasattr", "hash", "hex", "id", "int", "isinstance", "issubclass", "iter", "len", "list",
+        "map", "max", "min", "next", "object", "oct", "ord", "pow", "print", "property", "range", "repr",
+        "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str", "sum", "super",
+        "tuple", "type", "vars", "zip", "memoryview", "globals", "locals", "aiter", "anext",
+        "__import__", "__build_class__"}),
+    "io": frozenset({"StringIO", "BytesIO"}),
+    "_io": frozenset({"StringIO", "BytesIO"}),
+    "threading": frozenset({"Event", "Lock", "RLock", "Condition", "Semaphore", "BoundedSemaphore", "Barrier",
+                            "local", "Timer", "Thread"}),
+    "_thread": frozenset({"allocate_lock", "RLock", "LockType", "_local"}),
+}
+
 
 def bounded(fn: Any) -> bool:
-    """Whether calling the library function ``fn`` answers from what minihop bounds
-    (``BOUNDED``; ``time``'s clocks are watched where the code names them: ``hidden``). A
-    class is bounded unless its objects answer from the system (``random.SystemRandom``)."""
+    """Whether calling the library function or class ``fn`` answers from what minihop bounds
+    (``BOUNDED``, ``ONLY``; ``time``'s clocks are watched where the code names them:
+    ``hidden``). A class answers through its objects' methods, which no chain follows: it is
+    bounded where its module is (``pathlib.Path`` is not), and exceptions are, unless its
+    objects answer from the system (``random.SystemRandom``). A method answers from its
+    object or class: bounded where that class is (``secrets.randbits``: a SystemRandom's)."""
     if isinstance(fn, type):
-        return fn is not random.SystemRandom
+        return fn is not random.SystemRandom and (issubclass(fn, BaseException) or _in_bounded(fn))
     owner = getattr(fn, "__self__", None)
-    if owner is not None and not isinstance(owner, (type, types.ModuleType)) and not bounded(type(owner)):
-        return False  # a method answers from its object (``secrets.randbits``: a SystemRandom's)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        return bounded(owner if isinstance(owner, type) else type(owner))
+    return _in_bounded(fn)
+
+
+def _in_bounded(fn: Any) -> bool:
     module = getattr(fn, "__module__", None) or _owner_module(fn)
     if not isinstance(module, str):
         return False
-    return module.split(".")[0] in BOUNDED
-
+    top = module.split(".")[0]
+    names = ONLY.get(top)
+    return top in BOUNDED and (names is None or getattr(fn, "__name__", None) in names)

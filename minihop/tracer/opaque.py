@@ -320,19 +320,27 @@ class Finder:
         self.types: TypeAsEager | None = None
         self.refused: list[UnsupportedOperationError] = []
         self.undo: list[Callable[[], None]] = []  # CallWatch's, for a trace that fails
-        self.backward_unanalysed = False  # backward ran code not analysed (see pystate.finish)
+        # Whether a reason is backward's (code it ran, a library call it makes, a getattr it
+        # does): what that reads may change before ``.backward()`` (see pystate.finish).
+        self.backward_unknown = False
+        self._forward_found: tuple[int, int, int] | None = None  # counts when forward ended
+
+    def unknown(self, phase: str, reason: str) -> None:
+        """A reason the capture is single-use, found in ``phase``'s code."""
+        self.reasons.append(reason)
+        self.backward_unknown |= phase == "backward"
 
     def note_code(self, phase: str, code: types.CodeType) -> None:
         for what, line in dynamic_lookups(code):
             # getattr is judged where it runs (GetattrWatch); vars and attrgetter here.
             (self.lookups.add(code) if what.startswith("getattr") else
-             self.reasons.append(f'{phase} calls {what} (File "{code.co_filename}", line {line})'))
+             self.unknown(phase, f'{phase} calls {what} (File "{code.co_filename}", line {line})'))
 
     def note_chain(self, phase: str, code: types.CodeType, chain: Any, value: Any, end: Any, on_args: bool) -> None:
         """A chain the code reads, from ``value`` (its root's) to ``end``."""
         self.reachable.append(end)
         if isinstance(end, UserAttribute):  # code pystate did not run (see userattr)
-            self.reasons.append(f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
+            self.unknown(phase, f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
 
@@ -355,13 +363,21 @@ class Finder:
         self.undo.clear()
 
     def forward_done(self) -> None:
-        """What unanalysed code runs from now on, backward runs."""
+        """What is found from now on (code run, a getattr, an identity read, a tensor with no
+        route), backward's tracing found."""
+        self._forward_found = (len(self.reasons), len(self.getattrs.found) if self.getattrs else 0,
+                               len(self.identity.found) if self.identity else 0)
         if self.calls is not None:
             self.calls.phase = "backward"
 
     def stop(self) -> None:
+        if self._forward_found is not None:
+            now = (len(self.reasons), len(self.getattrs.found) if self.getattrs else 0,
+                   len(self.identity.found) if self.identity else 0)
+            self.backward_unknown |= now != self._forward_found
+            self._forward_found = None
         if self.calls is not None:
-            self.backward_unanalysed |= "backward" in self.calls.ran_in
+            self.backward_unknown |= "backward" in self.calls.ran_in
             self.calls.stop()
             self.undo += self.calls.undo
             self.reasons += [f"runs {what}, code minihop did not analyse ({where})" for what, where in self.calls.found]

@@ -128,6 +128,10 @@ class StateTracker:
             for chain in facts.chains:
                 root = resolve_root(fn, chain, params, len(self.args))
                 if root is None:
+                    if chain.root_kind == "global" and chain.root not in getattr(fn, "__globals__", {}) and \
+                            not bounded(getattr(builtins, chain.root, len)):  # ``open``, ``eval``: a builtin, unknown
+                        self.opaque.unknown(phase, f"{phase} calls {chain.root}, library code that may answer from "
+                                            f'files, the system or code it runs (File "{code.co_filename}", line {chain.line})')
                     continue
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
@@ -142,7 +146,7 @@ class StateTracker:
                 self._find_hidden_read(root, value, named, named_end)
                 if setting is None and callable(named_end) \
                         and is_library(named_end) and hidden.watched(named_end) is None and not bounded(named_end):
-                    self.opaque.reasons.append(  # unknown: right for the call it is traced for
+                    self.opaque.unknown(phase,  # unknown: right for the call it is traced for
                         f"{phase} calls {getattr(named_end, '__qualname__', repr(named_end))}, library code that "
                         f'may answer from files, the system or the network (File "{code.co_filename}", '
                         f"line {chain.line})")
@@ -371,7 +375,8 @@ class StateTracker:
                 # standing: sent for this call, as eager's; no later call may reuse the trace
                 self.unreplayable += [f"backward gives a message ({what}), sent by the trace for its call"
                                       for what in self.messages.sent[:1]]
-            self.opaque.reasons += self.hidden_reads.single_use() if self.hidden_reads is not None else []
+            for phase, reason in self.hidden_reads.single_use() if self.hidden_reads is not None else ():
+                self.opaque.unknown(phase, reason)
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
                 if kind == "clock":
@@ -398,9 +403,9 @@ class StateTracker:
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
                 self.read_ctx_chains(ctx)
-            if self.opaque.backward_unanalysed:
-                # What that code reads may change before ``.backward()``: backward is traced
-                # again when it runs (a read no value matches), as eager's backward runs it then.
+            if self.opaque.backward_unknown:
+                # What backward's unknown reads see may change before ``.backward()``: it is traced
+                # again when it runs (a read no value matches), as eager's backward reads them then.
                 self.reads.append(StateRead(UNANALYSED, "backward", None, seen=UNMATCHED))
             self.opaque.undo.clear()  # the trace stands for this call: unanalysed code's writes stay
             if self.unreplayable:  # standing: every write of this trace stays made (abort leaves them)
