@@ -120,6 +120,8 @@ def bounded(fn: Any) -> bool:
     if isinstance(fn, type):
         return fn is not random.SystemRandom and (issubclass(fn, BaseException) or _in_bounded(fn))
     owner = getattr(fn, "__self__", None)
+    if isinstance(owner, type) and getattr(fn, "__module__", None):
+        return _in_bounded(fn)  # a classmethod answers from its own code (torch's ``Function.apply``)
     if owner is not None and not isinstance(owner, types.ModuleType):
         return bounded(owner if isinstance(owner, type) else type(owner))
     return _in_bounded(fn)
