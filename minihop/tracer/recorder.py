@@ -372,6 +372,12 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except Exception as e:
+            if func is torch.Tensor.__setitem__ and type(e) is DataDependentOutputException:
+                # A write at a place read from data (``y[t[0].long()] = 1.0``): where it lands is
+                # known when the graphs run, and no fake changes (the written tensor keeps its
+                # shape). Recorded, not computed as a value read (that lost the write).
+                recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), (args[0],))
+                return None
             if self.on_constant is not None and name not in _VALUE_READS and \
                     (type(e) in (DynamicOutputShapeException, DataDependentOutputException)
                      or fake_data_missing(e)):
