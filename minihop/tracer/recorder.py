@@ -365,6 +365,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             tensors = tensors_in(kwargs, tensors_in(args, []))
         versions = [t._version for t in tensors]
         unbacked = self.unbacked
+        setitem = func is torch.Tensor.__setitem__  # returns None but writes into its first argument
         try:
             if name in _VALUE_READS:
                 if unbacked is not None and name in _SCALAR_READS:
@@ -372,7 +373,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except Exception as e:
-            if func is torch.Tensor.__setitem__ and type(e) is DataDependentOutputException:
+            if setitem and type(e) is DataDependentOutputException:
                 # A write at a place read from data (``y[t[0].long()] = 1.0``): where it lands is
                 # known when the graphs run, and no fake changes (the written tensor keeps its
                 # shape). Recorded, not computed as a value read (that lost the write).
@@ -398,7 +399,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if t._version != v)
-        if func is torch.Tensor.__setitem__:  # returns None but writes into its first argument
+        if setitem:
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
         if isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
