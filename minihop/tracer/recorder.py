@@ -373,7 +373,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise DataDependentOutputException(func)
             result = func(*args, **kwargs)
         except Exception as e:
-            if setitem and type(e) is DataDependentOutputException:
+            if setitem and (type(e) is DataDependentOutputException or isinstance(e, GuardOnDataDependentSymNode)):
                 # A write at a place read from data (``y[t[0].long()] = 1.0``): where it lands is
                 # known when the graphs run, and no fake changes (the written tensor keeps its
                 # shape). Recorded, not computed as a value read (that lost the write).

@@ -14,13 +14,15 @@ What a Function does with tensor data (each chosen or not, forward and backward 
               compared with an int (``if d == 0``); ``torch.tensor(k)`` made from a Python int
               and read back (``.item()``); a boolean-mask write (``v[x0 < 0] = 0``,
               ``v[m] = -v[m]``); and, last, an output whose size is data-dependent
-              (``v[x0 > 0]``, ``masked_select``, ``nonzero`` + index).
+              (``v[x0 > 0]``, ``masked_select``, ``nonzero`` + index); a write at an index
+              read out of a tensor (``v.view(-1)[x0.abs().argmax()] = 0``).
   backward    scatters the grad back to the input's shape when forward's output size was
               data-dependent, then: the surrogate-gradient flip ``g[x >= 0] = -g[x >= 0]``,
               ``x.abs().max().item()`` as a divisor, a branch on a saved input's sum, a branch
               on the grad itself (``(g > 0).all()``), a loop count or ``.item()`` of a saved
               0-d tensor, split sizes from a saved tensor's ``.tolist()``,
-              ``masked_scatter``/``masked_select`` and ``nonzero`` + ``index_add`` round trips.
+              ``masked_scatter``/``masked_select`` and ``nonzero`` + ``index_add`` round trips,
+              a write at an index read out of a saved tensor.
 
 The data changes from call to call (3-5 calls): each call's inputs are literals in the source
 (``X0[call]``...), chosen so that signs flip (branches alternate), the count of True mask
@@ -65,6 +67,8 @@ _FORWARD_LINES: dict[str, list[str]] = {
     "constant_item": ["v = v * torch.tensor(k).item()"],
     "mask_write": ["v = v.clone()", "v[x0 < 0] = 0"],
     "mask_negate": ["v = v.clone()", "m = x0 >= 0", "v[m] = -v[m]"],
+    # a write at an index read out of a tensor (a 0-d index: its value is read when it runs)
+    "index_write": ["v = v.clone(memory_format=torch.contiguous_format)", "v.view(-1)[x0.reshape(-1).abs().argmax()] = 0.0"],
 }
 _BACKWARD_LINES: dict[str, list[str]] = {
     "surrogate_flip": ["gx = gx.clone()", "gx[x0 >= 0] = -gx[x0 >= 0]"],
@@ -78,6 +82,7 @@ _BACKWARD_LINES: dict[str, list[str]] = {
     "masked_round_trip": ["gx = torch.zeros_like(gx).masked_scatter(x0 > 0, gx.masked_select(x0 > 0)) + gx * 0.5"],
     "nonzero_round_trip": ["nz = torch.nonzero(x0.reshape(-1) < 0).squeeze(1)",
                            "gx = gx.reshape(-1).index_add(0, nz, gx.reshape(-1)[nz]).reshape(gx.shape)"],
+    "index_write": ["gx = gx.clone(memory_format=torch.contiguous_format)", "gx.view(-1)[x0.reshape(-1).argmin()] = 0.0"],
 }
 FORWARD_FEATURES = tuple(_FORWARD_LINES)
 BACKWARD_FEATURES = tuple(_BACKWARD_LINES)
