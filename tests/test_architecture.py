@@ -8,7 +8,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
 
 import minihop
 
