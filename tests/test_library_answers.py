@@ -73,7 +73,9 @@ def test_explain_names_the_library_call_that_makes_a_capture_single_use() -> Non
 @pytest.mark.parametrize("answer", [
     "__import__('math').floor(__import__('statistics').mean([1, 2, 3]))",
     # round 8: builtins, io and threading are bounded name by name; these names still are
-    "(len(sorted([3, 1])), __import__('io').StringIO('ab').read(), type(__import__('threading').Lock()).__name__)"])
+    "(len(sorted([3, 1])), __import__('io').StringIO('ab').read(), type(__import__('threading').Lock()).__name__)",
+    # the environment is a guarded read, not a library's answer (os is not bounded)
+    "int(os.environ.get('MINIHOP_UNSET_FLAG', '1'))"])
 def test_a_function_of_pure_libraries_is_not_single_use(answer: str) -> None:
     """``math``, ``statistics``, ``len``, ``io.StringIO``, ``threading.Lock``: bounded, the
     capture is reused."""

@@ -144,13 +144,14 @@ class StateTracker:
                         refuse_iterator_read(self.name, phase, chain.root, walk(value, chain.steps))
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
-                if setting is None and callable(named_end) \
+                environment = reads_environment(value, named)  # (``os.environ.get``: guarded whole)
+                if setting is None and not environment and callable(named_end) \
                         and is_library(named_end) and hidden.watched(named_end) is None and not bounded(named_end):
                     self.opaque.unknown(phase,  # unknown: right for the call it is traced for
                         f"{phase} calls {getattr(named_end, '__qualname__', repr(named_end))}, library code that "
                         f'may answer from files, the system or the network (File "{code.co_filename}", '
                         f"line {chain.line})")
-                if reads_environment(value, named):
+                if environment:
                     self._add_read(ENVIRONMENT, phase, code, chain.line)
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
