@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import torch
 
-from .errors import MinihopError, notice
+from .errors import MinihopError, UnsupportedOperationError, notice
 from .pipeline import Capture, dynamic_dims, methods_held, methods_key, run_pipeline, guard_key, tracing
 from .arguments import bind_arguments
 
@@ -49,6 +49,7 @@ __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "
 
 Fallback = Literal["raise", "eager"]
 _is_compiling = torch.compiler.is_compiling
+_fw_ad = torch.autograd.forward_ad  # its _current_level: -1 unless a dual_level (or torch.func.jvp) is open
 _NOTHING: dict[str, Any] = {}
 _RECENT = 8  # captures a call is checked against before a key is built
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
@@ -95,6 +96,12 @@ def capture(fn_cls: type, /, *args: Any, dynamic: Any = None, eager_backward: bo
     ``eager_backward`` (``fallback="eager"``): a backward refused when it runs, after forward
     ran captured, runs the user's backward eagerly, as the rest of that policy does."""
     return run_pipeline(fn_cls, args, {}, dynamic, eager_backward=eager_backward)[1]
+
+
+def _tangent_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a tensor among the arguments carries a forward-mode tangent."""
+    return any(isinstance(t, torch.Tensor) and _fw_ad.unpack_dual(t).tangent is not None
+               for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
 def _slot(i: int, value: Any) -> tuple[int, Any] | None:
@@ -172,9 +179,27 @@ class CapturedFunction:
             return self._compile_cls.apply(*args, **kwargs)
         return self._apply(args, kwargs)
 
+    def _forward_ad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call with a forward-mode tangent: eager runs the Function's own ``jvp`` on a ctx
+        forward filled, which a capture does not trace. Refused (fallback: eager's)."""
+        error = UnsupportedOperationError(
+            f"{self.fn_cls.__qualname__} was called with a dual tensor (forward-mode AD: "
+            "torch.autograd.forward_ad.make_dual, or torch.func.jvp).",
+            "Eager runs the Function's jvp for the tangents; minihop captures forward and "
+            "backward only, so its capture has no jvp to run.",
+            "Call F.apply for forward-mode AD, or use minihop.function(F, fallback=\"eager\").")
+        if self.fallback == "raise":
+            raise error
+        self._warn_once("forward ad", f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): {error}")
+        with self._lock:
+            self.stats.eager_calls += 1
+        return self._eager_apply(*args, **kwargs)
+
     __call__ = apply
 
     def _apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _fw_ad._current_level >= 0 and _tangent_in(args, kwargs):
+            return self._forward_ad(args, kwargs)
         recent = self._recent
         if recent and not kwargs and methods_key(self.fn_cls) == self._recent_methods:
             for cap in recent:

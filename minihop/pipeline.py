@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-
 import torch.fx as fx
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
@@ -32,12 +31,14 @@ from .rewire.contract import PairShape, check_consistent
 from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
-from .runtime.backwards import Fetched, live_slots, reads_grad_mode
+from .runtime.backwards import Fetched, live_slots
 from .runtime.eager_runs import EagerRunner, with_eager_fallback
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
+from .runtime.graph_reads import reads_default_dtype, reads_grad_mode
 from .runtime.op import autograd_function_apply
 from .runtime.function_keys import methods_held, methods_key
-from .runtime.guards import call_key, describe_autocast, layout_key, show_value_key, value_key
+from .runtime.assumptions import layout_key
+from .runtime.guards import call_key, describe_autocast, show_value_key, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
 from .spec import CtxAfter, DataRead, Pair, PythonState, RawCapture, ServedOnce
@@ -49,8 +50,7 @@ from .tracer.roots import arg_masks as _arg_masks
 from .tracer.recorder import tracing
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 
-__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs",
-           "refuse_shadowed_options",
+__all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
            "methods_held", "methods_key", "run_on_stream", "show_value_key", "tracing", "value_key"]
@@ -145,8 +145,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     runner = EagerRunner(raw.eager_backward, pair) if eager_backward else None
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
             or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs) \
-            or reads_grad_mode(pair.bwd_graph) \
-            or raw.python_state.ctx_state is not None:  # create_graph=True; a second backward of a call
+            or reads_grad_mode(pair.bwd_graph) or reads_default_dtype(pair.bwd_graph, torch.get_default_dtype()) \
+            or raw.python_state.ctx_state is not None:  # create_graph=True; another default dtype; a second backward
         retrace = _backward_retracer(fn_cls, raw, pair, runner)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
                        retrace, dims, raw.shape_guards, raw.python_state,

@@ -29,14 +29,14 @@ from ..errors import GuardMismatchError
 from ..spec import MISSING, UNMATCHED, DataRead, Pair, PythonState
 from ..structure import argname
 from .display import show_key
-from .backwards import reads_grad_mode
+from .graph_reads import reads_grad_mode
 from .fetch import fetcher
 from .module_reads import holds_modules, module_assumptions
 from .sharing import sharing_of
 from .guards import (argument_key, autocast_key, compile_guard, compile_live_check, describe_argument,
-                     describe_autocast, layout_key, show_value_key, unmet_marks, value_key)
+                     describe_autocast, show_value_key, unmet_marks, value_key)
 
-__all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits"]
+__all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits", "layout_key"]
 
 Args = tuple[Any, ...]
 _AGAIN = "Capture again (minihop.apply does this by itself)."
@@ -111,14 +111,15 @@ def _error(found: str, why: str, fix: str = _AGAIN, where: str | None = None) ->
 
 def _key_assumptions(name: str, argnames: tuple[str, ...], key: Args, masks: dict[int, frozenset[str]] | None,
                      dynamic: dict[int, tuple[int, ...]]) -> list[Assumption]:
-    """Grad mode, autocast, each argument, their number, Dynamo's marks: ``call_key``'s parts,
-    all checked by one generated ``compile_guard``."""
+    """Grad mode, autocast, the default dtype, each argument, their number, Dynamo's marks:
+    ``call_key``'s parts, all checked by one generated ``compile_guard``."""
     grad_mode, arg_keys = key[:2]
     autocast = key[2] if len(key) > 2 else None
+    dtype = key[3] if len(key) > 3 else torch.float32
     batch = compile_guard(key, masks)
     unlike = f"Capture of {name} called with arguments unlike the captured ones: "
     why = ("A capture is specialised on its arguments' shapes (but for dynamic dimensions), dtypes, "
-           "devices, requires_grad, non-tensor values, grad mode and autocast state.")
+           "devices, requires_grad, non-tensor values, grad mode, autocast state and default dtype.")
     fix = ("Capture again for these arguments, or use minihop.apply, which captures once per "
            "distinct set of properties.")
     n = len(arg_keys)
@@ -130,7 +131,11 @@ def _key_assumptions(name: str, argnames: tuple[str, ...], key: Args, masks: dic
         Assumption("autocast", "call", describe_autocast((autocast,)), lambda args: autocast_key() == autocast,
                    f"autocast == {describe_autocast((autocast,))}", batch=batch, explain_failure=lambda args: _error(
                        unlike + f"autocast: captured {describe_autocast((autocast,))}, called "
-                       f"{describe_autocast((autocast_key(),))}", why, fix))]
+                       f"{describe_autocast((autocast_key(),))}", why, fix)),
+        Assumption("default dtype", "call", str(dtype), lambda args: torch.get_default_dtype() is dtype,
+                   f"torch.get_default_dtype() == {dtype}", batch=batch, explain_failure=lambda args: _error(
+                       unlike + f"default dtype: captured with {dtype}, called with {torch.get_default_dtype()}",
+                       why, fix))]
     for i, k in enumerate(arg_keys):
         place = argname(i, argnames)
         masked = (masks or {}).get(i)
@@ -323,15 +328,28 @@ def _value_check(read: DataRead) -> Callable[[Args], bool]:
     return lambda args: read.holds(read.graph, fetch(args, {}))
 
 
+def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Each tensor argument's strides, storage offset and ``_is_view()`` (guarded only when
+    forward read a layout)."""
+    return tuple((a.stride(), a.storage_offset(), a._is_view()) if isinstance(a, torch.Tensor)
+                 and a.layout == torch.strided else None for a in args)
+
+
 def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> list[Assumption]:
-    """Each tensor argument's strides, where forward read a layout."""
+    """Each tensor argument's strides (and storage offset), where forward read a layout."""
+    def show(entry: Any) -> str:
+        if entry is None:
+            return "None"
+        return f"{entry[0]}{f' at storage offset {entry[1]}' if entry[1] else ''}{' (a view)' if entry[2] else ''}"
+
     def batch(args: Args) -> bool:
         return layout_key(args) == layout
 
     found = []
-    for i, strides in enumerate(layout):
-        if strides is None:
+    for i, entry in enumerate(layout):
+        if entry is None:
             continue
+        strides = show(entry)
         place = f"strides of {argname(i, argnames)}"
 
         def check(args: Args, i: int = i) -> bool:
@@ -341,7 +359,7 @@ def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> l
             new = layout_key(args[i:i + 1])[0] if len(args) > i else None
             return _error(
                 f"Capture of {name} called with tensors laid out differently: {place} "
-                f"were {layout[i]} at capture, are {new}.",
+                f"were {show(layout[i])} at capture, are {show(new)}.",
                 "Its forward read a tensor's layout (stride(), is_contiguous(), ...), so the "
                 "graphs may depend on it.",
                 "Capture again for these arguments (minihop.apply does this by itself).")

@@ -24,6 +24,9 @@ A backward that read ``torch.is_grad_enabled()`` (``READS_GRAD_MODE`` nodes) was
 grad mode off, as an ordinary backward runs; under ``create_graph=True`` eager's reads True, so
 that case's bwd is traced again with grad mode on (``grad_on``).
 
+A backward whose ops may read the default dtype (``graph_reads.reads_default_dtype``) runs its
+traced bwd only under the one it was traced with; another is another case (traced again).
+
 A backward that writes the plain values on ctx (``ctx.calls += 1``; ``PythonState.ctx_state``)
 leaves them on the runtime's ctx (``CtxAfter``, ``ctx.minihop_ctx``); they are part of the
 case, so a second backward of the call (``retain_graph=True``) runs a bwd traced from them.
@@ -40,13 +43,14 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedOperationError, notice
-from ..spec import GRAD_TOGGLE, NO_STATE, READS_GRAD_MODE, CtxAfter, DataRead, Pair, PythonState, ServedOnce
+from ..spec import GRAD_TOGGLE, NO_STATE, CtxAfter, DataRead, Pair, PythonState, ServedOnce
 from ..structure import make_getter
 from .codegen import emit
+from .graph_reads import reads_default_dtype, reads_grad_mode
 from .guards import value_key
 
 __all__ = ["Backwards", "EagerVariant", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
-           "reads_grad_mode", "same_properties", "tensor_key"]
+           "same_properties", "tensor_key"]
 
 # Per fwd output: (stride, requires_grad) of the real grad, or None when it is absent.
 GradLayout = tuple[tuple[tuple[int, ...], bool] | None, ...]
@@ -115,6 +119,9 @@ class Backwards:
         self.num_inputs = len(pair.inputs)
         # The plain values on ctx forward left, where backward writes them (else None).
         self.ctx_before = None if state.ctx_state is None else state.ctx_state[0]
+        # The default dtype bwd was traced under (with forward): backward's factory ops read it
+        # (torch.ones(n)), and eager's reads it when backward runs, so another one is another case.
+        self.dtype = torch.get_default_dtype() if reads_default_dtype(pair.bwd_graph, torch.get_default_dtype()) else None
         self.base_key = self.key_of_expected()
         self.base_case = (self.base_key, 0)
         self.reads_values = bool(reads)
@@ -143,7 +150,7 @@ class Backwards:
     def key_of_expected(self) -> Any:
         nones = (False,) * len(self.top_idx) if not self.materialize else ()
         key = (nones, tuple(_NEVER if _symbolic(a.expected) else a.expected
-                            for a in self.pair.grad_assumptions), self.state_base)
+                            for a in self.pair.grad_assumptions), self.state_base, self.dtype)
         return key if self.ctx_before is None else (key, value_key(self.ctx_before))
 
     def key_of(self, top_grads: tuple[Any, ...], call_args: tuple[Any, ...] = (), ctx_state: Any = None) -> Any:
@@ -152,7 +159,8 @@ class Backwards:
         nones = tuple(g is None for g in top_grads) if not self.materialize else ()
         key = (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
                             for p, q, args, kwargs in self.checks),
-               tuple(value_key(read(call_args)) for read in self.state_reads))  # usually one or two
+               tuple(value_key(read(call_args)) for read in self.state_reads),  # usually one or two
+               self.dtype and torch.get_default_dtype())
         if self.ctx_before is None:
             return key
         return (key, value_key(self.ctx_before if ctx_state is None else ctx_state))
@@ -412,14 +420,6 @@ def _scatter_grads(code: Callable[..., Any], input_map: tuple[int, ...], n: int)
         return tuple(grads)
 
     return run
-
-
-
-def reads_grad_mode(graph: fx.Graph) -> bool:
-    """Whether the user's backward read ``torch.is_grad_enabled()`` where it was entered (the
-    graph, not ``Pair.bwd``: that GraphModule is built on first use, and a capture may never
-    need it)."""
-    return any(node.meta.get(READS_GRAD_MODE) for node in graph.nodes)
 
 
 def _strip_grad_toggles(gm: fx.GraphModule) -> fx.GraphModule:

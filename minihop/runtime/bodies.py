@@ -209,14 +209,16 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
               state_only: Callable[..., bool] | None, key_of: Callable[..., Any],
               call_bwd: Callable[..., Any], writes: bool,
               late: tuple[tuple[int, Callable[..., Any], Callable[[Any], bool]], ...] = (),
-              ctx_writes: bool = False) -> _Source:
+              ctx_writes: bool = False, dtype: torch.dtype | None = None) -> _Source:
     """``backward(ctx, *grads)``: the traced bwd called directly where nothing can differ from
     the trace; else the grads and saved values handed to ``call_bwd``, which picks (or traces)
     the bwd variant for them, and the Python writes of that variant replayed. ``late``: per
     tensor backward reads when it runs, ``(saved index, fetch, check)``, given when they are the
     key's only part: fetched first, and while each has the traced properties (``check``) the
     traced bwd runs on them. ``ctx_writes``: backward writes the plain values on ctx; what
-    an earlier backward of the call left (``ctx.minihop_ctx``) is part of the key."""
+    an earlier backward of the call left (``ctx.minihop_ctx``) is part of the key. ``dtype``:
+    the default dtype bwd was traced under, where it may read it (None: it does not); the
+    traced bwd runs directly only under it."""
     L = layout
     grads = _params(len(L.top_idx), "g")
     src = _Source(f"def backward(ctx, {''.join(g + ', ' for g in grads)}):")
@@ -224,6 +226,8 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
     all_top = not L.nested_idx
     direct = (bwd_plain is not None and all_top and order is not None and not writes
               and not L.exact_unpacks and (not needs_key or state_only is not None or bool(late)))
+    same_dtype = [] if dtype is None else \
+        [f"{src.name('default_dtype', torch.get_default_dtype)}() is {src.name('traced_dtype', dtype)}"]
     if direct and late:
         if L.keeps_args:
             src.add("call_args = ctx.minihop_args")
@@ -231,7 +235,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
             args_name = "call_args" if L.keeps_args else "()"
             src.add(f"late{k} = {src.name('fetch' + str(k), fetch)}({args_name})")
         checks = [f"{src.name('traced' + str(k), check)}(late{k})" for k, (_, _, check) in enumerate(late)]
-        src.add(f"if {' and '.join(checks)}:")
+        src.add(f"if {' and '.join([*checks, *same_dtype])}:")
     if direct:
         code = bwd_plain
         if order != tuple(range(L.num_saved)):
@@ -249,13 +253,14 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
         line = f"return {src.name('bwd_body', code)}({', '.join(args)})"
         if late:
             src.add(line, 2)
-        elif not needs_key:
+        elif not needs_key and not same_dtype:
             src.add(line)
             return src
         else:
-            # Backward's only reason for a key is the Python values it reads: while they are
-            # the captured ones (one compiled check), the traced bwd runs.
-            src.add(f"if {src.name('state_ok', state_only)}(()):")
+            # Backward's only reason for a key is the Python values it reads (or the default
+            # dtype): while they are the captured ones (one compiled check), the traced bwd runs.
+            state = [f"{src.name('state_ok', state_only)}(())"] if needs_key else []
+            src.add(f"if {' and '.join([*state, *same_dtype])}:")
             src.add(line, 2)
     # Unpack what the user saved, as eager does (version checks, unpack hooks): once per read
     # of ctx.saved_tensors in the user's backward.

@@ -27,10 +27,11 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..spec import NO_STATE, DataRead, Pair, PythonState
-from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfetched, fetch_now, keeps_arguments, live_slots, reads_grad_mode,
+from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfetched, fetch_now, keeps_arguments, live_slots,
                         same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
+from .graph_reads import reads_grad_mode
 from .eager_runs import EagerRunner
 from .grad_fn import mirror_ctx
 from .guards import compile_live_check
@@ -40,6 +41,7 @@ __all__ = ["make_function", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace"]
 
 _set_grad = torch._C._set_grad_enabled
 _is_grad = torch.is_grad_enabled
+_default_dtype = torch.get_default_dtype
 
 # The bound arguments of the call whose forward is running (set by the capture's runner only
 # when backward needs them: it reads or writes Python state inside an argument object).
@@ -95,7 +97,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
             late = ()
     forward, backward, source = generate(
         pair, layout, call_arguments, bwd_plain=bwd_plain, needs_key=backwards.needs_key,
-        state_only=state_only, key_of=backwards.key_of, call_bwd=call_bwd,
+        state_only=state_only, key_of=backwards.key_of, call_bwd=call_bwd, dtype=backwards.dtype,
         writes=bool(state.writes_in("backward")) or state.ctx_state is not None, late=late,
         ctx_writes=state.ctx_state is not None)
     if pair.once_differentiable:
@@ -111,7 +113,10 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         "__qualname__": f"Captured[{pair.function_name}]",
         "__module__": __name__,
     }
-    function = type(f"Captured_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), namespace)
+    # Named as the user's class: autograd names the Function in its own errors ("Output 0 of F
+    # is a view ...", "Function 'FBackward' returned nan values ...") and in y.grad_fn's type,
+    # which should read as eager's do; the qualname says it is minihop's.
+    function = type(pair.function_name.rsplit(".", 1)[-1], (torch.autograd.Function,), namespace)
     mirror_ctx(function, state, pair.function_name, eager, layout)  # y.grad_fn answers as the user's ctx does
     return function
 
@@ -128,6 +133,7 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
     all_top = not layout.nested_idx
     once = pair.once_differentiable
     needs_key = backwards.needs_key
+    traced_dtype = backwards.dtype
 
     def call_bwd(top_grads: tuple[Any, ...], saved: Sequence[Any],
                  call_args: tuple[Any, ...] = (), key: Any = None,
@@ -150,9 +156,11 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
         create_graph = grad_mode and not once
         code = bwd_code
         writes = bwd_writes
-        if needs_key or (create_graph and bwd_plain is None):
+        other_dtype = traced_dtype is not None and _default_dtype() is not traced_dtype
+        if needs_key or (create_graph and bwd_plain is None) or other_dtype:
             if key is None:
-                key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key else backwards.base_key
+                key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key or other_dtype \
+                    else backwards.base_key
             code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved, ctx_state)
             if saved_map is not None:
                 # (a variant's tensor the captured backward did not read: fetched from its place)

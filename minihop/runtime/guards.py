@@ -3,7 +3,7 @@
 Place in the pipeline: runtime. A capture is traced on fake tensors, so it is valid for every
 call whose arguments have the same *properties*: for each tensor its shape, dtype, device,
 layout and ``requires_grad``; for each non-tensor its value (baked into the graphs as a
-constant); the structure around them; and grad mode. ``call_key`` computes exactly that, and
+constant); the structure around them; grad mode, autocast and the default dtype. ``call_key`` computes exactly that, and
 the cache and ``Capture.__call__`` compare keys.
 
 Rule for values that are not hashable and not containers: they are keyed by identity
@@ -30,7 +30,7 @@ from ..library_state import STATE, Same, library_object, module_attributes, stat
 from ..structure import PLAIN_CALLABLES, argname, attributes
 from .function_keys import function_key, same_function, show_function_key
 
-__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "layout_key", "library_name",
+__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "library_name",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -237,14 +237,9 @@ def show_value_key(key: Any) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
-def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The strides of each tensor argument (guarded only when forward read them)."""
-    return tuple(a.stride() if isinstance(a, torch.Tensor) and a.layout == torch.strided else None
-                 for a in args)
-
-
 _PLAIN = (int, float, bool, str, type(None))  # compared directly by the generated checks
 _any_autocast = torch._C._is_any_autocast_enabled
+_default_dtype = torch.get_default_dtype
 # The devices whose autocast state a key records (where an enabled autocast changes op dtypes).
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 
@@ -292,7 +287,8 @@ def unmet_marks(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]]) -> t
 def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None = None,
              masks: dict[int, frozenset[str]] | None = None) -> tuple[Any, ...]:
     """The properties of a call that a capture depends on (args already bound to positions):
-    ``(grad mode, per-argument keys, autocast state)``.
+    ``(grad mode, per-argument keys, autocast state, default dtype)``: any op making a float
+    without a dtype reads the last (``torch.ones(n)``), user's code or library's, so all keys hold it.
 
     ``dynamic`` maps an argument position to its dynamic dimensions, whose sizes are left out
     of the key (the capture's shape guards check them instead; ``()`` for an int argument: its
@@ -300,9 +296,9 @@ def call_key(args: tuple[Any, ...], dynamic: dict[int, tuple[int, ...]] | None =
     position to attributes left out of its key (``masked_key``).
     """
     if not dynamic and not masks:
-        return (torch.is_grad_enabled(), tuple(value_key(a) for a in args), autocast_key())
+        return (torch.is_grad_enabled(), tuple(value_key(a) for a in args), autocast_key(), _default_dtype())
     return (torch.is_grad_enabled(), tuple(argument_key(a, i, dynamic, masks) for i, a in enumerate(args)),
-            autocast_key())
+            autocast_key(), _default_dtype())
 
 
 def argument_key(a: Any, i: int, dynamic: dict[int, tuple[int, ...]] | None = None,
@@ -364,16 +360,16 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
     """
     grad_mode, arg_keys = key[:2]
     autocast = key[2] if len(key) > 2 else None
-    lines = [f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode}:",
+    lines = [f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode} or default_dtype() is not dtype:",
              "        return False"]
     if autocast is None:
         lines += ["    if any_autocast():", "        return False"]
     else:
         lines += ["    if autocast_key() != autocast:", "        return False"]
     consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": value_key, "autocast": autocast,
-                              "no_marks": frozenset(),
-                              "any_autocast": _any_autocast, "autocast_key": autocast_key,
-                              "masked_key": masked_key}
+                              "default_dtype": _default_dtype, "dtype": key[3] if len(key) > 3 else torch.float32,
+                              "no_marks": frozenset(), "any_autocast": _any_autocast,
+                              "autocast_key": autocast_key, "masked_key": masked_key}
     for i, k in enumerate(arg_keys):
         a = f"args[{i}]"
         consts[f"k{i}"] = k

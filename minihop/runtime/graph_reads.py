@@ -1,0 +1,39 @@
+"""What a traced graph read of the process's settings, found in the graph itself.
+
+Place in the pipeline: runtime (``backwards`` and ``assumptions`` ask it of a capture's bwd). A
+read the trace cannot see as a call (the default dtype, read inside torch's factory ops) is
+found from what the ops made; one it can (``torch.is_grad_enabled()``) from the node the
+tracer marked.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_leaves
+
+from ..spec import READS_GRAD_MODE
+
+__all__ = ["reads_default_dtype", "reads_grad_mode"]
+
+
+def reads_default_dtype(graph: fx.Graph, dtype: torch.dtype) -> bool:
+    """Whether an op of ``graph`` (traced under default dtype ``dtype``) may have read it: it
+    makes a tensor of that dtype (or its complex twin) from none of it (``torch.ones(n)``, an
+    int tensor times a float), or runs a subgraph of its own."""
+    made = {dtype, torch.complex128 if dtype == torch.float64 else torch.complex64}
+    for node in graph.nodes:
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            return True
+        outs = {v.dtype for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)}
+        ins = {getattr(a.meta.get("val"), "dtype", None) for a in node.all_input_nodes}
+        if node.op != "placeholder" and (outs & made) - ins:
+            return True
+    return False
+
+
+def reads_grad_mode(graph: fx.Graph) -> bool:
+    """Whether the user's backward read ``torch.is_grad_enabled()`` where it was entered (the
+    graph, not ``Pair.bwd``: that GraphModule is built on first use, and a capture may never
+    need it)."""
+    return any(node.meta.get(READS_GRAD_MODE) for node in graph.nodes)
