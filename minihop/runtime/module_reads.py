@@ -12,8 +12,9 @@ record checked when backward runs (``runtime.backwards``: another module traces 
 again, as eager's backward would call the new one).
 
 A library module's name bound to a function or a class (``torch.sin``, ``F.gelu``: chains read
-them as places, ``tracer.module_reads``) is in the same record: anyone may rebind it (``F.gelu =
-fast_gelu``), and what the graphs compute is the object it was bound to at capture.
+them as places, ``tracer.module_reads``), and a library class's function the call ran
+(``Linear.forward``: ``tracer.library_ran``), are in the same record: anyone may rebind them
+(``F.gelu = fast_gelu``), and what the graphs compute is the object bound at capture.
 
 Invariant: a read place whose value at capture is a module, or a library module's callable, is
 in exactly these records, and in no per-place value assumption.
@@ -45,7 +46,8 @@ def holds_modules(state: PythonState, args: Args) -> frozenset[str]:
         except Exception:
             continue
         if isinstance(value, types.ModuleType) or (
-                isinstance(owner, types.ModuleType) and library_name(owner.__name__) and callable(value)):
+                isinstance(owner, types.ModuleType) and library_name(owner.__name__) and callable(value)) or (
+                isinstance(owner, type) and library_name(owner.__module__) and isinstance(value, types.FunctionType)):
             found.add(r.place.description)
     return frozenset(found)
 
@@ -70,6 +72,10 @@ def _reader(place: Place, i: int, consts: dict[str, Any]) -> str:
             kind == "attr" and isinstance(name, str) and name.isidentifier() for kind, name in place.steps):
         consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key  # torch.sin, F.gelu: attribute loads
         return f"h{i}[k{i}]" + "".join(f".{name}" for _, name in place.steps)
+    if root.kind == "value" and root.home is not None and len(place.steps) == 1 and place.steps[0][0] == "attr" \
+            and place.steps[0][1].isidentifier():
+        consts[f"h{i}"] = root.home  # a library function's home (tracer.library_ran): Linear.forward
+        return f"h{i}.{place.steps[0][1]}"
     if not place.steps and root.kind == "cell" and root.home is not None:
         consts[f"c{i}"] = root.home
         return f"c{i}.cell_contents"  # an empty cell raises: the check fails

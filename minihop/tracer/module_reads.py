@@ -31,7 +31,7 @@ from .library import is_library, is_user_module, module_data
 from .roots import place_at, walk
 from .userattr import UserAttribute
 
-__all__ = ["places_held"]
+__all__ = ["library_binding", "places_held"]
 
 
 def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> list[Place]:
@@ -52,7 +52,7 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
             # Below a library module its state is not the user's, but which function or
             # constant a name of it is bound to can be rebound by anyone (``F.gelu =
             # fast_gelu``, ``torch.tanh = ...``): the binding the chain ends on is read.
-            found += _library_binding(root, current, steps, k)
+            found += library_binding(root, current, steps, k)
             break
         if current is MISSING or isinstance(current, UserAttribute):
             break
@@ -74,7 +74,7 @@ _BOUND = (types.FunctionType, types.BuiltinFunctionType, type, int, float, bool,
           type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
-def _library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str, Any], ...],
+def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str, Any], ...],
                      k: int) -> list[Place]:
     """The place of the name the chain reads last below library ``module`` (at ``steps[k]``),
     through library submodules (``torch.nn.functional.gelu``), where it is bound to a

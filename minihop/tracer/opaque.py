@@ -150,7 +150,7 @@ class CallWatch:
     ``analysed`` (code objects), with the line that called it (``sys.settrace``: the previous
     tracer, a debugger's or coverage's, keeps running)."""
 
-    def __init__(self, analysed: set[types.CodeType], is_library_frame: Callable[[Any], bool]) -> None:
+    def __init__(self, analysed: set[types.CodeType], is_library_frame: Callable[[Any], bool], library: Any) -> None:
         self.analysed = analysed
         self.is_library_frame = is_library_frame
         self.found: list[tuple[str, str]] = []  # (what ran, where it was called from)
@@ -160,6 +160,11 @@ class CallWatch:
         self.ok: set[types.CodeType] = set()
         self.undo: list[Callable[[], None]] = []  # puts back what unanalysed code could write
         self.kept: set[Any] = set()  # ids (and (globals, name)) whose state ``undo`` holds
+        self.library = library  # ``library_ran.LibraryRan``: the library code the call ran (its names are read)
+        # By id (a code object's hash walks its bytecode: too slow per call event), holding
+        # the code: library code not yet kept as the call's, and the codes whose callees are.
+        self.library_codes: dict[int, types.CodeType] = {}
+        self.callers = {id(c) for c in analysed}
         sys.settrace(self._trace)
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
@@ -167,6 +172,8 @@ class CallWatch:
         if code not in self.ok:
             if code in self.analysed or self.is_library_frame(frame):
                 self.ok.add(code)
+                if code not in self.analysed:
+                    self.library_codes[id(code)] = code
             else:
                 self.ran_in.add(self.phase)
                 if len(self.found) < 8:
@@ -177,6 +184,11 @@ class CallWatch:
                         self.found.append((what, where))
             if event == "call":
                 self._keep(frame)
+        if id(code) in self.library_codes:
+            back = frame.f_back  # (inline: most library frames are the tracer's, called by its own)
+            if back is not None and id(back.f_code) in self.callers and self.library.note(frame, self.phase):
+                del self.library_codes[id(code)]
+                self.callers.add(id(code))
         previous = self.previous
         return previous(frame, event, arg) if previous is not None else None
 
@@ -345,10 +357,11 @@ class Finder:
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
 
     def start(self, codes: set[types.CodeType], args: tuple[Any, ...],
-              namespaces: dict[types.CodeType, dict[str, Any]] | None = None) -> None:
+              namespaces: dict[types.CodeType, dict[str, Any]] | None = None, library: Any = None) -> None:
+        """``library``: where the CallWatch keeps the library code the call runs (``library_ran``)."""
         if may_call_unanalysed([*args, *self.reachable]):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
-                                   lambda frame: library_frame(frame, self.library_module))
+                                   lambda frame: library_frame(frame, self.library_module), library)
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
         naming = {c for code in codes if names_identity(code) - {"type"} for c in nested_codes(code)}

@@ -44,6 +44,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, identity, opaque, store_marks
+from .library_ran import LibraryRan
 from .atoms import ATOMS
 from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
@@ -86,6 +87,7 @@ class StateTracker:
         self.ctx_view: Callable[[], Any] = contextlib.nullcontext
         self._read_keys: set[tuple[str, str]] = set()
         self.opaque = opaque.Finder(self.name, library_module)  # why it may be single-use
+        self.library = LibraryRan()  # the library code the call runs, where the CallWatch runs
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
         self._find_reads()
         self.marked = store_marks.mark(self.analysed, self.reads, self.args)
@@ -282,7 +284,7 @@ class StateTracker:
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
         self.opaque.start(codes, self.args, {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed
-                                             if hasattr(fn, "__code__") and hasattr(fn, "__globals__")})
+                                             if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}, self.library)
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""))
@@ -361,6 +363,8 @@ class StateTracker:
         """Undo what tracing did to Python state; return what it read and the writes each
         call must replay. Raises ``SideEffectError`` for a write that cannot be replayed."""
         self.stop()
+        for place, phase, where in self.library.reads():
+            self._add_read(place, phase, None, None, where)  # the names library code resolved
         after_forward = self.after_forward if self.after_forward is not None else self._snapshot()
         after = self._snapshot()
         try:

@@ -1,0 +1,117 @@
+"""Library code the traced call ran, and the names it resolved: read places like the user's.
+
+Place in the pipeline: tracer, made by ``pystate.StateTracker``, fed by ``opaque.CallWatch``
+(installed where the code reaches an object whose methods run more code: a module, a user
+object), read by ``StateTracker.finish``. The user's code is analysed for what it reads; a library's code
+is not followed (its state is not the user's). Yet what it computed depends on which function
+each of its names was bound to when it ran, and anyone may rebind one after a capture:
+``nn.Linear.forward = lora_forward``, ``nn.Conv1d._conv_forward = ...``, ``F.gelu = fast_gelu``
+under ``nn.GELU``. So, for each library function the call ran (reached from the user's code
+through library calls: not torch's tracing machinery, which eager never runs), two reads:
+
+- its home, the class or module defining it, and its name there (``Linear.forward``): the
+  capture holds while that name holds that very function;
+- each library module's function its code names (``F.gelu`` in ``GELU.forward``), as a chain
+  in the user's code is read (``module_reads``).
+
+Both are in the one record of names holding modules and library functions
+(``runtime.module_reads``): one ``is`` each per call.
+
+Invariant: only code that ran is read (a branch not taken reads nothing, as eager's would not);
+a read is added per phase in which its code first ran.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from ..spec import Place, Root
+from .chains import code_facts
+from .module_reads import library_binding
+from .roots import global_place, place_at
+
+__all__ = ["LibraryRan"]
+
+# torch's tracing machinery: a mode's handler runs for each op on a fake tensor, and library
+# code hands its own ops to it (``handle_torch_function``) where a real tensor would not. Neither
+# it nor what it calls is the call's own code.
+_MACHINERY = frozenset({"__torch_function__", "__torch_dispatch__"})
+_MACHINERY_MODULES = ("torch.overrides", "torch._subclasses", "torch.utils._python_dispatch", "torch._dynamo",
+                      "torch.fx", "torch._ops", "torch._library", "minihop")
+
+
+class LibraryRan:
+    """The library code objects that ran, each with its globals and the phase it first ran in."""
+
+    def __init__(self) -> None:
+        self.ran: dict[types.CodeType, tuple[dict[str, Any], str, str]] = {}  # code -> (globals, phase, where)
+
+    def note(self, frame: Any, phase: str) -> bool:
+        """A library frame starts, called by the user's code or by library code kept: whether it
+        is kept (the call's own code, not torch's tracing machinery)."""
+        code = frame.f_code
+        name = frame.f_globals.get("__name__") or ""
+        if code.co_name in _MACHINERY or name.startswith(_MACHINERY_MODULES):
+            return False
+        self.ran.setdefault(code, (frame.f_globals, phase, f'File "{code.co_filename}", line {code.co_firstlineno}'))
+        return True
+
+    def reads(self) -> list[tuple[Place, str, str]]:
+        """``(place, phase, where)`` for each home and each module name the code that ran read."""
+        return [(place, phase, where) for code, (g, phase, where) in self.ran.items() for place in _places(code, g)]
+
+
+# Per library code object, the places it reads (the same for every capture that runs it).
+_PLACES: dict[types.CodeType, tuple[Place, ...]] = {}
+
+
+def _places(code: types.CodeType, g: dict[str, Any]) -> tuple[Place, ...]:
+    found = _PLACES.get(code)
+    if found is not None:
+        return found
+    places = _homes(code, g)
+    for chain in code_facts(code).chains:
+        value = g.get(chain.root) if chain.root_kind == "global" else None
+        if isinstance(value, types.ModuleType):
+            steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
+            root = global_place(g, chain.root, f"{g.get('__name__')}:{chain.root}").root  # (its global)
+            places += [p for p in library_binding(root, value, steps, 0) if _stored(value, p.steps)]
+    _PLACES[code] = found = tuple(places)
+    return found
+
+
+def _stored(module: types.ModuleType, steps: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether each name along ``steps`` is stored in its module: one a module computes on each
+    read (``torch._VF.dropout``, its ``__getattr__``) binds nothing anyone could rebind there."""
+    current: Any = module
+    for _, name in steps:
+        if isinstance(current, types.ModuleType) and name not in vars(current):
+            return False
+        current = getattr(current, name, None)
+    return True
+
+
+def _homes(code: types.CodeType, g: dict[str, Any]) -> list[Place]:
+    """The places of the function whose code ``code`` is, where its module defines it
+    (``torch.nn.modules.linear:Linear.forward``), under each name that holds it there
+    (``Module.__call__`` is ``Module._wrapped_call_impl``: ``m(x)`` looks up the first); none
+    for a nested or generated function."""
+    module = sys.modules.get(g.get("__name__") or "")
+    parts = code.co_qualname.split(".")
+    if module is None or any(p.startswith("<") for p in parts):
+        return []
+    holder: Any = module
+    for part in parts[:-1]:
+        holder = vars(holder).get(part) if isinstance(holder, (type, types.ModuleType)) else None
+        if not isinstance(holder, type):
+            return []
+    found = vars(holder).get(parts[-1])
+    if not isinstance(found, types.FunctionType) or found.__code__ is not code:
+        return []  # (a staticmethod, a property, a decorated function: its wrapper ran too)
+    owner = module.__name__ if holder is module else f"{module.__name__}:{code.co_qualname.rsplit('.', 1)[0]}"
+    # (``home``: the holder itself, read directly by the record's generated check)
+    root = Root("value", owner, owner, lambda args, h=holder: h, home=holder)
+    names = [parts[-1], *(n for n, v in vars(holder).items() if v is found and n != parts[-1] and n.isidentifier())]
+    return [place_at(root, (("attr", n),)) for n in names]
