@@ -17,8 +17,8 @@ through library calls: not torch's tracing machinery, which eager never runs), t
 Both are in the one record of names holding modules and library functions
 (``runtime.module_reads``): one ``is`` each per call.
 
-Invariant: only code that ran is read (a branch not taken reads nothing, as eager's would not);
-a read is added per phase in which its code first ran.
+Invariant: only code that ran is read (a branch not taken reads nothing, as eager's would not),
+in each phase that ran it (backward's reads are checked again when backward runs).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ _MACHINERY_MODULES = ("torch.overrides", "torch._subclasses", "torch.utils._pyth
 
 
 class LibraryRan:
-    """The library code objects that ran, each with its globals and the phase it first ran in."""
+    """The library code objects that ran, per phase, each with its globals."""
 
     def __init__(self) -> None:
-        self.ran: dict[types.CodeType, tuple[dict[str, Any], str, str]] = {}  # code -> (globals, phase, where)
+        self.ran: dict[tuple[types.CodeType, str], tuple[dict[str, Any], str]] = {}  # (code, phase) -> (globals, where)
 
     def note(self, frame: Any, phase: str) -> bool:
         """A library frame starts, called by the user's code or by library code kept: whether it
@@ -55,12 +55,12 @@ class LibraryRan:
         name = frame.f_globals.get("__name__") or ""
         if code.co_name in _MACHINERY or name.startswith(_MACHINERY_MODULES):
             return False
-        self.ran.setdefault(code, (frame.f_globals, phase, f'File "{code.co_filename}", line {code.co_firstlineno}'))
+        self.ran.setdefault((code, phase), (frame.f_globals, f'File "{code.co_filename}", line {code.co_firstlineno}'))
         return True
 
     def reads(self) -> list[tuple[Place, str, str]]:
         """``(place, phase, where)`` for each home and each module name the code that ran read."""
-        return [(place, phase, where) for code, (g, phase, where) in self.ran.items() for place in _places(code, g)]
+        return [(place, phase, where) for (code, phase), (g, where) in self.ran.items() for place in _places(code, g)]
 
 
 # Per library code object, the places it reads (the same for every capture that runs it).

@@ -165,6 +165,7 @@ class CallWatch:
         # the code: library code not yet kept as the call's, and the codes whose callees are.
         self.library_codes: dict[int, types.CodeType] = {}
         self.callers = {id(c) for c in analysed}
+        self.noted: dict[int, types.CodeType] = {}  # kept in this phase
         sys.settrace(self._trace)
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
@@ -187,10 +188,18 @@ class CallWatch:
         if id(code) in self.library_codes:
             back = frame.f_back  # (inline: most library frames are the tracer's, called by its own)
             if back is not None and id(back.f_code) in self.callers and self.library.note(frame, self.phase):
-                del self.library_codes[id(code)]
+                self.noted[id(code)] = self.library_codes.pop(id(code))
                 self.callers.add(id(code))
         previous = self.previous
         return previous(frame, event, arg) if previous is not None else None
+
+    def enter_backward(self) -> None:
+        """From now on backward runs: library code kept in forward is kept again where
+        backward runs it (backward's reads are checked again when it runs)."""
+        self.phase = "backward"
+        self.library_codes.update(self.noted)
+        self.noted = {}
+        self.callers = {id(c) for c in self.analysed}
 
     def _keep(self, frame: Any) -> None:
         """Before unanalysed code runs: the state it can write that pystate's snapshot may not
@@ -381,7 +390,7 @@ class Finder:
         self._forward_found = (len(self.reasons), len(self.getattrs.found) if self.getattrs else 0,
                                len(self.identity.found) if self.identity else 0)
         if self.calls is not None:
-            self.calls.phase = "backward"
+            self.calls.enter_backward()
 
     def stop(self) -> None:
         if self._forward_found is not None:
