@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -187,12 +188,14 @@ def test_modules_stay_reusable_and_a_revert_hits_again():
 
 
 def test_the_mismatch_names_the_rebound_function():
-    lin = nn.Linear(4, 4)
+    """A module argument's key holds its class's forward; a module reached otherwise is in the
+    names record: either mismatch names the function, old and new, never a key tuple."""
+    lin, held = nn.Linear(4, 4), nn.Linear(4, 4)
 
     class ThroughLinear(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, m):
-            return m(x)
+            return m(x) + held(x)
 
         @staticmethod
         def backward(ctx, g):
@@ -205,9 +208,56 @@ def test_the_mismatch_names_the_rebound_function():
             return original(self, x)
 
         nn.Linear.forward = patched
-        try:
+        with pytest.raises(minihop.GuardMismatchError) as info:
             cap(x, lin)
-        except minihop.GuardMismatchError as e:
-            assert "torch.nn.modules.linear:Linear.forward holds another" in str(e), str(e)
-        else:
-            raise AssertionError("the capture ran with nn.Linear.forward rebound")
+        expected = ("argument 1 (m), submodule '(itself)', class's forward:\n"
+                    "  captured: torch.nn.modules.linear.Linear.forward\n"
+                    "  found:    test_library_rebound.test_the_mismatch_names_the_rebound_function.<locals>.patched")
+        assert expected in str(info.value), str(info.value)
+        failure = next(a for a in cap.assumptions if a.place == "names holding modules").explain_failure((x, lin))
+        assert "torch.nn.modules.linear:Linear.forward holds another module (or value) than at capture" in str(failure)
+        assert "('M'" not in str(info.value)
+
+
+def test_a_module_run_in_forward_and_backward_reads_its_names_in_both():
+    """``nn.Softsign`` runs in forward and again in backward: ``F.softsign`` rebound between them
+    is what eager's backward calls (found by the reads generator, round 9)."""
+    act = nn.Softsign()
+
+    class Both(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * act(torch.ones(()))
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * act(torch.ones(()))
+
+    with restored(F, "softsign") as original:
+        def mid(i):
+            F.softsign = torch.sin if i % 2 == 0 else original
+
+        matches_eager(Both, lambda i: (x_(i),), mid=mid, reset=lambda: setattr(F, "softsign", original))
+
+
+def test_a_library_class_forward_set_by_the_user_then_put_back():
+    """The trace analyses the user's function set as ``nn.Hardshrink.forward``; put back, the
+    library's runs again: the module's key holds its class's forward (found by the reads
+    generator, round 9: the capture made with the user's was reused)."""
+    shrink = nn.Hardshrink(0.5)
+
+    class ThroughShrink(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * shrink(torch.ones(()))
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    with restored(nn.Hardshrink, "forward") as original:
+        def between(i):
+            nn.Hardshrink.forward = original if i % 2 == 0 else (lambda self, t: t * 0.5)
+
+        matches_eager(ThroughShrink, lambda i: (x_(i),), between=between,
+                      reset=lambda: setattr(nn.Hardshrink, "forward", original))

@@ -1,4 +1,5 @@
-"""How a capture reads to a person: its printed graphs and its one-line ``repr``.
+"""How a capture reads to a person: its printed graphs, its one-line ``repr``, and what differs
+between an argument's key at capture and in a call.
 
 Place in the pipeline: runtime, beside ``capture`` (which calls these from ``__str__`` and
 ``__repr__``). Pure formatting of what a ``Capture`` already holds; nothing here runs a graph.
@@ -15,9 +16,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..library_state import Same
+from ..structure import argname
 from .guards import show_value_key
 
-__all__ = ["MAX_REPR", "readable", "show_key", "summary"]
+__all__ = ["MAX_REPR", "describe_argument", "readable", "show_key", "summary"]
 
 MAX_REPR = 200
 _ARG = 40  # the most one argument's summary takes; longer ones end in "..."
@@ -91,3 +94,80 @@ def show_key(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] in ("F", "C"):
         return f"== {show_value_key(key)}"
     return f"same structure and values ({type(key).__name__})"
+
+
+# What each position of a key is, by the key's kind (``guards.value_key``; a module's part per
+# submodule is ``guards._module_state``).
+_PARTS = {"T": {2: "shape", 3: "dtype", 4: "device", 5: "layout", 6: "requires_grad", 7: "attributes"},
+          "M": {3: "tensors", 5: "hooks registered for every module"},
+          "module": {0: "name", 1: "class", 2: "object", 3: "training", 4: "attributes", 5: "hooks",
+                     6: "class's forward", 7: "class"},
+          "O": {1: "class", 2: "attributes", 3: "class"}}
+
+
+def describe_argument(i: int, expected: Any, found: Any, argnames: tuple[str, ...]) -> str:
+    """Argument ``i``'s key at capture and in a call, for a mismatch message: the first part
+    that differs, with its value at capture and now (never the key tuples themselves)."""
+    where, old, new = ("", expected, found) if isinstance(expected, tuple) and expected[:1] == ("T",) \
+        else _difference(expected, found, "")
+    shown = [_leaf(old), _leaf(new)]
+    values = all(isinstance(k, tuple) and k[:1] == ("V",) for k in (old, new))
+    if values and (shown[0] == shown[1] or old[1] is not new[1]):
+        shown = [f"{text} ({type(key[2]).__name__})" for text, key in zip(shown, (old, new))]
+    return f"argument {i} ({argname(i, argnames)}){where}:\n  captured: {shown[0]}\n  found:    {shown[1]}"
+
+
+def _difference(a: Any, b: Any, where: str, kind: str = "") -> tuple[str, Any, Any]:
+    tagged = bool(a) and isinstance(a[0], str) if isinstance(a, tuple) else False
+    if not (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)) or (tagged and a[0] != b[0]) \
+            or a[:1] in (("V",), ("F",)):
+        return where, a, b
+    if a and a[0] in (list, tuple, dict) and a[0] is b[0]:  # a container's items
+        if len(a[1]) != len(b[1]):
+            return where, a, b
+        for n, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
+            if x != y:
+                if a[0] is dict:
+                    return _difference(x[1], y[1], f"{where}[{_leaf(x[0])}]") if x[0] == y[0] else (where, a, b)
+                return _difference(x, y, f"{where}[{n}]")
+    kind = a[0] if a and isinstance(a[0], str) and a[0] in _PARTS else kind
+    for n, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            if kind == "M" and n == 4:  # per submodule: (name, class, id, training, attributes, ...)
+                for p, q in zip(x, y, strict=False):
+                    if p != q:
+                        return _difference(p, q, f"{where}, submodule {p[0] or '(itself)'!r}", "module")
+            if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == len(y) == 2 and isinstance(x[0], str) \
+                    and x[0] == y[0] and not x[0] in _PARTS and not x[0] in ("V", "F"):
+                return _difference(x[1], y[1], f"{where}, {x[0]}")  # an (attribute name, key) pair
+            label = _PARTS.get(kind, {}).get(n)
+            if kind == "T" and label is not None:
+                return f"{where}, {label}", x, y  # a tensor's shape, dtype, ...: whole
+            step = f", {label}" if label else (f"[{n}]" if kind == "" else "")
+            return _difference(x, y, where + step, "" if label in ("tensors", "attributes") else kind)
+    return where, a, b
+
+
+def _leaf(key: Any) -> str:
+    """One part of a key as the value it stands for."""
+    if isinstance(key, Same):
+        key = key.obj
+        return f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', repr(key))}"
+    if isinstance(key, tuple) and key[:1] == ("T",):
+        _, cls, shape, dtype, device, _layout, rg, attrs = key
+        extra = "".join(f", .{name}={_leaf(v)}" for name, v in attrs)
+        return f"{cls.__name__}(shape={list(shape)}, dtype={dtype}, device={device}, requires_grad={rg}{extra})"
+    if isinstance(key, tuple) and key[:1] in (("V",), ("F",), ("M",), ("C",), ("fn",), ("Fn",), ("id",)):
+        return show_value_key(key)
+    if isinstance(key, tuple) and key[:1] in ((list,), (tuple,)) and len(key) > 1:
+        inner = ", ".join(_leaf(k) for k in key[1])
+        return f"[{inner}]" if key[0] is list else f"({inner}{',' if len(key[1]) == 1 else ''})"
+    if isinstance(key, tuple) and key[:1] == (dict,) and len(key) > 1:
+        return "{" + ", ".join(f"{_leaf(k)}: {_leaf(v)}" for k, v in key[1]) + "}"
+    if isinstance(key, tuple) and key[:1] == ("O",) and len(key) > 2:
+        attrs = ", ".join(f"{k}={_leaf(v)}" for k, v in key[2][:4])
+        return f"a {key[1].__qualname__} object ({attrs}{', ...' if len(key[2]) > 4 else ''})"
+    if isinstance(key, type):
+        return key.__qualname__
+    text = repr(key)
+    return text if len(text) < 100 else text[:97] + "..."

@@ -27,10 +27,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..library_state import STATE, Same, library_object, module_attributes, state_of, torch_tensor_entries
-from ..structure import PLAIN_CALLABLES, argname, attributes
+from ..structure import PLAIN_CALLABLES, attributes
 from .function_keys import function_key, same_function, show_function_key
 
-__all__ = ["argument_key", "autocast_key", "call_key", "describe_argument", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "library_name",
+__all__ = ["argument_key", "autocast_key", "call_key", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "library_name",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -209,8 +209,10 @@ def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> 
     plain = tuple((k, value_key(v, inner)) for k, v in module_attributes(module).items()
                   if not isinstance(v, torch.Tensor))
     hooks = tuple(id(h) for d in (module._forward_pre_hooks, module._forward_hooks) for h in d.values())
-    # A user module's class: its methods (``MyMod.forward`` rebound) and class attributes.
-    return (name, type(module), id(module), module.training, plain, hooks, *_of_class(module, inner))
+    # A user module's class: its methods (``MyMod.forward`` rebound) and class attributes; any
+    # class's forward, the code the trace analysed (a library class's, set by the user too).
+    return (name, type(module), id(module), module.training, plain, hooks, Same(getattr(type(module), "forward", None)),
+            *_of_class(module, inner))
 
 
 def show_value_key(key: Any) -> str:
@@ -313,27 +315,11 @@ def argument_key(a: Any, i: int, dynamic: dict[int, tuple[int, ...]] | None = No
     return k
 
 
-def describe_argument(i: int, expected: Any, found: Any, argnames: tuple[str, ...]) -> str:
-    """Argument ``i``'s key at capture and in a call, for a mismatch message."""
-    return f"argument {i} ({argname(i, argnames)}):\n  captured: {_show(expected)}\n  found:    {_show(found)}"
-
-
 def describe_autocast(rest: tuple[Any, ...]) -> str:
     state = rest[0] if rest else None
     if state is None:
         return "off"
     return ", ".join(f"{d} {dtype}" for d, dtype in state[:-1]) + f" (cache {'on' if state[-1] else 'off'})"
-
-
-def _show(key: Any) -> str:
-    if isinstance(key, tuple) and key and key[0] == "T":
-        _, cls, shape, dtype, device, _layout, rg, attrs = key
-        extra = "".join(f", .{name}={_show(v)}" for name, v in attrs)
-        return (f"{cls.__name__}(shape={list(shape)}, dtype={dtype}, device={device}, "
-                f"requires_grad={rg}{extra})")
-    if isinstance(key, tuple) and key and key[0] == "V":
-        return repr(key[2])
-    return repr(key)
 
 
 @functools.lru_cache(maxsize=1024)
