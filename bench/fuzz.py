@@ -106,7 +106,9 @@ ABOUT = {
         "an object argument, a global tensor's shape and stride and a global parameter's `.grad` "
         "read in no op; in round 8, a class's dunder method, a user module's class method, a "
         "library module's function and a method set on `torch.Tensor`, each rebound, and a "
-        "callback `functools.reduce` runs), "
+        "callback `functools.reduce` runs; in round 9, the default dtype a factory op reads, a "
+        "tensor argument's storage offset, a library module class's `forward` and `F.softsign` "
+        "under `nn.Softsign`, each rebound), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -74,7 +74,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            "library_binding", "tensor_method_patch",
            # ... and code minihop does not analyse (a callback ``functools.reduce`` calls) reading
            # a value that changes before ``.backward()``.
-           "unanalysed_callback")
+           "unanalysed_callback",
+           # Round 9: what the call key did not hold (the default dtype a factory op reads, a
+           # tensor argument's storage offset) and names torch's own code resolves (a library
+           # module's method rebound, ``F.softsign`` rebound under ``nn.Softsign``).
+           "default_dtype", "storage_offset_arg", "library_class_method", "library_binding_under_module")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -201,6 +205,10 @@ Act.__call__ = _answers(2.0)
 Lookup.__getitem__ = _answers(2.0)
 if "fuzz_scale" in vars(torch.Tensor):
     del torch.Tensor.fuzz_scale
+_HARDSHRINK = getattr(torch.nn.Hardshrink, "_fuzz_forward", torch.nn.Hardshrink.forward)
+torch.nn.Hardshrink._fuzz_forward = _HARDSHRINK
+torch.nn.Hardshrink.forward = _HARDSHRINK
+torch.set_default_dtype(torch.float32)
 
 
 def _outer_reader():
@@ -359,6 +367,20 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
                 "torch.ones(()).fuzz_scale()", [], "")
     if holder == "unanalysed_callback":
         return ([], ["CB_K[0] = v"], "functools.reduce(lambda acc, f: acc * f(), CALLBACKS, 1.0)", [], "")
+    if holder == "default_dtype":
+        return ([], ["torch.set_default_dtype(torch.float64 if v > 1 else torch.float32)"],
+                "float(torch.ones(()).element_size())", [], "")
+    if holder == "storage_offset_arg":
+        return (["OFFS = [torch.ones(4)[1:3]]"], ["OFFS[0] = torch.ones(6)[int(abs(v) * 2) % 3:][:2]"],
+                "float(so.storage_offset() + 1)", ["OFFS[0]"], "so")
+    if holder == "library_class_method":
+        return (["HSMOD = torch.nn.Hardshrink(0.5)"],
+                ["torch.nn.Hardshrink.forward = _HARDSHRINK if v > 1 else (lambda self, t, v=v: t * v)"],
+                "HSMOD(torch.ones(()))", [], "")
+    if holder == "library_binding_under_module":
+        return (["SSMOD = torch.nn.Softsign()"],
+                ["torch.nn.functional.softsign = (_SOFTSIGN, torch.sin, torch.cos, torch.tanh, torch.exp)"
+                 "[int(abs(v) * 2) % 5]"], "SSMOD(torch.ones(()))", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
