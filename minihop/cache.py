@@ -190,7 +190,8 @@ class CapturedFunction:
             "Call F.apply for forward-mode AD, or use minihop.function(F, fallback=\"eager\").")
         if self.fallback == "raise":
             raise error
-        self._warn_once("forward ad", f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): {error}")
+        self._warn_once("forward ad", f"minihop: running {self.fn_cls.__qualname__} eagerly "
+                                      f"(fallback='eager'): {error}")
         with self._lock:
             self.stats.eager_calls += 1
         return self._eager_apply(*args, **kwargs)

@@ -2,9 +2,10 @@
 
 Place in the pipeline: tracer, made by ``pystate.StateTracker``, fed by ``opaque.CallWatch``
 (installed where the code reaches an object whose methods run more code: a module, a user
-object), read by ``StateTracker.finish``. The user's code is analysed for what it reads; a library's code
-is not followed (its state is not the user's). Yet what it computed depends on which function
-each of its names was bound to when it ran, and anyone may rebind one after a capture:
+object), read by ``StateTracker.finish``. The user's code is analysed for what it reads; a
+library's code is not followed (its state is not the user's). Yet what it computed depends on
+which function each of its names was bound to when it ran, and anyone may rebind one after a
+capture:
 ``nn.Linear.forward = lora_forward``, ``nn.Conv1d._conv_forward = ...``, ``F.gelu = fast_gelu``
 under ``nn.GELU``. So, for each library function the call ran (reached from the user's code
 through library calls: not torch's tracing machinery, which eager never runs), two reads:
@@ -46,7 +47,8 @@ class LibraryRan:
     """The library code objects that ran, per phase, each with its globals."""
 
     def __init__(self) -> None:
-        self.ran: dict[tuple[types.CodeType, str], tuple[dict[str, Any], str]] = {}  # (code, phase) -> (globals, where)
+        # (code, phase) -> (its globals, where it is defined)
+        self.ran: dict[tuple[types.CodeType, str], tuple[dict[str, Any], str]] = {}
 
     def note(self, frame: Any, phase: str) -> bool:
         """A library frame starts, called by the user's code or by library code kept: whether it
@@ -60,7 +62,8 @@ class LibraryRan:
 
     def reads(self) -> list[tuple[Place, str, str]]:
         """``(place, phase, where)`` for each home and each module name the code that ran read."""
-        return [(place, phase, where) for (code, phase), (g, where) in self.ran.items() for place in _places(code, g)]
+        return [(place, phase, where) for (code, phase), (g, where) in self.ran.items()
+                for place in _places(code, g)]
 
 
 # Per library code object, the places it reads (the same for every capture that runs it).
