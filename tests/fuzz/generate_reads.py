@@ -348,7 +348,7 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["TLAY = [torch.ones(2)]"], ["TLAY[0] = torch.ones(2) if v > 1 else torch.ones(4)[::2]"],
                 "float(TLAY[0].stride(0))", [], "")
     if holder == "global_param_grad":
-        return (["GP = torch.nn.Parameter(torch.ones(()))"], ["GP.grad = None if v > 1 else torch.full((), v)"],
+        return (["GP = torch.nn.Parameter(torch.ones(()))"], ["GP.grad = None if v > 1 else torch.full((), v, dtype=GP.dtype)"],
                 "(2.0 if GP.grad is None else 3.0)", [], "")
     if holder == "dunder_call_global":
         return (["DACT = Act()"], ["Act.__call__ = _answers(v)"], "DACT()", [], "")
