@@ -8,6 +8,8 @@ tracer marked.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves
@@ -20,14 +22,28 @@ __all__ = ["reads_default_dtype", "reads_grad_mode"]
 def reads_default_dtype(graph: fx.Graph, dtype: torch.dtype) -> bool:
     """Whether an op of ``graph`` (traced under default dtype ``dtype``) may have read it: it
     makes a tensor of that dtype (or its complex twin) from none of it (``torch.ones(n)``, an
-    int tensor times a float), or runs a subgraph of its own."""
+    int tensor times a float), or runs a subgraph of its own. (Asked twice per capture, by the
+    pipeline and the runtime: answered once per graph.)"""
+    found = _ANSWERS.get(graph)
+    if found is None or found[0] is not dtype:
+        found = _ANSWERS[graph] = (dtype, _reads(graph, dtype))
+    return found[1]
+
+
+_ANSWERS: weakref.WeakKeyDictionary[fx.Graph, tuple[torch.dtype, bool]] = weakref.WeakKeyDictionary()
+
+
+def _reads(graph: fx.Graph, dtype: torch.dtype) -> bool:
     made = {dtype, torch.complex128 if dtype == torch.float64 else torch.complex64}
     for node in graph.nodes:
+        if node.op == "placeholder" or node.op == "output":
+            continue
         if isinstance(node.target, torch._ops.HigherOrderOperator):
             return True
-        outs = {v.dtype for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)}
-        ins = {getattr(a.meta.get("val"), "dtype", None) for a in node.all_input_nodes}
-        if node.op != "placeholder" and (outs & made) - ins:
+        val = node.meta.get("val")
+        outs = (val,) if isinstance(val, torch.Tensor) else tree_leaves(val) if isinstance(val, (tuple, list)) else ()
+        if any(isinstance(v, torch.Tensor) and v.dtype in made for v in outs) and not any(
+                getattr(a.meta.get("val"), "dtype", None) in made for a in node.all_input_nodes):
             return True
     return False
 
