@@ -38,7 +38,7 @@ import types
 import weakref
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "kept_by_library", "library_module", "library_object",
+__all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
@@ -65,6 +65,16 @@ def module_attributes(module: Any) -> dict[str, Any]:
     rest, a leading underscore or not (``training``, ``eps``, the user's ``self._calls``)."""
     skip = _module_bookkeeping()
     return {k: v for k, v in vars(module).items() if k not in skip and not k.startswith("_minihop")}
+
+
+def global_module_hooks() -> tuple[tuple[int, ...], ...]:
+    """The hooks registered for every module (``register_module_forward_pre_hook``,
+    ``register_module_forward_hook``), by their handles' ids (never reused, where a function's
+    id may be): any module's call runs them, one the code builds inside forward too."""
+    import torch
+
+    hooks = torch.nn.modules.module
+    return tuple(hooks._global_forward_pre_hooks), tuple(hooks._global_forward_hooks)
 
 
 @functools.lru_cache(maxsize=1)

@@ -261,3 +261,82 @@ def test_a_library_class_forward_set_by_the_user_then_put_back():
 
         matches_eager(ThroughShrink, lambda i: (x_(i),), between=between,
                       reset=lambda: setattr(nn.Hardshrink, "forward", original))
+
+
+def _global_hooks(register):
+    """A hook for every module, registered by ``register(i)`` (None: none) before call ``i``;
+    ``between(-1)`` removes it."""
+    handles = []
+
+    def between(i):
+        for h in handles:
+            h.remove()
+        handles.clear()
+        hook = register(i) if i >= 0 else None
+        if hook is not None:
+            handles.append(hook)
+
+    return between
+
+
+def test_a_module_built_inside_forward_runs_the_hooks_registered_for_every_module():
+    """``nn.ReLU()(x)`` inside forward: its call runs the global hooks, registered between calls
+    (an Open item of round 8: they were keyed only for the modules the code reads)."""
+    class BuildsRelu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return nn.ReLU()(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    between = _global_hooks(lambda i: nn.modules.module.register_module_forward_hook(
+        lambda m, inp, out: out * 2) if i == 2 else None)
+    try:
+        matches_eager(BuildsRelu, lambda i: (x_(i),), between=between, reset=lambda: between(-1))
+    finally:
+        between(-1)
+
+
+def test_a_helper_building_a_module_runs_a_global_pre_hook():
+    def act(x):
+        return nn.Tanh()(x)
+
+    class ThroughHelper(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return act(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    between = _global_hooks(lambda i: nn.modules.module.register_module_forward_pre_hook(
+        lambda m, inp: (inp[0] * 3,)) if i % 2 else None)
+    try:
+        matches_eager(ThroughHelper, lambda i: (x_(i),), between=between, reset=lambda: between(-1))
+    finally:
+        between(-1)
+
+
+def test_a_global_hook_is_code_minihop_did_not_analyse():
+    """A hook registered for every module runs where any module is called: the user's code,
+    unanalysed, reading a value that changes between calls (single-use while it is registered)."""
+    scale = [2.0]
+
+    class BuildsRelu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return nn.ReLU()(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    handle = nn.modules.module.register_module_forward_hook(lambda m, inp, out: out * scale[0])
+    try:
+        matches_eager(BuildsRelu, lambda i: (x_(i),), between=lambda i: scale.__setitem__(0, 2.0 + i),
+                      reset=lambda: scale.__setitem__(0, 2.0))
+    finally:
+        handle.remove()

@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
-from ..library_state import STATE, Same, library_object, module_attributes, state_of, torch_tensor_entries
+from ..library_state import STATE, Same, global_module_hooks, library_object, module_attributes, state_of, torch_tensor_entries
 from ..structure import PLAIN_CALLABLES, attributes
 from .function_keys import function_key, same_function, show_function_key
 
@@ -93,7 +93,7 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("M", type(value), id(value), tuple(
             (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())),
             tuple(_module_state(name, m, inner) for name, m in value.named_modules()),
-            tuple(id(h) for d in _GLOBAL_HOOKS for h in getattr(torch.nn.modules.module, d).values()))
+            global_module_hooks())
     if isinstance(value, types.MethodType):
         # A bound method computes with its object: keyed by its function and that object.
         inner = _open | {id(value)}
@@ -199,10 +199,6 @@ def _code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
         return ("code", *(None if f is None else _callee_key(f) for f in (v.fget, v.fset, v.fdel)))
     called = getattr(v, "__func__", v)
     return ("code", _callee_key(called) if isinstance(called, types.FunctionType) else value_key(called, inner))
-
-
-# The hooks every module's call runs (``register_module_forward_hook``: process-wide, torch's).
-_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks")
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
+from ..library_state import global_module_hooks
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import constant_global
@@ -123,8 +124,9 @@ def may_call_unanalysed(values: Iterable[Any]) -> bool:
     """Whether any of ``values`` (the arguments, and what the code's chains reach) could run
     Python code of the user's that was not analysed. A tensor can, where the user's function
     was set on ``torch.Tensor`` (``torch.Tensor.double_it = ...``, ``torch.Tensor.__add__ =
-    traced_add``): a method call on any tensor runs it."""
-    return not all(_plain(v) for v in values) or tensor_patched()
+    traced_add``): a method call on any tensor runs it. So can a module's call, where a hook is
+    registered for every module (``register_module_forward_hook``)."""
+    return not all(_plain(v) for v in values) or tensor_patched() or any(global_module_hooks())
 
 
 def tensor_patched() -> bool:

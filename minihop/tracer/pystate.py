@@ -51,7 +51,7 @@ from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, bounded, is_library, is_user_function, is_user_module, library_module
 from .method_reads import places_named
 from .names import code_of
-from .roots import (ENVIRONMENT, FLAG_PLACES, UNANALYSED, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
+from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
                     reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
 from .state_writes import drawn, refused, too_much_state, write_of
@@ -75,8 +75,7 @@ class StateTracker:
         self.increments: set[tuple[str, str, str]] = set()
         self.watch: effects.PrintWatch | None = None
         self.hidden_reads: hidden.ReadWatch | None = None
-        # Whether Python's generator may be drawn from where the code does not name it.
-        self.may_draw = False
+        self.may_draw = False  # whether Python's generator may be drawn from where the code does not name it
         self.messages: effects.MessageWatch | None = None
         self.forward_writes: list[StateWrite] | None = None
         # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
@@ -155,6 +154,8 @@ class StateTracker:
                         f"line {chain.line})")
                 if environment:
                     self._add_read(ENVIRONMENT, phase, code, chain.line)
+                if isinstance(named_end, type) and issubclass(named_end, torch.nn.Module):
+                    self._add_read(MODULE_HOOKS, phase, code, chain.line)  # a module it builds runs them
                 if setting is not None:
                     self._add_read(setting, phase, code, chain.line)
                 for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)

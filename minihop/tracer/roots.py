@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..library_state import global_module_hooks
 from ..spec import MISSING, Place, Root
 from ..place import walk_plain
 from . import opaque
@@ -36,7 +37,7 @@ from .library import is_user_function, library_module
 from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
 
-__all__ = ["ENVIRONMENT", "FLAG_PLACES", "UNANALYSED", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
+__all__ = ["ENVIRONMENT", "FLAG_PLACES", "MODULE_HOOKS", "UNANALYSED", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
            "global_place", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root",
            "value_place", "walk"]
 
@@ -178,6 +179,9 @@ ENVIRONMENT = value_place("the environment (os.environ)", environment)
 # What code minihop did not analyse read while backward was traced (a read of backward whose
 # captured value no call matches: ``spec.UNMATCHED``).
 UNANALYSED = value_place("what code minihop did not analyse reads", lambda args: None)
+# Read where the code names a module class (``nn.ReLU()(x)``, in forward or a helper): calling
+# the module it builds runs them (a module argument's or global's key holds them already).
+MODULE_HOOKS = value_place("the hooks registered for every module", lambda args: global_module_hooks())
 
 
 @dataclasses.dataclass(frozen=True)
