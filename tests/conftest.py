@@ -1,11 +1,34 @@
-"""Suite-wide plugins: the Dynamo sweep (``dynamo_sweep.py``; ``-p no:dynamo_sweep`` turns it off)."""
+"""Suite-wide plugins: the Dynamo sweep (``dynamo_sweep.py``; ``-p no:dynamo_sweep`` turns it off),
+and a check that each test leaves the process settings every capture depends on as it found them."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dynamo_sweep import SweepPlugin
+from minihop.library_state import global_module_hooks
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SweepPlugin(), "dynamo_sweep")
+
+
+@pytest.fixture(autouse=True)
+def _process_left_as_found():
+    """The default dtype and the hooks registered for every module are in what a capture
+    depends on: one a test leaks changes what every later test captures (a fuzz case's hook
+    once made the code-watch run in the tests after it). Put back, and the test fails."""
+    dtype, hooks = torch.get_default_dtype(), global_module_hooks()
+    yield
+    leaked = []
+    if torch.get_default_dtype() is not dtype:
+        leaked.append(f"the default dtype {torch.get_default_dtype()}")
+        torch.set_default_dtype(dtype)
+    registries = torch.nn.modules.module
+    for registry, kept in zip((registries._global_forward_pre_hooks, registries._global_forward_hooks), hooks):
+        for handle_id in [k for k in registry if k not in kept]:
+            leaked.append(f"a hook for every module ({registry[handle_id]!r})")
+            del registry[handle_id]
+    if leaked:
+        pytest.fail("the test left " + ", ".join(leaked) + " behind", pytrace=False)

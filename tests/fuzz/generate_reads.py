@@ -78,7 +78,9 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 9: what the call key did not hold (the default dtype a factory op reads, a
            # tensor argument's storage offset) and names torch's own code resolves (a library
            # module's method rebound, ``F.softsign`` rebound under ``nn.Softsign``).
-           "default_dtype", "storage_offset_arg", "library_class_method", "library_binding_under_module")
+           "default_dtype", "storage_offset_arg", "library_class_method", "library_binding_under_module",
+           # ... and a hook registered for every module, run by a module the code builds.
+           "global_hook_built_module")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -196,19 +198,29 @@ def cb_scale():
 CALLBACKS = [cb_scale]
 
 
-# Library bindings a case rebinds are put back before each case (another case's rebinding
-# must not leak into this one's eager run).
+# Library bindings and process settings a case changes are put back before each case's run
+# (another case's must not leak into this one's eager run) and after it (``restore_process``,
+# called by the harness: nor into the tests that run after the fuzz slice).
 _SOFTSIGN = getattr(torch.nn.functional, "_fuzz_softsign", torch.nn.functional.softsign)
 torch.nn.functional._fuzz_softsign = _SOFTSIGN
-torch.nn.functional.softsign = _SOFTSIGN
-Act.__call__ = _answers(2.0)
-Lookup.__getitem__ = _answers(2.0)
-if "fuzz_scale" in vars(torch.Tensor):
-    del torch.Tensor.fuzz_scale
 _HARDSHRINK = getattr(torch.nn.Hardshrink, "_fuzz_forward", torch.nn.Hardshrink.forward)
 torch.nn.Hardshrink._fuzz_forward = _HARDSHRINK
-torch.nn.Hardshrink.forward = _HARDSHRINK
-torch.set_default_dtype(torch.float32)
+
+
+def restore_process():
+    torch.nn.functional.softsign = _SOFTSIGN
+    Act.__call__ = _answers(2.0)
+    Lookup.__getitem__ = _answers(2.0)
+    if "fuzz_scale" in vars(torch.Tensor):
+        del torch.Tensor.fuzz_scale
+    torch.nn.Hardshrink.forward = _HARDSHRINK
+    torch.set_default_dtype(torch.float32)
+    for hook in getattr(torch.nn.modules.module, "_fuzz_hooks", []):
+        hook.remove()
+    torch.nn.modules.module._fuzz_hooks = []
+
+
+restore_process()
 
 
 def _outer_reader():
@@ -381,6 +393,11 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["SSMOD = torch.nn.Softsign()"],
                 ["torch.nn.functional.softsign = (_SOFTSIGN, torch.sin, torch.cos, torch.tanh, torch.exp)"
                  "[int(abs(v) * 2) % 5]"], "SSMOD(torch.ones(()))", [], "")
+    if holder == "global_hook_built_module":
+        return ([], ["for h in torch.nn.modules.module._fuzz_hooks:", "    h.remove()",
+                     "torch.nn.modules.module._fuzz_hooks[:] = [] if v > 1 else [torch.nn.modules.module."
+                     "register_module_forward_hook(lambda m, i, o, v=v: o * v)]"],
+                "torch.nn.Hardtanh(-5.0, 5.0)(torch.ones(()))", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value

@@ -83,6 +83,15 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _run(case: Case, path: pathlib.Path, make_call: Callable[[type], Callable[..., Any]]) -> list[_Step]:
     """The case's STEPS on a fresh load of its module, calling through ``make_call(Fuzz)``."""
     namespace = load_case_namespace(case.source, str(path))
+    try:
+        return _steps(namespace, make_call)
+    finally:
+        # What the case changed of the process (a library binding, the default dtype, a hook
+        # for every module) is put back: the next run, and the next test, start clean.
+        namespace.get("restore_process", lambda: None)()
+
+
+def _steps(namespace: dict[str, Any], make_call: Callable[[type], Callable[..., Any]]) -> list[_Step]:
     call = make_call(namespace["Fuzz"])
     printed = io.StringIO()
     steps = []
