@@ -108,7 +108,8 @@ ABOUT = {
         "library module's function and a method set on `torch.Tensor`, each rebound, and a "
         "callback `functools.reduce` runs; in round 9, the default dtype a factory op reads, a "
         "tensor argument's storage offset, a library module class's `forward` and `F.softsign` "
-        "under `nn.Softsign`, each rebound), "
+        "under `nn.Softsign`, each rebound, and a hook for every module run by a module the code "
+        "builds), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (
