@@ -368,8 +368,9 @@ class Finder:
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
 
     def start(self, codes: set[types.CodeType], args: tuple[Any, ...],
-              namespaces: dict[types.CodeType, dict[str, Any]] | None = None, library: Any = None) -> None:
-        """``library``: where the CallWatch keeps the library code the call runs (``library_ran``)."""
+              namespaces: dict[types.CodeType, dict[str, Any]], library: Any) -> None:
+        """``library``: where the CallWatch keeps the library code the call runs
+        (``library_ran.LibraryRan``; required: the watch hands it every library frame it keeps)."""
         if may_call_unanalysed([*args, *self.reachable]):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
                                    lambda frame: library_frame(frame, self.library_module), library)
