@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import random
 import sys
 import sysconfig
 import threading
@@ -39,7 +40,8 @@ import weakref
 from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
-           "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen"]
+           "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
+           "READ_ONLY_VIEWS", "c_method_owner", "view_items"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -126,9 +128,32 @@ def library_object(value: Any) -> bool:
         and not plain_holder(value) and not kept_by_library(value)
 
 
+# Read-only views of a dict: what code reads through one is that dict's items now.
+READ_ONLY_VIEWS = (types.MappingProxyType, type({}.keys()), type({}.values()), type({}.items()))
+
 # Library objects pickle cannot reduce that still hold no state a call leaves behind: a lock
 # (released by the ``with`` that took it), a weak reference, a read-only view.
-_NO_STATE_LEFT = (type(threading.Lock()), type(threading.RLock()), weakref.ref, types.MappingProxyType)
+_NO_STATE_LEFT = (type(threading.Lock()), type(threading.RLock()), weakref.ref, *READ_ONLY_VIEWS)
+
+
+def view_items(view: Any) -> tuple[tuple[Any, Any], ...]:
+    """The items of the dict behind a read-only view (``MappingProxyType(d)``, ``d.keys()``)."""
+    mapping = view if isinstance(view, types.MappingProxyType) else view.mapping
+    return tuple(mapping.items())
+
+
+def c_method_owner(method: Any) -> Any:
+    """The object a C method is bound to and computes with (``d.get``'s ``d``,
+    ``dq.popleft``'s ``dq``, ``w.mul``'s ``w``), or None: a module's function (``math.sin``),
+    a class's (``dict.fromkeys``), a random generator's draw (``random.random``: its stream
+    is modelled on its own, ``tracer.hidden``)."""
+    if not isinstance(method, types.BuiltinMethodType):
+        return None
+    owner = method.__self__
+    if owner is None or isinstance(owner, (types.ModuleType, type, random.Random)) or \
+            (type(owner).__module__ or "").startswith("numpy"):
+        return None
+    return owner
 
 
 def unseen(value: Any) -> bool:

@@ -26,7 +26,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
-from ..library_state import STATE, Same, global_module_hooks, library_object, module_attributes, state_of, torch_tensor_entries
+from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object,
+                             module_attributes, state_of, torch_tensor_entries, view_items)
 from ..structure import PLAIN_CALLABLES, attributes
 from .function_keys import function_key, same_function, show_function_key
 
@@ -98,6 +99,10 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # A bound method computes with its object: keyed by its function and that object.
         inner = _open | {id(value)}
         return ("bound", _callee_key(value.__func__), value_key(value.__self__, inner))
+    if c_method_owner(value) is not None:
+        # A C method bound to an object (``GET = CFG.get``, ``pop = queue.popleft``) computes
+        # with that object as a bound method does: keyed by it.
+        return ("bound C", value.__name__, value_key(value.__self__, _open | {id(value)}))
     if isinstance(value, functools.partial):
         # What it is called with is part of what it computes (``partial(surrogate, alpha=2.0)``).
         inner = _open | {id(value)}
@@ -115,6 +120,9 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, weakref.ref):
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))
+    if isinstance(value, READ_ONLY_VIEWS):
+        # ``MappingProxyType(d)``, ``d.keys()``: what they show is their dict's items now.
+        return ("view", type(value), value_key(view_items(value), _open | {id(value)}))
     if isinstance(value, MutableSequence) or isinstance(value, MutableMapping):
         # Whatever class holds them (``array``, ``bytearray``, ``UserDict``, ``deque``): its
         # items, as a list's or a dict's (a new one holding the same is the same key).

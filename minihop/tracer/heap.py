@@ -41,8 +41,8 @@ from .library import is_library, is_user_module
 from .process_state import PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
-from ..library_state import (STATE, del_attr, kept_by_library, module_attributes, plain_holder, put_back, set_attr,
-                             state_of, tensor_attributes)
+from ..library_state import (STATE, c_method_owner, del_attr, kept_by_library, module_attributes, plain_holder,
+                             put_back, set_attr, state_of, tensor_attributes)
 from .roots import cell_value
 
 __all__ = ["MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",
@@ -118,9 +118,8 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             raise TooMuchState(Place(root, steps).description)  # (where the walk stopped)
         if is_user_module(value):
             # The user's module (``import cfg; cfg.step += 1``) or a ModuleType namespace: its
-            # names are globals of its own functions, so it is watched as their globals dict
-            # (one place per name, whether written as ``cfg.step`` or ``global step``).
-            # All its names are watched (``restore`` removes one the trace added: root "module").
+            # names are globals of its own functions, watched as their globals dict (one place
+            # per name, ``cfg.step`` or ``global step``; ``restore`` removes one the trace added).
             g = vars(value)
             data = {k: v for k, v in g.items() if not _dunder(k) and v is not TYPE}
             seen = found.get(id(g))
@@ -130,9 +129,10 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             for key, child in data.items():
                 queue.append((child, root, (*steps, ("attr", key)), depth + 1, False, False))
             continue
-        # What a callable the code is handed or names (not one a library object keeps as an
-        # attribute: singledispatch's cache) or a tuple holds is reached through it.
-        held = _held_by(value, depth == 0 or through)
+        # What a callable the code is handed, names or finds in the user's containers
+        # (``HANDLERS = [DQ.popleft]``; not one a library object keeps as an attribute:
+        # singledispatch's cache) or a tuple holds is reached through it.
+        held = _held_by(value, depth == 0 or through or not below_library)
         for step, child in held:
             queue.append((child, root, (*steps, step), depth + 1, False, True))
         kind, contents = contents_of(value)
@@ -161,16 +161,16 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
 
 
 def _held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
-    """The objects a tuple holds, and (``callables``) a bound method (its ``__self__``:
-    ``cb = Q.put``) or a ``functools.partial`` (its function and arguments): not state of their
-    own, but the way to state the code changes (``cb(1)`` puts into ``Q``). A random
-    generator's method is left to ``hidden`` (its draws are named there)."""
+    """The objects a tuple holds, and (``callables``) a bound method (its ``__self__``: ``cb =
+    Q.put``, ``pop = DQ.popleft``) or a ``functools.partial`` (its function and arguments): the
+    way to state the code changes (``cb(1)`` puts into ``Q``); a random generator's is ``hidden``'s."""
     if type(value) is tuple:
         return [(("item", i), v) for i, v in enumerate(value)]
     if not callables:
         return []
-    if isinstance(value, types.MethodType):
-        return [] if hidden.fingerprint(value.__self__) is not None else [(("attr", "__self__"), value.__self__)]
+    owner = value.__self__ if isinstance(value, types.MethodType) else c_method_owner(value)
+    if owner is not None:
+        return [] if hidden.fingerprint(owner) is not None else [(("attr", "__self__"), owner)]
     if isinstance(value, functools.partial):
         return [(("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
     return []
