@@ -115,6 +115,10 @@ def _slot(i: int, value: Any) -> tuple[int, Any] | None:
 class CapturedFunction:
     """``F.apply`` through a guarded cache of captures; ``.apply`` is the drop-in."""
 
+    # Not the user's state where it sits on a user's class or object (``library_state.minihops``):
+    # what it runs is keyed when it runs.
+    _minihop_own = True
+
     def __init__(self, fn_cls: type, *, fallback: Fallback = "raise", dynamic: DynamicSpec | None = None,
                  cache_limit: int = 8, eager_apply: Any = None, compile_cls: type | None = None) -> None:
         if fallback not in ("raise", "eager"):

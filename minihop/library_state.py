@@ -41,7 +41,7 @@ from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
-           "READ_ONLY_VIEWS", "c_method_owner", "view_items"]
+           "READ_ONLY_VIEWS", "c_method_owner", "minihops", "view_items"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -140,6 +140,16 @@ def view_items(view: Any) -> tuple[tuple[Any, Any], ...]:
     """The items of the dict behind a read-only view (``MappingProxyType(d)``, ``d.keys()``)."""
     mapping = view if isinstance(view, types.MappingProxyType) else view.mapping
     return tuple(mapping.items())
+
+
+def minihops(value: Any) -> bool:
+    """A value of minihop's own on a user's class or object (``minihop.function(F)``, the
+    ``apply`` ``@minihop.captured`` puts on a class): not the user's state."""
+    # (by the classes' own dicts: a user's ``__getattr__`` must not run)
+    if isinstance(value, staticmethod):
+        value = value.__func__
+    cls = type(value.__self__) if isinstance(value, types.MethodType) else type(value)
+    return any(vars(k).get("_minihop_own") is True for k in cls.__mro__)
 
 
 def c_method_owner(method: Any) -> Any:

@@ -102,7 +102,8 @@ _PARTS = {"T": {2: "shape", 3: "dtype", 4: "device", 5: "layout", 6: "requires_g
           "M": {3: "tensors", 5: "hooks registered for every module"},
           "module": {0: "name", 1: "class", 2: "object", 3: "training", 4: "attributes", 5: "hooks",
                      6: "class's forward", 7: "class"},
-          "O": {1: "class", 2: "attributes", 3: "class"}}
+          "O": {1: "class", 2: "attributes", 3: "class"}, "C": {2: "class attributes"},
+          "Fn": {2: "class", 3: "forward", 4: "backward", 5: "setup_context", 6: "class attributes"}}
 
 
 def describe_argument(i: int, expected: Any, found: Any, argnames: tuple[str, ...]) -> str:

@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
-from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object,
+from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, state_of, torch_tensor_entries, view_items)
 from ..structure import PLAIN_CALLABLES, attributes
 from .function_keys import function_key, same_function, show_function_key
@@ -60,11 +60,12 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
         return ("F", type(value), value.real.hex(), value.imag.hex())
     if isinstance(value, type) and issubclass(value, torch.autograd.Function) and value.__module__ != "torch.autograd.function":
-        # Another Function (``Inner.apply`` inside forward, an implementation passed in): which
-        # forward, backward and setup_context it runs, with their code and defaults (its other
-        # class attributes are read places of their own where its code reads them).
+        # Another Function (``Inner.apply`` inside forward, one passed in): which forward,
+        # backward and setup_context it runs, with their code and defaults, and its other class
+        # attributes, as a user class's (read through it where no chain names them too).
         return ("Fn", id(value), Same(value), *(_callee_key(getattr(getattr(value, m), "__func__", getattr(value, m)))
-                                                for m in _FN_METHODS))
+                                                for m in _FN_METHODS),
+                ("cycle",) if id(value) in _open else function_class_state(value, _open))
     if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
             not library_name(value.__module__) and id(value) not in _open:
         # A user's class: what its code reads of it (``cls.scale``, ``getattr(cls, name)``)
@@ -137,6 +138,8 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # an ``operator.methodcaller``'s keywords)
         return ("L", type(value), id(value), Same(value), tuple(
             (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()))
+    if minihops(value):  # (``self.op = minihop.function(F)``: what it runs is keyed when it runs)
+        return ("id", type(value), id(value), Same(value))
     attrs = attributes(value)
     cls = type(value)
     of_class = _of_class(value, _open)
@@ -185,8 +188,9 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
             # Its dunder methods too: ``Act.__call__``, ``__getitem__``, ``__float__`` rebound
             # change what ``act(x)``, ``cfg[k]``, ``float(knob)`` compute (the class's identity
             # does not change); its data dunders (``__dict__``, ``__doc__``, a dataclass's
-            # fields) do not.
-            if not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, _CODE) or callable(v):
+            # fields) do not; nor does what minihop put there (``@captured``'s apply, a cache).
+            if (not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, _CODE) or callable(v)) \
+                    and not (k.startswith("_minihop") or minihops(v)):
                 found[k] = v
     state = tuple((k, _code_key(v, inner) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
     if isinstance(cls, abc.ABCMeta):
@@ -197,6 +201,13 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
 
 
 _CODE = (types.FunctionType, staticmethod, classmethod, property)
+
+_FN_OWN = frozenset({*_FN_METHODS, "_backward_cls"})  # (keyed above; the node class torch made)
+
+
+def function_class_state(cls: type, _open: frozenset[int] = frozenset()) -> tuple[Any, ...]:
+    """A Function class's attributes but its methods (``value_key``'s ``Fn`` key holds those)."""
+    return tuple(item for item in _class_state(cls, _open | {id(cls)}) if item[0] not in _FN_OWN)
 
 
 def _code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
@@ -234,7 +245,8 @@ def show_value_key(key: Any) -> str:
     if isinstance(key, tuple) and key and key[0] == "C":
         return "class with " + ", ".join(f"{k}={show_value_key(v)}" for k, v in key[2][:6])
     if isinstance(key, tuple) and key and key[0] in ("fn", "Fn"):
-        return show_function_key(key) if key[0] == "fn" else f"Function {key[2].obj.__qualname__} (its methods as keyed)"
+        return show_function_key(key) if key[0] == "fn" else f"Function {key[2].obj.__qualname__} (its methods as keyed" + \
+            "".join(f", {k}={show_value_key(v)}" for k, v in key[-1][:6]) + ")"
     if isinstance(key, tuple) and key and key[0] == "id":
         return f"the {key[1].__name__} object at {key[2]:#x}"
     if isinstance(key, tuple) and key and key[0] == "T":
@@ -419,9 +431,11 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             lines += [f"    v = f{i}(args)",
                       f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None)"
                       f" and key_of(v) != k{i}:", "        return False"]
-        elif isinstance(key, tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:]):
-            consts[f"o{i}"], test = key[2].obj, [f"v is o{i}"]  # another Function, its methods the keyed ones
-            for m, method_key in zip(_FN_METHODS, key[3:], strict=True):
+        elif isinstance(key, tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:-1]):
+            # another Function, its methods the keyed ones, its other attributes the same
+            consts[f"o{i}"], consts[f"s{i}"], consts["fn_state"] = key[2].obj, key[-1], function_class_state
+            test = [f"v is o{i}", f"fn_state(v) == s{i}"]
+            for m, method_key in zip(_FN_METHODS, key[3:-1], strict=True):
                 fn = consts[f"m{i}{m}"] = method_key[2].obj
                 consts[f"c{i}{m}"], consts[f"d{i}{m}"] = fn.__code__, fn.__defaults__
                 got = f"v.{m}.__func__" if isinstance(getattr(key[2].obj, m), types.MethodType) else f"v.{m}"  # a classmethod
