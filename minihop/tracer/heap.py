@@ -130,9 +130,9 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
                 queue.append((child, root, (*steps, ("attr", key)), depth + 1, False, False))
             continue
         # What a callable the code is handed, names or finds in the user's containers
-        # (``HANDLERS = [DQ.popleft]``; not one a library object keeps as an attribute:
-        # singledispatch's cache) or a tuple holds is reached through it.
-        held = _held_by(value, depth == 0 or through or not below_library)
+        # (``HANDLERS = [DQ.popleft]``; not one kept as an attribute: singledispatch's cache
+        # clearer on its function) or a tuple holds is reached through it.
+        held = _held_by(value, depth == 0 or through or not below_library and steps[-1][0] == "item")
         for step, child in held:
             queue.append((child, root, (*steps, step), depth + 1, False, True))
         kind, contents = contents_of(value)
