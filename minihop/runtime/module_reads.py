@@ -45,7 +45,7 @@ def holds_modules(state: PythonState, args: Args) -> frozenset[str]:
             owner = r.place.owner(args) if r.place.steps else None
         except Exception:
             continue
-        if isinstance(value, types.ModuleType) or (
+        if isinstance(value, types.ModuleType) or (value is MISSING and not r.place.steps and r.place.root.kind == "global") or (
                 isinstance(owner, types.ModuleType) and library_name(owner.__name__) and callable(value)) or (
                 isinstance(owner, type) and library_name(owner.__module__) and isinstance(value, types.FunctionType)):
             found.add(r.place.description)
@@ -66,8 +66,8 @@ def _reader(place: Place, i: int, consts: dict[str, Any]) -> str:
     place by its reader."""
     root = place.root
     if not place.steps and root.kind == "global" and isinstance(root.home, dict):
-        consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key
-        return f"h{i}.get(k{i})"
+        consts[f"h{i}"], consts[f"k{i}"], consts["MISSING"] = root.home, root.key, MISSING
+        return f"h{i}.get(k{i}, MISSING)"  # (a builtin's name: no global of that name)
     if root.kind == "global" and isinstance(root.home, dict) and place.steps and all(
             kind == "attr" and isinstance(name, str) and name.isidentifier() for kind, name in place.steps):
         consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key  # torch.sin, F.gelu: attribute loads

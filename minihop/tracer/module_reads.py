@@ -21,6 +21,9 @@ identity of that module guarded, unless the name is an argument (in the call key
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
+import sys
 import types
 from typing import Any
 
@@ -28,10 +31,10 @@ import torch
 
 from ..spec import MISSING, Place, Root
 from .library import is_library, is_user_module, module_data
-from .roots import place_at, walk
+from .roots import global_place, guarded_value, place_at, walk
 from .userattr import UserAttribute
 
-__all__ = ["library_binding", "places_held"]
+__all__ = ["ThroughLibrary", "builtin_places", "library_binding", "places_held", "through_library"]
 
 
 def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> list[Place]:
@@ -97,3 +100,47 @@ def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str
 # torch's own callables that are neither functions nor classes (``torch._C._VariableFunctions``' ops
 # are builtins; these wrap them).
 _C_CALLABLES = frozenset({"OpOverloadPacket", "OpOverload", "method_descriptor", "builtin_function_or_method"})
+
+
+_BUILTINS = Root("value", "builtins", "builtins", lambda args: builtins, home=builtins)
+
+
+def builtin_places(g: dict[str, Any], name: str) -> list[Place]:
+    """A builtin the code names (``len``, ``max``): which object the name finds depends on the
+    code's globals not defining it (``len = my_len`` after a capture) and on ``builtins``
+    (``builtins.max = ...``). Both are read, in the record of names by identity."""
+    return [global_place(g, name, name), place_at(_BUILTINS, (("attr", name),))]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughLibrary:
+    """What a chain from a library module reaches of the user's modules (``through_library``)."""
+
+    root: Root | None = None  # the user's module, found again through the chain on each call
+    held: Any = None  # (its value now)
+    counter: str | None = None  # ``sys.modules["cfg"].n += 1``: the counter ``n``
+    read: Place | None = None  # what the chain reads below it (``.S[0]``)
+    computed: bool = False  # ``sys.modules`` read whole (``sys.modules[__name__]``): unknown
+
+
+def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
+    """A chain from a library module that reaches the user's module (``sys.modules["cfg"]``):
+    that module is a root of its own, watched as its globals are, and what the chain reads
+    below it is a read place. ``sys.modules`` itself taken as a value is indexed by a computed
+    name (``sys.modules[__name__].S``): any module's state, which no place bounds."""
+    steps = chain.steps
+    computed = value is sys and steps == (("attr", "modules"),) and chain.use == "value" and chain.method is None
+    for k in range(1, len(steps)):
+        try:
+            held = walk(value, steps[:k])
+        except Exception:
+            break
+        if is_user_module(held):
+            name = place_at(root, steps[:k]).description
+            found = Root("value", name, name, lambda args, v=value, s=steps[:k]: walk(v, s))
+            rest = steps[k:]
+            if chain.use == "increment" and len(rest) == 1 and rest[0][0] == "attr":
+                return ThroughLibrary(found, held, counter=rest[0][1])
+            read = rest and chain.use == "value" and guarded_value(walk(held, rest))
+            return ThroughLibrary(found, held, read=place_at(found, rest) if read else None)
+    return ThroughLibrary(computed=computed)

@@ -48,8 +48,9 @@ from .library_ran import LibraryRan
 from .atoms import ATOMS
 from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
-from .library import NEVER_DRAW, bounded, is_library, is_user_function, is_user_module, library_module
+from .library import NEVER_DRAW, bounded, is_library, is_user_function, library_module
 from .method_reads import places_named
+from .module_reads import builtin_places, through_library
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
                     reads_environment, resolve_root, tensor_holder, walk)
@@ -128,11 +129,13 @@ class StateTracker:
                     self.increments.add((phase, chain.root, str(chain.steps[-1][1]) if chain.steps else chain.root))
             for chain in facts.chains:
                 root = resolve_root(fn, chain, params, len(self.args))
-                if root is None:
-                    if chain.root_kind == "global" and chain.root not in getattr(fn, "__globals__", {}) and \
-                            not bounded(getattr(builtins, chain.root, len)):  # ``open``, ``eval``: a builtin, unknown
+                if root is None and chain.root_kind == "global" and chain.root not in getattr(fn, "__globals__", {}):
+                    if not bounded(getattr(builtins, chain.root, len)):  # ``open``, ``eval``: a builtin, unknown
                         self.opaque.unknown(phase, f"{phase} calls {chain.root}, library code that may answer from "
                                             f'files, the system or code it runs (File "{code.co_filename}", line {chain.line})')
+                    for place in builtin_places(fn.__globals__, chain.root):  # (unless rebound: by identity)
+                        self._add_read(place, phase, code, chain.line)
+                if root is None:
                     continue
                 value = root.fetch(self.args)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
@@ -163,7 +166,7 @@ class StateTracker:
                 if isinstance(value, types.ModuleType) and is_library(value):
                     # torch.sin, math.pi: the module's attributes are not the user's state; the
                     # user's own module reached through one is (``sys.modules["cfg"].n += 1``).
-                    self._through_library(root, value, chain, phase, seen_roots)
+                    self._through_library(root, value, chain, phase, seen_roots, code)
                     continue
                 if root.description not in seen_roots:
                     seen_roots.add(root.description)
@@ -187,25 +190,22 @@ class StateTracker:
             self._add_read(place, "forward", None, None)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
 
-    def _through_library(self, root: Root, value: Any, chain: Any, phase: str, seen: set[str]) -> None:
-        """A chain from a library module that reaches the user's module (``sys.modules["cfg"]``):
-        that module is a root of its own, found again through the chain on each call, watched
-        as its globals are (``cfg.n += 1`` there is the counter ``n``)."""
-        steps = chain.steps
-        for k in range(1, len(steps)):
-            try:
-                held = walk(value, steps[:k])
-            except Exception:
-                return
-            if is_user_module(held):
-                name = place_at(root, steps[:k]).description
-                if name not in seen:
-                    seen.add(name)
-                    self.roots.append((Root("value", name, name, lambda args, v=value, s=steps[:k]: walk(v, s)), held))
-                rest = steps[k:]
-                if chain.use == "increment" and len(rest) == 1 and rest[0][0] == "attr":
-                    self.increments.add((phase, rest[0][1], rest[0][1]))  # (as the heap names a module's global)
-                return
+    def _through_library(self, root: Root, value: Any, chain: Any, phase: str, seen: set[str], code: Any) -> None:
+        """A chain from a library module that reaches the user's module: a root of its own
+        (``module_reads.through_library``), its counter or its read place; or an unknown read."""
+        found = through_library(root, value, chain)
+        where = f'(File "{code.co_filename}", line {chain.line})'
+        if found.computed:
+            self.opaque.unknown(phase, f"{phase} reads sys.modules by a computed name, any module's state {where}")
+        if found.root is None:
+            return
+        if found.root.description not in seen:
+            seen.add(found.root.description)
+            self.roots.append((found.root, found.held))
+        if found.counter is not None:
+            self.increments.add((phase, found.counter, found.counter))  # (as the heap names a module's global)
+        if found.read is not None:
+            self._add_read(found.read, phase, code, chain.line)
 
     def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
         """A clock read or a process-wide generator's function that the code names (``time.time``,
