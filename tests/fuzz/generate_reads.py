@@ -80,7 +80,12 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # module's method rebound, ``F.softsign`` rebound under ``nn.Softsign``).
            "default_dtype", "storage_offset_arg", "library_class_method", "library_binding_under_module",
            # ... and a hook registered for every module, run by a module the code builds.
-           "global_hook_built_module")
+           "global_hook_built_module",
+           # Round 10: a C method bound to a dict (held in a global, or in a list of handlers),
+           # a read-only view of a dict passed in, a Function class's own attribute (passed in;
+           # a module kept on it and called through it), a builtin shadowed by a global.
+           "c_method_global", "c_method_in_list", "mapping_proxy_arg", "dict_values_arg",
+           "function_class_attr_arg", "function_class_module", "builtin_shadowed")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -398,6 +403,25 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
                      "torch.nn.modules.module._fuzz_hooks[:] = [] if v > 1 else [torch.nn.modules.module."
                      "register_module_forward_hook(lambda m, i, o, v=v: o * v)]"],
                 "torch.nn.Hardtanh(-5.0, 5.0)(torch.ones(()))", [], "")
+    if holder == "c_method_global":
+        return (["KTAB = {'k': 2.0}", "GETK = KTAB.get"], ["KTAB['k'] = v"], "GETK('k')", [], "")
+    if holder == "c_method_in_list":
+        return (["KTAB2 = {'k': 2.0}", "GETTERS = [KTAB2.get]"], ["KTAB2['k'] = v"], "GETTERS[0]('k')", [], "")
+    if holder == "mapping_proxy_arg":
+        return (["MPD = {'k': 2.0}", "MPV = types.MappingProxyType(MPD)"], ["MPD['k'] = v"], "mp['k']", ["MPV"], "mp")
+    if holder == "dict_values_arg":
+        return (["DVD = {'k': 2.0}"], ["DVD['k'] = v"], "sum(dv)", ["DVD.values()"], "dv")
+    if holder in ("function_class_attr_arg", "function_class_module"):
+        kept = "ImplFn" if holder == "function_class_attr_arg" else "KeptFn"
+        return ([f"class {kept}(Function):", "    SCALE = 2.0", "    m = UserScale()", "",
+                 "    @staticmethod", "    def forward(ctx, t):", "        return t", "",
+                 "    @staticmethod", "    def backward(ctx, g):", "        return g"],
+                [f"{kept}.SCALE = v"] if kept == "ImplFn" else [f"{kept}.m.k = v", f"{kept}.m.train(v > 1)"],
+                "impl.SCALE" if kept == "ImplFn" else "KeptFn.m(torch.ones(()))", [kept] if kept == "ImplFn" else [],
+                "impl" if kept == "ImplFn" else "")
+    if holder == "builtin_shadowed":
+        return ([], ["globals().pop('pow', None) if v > 1 else globals().__setitem__('pow', lambda a, b, v=v: v)"],
+                "pow(2.0, 1)", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
