@@ -109,7 +109,9 @@ ABOUT = {
         "callback `functools.reduce` runs; in round 9, the default dtype a factory op reads, a "
         "tensor argument's storage offset, a library module class's `forward` and `F.softsign` "
         "under `nn.Softsign`, each rebound, and a hook for every module run by a module the code "
-        "builds), "
+        "builds; in round 10, a C method bound to a dict in a global and in a list of handlers, a "
+        "`MappingProxyType` and a dict's values passed in, a Function class's attribute passed in "
+        "and a module kept on one, and a builtin shadowed by a global), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (
