@@ -108,3 +108,31 @@ def test_sys_modules_by_a_computed_name_is_single_use():
     x = _x(0)
     text = str(minihop.explain(ByComputedName, x))
     assert "single-use" in text and "sys.modules by a computed name" in text
+
+
+class PowInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (lambda: pow(2.0, 1))()
+
+
+def _shadow_pow(v: float) -> None:
+    # A fresh function each time: the one a backward was traced with is freed when the next
+    # replaces it, and CPython may give the new one its id.
+    globals().pop("pow", None) if v > 1 else globals().__setitem__("pow", lambda a, b, v=v: v)
+
+
+def test_a_builtin_shadowed_before_backward_by_a_new_function_each_call():
+    # (found by the reads fuzz run, seed 284034: backward's variants were keyed by the id of
+    # what the name held, and a later function with a reused id ran the earlier's bwd)
+    steps = [(3.0, 0.5), (3.0, 0.5), (3.0, 0.0), (0.0, 2.0)]
+    try:
+        matches_eager(PowInBackward, lambda i: (_x(i),), steps=len(steps),
+                      between=lambda i: _shadow_pow(steps[i][0]), mid=lambda i: _shadow_pow(steps[i][1]),
+                      reset=lambda: _shadow_pow(3.0), refusable=False)
+    finally:
+        _shadow_pow(3.0)

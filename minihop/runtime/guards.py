@@ -35,7 +35,7 @@ __all__ = ["argument_key", "autocast_key", "call_key", "show_value_key", "compil
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
-                   torch.device, torch.layout, torch.memory_format, type)
+                   torch.device, torch.layout, torch.memory_format, type, Same)
 
 
 def python_attributes(tensor: torch.Tensor) -> tuple[tuple[str, Any], ...]:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GuardMismatchError
+from ..library_state import Same
 from ..spec import MISSING, Place, PythonState, StateRead
 from .guards import library_name, value_key
 
@@ -98,13 +99,15 @@ def _compiled(places: tuple[Place, ...], modules: tuple[Any, ...]) -> Callable[[
     return check
 
 
-def _identity(place: Place) -> Callable[[Args], int]:
-    """``args -> int``: the id of what ``place`` holds (an empty cell: MISSING's)."""
-    consts: dict[str, Any] = {"MISSING": MISSING}
+def _identity(place: Place) -> Callable[[Args], Same]:
+    """``args -> Same``: what ``place`` holds, equal only to that very object (an empty cell:
+    MISSING). Held, not its id: a variant of backward keyed by a user's function set there
+    (``pow = lambda ...`` shadowing a builtin) must not match another one that got its id."""
+    consts: dict[str, Any] = {"MISSING": MISSING, "Same": Same}
     read = _reader(place, 0, consts)
-    ident: Callable[[Args], int] = _generated(
-        "identity", f"def identity(args):\n    try:\n        return id({read})\n    except Exception:\n"
-        "        return id(MISSING)\n", consts)
+    ident: Callable[[Args], Same] = _generated(
+        "identity", f"def identity(args):\n    try:\n        return Same({read})\n    except Exception:\n"
+        "        return Same(MISSING)\n", consts)
     return ident
 
 
@@ -146,8 +149,8 @@ def module_assumptions(name: str, state: PythonState, args: Args, held: frozense
                   f"names holding modules, and library names' functions, keep them (by identity, at each call): {listed}",
                   next(iter(places.values())).line, explain_failure=failure)]
     for place, r in in_backward.items():
-        # Keyed by the module's id (as value_key keys a module), an int: backward compares it
-        # without building a key (guards.compile_live_check), where a module's key costs ~1 µs.
+        # Keyed by the very object (``Same``: a module's key would cost ~1 µs), compared when
+        # backward runs (guards.compile_live_check).
         identity = _identity(r.place)
         old = value_key(identity(args))
         shown = f"{place} is {_shown(r.place.get(args))}"
