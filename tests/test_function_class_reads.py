@@ -194,3 +194,38 @@ def test_a_direct_capture_names_the_changed_class_attribute():
     Impl.SCALE = 3.0
     with pytest.raises(GuardMismatchError, match="SCALE"):
         cap(x, Impl)
+
+
+def test_a_function_class_that_holds_itself():
+    # (a registry pattern: ``MyFn.me = MyFn``; the key of its own attribute is a cycle mark)
+    class Registered(torch.autograd.Function):
+        SCALE = 2.0
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * Registered.me.SCALE
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+    Registered.me = Registered
+    matches_eager(Registered, lambda i: (_x(i),), between=lambda i: setattr(Registered, "SCALE", 2.0 + i),
+                  reset=lambda: setattr(Registered, "SCALE", 2.0), refusable=False)
+
+
+    class Takes(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, impl):
+            return x * impl.me.SCALE
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+    x = _x(0)
+    cap = minihop.capture(Takes, x, Registered)
+    Registered.SCALE = 3.0
+    try:
+        with pytest.raises(GuardMismatchError, match="SCALE"):
+            cap(x, Registered)
+    finally:
+        Registered.SCALE = 2.0

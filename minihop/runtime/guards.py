@@ -65,7 +65,7 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # attributes, as a user class's (read through it where no chain names them too).
         return ("Fn", id(value), Same(value), *(_callee_key(getattr(getattr(value, m), "__func__", getattr(value, m)))
                                                 for m in _FN_METHODS),
-                ("cycle",) if id(value) in _open else function_class_state(value, _open))
+                (("cycle", id(value)),) if id(value) in _open else function_class_state(value, _open))
     if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
             not library_name(value.__module__) and id(value) not in _open:
         # A user's class: what its code reads of it (``cls.scale``, ``getattr(cls, name)``)
