@@ -38,7 +38,8 @@ from .runtime.graph_reads import reads_default_dtype, reads_grad_mode
 from .runtime.op import autograd_function_apply
 from .runtime.function_keys import methods_held, methods_key
 from .runtime.assumptions import layout_key
-from .runtime.guards import call_key, describe_autocast, show_value_key, value_key
+from .runtime.display import show_value_key
+from .runtime.guards import call_key, describe_autocast, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
 from .spec import CtxAfter, DataRead, Pair, PythonState, RawCapture, ServedOnce
@@ -52,8 +53,8 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
-           "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast", "function_parts",
-           "methods_held", "methods_key", "run_on_stream", "show_value_key", "tracing", "value_key"]
+           "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
+           "function_parts", "methods_held", "methods_key", "run_on_stream", "show_value_key", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""
@@ -118,9 +119,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     refused, the user's backward runs eagerly for that call (``tracer.eager_backward``)."""
     check_python()
     if torch._C._are_functorch_transforms_active():
-        # Called inside torch.func.grad/vmap/...: the arguments are the transforms' wrappers.
-        # Trace outside the transforms, on plain tensors with the wrappers' (logical)
-        # properties; the capture then runs on wrapped tensors like any torch code.
+        # Inside torch.func.grad/vmap/... (the arguments are wrappers): trace outside them, on plain
+        # tensors with the wrappers' properties; the capture runs on wrapped tensors as torch code.
         with temporarily_clear_interpreter_stack():
             return run_pipeline(fn_cls, _plain_like(args), _plain_like(kwargs), dynamic, eager_backward=eager_backward)
     if torch.is_inference_mode_enabled():

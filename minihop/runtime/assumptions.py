@@ -28,13 +28,13 @@ import torch
 from ..errors import GuardMismatchError
 from ..spec import MISSING, UNMATCHED, DataRead, Pair, PythonState
 from ..structure import argname
-from .display import describe_argument, show_key
+from .display import describe_argument, show_key, show_value_key
 from .graph_reads import reads_grad_mode
 from .fetch import fetcher
 from .module_reads import holds_modules, module_assumptions
 from .sharing import sharing_of
 from .guards import (argument_key, autocast_key, compile_guard, compile_live_check,
-                     describe_autocast, show_value_key, unmet_marks, value_key)
+                     describe_autocast, unmet_marks, value_key)
 
 __all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits", "layout_key"]
 

@@ -18,15 +18,41 @@ import torch.fx as fx
 
 from ..library_state import Same
 from ..structure import argname
-from .guards import show_value_key
+from .function_keys import show_function_key
 
-__all__ = ["MAX_REPR", "describe_argument", "readable", "show_key", "summary"]
+__all__ = ["MAX_REPR", "describe_argument", "readable", "show_key", "show_value_key", "summary"]
 
 MAX_REPR = 200
 _ARG = 40  # the most one argument's summary takes; longer ones end in "..."
 _DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
            torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
            torch.uint8: "u8", torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128"}
+
+
+def show_value_key(key: Any) -> str:
+    """A value's key as the value it stands for, for a mismatch message (``2.0``, ``-0.0``,
+    ``Dropout (training=True, p=0.5)``)."""
+    if isinstance(key, tuple) and key and key[0] == "V":
+        return repr(key[2])
+    if isinstance(key, tuple) and key and key[0] == "F":
+        return repr(float.fromhex(key[2])) if len(key) == 3 else repr(complex(float.fromhex(key[2]), float.fromhex(key[3])))
+    if isinstance(key, tuple) and key and key[0] == "M":
+        name, _, _, training, plain, *_ = key[4][0]
+        attrs = "".join(f", {k}={show_value_key(v)}" for k, v in [kv for kv in plain if kv[0] != "training"][:6])
+        subs = sum(1 for m in key[4][1:] if m[3] != training)
+        return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
+    if isinstance(key, tuple) and key and key[0] == "C":
+        return "class with " + ", ".join(f"{k}={show_value_key(v)}" for k, v in key[2][:6])
+    if isinstance(key, tuple) and key and key[0] in ("fn", "Fn"):
+        return show_function_key(key) if key[0] == "fn" else f"Function {key[2].obj.__qualname__} (its methods as keyed" + \
+            "".join(f", {k}={show_value_key(v)}" for k, v in key[-1][:6]) + ")"
+    if isinstance(key, tuple) and key and key[0] == "id":
+        return f"the {key[1].__name__} object at {key[2]:#x}"
+    if isinstance(key, tuple) and key and key[0] == "T":
+        return f"a tensor of shape {list(key[2])}, {key[3]}, requires_grad={key[6]}"
+    text = repr(key)
+    return text if len(text) < 120 else text[:117] + "..."
+
 
 
 def readable(gm: fx.GraphModule) -> str:

@@ -29,9 +29,9 @@ from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
 from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, state_of, torch_tensor_entries, view_items)
 from ..structure import PLAIN_CALLABLES, attributes
-from .function_keys import function_key, same_function, show_function_key
+from .function_keys import function_key, same_function
 
-__all__ = ["argument_key", "autocast_key", "call_key", "show_value_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "library_name",
+__all__ = ["argument_key", "autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "library_name",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -175,22 +175,20 @@ def library_name(module: Any) -> bool:
     return top in ("torch", "builtins", "minihop") or top in sys.stdlib_module_names
 
 
-def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
+def _class_state(cls: type, inner: frozenset[int], skip: frozenset[str] = frozenset()) -> tuple[Any, ...]:
     """A user class's attributes, its bases' included: data by value, methods (functions,
     static and class methods, properties) by the function objects themselves, so that
     ``Ops.act = staticmethod(torch.tanh)`` rebinding one is a different key (the class's
     identity does not change). The key holds those objects, so their ids are never reused."""
     found: dict[str, Any] = {}
-    for klass in reversed(cls.__mro__):
-        if library_name(klass.__module__):
-            continue
+    for klass in _user_bases(cls):
         for k, v in vars(klass).items():
             # Its dunder methods too: ``Act.__call__``, ``__getitem__``, ``__float__`` rebound
             # change what ``act(x)``, ``cfg[k]``, ``float(knob)`` compute (the class's identity
             # does not change); its data dunders (``__dict__``, ``__doc__``, a dataclass's
             # fields) do not; nor does what minihop put there (``@captured``'s apply, a cache).
             if (not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, _CODE) or callable(v)) \
-                    and not (k.startswith("_minihop") or minihops(v)):
+                    and k not in skip and not (k.startswith("_minihop") or type(v) not in _PLAIN and minihops(v)):
                 found[k] = v
     state = tuple((k, _code_key(v, inner) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
     if isinstance(cls, abc.ABCMeta):
@@ -201,13 +199,24 @@ def _class_state(cls: type, inner: frozenset[int]) -> tuple[Any, ...]:
 
 
 _CODE = (types.FunctionType, staticmethod, classmethod, property)
+_BASES: weakref.WeakKeyDictionary[type, tuple[Any, tuple[type, ...]]] = weakref.WeakKeyDictionary()
+
+
+def _user_bases(cls: type) -> tuple[type, ...]:
+    """``cls``'s MRO, base first, without library classes: found once per MRO (a guard asks on
+    every call; ``__bases__`` assigned makes a new one)."""
+    mro = cls.__mro__
+    held = _BASES.get(cls)
+    if held is None or held[0] is not mro:
+        held = _BASES[cls] = (mro, tuple(k for k in reversed(mro) if not library_name(k.__module__)))
+    return held[1]
 
 _FN_OWN = frozenset({*_FN_METHODS, "_backward_cls"})  # (keyed above; the node class torch made)
 
 
 def function_class_state(cls: type, _open: frozenset[int] = frozenset()) -> tuple[Any, ...]:
     """A Function class's attributes but its methods (``value_key``'s ``Fn`` key holds those)."""
-    return tuple(item for item in _class_state(cls, _open | {id(cls)}) if item[0] not in _FN_OWN)
+    return _class_state(cls, _open | {id(cls)}, _FN_OWN)
 
 
 def _code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
@@ -228,31 +237,6 @@ def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> 
     # class's forward, the code the trace analysed (a library class's, set by the user too).
     return (name, type(module), id(module), module.training, plain, hooks, Same(getattr(type(module), "forward", None)),
             *_of_class(module, inner))
-
-
-def show_value_key(key: Any) -> str:
-    """A value's key as the value it stands for, for a mismatch message (``2.0``, ``-0.0``,
-    ``Dropout (training=True, p=0.5)``)."""
-    if isinstance(key, tuple) and key and key[0] == "V":
-        return repr(key[2])
-    if isinstance(key, tuple) and key and key[0] == "F":
-        return repr(float.fromhex(key[2])) if len(key) == 3 else repr(complex(float.fromhex(key[2]), float.fromhex(key[3])))
-    if isinstance(key, tuple) and key and key[0] == "M":
-        name, _, _, training, plain, *_ = key[4][0]
-        attrs = "".join(f", {k}={show_value_key(v)}" for k, v in [kv for kv in plain if kv[0] != "training"][:6])
-        subs = sum(1 for m in key[4][1:] if m[3] != training)
-        return f"{key[1].__name__} (training={training}{attrs}" + (f", {subs} submodules otherwise" if subs else "") + ")"
-    if isinstance(key, tuple) and key and key[0] == "C":
-        return "class with " + ", ".join(f"{k}={show_value_key(v)}" for k, v in key[2][:6])
-    if isinstance(key, tuple) and key and key[0] in ("fn", "Fn"):
-        return show_function_key(key) if key[0] == "fn" else f"Function {key[2].obj.__qualname__} (its methods as keyed" + \
-            "".join(f", {k}={show_value_key(v)}" for k, v in key[-1][:6]) + ")"
-    if isinstance(key, tuple) and key and key[0] == "id":
-        return f"the {key[1].__name__} object at {key[2]:#x}"
-    if isinstance(key, tuple) and key and key[0] == "T":
-        return f"a tensor of shape {list(key[2])}, {key[3]}, requires_grad={key[6]}"
-    text = repr(key)
-    return text if len(text) < 120 else text[:117] + "..."
 
 
 _PLAIN = (int, float, bool, str, type(None))  # compared directly by the generated checks
