@@ -229,3 +229,100 @@ def test_a_function_class_that_holds_itself():
             cap(x, Registered)
     finally:
         Registered.SCALE = 2.0
+
+
+# An inner Function's class, checked on every call by identity (``guard_checks.class_watch``)
+# rather than by rebuilding its key: each way its state changes must still be seen.
+
+class _Base(torch.autograd.Function):
+    TABLE = [2.0]
+
+    @staticmethod
+    def scale(x):
+        return x * 2.0
+
+
+class _Inner(_Base):
+    SCALE = 2.0
+
+    @staticmethod
+    def forward(ctx, x):
+        return _Inner.scale(x) * _Inner.SCALE * _Inner.TABLE[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 4.0 * _Inner.SCALE
+
+
+class _Calls(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _Inner.apply(x).sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _scale_by_three(x):
+    return x * 3.0
+
+
+def _watched_state():
+    yield
+    _Inner.SCALE = 2.0
+    _Base.TABLE[:] = [2.0]
+    _Base.scale = staticmethod(lambda x: x * 2.0)
+    for name in ("EXTRA", "OTHER"):
+        for cls in (_Inner, _Base):
+            if name in vars(cls):
+                delattr(cls, name)
+
+
+_CHANGES = {
+    "a number rebound": lambda i: setattr(_Inner, "SCALE", 2.0 + i % 2),
+    "a list on a base changed in place": lambda i: _Base.TABLE.__setitem__(0, 2.0 + i % 2),
+    "a base's helper rebound": lambda i: setattr(_Base, "scale", staticmethod(_scale_by_three if i % 2 else (lambda x: x * 2.0))),
+    "a helper's code replaced": lambda i: setattr(vars(_Base)["scale"].__func__, "__code__",
+                                                  (_scale_by_three if i % 2 else (lambda x: x * 2.0)).__code__),
+    "one attribute removed, another added": lambda i: _swap("EXTRA" if i % 2 else "OTHER", "OTHER" if i % 2 else "EXTRA"),
+}
+
+
+def _swap(new, old):
+    # (the class keeps as many attributes, one of them another name)
+    setattr(_Inner, new, 1.0)
+    if old in vars(_Inner):
+        delattr(_Inner, old)
+
+
+@pytest.mark.parametrize("change", sorted(_CHANGES))
+def test_an_inner_function_class_changed_between_calls(change):
+    state = _watched_state()
+    next(state)
+    try:
+        matches_eager(_Calls, lambda i: (_x(i),), between=_CHANGES[change], reset=lambda: next(_watched_state()), refusable=False)
+    finally:
+        next(state, None)
+
+
+def test_the_identity_watch_never_accepts_a_changed_class_state():
+    from minihop.runtime.guard_checks import class_watch
+    from minihop.runtime.guards import FN_OWN, function_class_state
+    state = _watched_state()
+    next(state)
+    try:
+        for name, change in sorted(_CHANGES.items()):
+            for i in (1, 2, 3):
+                before = function_class_state(_Inner)
+                watch = class_watch(_Inner, before, FN_OWN)
+                assert watch is not None and watch(_Inner), name
+                change(i)
+                changed = function_class_state(_Inner) != before
+                assert watch(_Inner) is not changed, (name, i)
+        bases = class_watch(_Inner, function_class_state(_Inner), FN_OWN)
+        _Inner.__bases__ = (type("_Other", (_Base,), {"TABLE": [5.0]}),)
+        assert not bases(_Inner)
+    finally:
+        _Inner.__bases__ = (_Base,)
+        next(state, None)

@@ -33,8 +33,8 @@ from .graph_reads import reads_grad_mode
 from .fetch import fetcher
 from .module_reads import holds_modules, module_assumptions
 from .sharing import sharing_of
-from .guards import (argument_key, autocast_key, compile_guard, compile_live_check,
-                     describe_autocast, unmet_marks, value_key)
+from .guard_checks import compile_guard, compile_live_check
+from .guards import argument_key, autocast_key, describe_autocast, unmet_marks, value_key
 
 __all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits", "layout_key"]
 

@@ -34,7 +34,7 @@ from .codegen import emit
 from .graph_reads import reads_grad_mode
 from .eager_runs import EagerRunner
 from .grad_fn import mirror_ctx
-from .guards import compile_live_check
+from .guard_checks import compile_live_check
 from .transformable import make_transformable
 
 __all__ = ["make_function", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace"]

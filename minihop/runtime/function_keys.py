@@ -58,7 +58,7 @@ def function_key(fn: types.FunctionType) -> tuple[Any, ...]:
 def same_function(key: Any) -> bool:
     """Whether ``key`` is a function's key that its function still has, without keyword
     defaults (a dict changed in place): then its function, code and defaults tuple being the
-    very same objects is a match (``guards.compile_live_check``'s fast path)."""
+    very same objects is a match (``guard_checks.compile_live_check``'s fast path)."""
     if not (isinstance(key, tuple) and key and key[0] == "fn" and key[5] is None):
         return False
     fn = key[2].obj

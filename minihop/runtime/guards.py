@@ -19,19 +19,19 @@ import logging
 import sys
 import types
 import weakref
-from collections.abc import Callable, MutableMapping, MutableSequence
+from collections.abc import MutableMapping, MutableSequence
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..arguments import STRICT_MARKS, is_dynamo_mark, marks
+from ..arguments import is_dynamo_mark, marks
 from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, state_of, torch_tensor_entries, view_items)
 from ..structure import PLAIN_CALLABLES, attributes
-from .function_keys import function_key, same_function
+from .function_keys import function_key
 
-__all__ = ["argument_key", "autocast_key", "call_key", "compile_live_check", "masked_key", "describe_autocast", "compile_guard", "library_name",
+__all__ = ["argument_key", "autocast_key", "call_key", "masked_key", "describe_autocast", "class_attributes", "function_class_state", "library_name",
            "unmet_marks", "value_key"]
 
 _HASHABLE_ATOMS = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
@@ -64,7 +64,7 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # backward and setup_context it runs, with their code and defaults, and its other class
         # attributes, as a user class's (read through it where no chain names them too).
         return ("Fn", id(value), Same(value), *(_callee_key(getattr(getattr(value, m), "__func__", getattr(value, m)))
-                                                for m in _FN_METHODS),
+                                                for m in FN_METHODS),
                 (("cycle", id(value)),) if id(value) in _open else function_class_state(value, _open))
     if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
             not library_name(value.__module__) and id(value) not in _open:
@@ -161,7 +161,7 @@ def _of_class(value: Any, _open: frozenset[int]) -> tuple[Any, ...]:
     return () if library_name(type(value).__module__) else (value_key(type(value), _open),)
 
 
-_FN_METHODS = ("forward", "backward", "setup_context")  # what another Function's key holds
+FN_METHODS = ("forward", "backward", "setup_context")  # what another Function's key holds
 
 
 def _callee_key(fn: Any) -> Any:
@@ -180,17 +180,8 @@ def _class_state(cls: type, inner: frozenset[int], skip: frozenset[str] = frozen
     static and class methods, properties) by the function objects themselves, so that
     ``Ops.act = staticmethod(torch.tanh)`` rebinding one is a different key (the class's
     identity does not change). The key holds those objects, so their ids are never reused."""
-    found: dict[str, Any] = {}
-    for klass in _user_bases(cls):
-        for k, v in vars(klass).items():
-            # Its dunder methods too: ``Act.__call__``, ``__getitem__``, ``__float__`` rebound
-            # change what ``act(x)``, ``cfg[k]``, ``float(knob)`` compute (the class's identity
-            # does not change); its data dunders (``__dict__``, ``__doc__``, a dataclass's
-            # fields) do not; nor does what minihop put there (``@captured``'s apply, a cache).
-            if (not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, _CODE) or callable(v)) \
-                    and k not in skip and not (k.startswith("_minihop") or type(v) not in _PLAIN and minihops(v)):
-                found[k] = v
-    state = tuple((k, _code_key(v, inner) if isinstance(v, _CODE) else value_key(v, inner)) for k, v in found.items())
+    found = class_attributes(cls, skip)
+    state = tuple((k, code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) for k, v in found.items())
     if isinstance(cls, abc.ABCMeta):
         # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
         registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]
@@ -198,11 +189,26 @@ def _class_state(cls: type, inner: frozenset[int], skip: frozenset[str] = frozen
     return state
 
 
-_CODE = (types.FunctionType, staticmethod, classmethod, property)
+def class_attributes(cls: type, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The attributes a user class's key holds, by name (a base's overridden by its subclass's)."""
+    found: dict[str, Any] = {}
+    for klass in user_bases(cls):
+        for k, v in vars(klass).items():
+            # Its dunder methods too: ``Act.__call__``, ``__getitem__``, ``__float__`` rebound
+            # change what ``act(x)``, ``cfg[k]``, ``float(knob)`` compute (the class's identity
+            # does not change); its data dunders (``__dict__``, ``__doc__``, a dataclass's
+            # fields) do not; nor does what minihop put there (``@captured``'s apply, a cache).
+            if (not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, CODE) or callable(v)) \
+                    and k not in skip and not (k.startswith("_minihop") or type(v) not in PLAIN and minihops(v)):
+                found[k] = v
+    return found
+
+
+CODE = (types.FunctionType, staticmethod, classmethod, property)
 _BASES: weakref.WeakKeyDictionary[type, tuple[Any, tuple[type, ...]]] = weakref.WeakKeyDictionary()
 
 
-def _user_bases(cls: type) -> tuple[type, ...]:
+def user_bases(cls: type) -> tuple[type, ...]:
     """``cls``'s MRO, base first, without library classes: found once per MRO (a guard asks on
     every call; ``__bases__`` assigned makes a new one)."""
     mro = cls.__mro__
@@ -211,15 +217,15 @@ def _user_bases(cls: type) -> tuple[type, ...]:
         held = _BASES[cls] = (mro, tuple(k for k in reversed(mro) if not library_name(k.__module__)))
     return held[1]
 
-_FN_OWN = frozenset({*_FN_METHODS, "_backward_cls"})  # (keyed above; the node class torch made)
+FN_OWN = frozenset({*FN_METHODS, "_backward_cls"})  # (keyed above; the node class torch made)
 
 
 def function_class_state(cls: type, _open: frozenset[int] = frozenset()) -> tuple[Any, ...]:
     """A Function class's attributes but its methods (``value_key``'s ``Fn`` key holds those)."""
-    return _class_state(cls, _open | {id(cls)}, _FN_OWN)
+    return _class_state(cls, _open | {id(cls)}, FN_OWN)
 
 
-def _code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
+def code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
     """A method kept on a class, by what runs when it is called or read (a
     ``staticmethod(partial(...))`` by its partial's function, arguments and keywords too: they
     change in place)."""
@@ -239,7 +245,7 @@ def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> 
             *_of_class(module, inner))
 
 
-_PLAIN = (int, float, bool, str, type(None))  # compared directly by the generated checks
+PLAIN = (int, float, bool, str, type(None))  # compared directly by the generated checks
 _any_autocast = torch._C._is_any_autocast_enabled
 _default_dtype = torch.get_default_dtype
 # The devices whose autocast state a key records (where an enabled autocast changes op dtypes).
@@ -320,115 +326,3 @@ def describe_autocast(rest: tuple[Any, ...]) -> str:
     if state is None:
         return "off"
     return ", ".join(f"{d} {dtype}" for d, dtype in state[:-1]) + f" (cache {'on' if state[-1] else 'off'})"
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(source: str) -> types.CodeType:
-    """A guard's source compiled once: the captures of one Function (other shapes, the same
-    values) write the same guard code; the values it compares come from its namespace."""
-    return compile(source, "<minihop guard>", "exec")
-
-
-def _generated(lines: list[str], consts: dict[str, Any]) -> Callable[[tuple[Any, ...]], bool]:
-    """``args -> bool``: ``lines`` (its body, each failed test returning False) over ``consts``."""
-    namespace = dict(consts)
-    exec(_compiled("\n".join(("def check(args):", *lines, "    return True"))), namespace)
-    check: Callable[[tuple[Any, ...]], bool] = namespace["check"]
-    return check
-
-
-def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None = None) -> Callable[[tuple[Any, ...]], bool]:
-    """A function ``args -> bool`` equal to ``call_key(args, dynamic) == key``, generated once.
-
-    Tensors and plain values get direct attribute checks (no key tuples built per call);
-    anything else falls back to comparing its key. Dynamic dimensions (``None`` in the key's
-    shape) are not checked here: the capture's shape guards check them.
-    """
-    grad_mode, arg_keys = key[:2]
-    autocast = key[2] if len(key) > 2 else None
-    lines = [f"    if len(args) != {len(arg_keys)} or is_grad() is not {grad_mode} or default_dtype() is not dtype:",
-             "        return False"]
-    if autocast is None:
-        lines += ["    if any_autocast():", "        return False"]
-    else:
-        lines += ["    if autocast_key() != autocast:", "        return False"]
-    consts: dict[str, Any] = {"is_grad": torch.is_grad_enabled, "key_of": value_key, "autocast": autocast,
-                              "default_dtype": _default_dtype, "dtype": key[3] if len(key) > 3 else torch.float32,
-                              "no_marks": frozenset(), "any_autocast": _any_autocast,
-                              "autocast_key": autocast_key, "masked_key": masked_key}
-    for i, k in enumerate(arg_keys):
-        a = f"args[{i}]"
-        consts[f"k{i}"] = k
-        if masks and i in masks:
-            consts[f"m{i}"] = masks[i]
-            lines += [f"    if masked_key({a}, m{i}) != k{i}:", "        return False"]
-            continue
-        if isinstance(k, tuple) and k and k[0] == "T":
-            _, cls, shape, dtype, device, layout, rg, attrs = k
-            consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout,
-                           f"a{i}": attrs, "attrs_of": python_attributes})
-            # Cheapest first; a CPU tensor's device is always plain "cpu", so is_cpu decides it.
-            device_check = f"{a}.is_cpu" if device == torch.device("cpu") else f"{a}.device == v{i}"
-            checks = [f"type({a}) is c{i}", f"{a}.dtype is d{i}", f"{a}.requires_grad is {rg}",
-                      device_check, f"{a}.layout is l{i}"]
-            # Dimensions marked with Dynamo's mark_dynamic must be symbolic here.
-            consts[f"y{i}"] = frozenset(d for d, n in enumerate(shape) if n is None) | frozenset(
-                d - len(shape) for d, n in enumerate(shape) if n is None)
-            checks.append(f"getattr({a}, '{STRICT_MARKS}', no_marks) <= y{i}")
-            # Python attributes set on the tensor (``x.scale = 2.0``): usually none at all.
-            checks.append(f"(not {a}.__dict__ and not a{i} or attrs_of({a}) == a{i})")
-            if None in shape:
-                checks.append(f"{a}.dim() == {len(shape)}")
-                checks += [f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None]
-            else:
-                consts[f"s{i}"] = torch.Size(shape)
-                checks.append(f"{a}.shape == s{i}")
-            lines.append(f"    if not ({' and '.join(checks)}):")
-        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] is int and k[2] is None:
-            lines.append(f"    if type({a}) is not int:")  # a dynamic int (shape guards check it)
-        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in _PLAIN:
-            consts[f"t{i}"] = k[1]
-            lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")
-        else:
-            lines.append(f"    if key_of({a}) != k{i}:")
-        lines.append("        return False")
-    return _generated(lines, consts)
-
-
-def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
-                       captured: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], bool]:
-    """``args -> bool``: whether each value ``fetchers`` read now has the key it had at capture
-    (``captured``, from ``value_key``), generated once. A plain number, string, bool or None
-    is compared directly (no key built per call); anything else by its key."""
-    lines: list[str] = []
-    consts: dict[str, Any] = {"key_of": value_key}
-    for i, (fetch, key) in enumerate(zip(fetchers, captured, strict=True)):
-        consts[f"f{i}"] = fetch
-        consts[f"k{i}"] = key
-        if isinstance(key, tuple) and len(key) == 3 and key[0] == "V" and key[1] in _PLAIN:
-            consts[f"t{i}"], consts[f"v{i}"] = key[1], key[2]
-            lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
-        elif same_function(key):
-            # A function, its code and defaults the very objects keyed (held here): no key built.
-            fn = key[2].obj
-            consts[f"o{i}"], consts[f"c{i}"], consts[f"d{i}"] = fn, fn.__code__, fn.__defaults__
-            lines += [f"    v = f{i}(args)",
-                      f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None)"
-                      f" and key_of(v) != k{i}:", "        return False"]
-        elif isinstance(key, tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:-1]):
-            # another Function, its methods the keyed ones, its other attributes the same
-            consts[f"o{i}"], consts[f"s{i}"], consts["fn_state"] = key[2].obj, key[-1], function_class_state
-            test = [f"v is o{i}", f"fn_state(v) == s{i}"]
-            for m, method_key in zip(_FN_METHODS, key[3:-1], strict=True):
-                fn = consts[f"m{i}{m}"] = method_key[2].obj
-                consts[f"c{i}{m}"], consts[f"d{i}{m}"] = fn.__code__, fn.__defaults__
-                got = f"v.{m}.__func__" if isinstance(getattr(key[2].obj, m), types.MethodType) else f"v.{m}"  # a classmethod
-                test.append(f"{got} is m{i}{m} and m{i}{m}.__code__ is c{i}{m} and m{i}{m}.__defaults__ is d{i}{m}")
-            lines += [f"    v = f{i}(args)", f"    if not ({' and '.join(test)}) and key_of(v) != k{i}:", "        return False"]
-        else:
-            lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
-    # A fetch that raises (the place's owner replaced by an object without that attribute)
-    # is a changed value: the guard fails, and tracing again meets the change as eager does.
-    body = ["    try:", *("    " + line for line in lines), "    except Exception:", "        return False"]
-    return _generated(body if lines else lines, consts)
-

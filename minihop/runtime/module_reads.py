@@ -150,7 +150,7 @@ def module_assumptions(name: str, state: PythonState, args: Args, held: frozense
                   next(iter(places.values())).line, explain_failure=failure)]
     for place, r in in_backward.items():
         # Keyed by the very object (``Same``: a module's key would cost ~1 µs), compared when
-        # backward runs (guards.compile_live_check).
+        # backward runs (guard_checks.compile_live_check).
         identity = _identity(r.place)
         old = value_key(identity(args))
         shown = f"{place} is {_shown(r.place.get(args))}"
