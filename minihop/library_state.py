@@ -1,6 +1,6 @@
 """What a library object holds, for the heap watch: so that a change to it is seen, never guessed.
 
-Shared by the tracer's heap watch (``tracer.heap.contents_of``: what changed while tracing) and
+Shared by the tracer's heap watch (``tracer.holders.contents_of``: what changed while tracing) and
 the runtime's guards (``runtime.guards.value_key``: what changed between calls), so that both
 see the same state of an object of a library class (the standard library's, torch's, a
 package's) that is not a plain holder of the user's values.
@@ -30,6 +30,7 @@ value the object hands ``pickle`` is equal (floats by their bits, other objects 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import random
 import sys
@@ -41,7 +42,7 @@ from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
-           "READ_ONLY_VIEWS", "c_method_owner", "minihops", "view_items"]
+           "READ_ONLY_VIEWS", "c_method_owner", "minihops", "native_state", "subclass_attributes", "view_items"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -136,6 +137,49 @@ READ_ONLY_VIEWS = (types.MappingProxyType, type({}.keys()), type({}.values()), t
 _NO_STATE_LEFT = (type(threading.Lock()), type(threading.RLock()), weakref.ref, *READ_ONLY_VIEWS)
 
 
+# Builtin classes whose objects a key and the heap watch see whole (as values, items or
+# attributes): a user subclass of one keeps no state past those.
+# (``threading.local`` and ``SimpleNamespace`` hold only attributes: ``plain_holder``)
+_SEEN_WHOLE = (object, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset,
+               threading.local, types.SimpleNamespace)
+_NATIVE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+_VALUES = (str, bytes, int, float, complex, tuple, list, dict, set, frozenset)
+_BUILTIN_VALUES = frozenset({*_VALUES, bool, type(None)})
+
+
+def subclass_attributes(value: Any) -> dict[str, Any] | None:
+    """The ``__dict__`` of a user's subclass of a builtin value (``class Knob(float)``,
+    ``class Pair(tuple)``, ``class Stack(list)``) when it holds something: attributes its
+    value, items or pairs do not show (``k.extra``), keyed and watched beside them."""
+    cls = type(value)
+    if cls in _BUILTIN_VALUES or not isinstance(value, _VALUES) or isinstance(value, enum.Enum):
+        return None
+    own = getattr(value, "__dict__", None)
+    return own if isinstance(own, dict) and own else None
+
+
+def native_state(cls: type) -> bool:
+    """Whether objects of the user's class ``cls`` keep state in a library class written in C
+    (``class Buf(io.BytesIO)``, a ctypes ``Structure`` or array, an ``Exception``): state their
+    attributes do not show, as a library object's. Keyed and watched as one (``state_of``: what
+    they hand ``pickle``); refused where pickle cannot show it (``unseen``)."""
+    found = _NATIVE.get(cls)
+    if found is None:
+        found = _NATIVE[cls] = any(_in_c(b) for b in cls.__mro__ if b not in _SEEN_WHOLE)
+    return found
+
+
+def _in_c(cls: type) -> bool:
+    if not cls.__flags__ & (1 << 9):  # not a heap type: a static C type
+        return True
+    module = sys.modules.get(cls.__module__ or "")
+    file = getattr(module, "__file__", None)
+    # (a C extension module's class, ``_random.Random``: its module is no Python file)
+    return library_module(cls.__module__ or "") and not (isinstance(file, str) and file.endswith(".py"))
+
+
 def view_items(view: Any) -> tuple[tuple[Any, Any], ...]:
     """The items of the dict behind a read-only view (``MappingProxyType(d)``, ``d.keys()``)."""
     mapping = view if isinstance(view, types.MappingProxyType) else view.mapping
@@ -172,7 +216,8 @@ def unseen(value: Any) -> bool:
     Code that reaches one is refused before it is traced (``tracer.iterators``): what the trace
     did to it would stay done, once, where eager does it on every call. torch's own objects
     (streams, process groups) are minihop's to model, and are not."""
-    if callable(value) or isinstance(value, (type, types.ModuleType, _NO_STATE_LEFT)) or not library_object(value):
+    if callable(value) or isinstance(value, (type, types.ModuleType, _NO_STATE_LEFT)) or \
+            not (library_object(value) or native_state(type(value))):
         return False
     if (type(value).__module__ or "").split(".")[0] == "torch":
         return False
@@ -260,15 +305,21 @@ def state_of(value: Any) -> dict[str, Any]:
 def put_back(value: Any, state: LibraryState) -> None:
     """Give ``value`` the state ``state`` showed again, where its class can take it."""
     setstate = getattr(value, "__setstate__", None)
+    if not callable(setstate):
+        return
     held = state.raw[1] if len(state.raw) == 2 else None
-    if held is not None and held is not getattr(value, "__dict__", None) and callable(setstate):
+    if held is not None and held is not getattr(value, "__dict__", None):
         setstate(held)
+    elif len(state.raw) == 1 and isinstance(state.raw[0], tuple) and len(state.raw[0]) == 2 \
+            and state.raw[0][0] is type(value) and isinstance(state.raw[0][1], tuple):
+        # (``_unpickle(cls, state)``'s protocol, ctypes' objects': ``__setstate__(*state)``)
+        setstate(*state.raw[0][1])
 
 
 def set_attr(obj: Any, name: str, value: Any) -> None:
     """Set what a watched object holds as ``name``, putting it back: ``object.__setattr__``
     past a user's own ``__setattr__``; a thread-local's needs its own; a module's parameter or
-    buffer lives in its own dict (``heap.contents_of``)."""
+    buffer lives in its own dict (``holders.contents_of``)."""
     held = _module_slot(obj, name)
     if held is not None:
         held[name] = value

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import is_dynamo_mark, marks
 from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
-                             module_attributes, state_of, torch_tensor_entries, view_items)
+                             module_attributes, native_state, state_of, subclass_attributes, torch_tensor_entries, view_items)
 from ..structure import PLAIN_CALLABLES, attributes
 from .function_keys import function_key
 
@@ -72,21 +72,21 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # is its class attributes, keyed whole.
         return ("C", id(value), _class_state(value, _open | {id(value)}))
     if isinstance(value, _HASHABLE_ATOMS):
-        return ("V", type(value), value)
+        return ("V", type(value), value, *_own(value, _open))
     if id(value) in _open:
         return ("cycle", type(value), id(value))  # an object that contains itself
     if isinstance(value, (tuple, list)):
         inner = _open | {id(value)}
-        return (type(value), tuple(value_key(v, inner) for v in value), *_of_class(value, _open))
+        return (type(value), tuple(value_key(v, inner) for v in value), *_of_class(value, _open), *_own(value, _open))
     if isinstance(value, dict):
         inner = _open | {id(value)}
         # Keys by their own keys too: {-0.0: v} is not {0.0: v}, nor (0.0,) (-0.0,).
         return (type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in value.items()),
-                *_of_class(value, _open))
+                *_of_class(value, _open), *_own(value, _open))
     if isinstance(value, (set, frozenset)):
         # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each.
         inner = _open | {id(value)}
-        return (type(value), frozenset(value_key(v, inner) for v in value))
+        return (type(value), frozenset(value_key(v, inner) for v in value), *_own(value, _open))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         # What its forward (torch's own, in library code) reads is the rest of its state: each
@@ -130,14 +130,15 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         inner = _open | {id(value)}
         items = value.items() if isinstance(value, MutableMapping) else enumerate(value)
         return ("items", type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in items))
-    if library_object(value):
-        # A library object (a queue, a buffer): what the heap watch sees of it, keyed
+    if library_object(value) or native_state(type(value)):
+        # A library object (a queue, a buffer), or a user's over a C class (``class
+        # Buf(io.BytesIO)``, a ctypes ``Structure``): what the heap watch sees of it, keyed
         inner = _open | {id(value)}
         state = state_of(value)
         # (and by identity, as before: what pickle shows may leave out what it computes with,
         # an ``operator.methodcaller``'s keywords)
         return ("L", type(value), id(value), Same(value), tuple(
-            (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()))
+            (k, v.frozen if k == STATE else value_key(v, inner)) for k, v in state.items()), *_of_class(value, _open))
     if minihops(value):  # (``self.op = minihop.function(F)``: what it runs is keyed when it runs)
         return ("id", type(value), id(value), Same(value))
     attrs = attributes(value)
@@ -152,6 +153,16 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # By identity, the object held (a key that lives keeps its id from being reused).
         return ("id", cls, id(value), Same(value), *of_class)
     return ("V", cls, value, *of_class)
+
+
+def _own(value: Any, _open: frozenset[int]) -> tuple[Any, ...]:
+    """A user's subclass of a builtin value carries attributes its methods and the user's code
+    read (``k.extra`` of a ``class Knob(float)``): keyed too."""
+    own = subclass_attributes(value)
+    if own is None:
+        return ()
+    inner = _open | {id(value)}
+    return (("attributes", tuple((k, value_key(v, inner)) for k, v in own.items())),)
 
 
 def _of_class(value: Any, _open: frozenset[int]) -> tuple[Any, ...]:

@@ -14,7 +14,7 @@ the source line). ``restore`` puts every snapshotted object back as it was, so t
 Python state as it found it. ``atoms.ATOMS`` is the one tuple of values a write may replay as they are.
 
 A new kind of write is handled by adding a row to ``RULES`` (above the catch-all refusal), and
-a new kind of holder by teaching ``contents_of`` what it holds; nothing else compares state.
+a new kind of holder by teaching ``holders.contents_of`` what it holds; nothing else compares state.
 
 Invariant: every object of a snapshot that is still reachable afterwards and changed yields
 its differences from ``changes``; each is classified by exactly one rule, and the last rule
@@ -25,24 +25,22 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import types
-from collections.abc import Callable, Iterable, Iterator, MutableMapping, MutableSequence, MutableSet
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from ..spec import MISSING, Place, Root
-from ..structure import argname, attributes
+from ..structure import argname
 from . import effects, hidden
 from .identity import TYPE, note_tensor
-from .atoms import ATOMS, CONSTANTS, atom_tuple, holds_tensor
-from .library import is_library, is_user_module
+from .atoms import ATOMS, atom_tuple, holds_tensor
+from .library import is_user_module
 from .process_state import PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
-from ..library_state import (STATE, c_method_owner, del_attr, kept_by_library, module_attributes, plain_holder,
-                             put_back, set_attr, state_of, tensor_attributes)
+from ..library_state import STATE, del_attr, put_back, set_attr
+from .holders import class_state, contents_of, dunder, held_by
 from .roots import cell_value
 
 __all__ = ["MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",
@@ -113,7 +111,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             note_tensor(reached, value, Place(root, steps))
         if id(value) in found:
             continue
-        if len(found) - tensors >= MAX_OBJECTS and (is_user_module(value) or _held_by(value, True)
+        if len(found) - tensors >= MAX_OBJECTS and (is_user_module(value) or held_by(value, True)
                                                     or contents_of(value)[0] not in (None, "tensor")):
             raise TooMuchState(Place(root, steps).description)  # (where the walk stopped)
         if is_user_module(value):
@@ -121,7 +119,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             # names are globals of its own functions, watched as their globals dict (one place
             # per name, ``cfg.step`` or ``global step``; ``restore`` removes one the trace added).
             g = vars(value)
-            data = {k: v for k, v in g.items() if not _dunder(k) and v is not TYPE}
+            data = {k: v for k, v in g.items() if not dunder(k) and v is not TYPE}
             seen = found.get(id(g))
             found[id(g)] = Seen(g, Root("value", "module", value.__name__, lambda args, g=g: g), (), "globals",
                                 data if seen is None else {**data, **seen.contents})
@@ -132,7 +130,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         # What a callable the code is handed, names or finds in the user's containers
         # (``HANDLERS = [DQ.popleft]``; not one kept as an attribute: singledispatch's cache
         # clearer on its function) or a tuple holds is reached through it.
-        held = _held_by(value, depth == 0 or through or not below_library and steps[-1][0] == "item")
+        held = held_by(value, depth == 0 or through or not below_library and steps[-1][0] == "item")
         for step, child in held:
             queue.append((child, root, (*steps, step), depth + 1, False, True))
         kind, contents = contents_of(value)
@@ -158,22 +156,6 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             step = ("attr", key) if kind in ("attrs", "library") else ("item", key)
             queue.append((child, root, (*steps, step), depth + 1, library, False))
     return found
-
-
-def _held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
-    """The objects a tuple holds, and (``callables``) a bound method (its ``__self__``: ``cb =
-    Q.put``, ``pop = DQ.popleft``) or a ``functools.partial`` (its function and arguments): the
-    way to state the code changes (``cb(1)`` puts into ``Q``); a random generator's is ``hidden``'s."""
-    if type(value) is tuple:
-        return [(("item", i), v) for i, v in enumerate(value)]
-    if not callables:
-        return []
-    owner = value.__self__ if isinstance(value, types.MethodType) else c_method_owner(value)
-    if owner is not None:
-        return [] if hidden.fingerprint(owner) is not None else [(("attr", "__self__"), owner)]
-    if isinstance(value, functools.partial):
-        return [(("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
-    return []
 
 
 # One difference between two snapshots: (what was seen, step, before, after).
@@ -270,66 +252,6 @@ def argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) 
     return None
 
 
-UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.ModuleType, types.FunctionType,
-                       tuple, frozenset})
-
-
-def contents_of(value: Any) -> tuple[str | None, Any]:
-    """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
-    if isinstance(value, torch.Tensor):
-        # The attributes the user set on it (``x.scale = 2.0``, ``out._soft = soft``): its data is
-        # the graphs', its properties are keyed with the call.
-        return "tensor", tensor_attributes(value)
-    if isinstance(value, (functools.partial, functools._lru_cache_wrapper)) or (
-            type(value) is types.FunctionType and not is_library(value)):
-        # Attributes set on the user's function or a wrapper of it (``helper.calls += 1``,
-        # ``memo.last = t``): Python's static-variable idiom, state like an object's.
-        return "attrs", {k: v for k, v in vars(value).items() if not _dunder(k) and not k.startswith("_minihop")}
-    if type(value) in UNWATCHED:
-        return None, None
-    if isinstance(value, torch.nn.Module):
-        # Its plain attributes (``training``, ``self.steps``), and its parameters and buffers
-        # by name (``mod.k = t`` rebinds a registered buffer in ``_buffers``); submodules are
-        # walked as children.
-        return "attrs", {**module_attributes(value), **value._parameters, **value._buffers}
-    if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
-                                                      types.ModuleType, types.FunctionType,
-                                                      types.BuiltinFunctionType, types.MethodType,
-                                                      staticmethod, classmethod, property, tuple,
-                                                      frozenset, torch.nn.Module)) or value is MISSING:
-        return None, None
-    state = hidden.fingerprint(value)
-    if state is not None:
-        return "hidden", state  # a random generator or an iterator: refused if it moves
-    # Containers whose whole state is their items, whoever defined them (``bytearray``,
-    # ``array``, ``UserDict``, a ``WeakValueDictionary``): watched, and replayed, as items.
-    if isinstance(value, (list, collections.deque)) or \
-            isinstance(value, MutableSequence) and not isinstance(value, (str, bytes)):
-        return "list", list(value)
-    if isinstance(value, dict):
-        return "dict", dict(value)
-    if isinstance(value, MutableMapping):  # (by its pairs: a weak dictionary's lookups compare keys)
-        return "dict", dict(value.items())
-    if isinstance(value, (set, MutableSet)):
-        return "set", set(value)
-    if isinstance(value, type):
-        if is_library(value):  # (a class exec made is the user's: library.is_exec_class)
-            return None, None
-        return "attrs", class_state(value)
-    if is_library(type(value)) and not plain_holder(value):
-        return (None, None) if kept_by_library(value) else ("library", state_of(value))
-    try:
-        return "attrs", attributes(value)
-    except Exception:
-        return None, None
-
-
-def class_state(cls: type) -> dict[str, Any]:
-    """A class's own data attributes: its methods, dunders and minihop's own entries are not state."""
-    return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_minihop")
-            and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
-
-
 def same(kind: str, old: Any, new: Any) -> bool:
     if kind == "cell":
         return old is new or (isinstance(old, ATOMS) and type(old) is type(new) and old == new)
@@ -385,7 +307,7 @@ def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any]
 def current(seen: Seen) -> Any:
     """What the object ``seen`` watched holds now, as a snapshot would record it there."""
     if seen.kind == "globals":  # (the names watched; a user module's: all of them)
-        names = {**seen.contents, **({k: None for k, v in seen.obj.items() if not _dunder(k) and v is not TYPE}
+        names = {**seen.contents, **({k: None for k, v in seen.obj.items() if not dunder(k) and v is not TYPE}
                                      if seen.root.key == "module" else {})}
         return {k: seen.obj.get(k, MISSING) for k in names}
     if seen.kind == "cell":
@@ -405,7 +327,7 @@ def put(seen: Seen, old: Any) -> None:
     try:
         if seen.kind == "globals":
             if seen.root.key == "module":  # a user module's: names the trace added go
-                for k in [k for k in obj if k not in old and not _dunder(k)]:
+                for k in [k for k in obj if k not in old and not dunder(k)]:
                     del obj[k]
             for k, v in old.items():
                 if v is MISSING:
@@ -444,7 +366,3 @@ def put(seen: Seen, old: Any) -> None:
                     set_attr(obj, k, v)
     except Exception:
         return
-
-
-def _dunder(name: str) -> bool:
-    return name.startswith("__") and name.endswith("__")

@@ -1,0 +1,115 @@
+"""What each kind of object holds, as the heap watch snapshots and compares it.
+
+Place in the pipeline: tracer, used by ``heap`` (its snapshot walks what ``contents_of`` and
+``held_by`` give; its diff compares what ``contents_of`` copied). One function per question:
+``contents_of``, a shallow copy of what an object holds and its kind (``attrs``, ``list``,
+``dict``, ``set``, ``library``, ``hidden``, ``tensor``; None: not watched); ``held_by``, the
+objects reached *through* one that is not itself watched (a tuple's items, a bound method's
+object, a partial's function and arguments, a builtin subclass's ``__dict__``).
+
+A new kind of holder is taught here, once: ``heap``'s rules then classify its changes.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import types
+from collections.abc import MutableMapping, MutableSequence, MutableSet
+from typing import Any
+
+import torch
+
+from ..library_state import (c_method_owner, kept_by_library, module_attributes, native_state, plain_holder,
+                             state_of, subclass_attributes, tensor_attributes)
+from ..spec import MISSING
+from ..structure import attributes
+from . import hidden
+from .atoms import ATOMS, CONSTANTS
+from .library import is_library
+
+__all__ = ["UNWATCHED", "class_state", "contents_of", "dunder", "held_by"]
+
+
+def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
+    """The objects a tuple holds, and (``callables``) a bound method (its ``__self__``: ``cb =
+    Q.put``, ``pop = DQ.popleft``) or a ``functools.partial`` (its function and arguments): the
+    way to state the code changes (``cb(1)`` puts into ``Q``); a random generator's is ``hidden``'s.
+    And a ``class Pair(tuple)``'s attributes (``p.seen += 1``), as its ``__dict__``."""
+    held = [(("item", i), v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+    own = subclass_attributes(value)
+    if own is not None:
+        held.append((("attr", "__dict__"), own))
+    if not callables:
+        return held
+    owner = value.__self__ if isinstance(value, types.MethodType) else c_method_owner(value)
+    if owner is not None:
+        return held if hidden.fingerprint(owner) is not None else [*held, (("attr", "__self__"), owner)]
+    if isinstance(value, functools.partial):
+        return [*held, (("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
+    return held
+
+
+
+UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.ModuleType, types.FunctionType,
+                       tuple, frozenset})
+
+
+def contents_of(value: Any) -> tuple[str | None, Any]:
+    """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
+    if isinstance(value, torch.Tensor):
+        # The attributes the user set on it (``x.scale = 2.0``, ``out._soft = soft``): its data is
+        # the graphs', its properties are keyed with the call.
+        return "tensor", tensor_attributes(value)
+    if isinstance(value, (functools.partial, functools._lru_cache_wrapper)) or (
+            type(value) is types.FunctionType and not is_library(value)):
+        # Attributes set on the user's function or a wrapper of it (``helper.calls += 1``,
+        # ``memo.last = t``): Python's static-variable idiom, state like an object's.
+        return "attrs", {k: v for k, v in vars(value).items() if not dunder(k) and not k.startswith("_minihop")}
+    if type(value) in UNWATCHED:
+        return None, None
+    if isinstance(value, torch.nn.Module):
+        # Its plain attributes (``training``, ``self.steps``), and its parameters and buffers
+        # by name (``mod.k = t`` rebinds a registered buffer in ``_buffers``); submodules are
+        # walked as children.
+        return "attrs", {**module_attributes(value), **value._parameters, **value._buffers}
+    if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+                                                      types.ModuleType, types.FunctionType,
+                                                      types.BuiltinFunctionType, types.MethodType,
+                                                      staticmethod, classmethod, property, tuple,
+                                                      frozenset, torch.nn.Module)) or value is MISSING:
+        return None, None
+    state = hidden.fingerprint(value)
+    if state is not None:
+        return "hidden", state  # a random generator or an iterator: refused if it moves
+    # Containers whose whole state is their items, whoever defined them (``bytearray``,
+    # ``array``, ``UserDict``, a ``WeakValueDictionary``): watched, and replayed, as items.
+    if isinstance(value, (list, collections.deque)) or \
+            isinstance(value, MutableSequence) and not isinstance(value, (str, bytes)):
+        return "list", list(value)
+    if isinstance(value, dict):
+        return "dict", dict(value)
+    if isinstance(value, MutableMapping):  # (by its pairs: a weak dictionary's lookups compare keys)
+        return "dict", dict(value.items())
+    if isinstance(value, (set, MutableSet)):
+        return "set", set(value)
+    if isinstance(value, type):
+        if is_library(value):  # (a class exec made is the user's: library.is_exec_class)
+            return None, None
+        return "attrs", class_state(value)
+    if is_library(type(value)) and not plain_holder(value) or native_state(type(value)):  # (``class Buf(io.BytesIO)``)
+        return (None, None) if kept_by_library(value) else ("library", state_of(value))
+    try:
+        return "attrs", attributes(value)
+    except Exception:
+        return None, None
+
+
+def class_state(cls: type) -> dict[str, Any]:
+    """A class's own data attributes: its methods, dunders and minihop's own entries are not state."""
+    return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_minihop")
+            and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
+
+
+def dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
