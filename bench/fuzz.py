@@ -111,7 +111,9 @@ ABOUT = {
         "under `nn.Softsign`, each rebound, and a hook for every module run by a module the code "
         "builds; in round 10, a C method bound to a dict in a global and in a list of handlers, a "
         "`MappingProxyType` and a dict's values passed in, a Function class's attribute passed in "
-        "and a module kept on one, and a builtin shadowed by a global), "
+        "and a module kept on one, and a builtin shadowed by a global; in round 11, a user's "
+        "`io.StringIO` subclass passed in, a ctypes `Structure` in a global, a `float` subclass's "
+        "attribute passed in and a `tuple` subclass's in a global), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

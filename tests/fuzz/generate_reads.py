@@ -85,7 +85,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # a read-only view of a dict passed in, a Function class's own attribute (passed in;
            # a module kept on it and called through it), a builtin shadowed by a global.
            "c_method_global", "c_method_in_list", "mapping_proxy_arg", "dict_values_arg",
-           "function_class_attr_arg", "function_class_module", "builtin_shadowed")
+           "function_class_attr_arg", "function_class_module", "builtin_shadowed",
+           # Round 11: objects whose state their attributes do not show: a user's class over a C
+           # one (a StringIO passed in, a ctypes Structure in a global), a builtin's subclass
+           # with attributes (a float passed in, a tuple in a global).
+           "native_text_arg", "ctypes_struct_global", "float_subclass_attr_arg", "tuple_subclass_attr_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -96,6 +100,7 @@ _FORWARD_ONLY: tuple[str, ...] = ()
 
 _PRELUDE = '''import array
 import collections
+import ctypes
 import functools
 import io
 import math
@@ -422,6 +427,18 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "builtin_shadowed":
         return ([], ["globals().pop('pow', None) if v > 1 else globals().__setitem__('pow', lambda a, b, v=v: v)"],
                 "pow(2.0, 1)", [], "")
+    if holder == "native_text_arg":
+        return (["class KText(io.StringIO):", "    pass", "", "", "KTXT = KText('2.0')"],
+                ["KTXT.seek(0)", "KTXT.truncate()", "KTXT.write(repr(v))"], "float(kt.getvalue())", ["KTXT"], "kt")
+    if holder == "ctypes_struct_global":
+        return (["class KPoint(ctypes.Structure):", "    _fields_ = [('k', ctypes.c_double)]", "", "",
+                 "KPT = KPoint(2.0)"], ["KPT.k = v"], "KPT.k", [], "")
+    if holder == "float_subclass_attr_arg":
+        return (["class KFloat(float):", "    pass", "", "", "KFL = KFloat(1.0)", "KFL.extra = 2.0"],
+                ["KFL.extra = v"], "kf.extra * kf", ["KFL"], "kf")
+    if holder == "tuple_subclass_attr_global":
+        return (["class KPair(tuple):", "    pass", "", "", "KPR = KPair((1.0,))", "KPR.w = 2.0"],
+                ["KPR.w = v"], "KPR.w * KPR[0]", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
