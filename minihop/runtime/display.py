@@ -119,6 +119,8 @@ def show_key(key: Any) -> str:
                 f"{show_value_key(key)}; its tensors: {params or 'none'}")
     if isinstance(key, tuple) and key and key[0] in ("F", "C"):
         return f"== {show_value_key(key)}"
+    if isinstance(key, tuple) and key[:1] in ((list,), (tuple,), (dict,)) and len(key) == 2:
+        return f"== {_leaf(key)}"  # (a plain container: its items, as they read)
     return f"same structure and values ({type(key).__name__})"
 
 

@@ -48,21 +48,25 @@ def _default_key(value: Any) -> Any:
 
 
 def function_key(fn: types.FunctionType) -> tuple[Any, ...]:
-    """``fn``'s identity, its code's and its defaults' (positional and keyword-only)."""
+    """``fn``'s identity, its code's and its defaults' (positional and keyword-only), and its
+    names (code that dispatches on ``act.__name__``). Its attributes (``fn.scale``) are
+    ``guards.value_key``'s to add: their values are keyed as any value is."""
     kwdefaults = fn.__kwdefaults__
     return ("fn", id(fn), _Same(fn), _Same(fn.__code__),
             tuple(_default_key(v) for v in fn.__defaults__ or ()),
-            None if kwdefaults is None else tuple((k, _default_key(v)) for k, v in kwdefaults.items()))
+            None if kwdefaults is None else tuple((k, _default_key(v)) for k, v in kwdefaults.items()),
+            fn.__name__, fn.__qualname__)
 
 
 def same_function(key: Any) -> bool:
     """Whether ``key`` is a function's key that its function still has, without keyword
     defaults (a dict changed in place): then its function, code and defaults tuple being the
-    very same objects is a match (``guard_checks.compile_live_check``'s fast path)."""
+    very same objects, its names the same strings and no attributes set is a match
+    (``guard_checks.compile_live_check``'s fast path)."""
     if not (isinstance(key, tuple) and key and key[0] == "fn" and key[5] is None):
         return False
     fn = key[2].obj
-    return fn.__kwdefaults__ is None and function_key(fn) == key
+    return fn.__kwdefaults__ is None and not fn.__dict__ and function_key(fn) == key
 
 
 def _show_default(key: Any) -> str:

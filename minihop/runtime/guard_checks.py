@@ -118,8 +118,10 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             # A function, its code and defaults the very objects keyed (held here): no key built.
             fn = key[2].obj
             consts[f"o{i}"], consts[f"c{i}"], consts[f"d{i}"] = fn, fn.__code__, fn.__defaults__
+            consts[f"n{i}"], consts[f"q{i}"] = fn.__name__, fn.__qualname__
             lines += [f"    v = f{i}(args)",
-                      f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None)"
+                      f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None"
+                      f" and v.__name__ is n{i} and v.__qualname__ is q{i} and not v.__dict__)"
                       f" and key_of(v) != k{i}:", "        return False"]
         elif isinstance(key, tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:-1]):
             # another Function, its methods the keyed ones, its other attributes the same
@@ -129,8 +131,10 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
             for m, method_key in zip(FN_METHODS, key[3:-1], strict=True):
                 fn = consts[f"m{i}{m}"] = method_key[2].obj
                 consts[f"c{i}{m}"], consts[f"d{i}{m}"] = fn.__code__, fn.__defaults__
+                consts[f"n{i}{m}"], consts[f"q{i}{m}"] = fn.__name__, fn.__qualname__
                 got = f"v.{m}.__func__" if isinstance(getattr(key[2].obj, m), types.MethodType) else f"v.{m}"  # a classmethod
-                test.append(f"{got} is m{i}{m} and m{i}{m}.__code__ is c{i}{m} and m{i}{m}.__defaults__ is d{i}{m}")
+                test.append(f"{got} is m{i}{m} and m{i}{m}.__code__ is c{i}{m} and m{i}{m}.__defaults__ is d{i}{m}"
+                            f" and m{i}{m}.__name__ is n{i}{m} and m{i}{m}.__qualname__ is q{i}{m}")
             lines += [f"    v = f{i}(args)", f"    if not ({' and '.join(test)}) and key_of(v) != k{i}:", "        return False"]
         else:
             lines += [f"    if key_of(f{i}(args)) != k{i}:", "        return False"]
@@ -148,7 +152,8 @@ def class_watch(cls: type, state: tuple[Any, ...], skip: frozenset[str]) -> Call
     is not the class's state now, or for an ABC (its registry is part of the key)."""
     if isinstance(cls, abc.ABCMeta) or function_class_state(cls) != state:
         return None
-    inner, mro, keyed = frozenset({id(cls)}), cls.__mro__, dict(state)
+    inner, mro, name, qualname = frozenset({id(cls)}), cls.__mro__, cls.__name__, cls.__qualname__
+    keyed = dict(state)
     # A class's namespace is fixed for its life: the views stay views of the live dicts.
     held = tuple((vars(k), len(vars(k)), tuple(vars(k)), tuple(vars(k).values())) for k in user_bases(cls))
     changeable = tuple((v, keyed[k]) for k, v in class_attributes(cls, skip).items() if type(v) not in PLAIN)
@@ -157,7 +162,7 @@ def class_watch(cls: type, state: tuple[Any, ...], skip: frozenset[str]) -> Call
     def unchanged(klass: type) -> bool:
         # The same MRO (no base assigned); in each class, the same number of entries, the
         # same key objects and the same value objects: the same entries.
-        return klass.__mro__ is mro and all_(
+        return klass.__mro__ is mro and klass.__name__ is name and klass.__qualname__ is qualname and all_(
             len_(names) == n and all_(map_(is_, names, ks)) and all_(map_(is_, names.values(), vs))
             for names, n, ks, vs in held) and (not changeable or all_(
                 (code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) == k for v, k in changeable))

@@ -109,7 +109,11 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         inner = _open | {id(value)}
         return ("partial", _callee_key(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
     if isinstance(value, types.FunctionType):
-        return function_key(value)  # its defaults and code too: the caller may replace them
+        # Its defaults, code and names too: the caller may replace them; and what the user set
+        # on it (``act.scale = 2.0``, read as ``fn.scale``), by value.
+        own = {k: v for k, v in value.__dict__.items() if not k.startswith("_minihop")}
+        return function_key(value) if not own else (*function_key(value), ("attributes", tuple(
+            (k, value_key(v, _open | {id(value)})) for k, v in own.items())))
     if isinstance(value, (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
     if isinstance(value, logging.Logger):
@@ -192,7 +196,9 @@ def _class_state(cls: type, inner: frozenset[int], skip: frozenset[str] = frozen
     ``Ops.act = staticmethod(torch.tanh)`` rebinding one is a different key (the class's
     identity does not change). The key holds those objects, so their ids are never reused."""
     found = class_attributes(cls, skip)
-    state = tuple((k, code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) for k, v in found.items())
+    state = (*((k, code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) for k, v in found.items()),
+             # (and its names: code dispatches on ``type(cfg).__name__``, which its dict lacks)
+             ("__name__", ("V", str, cls.__name__)), ("__qualname__", ("V", str, cls.__qualname__)))
     if isinstance(cls, abc.ABCMeta):
         # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
         registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]

@@ -55,7 +55,7 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
             # Below a library module its state is not the user's, but which function or
             # constant a name of it is bound to can be rebound by anyone (``F.gelu =
             # fast_gelu``, ``torch.tanh = ...``): the binding the chain ends on is read.
-            found += library_binding(root, current, steps, k)
+            found += library_binding(root, current, steps, k, containers=True)
             break
         if current is MISSING or isinstance(current, UserAttribute):
             break
@@ -75,13 +75,17 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
 # mapping: ``sys.stdout``, ``os.environ``) are watched or refused as what they hold.
 _BOUND = (types.FunctionType, types.BuiltinFunctionType, type, int, float, bool, str, complex,
           type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+# ... and, read by the user's code, a plain container anyone may change in place (``"--debug"
+# in sys.argv``, ``sys.path``), by value (not ``sys.modules``: ``through_library``'s).
+_CONTAINERS = (list, tuple, set, frozenset, dict)
 
 
 def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str, Any], ...],
-                     k: int) -> list[Place]:
+                     k: int, containers: bool = False) -> list[Place]:
     """The place of the name the chain reads last below library ``module`` (at ``steps[k]``),
     through library submodules (``torch.nn.functional.gelu``), where it is bound to a
-    function or a constant: its identity or value is what the capture computed with."""
+    function or a constant (or, ``containers``, a plain container): its identity or value is
+    what the capture computed with."""
     current = module
     for j in range(k, len(steps)):
         if steps[j][0] != "attr":
@@ -92,8 +96,9 @@ def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str
                 return []  # the user's module under a library's: ``_through_library``
             current = following
             continue
-        return [place_at(root, steps[:j + 1])] if isinstance(following, _BOUND) or \
-            type(following).__name__ in _C_CALLABLES else []
+        bound = isinstance(following, _BOUND) or type(following).__name__ in _C_CALLABLES or \
+            containers and type(following) in _CONTAINERS and following is not sys.modules
+        return [place_at(root, steps[:j + 1])] if bound else []
     return []
 
 
