@@ -336,7 +336,15 @@ class CapturedFunction:
             # NotImplementedError, which eager raises only if someone differentiates): eager
             # decides, as without minihop (its Python writes before the error stay made, its
             # exception propagates; the trace put back what it changed). Nothing is kept: the
-            # next call traces again.
+            # next call traces again. One raised in minihop's own code is minihop's bug: eager
+            # still decides, and it is said (once), never hidden.
+            where = _minihops_frame(e)
+            if where is not None:
+                TOTALS["internal_errors"] += 1
+                INTERNAL_ERRORS.append(f"{type(e).__name__} at {where}: {e}")
+                self._warn_once("internal", (
+                    f"minihop: tracing {self.fn_cls.__qualname__} raised {type(e).__name__} inside minihop "
+                    f"({where}): {e}. It runs eagerly; this is a bug in minihop, please report it."))
             _release(e)
             return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""))
         if isinstance(entry, Capture) and entry.python_state.single_use:
@@ -378,7 +386,19 @@ class CapturedFunction:
 
 # Every CapturedFunction alive (for entries.reset()), and process-wide totals (entries.counters()).
 ALIVE: weakref.WeakSet[CapturedFunction] = weakref.WeakSet()
-TOTALS: dict[str, int] = {"captures": 0, "cache_hits": 0, "fallbacks": 0}
+TOTALS: dict[str, int] = {"captures": 0, "cache_hits": 0, "fallbacks": 0, "internal_errors": 0}
+_PACKAGE = __file__.rsplit("/", 1)[0] + "/"
+INTERNAL_ERRORS: list[str] = []  # each one, kept across ``reset()`` (the suite fails a test on one)
+
+
+def _minihops_frame(error: BaseException) -> str | None:
+    """Where ``error`` was raised, if in minihop's own code (not the user's, not torch's)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        return None
+    return f"{tb.tb_frame.f_code.co_filename[len(_PACKAGE):]}, line {tb.tb_lineno}"
 
 
 # Function name -> why its last capture was single-use (for measuring; never read on a hit).

@@ -133,7 +133,8 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
 
 
 def counters() -> dict[str, int]:
-    """Process-wide totals: ``captures``, ``cache_hits`` and ``fallbacks`` (eager runs)."""
+    """Process-wide totals: ``captures``, ``cache_hits``, ``fallbacks`` (eager runs) and
+    ``internal_errors`` (tracing that failed inside minihop's own code: its bugs, run eagerly)."""
     return dict(TOTALS)
 
 

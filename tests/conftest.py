@@ -1,5 +1,6 @@
 """Suite-wide plugins: the Dynamo sweep (``dynamo_sweep.py``; ``-p no:dynamo_sweep`` turns it off),
-and a check that each test leaves the process settings every capture depends on as it found them."""
+and a check that each test leaves the process settings every capture depends on as it found them
+and makes minihop fail inside its own code nowhere (``cache.INTERNAL_ERRORS``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from dynamo_sweep import SweepPlugin
+from minihop.cache import INTERNAL_ERRORS
 from minihop.library_state import global_module_hooks
 
 
@@ -19,7 +21,7 @@ def _process_left_as_found():
     """The default dtype and the hooks registered for every module are in what a capture
     depends on: one a test leaks changes what every later test captures (a fuzz case's hook
     once made the code-watch run in the tests after it). Put back, and the test fails."""
-    dtype, hooks = torch.get_default_dtype(), global_module_hooks()
+    dtype, hooks, internal = torch.get_default_dtype(), global_module_hooks(), len(INTERNAL_ERRORS)
     yield
     leaked = []
     if torch.get_default_dtype() is not dtype:
@@ -32,3 +34,7 @@ def _process_left_as_found():
             del registry[handle_id]
     if leaked:
         pytest.fail("the test left " + ", ".join(leaked) + " behind", pytrace=False)
+    if len(INTERNAL_ERRORS) > internal:
+        # (eager ran instead, so values matched: a capture that fails in minihop's own code
+        # is a bug all the same, never a pass)
+        pytest.fail("tracing failed inside minihop: " + "; ".join(INTERNAL_ERRORS[internal:]), pytrace=False)
