@@ -311,3 +311,21 @@ def test_a_direct_capture_names_the_changed_attribute_of_an_int():
     k.extra = 2.0
     with pytest.raises(minihop.GuardMismatchError, match=r"\(k\), attributes, extra:\n  captured: 1.0\n  found:    2.0"):
         cap(x, k)
+
+
+def test_an_int_of_the_users_class_kept_on_ctx_its_attribute_changed_before_backward():
+    # (ctx.k.extra is a read of the argument's attribute, checked again when backward runs)
+    k = _Knob(2)
+    k.extra = 1.0
+
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            ctx.k = k
+            return x * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.k.extra, None
+    matches_eager(Kept, lambda i: (_x(i), k), mid=lambda i: setattr(k, "extra", 3.0 + i),
+                  reset=lambda: setattr(k, "extra", 1.0))

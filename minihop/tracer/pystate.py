@@ -21,9 +21,8 @@ arguments' tensors must be handled here, or the capture would silently disagree 
   and the source line (or, with ``fallback="eager"``, an eager run).
 
 The pieces: ``roots`` finds the reads (bytecode chains resolved to roots), ``heap`` snapshots
-and diffs the state below those roots and classifies each change by its rule table,
-``library`` says what is the user's; this module drives them around one capture and raises
-the refusals.
+and diffs the state below them by its rule table, ``library`` says what is the user's; this
+module drives them around one capture and raises the refusals.
 
 Invariant: after ``StateTracker.finish`` the Python state is as it was before tracing, and
 every difference tracing made is either in ``PythonState.writes`` or was raised as an error.
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
+from ..library_state import subclass_attributes
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, identity, opaque, store_marks
 from .library_ran import LibraryRan
@@ -255,15 +255,15 @@ class StateTracker:
                 # What the user set on ctx (never a property such as saved_tensors: reading it
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
-                if isinstance(first, (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)):
-                    continue  # a value, not a holder (a symbolic size is each call's own)
+                if isinstance(first, (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) and subclass_attributes(first) is None:
+                    continue  # a value, not a holder (a symbolic size is each call's own; a ``Knob(int)`` holds some)
                 # The deepest object along the chain that is the caller's (snapshotted, an
                 # argument, a global's value): a container forward made may hold one
                 # (``ctx.fns = {"sg": fn}``, then ``ctx.fns["sg"](g)``).
                 seen, rest = None, chain.steps[1:]
                 for k in range(len(chain.steps), 0, -1):
                     obj = walk(first, chain.steps[1:k])
-                    if obj is MISSING or isinstance(obj, ATOMS):
+                    if obj is MISSING or isinstance(obj, ATOMS) and subclass_attributes(obj) is None:
                         continue  # a value (a small int is one object wherever it is held)
                     seen = index.get(id(obj)) or argument_seen(obj, self.args, self.parts.argnames) \
                         or roots.get(id(obj))
