@@ -55,7 +55,7 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
             # Below a library module its state is not the user's, but which function or
             # constant a name of it is bound to can be rebound by anyone (``F.gelu =
             # fast_gelu``, ``torch.tanh = ...``): the binding the chain ends on is read.
-            found += library_binding(root, current, steps, k, containers=True)
+            found += library_binding(root, current, steps, k, user=True)
             break
         if current is MISSING or isinstance(current, UserAttribute):
             break
@@ -81,11 +81,12 @@ _CONTAINERS = (list, tuple, set, frozenset, dict)
 
 
 def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str, Any], ...],
-                     k: int, containers: bool = False) -> list[Place]:
+                     k: int, user: bool = False) -> list[Place]:
     """The place of the name the chain reads last below library ``module`` (at ``steps[k]``),
     through library submodules (``torch.nn.functional.gelu``), where it is bound to a
-    function or a constant (or, ``containers``, a plain container): its identity or value is
-    what the capture computed with."""
+    function or a constant: its identity or value is what the capture computed with. Read by
+    the ``user``'s code, also a plain container there (``sys.argv``) and a value read through
+    the library's objects (``logging.root.level``, ``torch.backends.cuda.matmul.allow_tf32``)."""
     current = module
     for j in range(k, len(steps)):
         if steps[j][0] != "attr":
@@ -97,7 +98,10 @@ def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str
             current = following
             continue
         bound = isinstance(following, _BOUND) or type(following).__name__ in _C_CALLABLES or \
-            containers and type(following) in _CONTAINERS and following is not sys.modules
+            user and type(following) in _CONTAINERS and following is not sys.modules
+        if not bound and user and j + 1 < len(steps) and following is not MISSING and not callable(following):
+            current = following  # (an object of the library's: what the chain reads of it)
+            continue
         return [place_at(root, steps[:j + 1])] if bound else []
     return []
 

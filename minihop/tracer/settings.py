@@ -19,7 +19,8 @@ Invariant: a call that reads a setting named here is guarded by the setting's va
 from __future__ import annotations
 
 import contextvars
-import sys
+import logging
+import re
 import types
 from typing import Any
 
@@ -28,24 +29,60 @@ import torch
 from ..place import walk_plain
 from ..spec import MISSING, Place, Root
 from .atoms import ATOMS
+from .library import is_library
 from .roots import place_at, value_place
 
 __all__ = ["backends_place", "setting_place"]
 
-# Calls answering a process setting, by what the code names (the user's spelling for messages).
-_CALLS = {id(fn): (name, fn) for name, fn in (
-    ("torch.get_num_threads", torch.get_num_threads), ("torch.get_num_interop_threads", torch.get_num_interop_threads),
-    ("sys.getrecursionlimit", sys.getrecursionlimit), ("sys.getswitchinterval", sys.getswitchinterval))}
+# A library's getter of process state: a public function named as one (``torch.get_num_threads``,
+# ``torch.is_warn_always_enabled``, ``torch.get_deterministic_debug_mode``,
+# ``sys.getrecursionlimit``, ``gc.isenabled``, ``os.getcwd``) that answers a plain value with no
+# argument. Not one list of known settings: any of them (unknown means unsafe).
+_GETTER = re.compile(r"^(get|is|are|has)[a-z_]")
+# ... but those the call key holds, which autograd or autocast set otherwise inside the
+# Function than at the call (a guard comparing them there would never match).
+_IN_THE_KEY = frozenset(id(fn) for fn in (
+    torch.is_grad_enabled, torch.is_inference_mode_enabled, torch.is_autocast_enabled,
+    torch.is_autocast_cache_enabled, torch.get_autocast_dtype, torch.is_autocast_cpu_enabled))
 # Methods of a torch.Generator answering its settings (``torch.default_generator.initial_seed()``).
 _GENERATOR_READS = ("initial_seed",)
 
 
+def _getter_place(end: Any) -> Place | None:
+    if not isinstance(end, (types.FunctionType, types.BuiltinFunctionType)) or id(end) in _IN_THE_KEY \
+            or not _GETTER.match(getattr(end, "__name__", "")) or not is_library(end) \
+            or isinstance(getattr(end, "__self__", None), (type, torch.Generator, contextvars.ContextVar)):
+        return None
+    try:
+        answer = end()  # (a getter: what the guard asks on every call)
+    except Exception:  # it needs arguments, or fails here: not a setting
+        return None
+    if not (answer is None or isinstance(answer, ATOMS)) or isinstance(answer, torch.Tensor):
+        return None
+    module = getattr(end, "__module__", None) or getattr(getattr(end, "__self__", None), "__name__", "")
+    return value_place(f"{module}.{end.__name__}()".lstrip("."), lambda args: end())
+
+
+def _logging_levels(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    manager = logging.Logger.manager
+    return (manager.disable, logging.root.level, logging.root.disabled, tuple(
+        (name, lg.level, lg.disabled, lg.propagate) for name, lg in list(manager.loggerDict.items())
+        if isinstance(lg, logging.Logger)))
+
+
+# ``logging.getLogger(name)`` hands out a process-wide logger, whose level the code may read
+# (``getLogger().level``, ``.getEffectiveLevel()``): every logger's level, keyed whole (as the
+# environment is), since which logger is asked for is the call's argument.
+_LOGGING = value_place("logging's levels (every logger's, and logging.disable)", _logging_levels)
+
+
 def setting_place(end: Any) -> Place | None:
     """The place for ``end`` (what a chain of the code names) when calling it reads a setting."""
-    found = _CALLS.get(id(end))
+    if end is logging.getLogger:
+        return _LOGGING
+    found = _getter_place(end)
     if found is not None:
-        name, fn = found
-        return value_place(f"{name}()", lambda args: fn())
+        return found
     # Only functions and C methods are probed (getattr on any object could run its __getattr__).
     registry = getattr(end, "registry", None) if isinstance(end, types.FunctionType) and \
         callable(getattr(end, "dispatch", None)) else None
