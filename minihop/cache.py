@@ -70,6 +70,9 @@ class _Refused:
     """A key minihop could not capture, run eagerly under ``fallback="eager"``."""
 
     error: Exception
+    # A trace that raised in minihop's own code (what, where): minihop's failure if eager then
+    # runs without error (``CapturedFunction._failed``).
+    suspect: str | None = None
 
 
 def _release(error: BaseException) -> None:
@@ -245,7 +248,10 @@ class CapturedFunction:
                 self.stats.eager_calls += 1
                 TOTALS["fallbacks"] += 1
         if isinstance(entry, _Refused):
-            return self._eager_apply(*args)
+            out = self._eager_apply(*args)
+            if entry.suspect is not None:
+                self._failed(entry.suspect)
+            return out
         if entry.python_state.single_use:
             return entry.run(args)  # serves this call only (see _capture): never a recent hit
         if key[0] != self._recent_methods:
@@ -336,17 +342,12 @@ class CapturedFunction:
             # NotImplementedError, which eager raises only if someone differentiates): eager
             # decides, as without minihop (its Python writes before the error stay made, its
             # exception propagates; the trace put back what it changed). Nothing is kept: the
-            # next call traces again. One raised in minihop's own code is minihop's bug: eager
-            # still decides, and it is said (once), never hidden.
+            # next call traces again. One raised in minihop's own code that eager does not raise
+            # is minihop's failure: eager's answer stands, and it is said, never hidden.
             where = _minihops_frame(e)
-            if where is not None:
-                TOTALS["internal_errors"] += 1
-                INTERNAL_ERRORS.append(f"{type(e).__name__} at {where}: {e}")
-                self._warn_once("internal", (
-                    f"minihop: tracing {self.fn_cls.__qualname__} raised {type(e).__name__} inside minihop "
-                    f"({where}): {e}. It runs eagerly; this is a bug in minihop, please report it."))
             _release(e)
-            return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""))
+            return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""),
+                            None if where is None else f"{type(e).__name__} at {where}: {e}")
         if isinstance(entry, Capture) and entry.python_state.single_use:
             # Its code read or ran what minihop cannot bound (tracer.opaque): right for the call
             # it was traced for, unknown for any other. Not filed: strict mode captures again
@@ -377,6 +378,14 @@ class CapturedFunction:
         cap = capture(self.fn_cls, *args, dynamic=static, eager_backward=self.fallback == "eager")  # fails too: the call's own error
         self._auto_failed = True
         return cap
+
+    def _failed(self, what: str) -> None:
+        """Tracing raised ``what`` in minihop's own code, and eager ran without error."""
+        TOTALS["internal_errors"] += 1
+        INTERNAL_ERRORS.append(what)
+        self._warn_once("internal", (
+            f"minihop: tracing {self.fn_cls.__qualname__} raised {what} inside minihop, where eager "
+            "raises nothing. It ran eagerly; this is a bug in minihop, please report it."))
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:

@@ -258,7 +258,7 @@ class TestAutomaticDynamic:
         """MySin at 20 batch sizes through minihop.apply: eager's outputs and grads at each, 2 captures, 18 hits."""
         for n in SIZES:
             assert_step_matches_eager(lambda x: minihop.apply(MySin, x), MySin, r(n, 8))
-        assert minihop.counters() == {"captures": 2, "cache_hits": 18, "fallbacks": 0}
+        assert minihop.counters() == {"captures": 2, "cache_hits": 18, "fallbacks": 0, "internal_errors": 0}
         stats = MySin._minihop_default.stats
         assert (stats.captures, stats.hits, stats.evictions) == (2, 18, 0)
 

@@ -121,7 +121,7 @@ def test_ddp_two_processes_minihop_matches_eager(tmp_path: Path) -> None:
         counters = result["counters"]
         assert counters == {"captures": 2 * KEYS_PER_BATCH_SHAPE,
                             "cache_hits": 2 * (STEPS * CALLS_PER_STEP - KEYS_PER_BATCH_SHAPE),
-                            "fallbacks": 0}, (rank, counters)
+                            "fallbacks": 0, "internal_errors": 0}, (rank, counters)
         stats = result["function_stats"]
         assert set(stats) == {f.__name__ for f in FUNCTIONS}, stats
         assert sum(s["captures"] for s in stats.values()) == KEYS_PER_BATCH_SHAPE, stats

@@ -435,7 +435,7 @@ class TestGuardedReads:
         reset()
         for _ in range(4):
             minihop.apply(GlobalScale, x()).sum().backward()
-        assert minihop.counters() == {"captures": 1, "cache_hits": 3, "fallbacks": 0}
+        assert minihop.counters() == {"captures": 1, "cache_hits": 3, "fallbacks": 0, "internal_errors": 0}
 
     def test_explain_lists_reads(self) -> None:
         """``explain`` names each Python value read and the method that reads it."""
