@@ -89,7 +89,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 11: objects whose state their attributes do not show: a user's class over a C
            # one (a StringIO passed in, a ctypes Structure in a global), a builtin's subclass
            # with attributes (a float passed in, a tuple in a global).
-           "native_text_arg", "ctypes_struct_global", "float_subclass_attr_arg", "tuple_subclass_attr_global")
+           "native_text_arg", "ctypes_struct_global", "float_subclass_attr_arg", "tuple_subclass_attr_global",
+           # ... and what a key or a read left out: a function's attribute and name (passed in),
+           # a library's list (``sys.argv``), a torch getter, a flag through a library's object
+           # (``logging.root.level``).
+           "function_attribute_arg", "function_name_arg", "sys_argv", "torch_getter", "logging_root_level")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -103,8 +107,10 @@ import collections
 import ctypes
 import functools
 import io
+import logging
 import math
 import queue
+import sys
 import threading
 import types
 import torch
@@ -215,6 +221,10 @@ _SOFTSIGN = getattr(torch.nn.functional, "_fuzz_softsign", torch.nn.functional.s
 torch.nn.functional._fuzz_softsign = _SOFTSIGN
 _HARDSHRINK = getattr(torch.nn.Hardshrink, "_fuzz_forward", torch.nn.Hardshrink.forward)
 torch.nn.Hardshrink._fuzz_forward = _HARDSHRINK
+_WARN_ALWAYS = getattr(torch, "_fuzz_warn_always", torch.is_warn_always_enabled())
+torch._fuzz_warn_always = _WARN_ALWAYS
+_ROOT_LEVEL = getattr(logging, "_fuzz_root_level", logging.root.level)
+logging._fuzz_root_level = _ROOT_LEVEL
 
 
 def restore_process():
@@ -228,6 +238,9 @@ def restore_process():
     for hook in getattr(torch.nn.modules.module, "_fuzz_hooks", []):
         hook.remove()
     torch.nn.modules.module._fuzz_hooks = []
+    torch.set_warn_always(_WARN_ALWAYS)
+    logging.root.setLevel(_ROOT_LEVEL)
+    sys.argv[:] = [a for a in sys.argv if a != "--fuzz-flag"]
 
 
 restore_process()
@@ -439,6 +452,19 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "tuple_subclass_attr_global":
         return (["class KPair(tuple):", "    pass", "", "", "KPR = KPair((1.0,))", "KPR.w = 2.0"],
                 ["KPR.w = v"], "KPR.w * KPR[0]", [], "")
+    if holder == "function_attribute_arg":
+        return (["def KFN(t):", "    return t", "", "", "KFN.scale = 2.0"], ["KFN.scale = v"], "kfn.scale", ["KFN"], "kfn")
+    if holder == "function_name_arg":
+        return (["def KNAMED(t):", "    return t"], ["KNAMED.__name__ = 'KNAMED' if v > 1 else 'other'"],
+                "(2.0 if kn.__name__ == 'KNAMED' else 3.0)", ["KNAMED"], "kn")
+    if holder == "sys_argv":
+        return ([], ["sys.argv[:] = [a for a in sys.argv if a != '--fuzz-flag'] + (['--fuzz-flag'] if v > 1 else [])"],
+                "(3.0 if '--fuzz-flag' in sys.argv else 2.0)", [], "")
+    if holder == "torch_getter":
+        return ([], ["torch.set_warn_always(v > 1)"], "(3.0 if torch.is_warn_always_enabled() else 2.0)", [], "")
+    if holder == "logging_root_level":
+        return ([], ["logging.root.setLevel(logging.DEBUG if v > 1 else logging.WARNING)"],
+                "(3.0 if logging.root.level <= logging.DEBUG else 2.0)", [], "")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
