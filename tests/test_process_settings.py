@@ -140,7 +140,8 @@ def test_the_default_device_written_in_forward_matches_eager() -> None:
         fn.apply(x)
         eager = str(torch.get_default_device())
         torch.set_default_device(None)
-        with pytest.raises(minihop.errors.SideEffectError, match=r"torch\.get_default_device\(\)"):
+        # (named by the setter the code calls: held back while traced, tracer/hidden.py)
+        with pytest.raises(minihop.errors.SideEffectError, match=r"torch\.set_default_device"):
             minihop.function(fn)(x)
         assert str(torch.get_default_device()) == "cpu"
         with pytest.warns(UserWarning, match="eagerly"):

@@ -21,6 +21,7 @@ import functools
 import importlib
 import pickle
 import random
+import re
 import sys
 import threading
 import types
@@ -31,6 +32,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root, StateWrite
+from ..library_state import library_module
 from .atoms import CONSTANTS, holds_tensor
 from .routes import state_named
 
@@ -130,7 +132,41 @@ def watched(value: Any) -> tuple[str, str] | None:
             isinstance(value, types.MethodType) and type(value.__func__) is _LRU_WRAPPER:
         # An lru_cache'd method (``self.table(n)``) too: its cache is shared by the class.
         return ("uncached", getattr(value, "__qualname__", "an lru_cache function"))
-    return _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
+    found = _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
+    return found if found is not None or not _setter(value) else ("setter", _named(value))
+
+
+# A library's setter, called by the user's code (``torch.set_warn_always(True)``,
+# ``torch.set_printoptions(...)``, ``logger.setLevel(...)``, ``np.set_printoptions``): it
+# changes the library's state, which no snapshot holds. Not a list of known ones: any
+# function, class or library object's method named as a setter, but those minihop models
+# (grad mode: the graphs record it; torch's generator state: graph nodes, see recompute) and
+# the objects whose state is watched or keyed otherwise (tensors, modules, generators, ctx).
+_SETTER = re.compile(r"^(set|enable|disable|use)(_|[A-Z])")
+_MODELLED = frozenset(id(fn) for fn in (
+    torch.set_grad_enabled, torch.enable_grad, torch.autograd.set_grad_enabled, torch.autograd.enable_grad,
+    torch.set_rng_state, torch.random.set_rng_state, torch.cuda.set_rng_state))
+_OWNED = (torch.Tensor, torch.nn.Module, torch.Generator, random.Random, type, torch.autograd.function.FunctionCtx)
+
+
+def _setter(value: Any) -> bool:
+    name = getattr(value, "__name__", None)
+    if not isinstance(name, str) or not _SETTER.match(name) or id(value) in _MODELLED or not callable(value):
+        return False
+    owner = getattr(value, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType) and (
+            isinstance(owner, _OWNED) or not library_module(type(owner).__module__ or "")
+            or type(owner).__module__.split(".")[0] == "minihop"):
+        return False
+    module = getattr(value, "__module__", None) or (type(owner).__module__ if owner is not None else None)
+    return isinstance(module, str) and library_module(module) and module.split(".")[0] != "minihop"
+
+
+def _named(value: Any) -> str:
+    owner = getattr(value, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        return f"{type(owner).__qualname__}.{value.__name__}"
+    return f"{getattr(value, '__module__', None) or ''}.{value.__name__}".lstrip(".")
 
 
 @functools.lru_cache(maxsize=2)
@@ -165,7 +201,8 @@ class ReadWatch:
     generator drawn from is put back as it was (``stop``)."""
 
     def __init__(self, sites: list[tuple[Any, str, Any, str, str]], compare_generator: bool,
-                 is_user: Callable[[types.FrameType], bool]) -> None:
+                 is_user: Callable[[types.FrameType], bool], name: str = "the Function") -> None:
+        self.name = name  # (the Function's, for a refusal raised where the call is made)
         self.reads: list[tuple[str, str, str | None, int, str | None]] = []  # (phase, kind, what, line, where)
         self.phase = "forward"  # pystate moves it on when forward is done
         self.thread = threading.get_ident()
@@ -206,13 +243,15 @@ class ReadWatch:
         def read(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
-                if kind not in ("clock", "message") or self.is_user(frame):
-                    if kind not in ("clock", "message") and kind not in self.states:
+                if kind not in ("clock", "message", "setter") or self.is_user(frame):
+                    if kind not in ("clock", "message", "setter") and kind not in self.states:
                         self.states[kind] = _global_state(kind)
                     self.reads.append((self.phase, kind, what, frame.f_lineno,
                                        f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
                     if kind == "message":
                         return None  # refused: eager (the fallback) sends it, once
+                    if kind == "setter":  # held back, and refused (also if the user's code catches it)
+                        raise refusal(f"{self.name}.{self.phase}", kind, what, frame.f_lineno, self.reads[-1][4])
             return fn(*args, **kwargs)
 
         self._install(home, name, fn, read)
@@ -294,6 +333,33 @@ class ReadWatch:
         for kind, state in self.states.items():
             _set_global_state(kind, state)
         self.states.clear()
+
+
+def refusal(where_in: str, kind: str, what: str | None, line: int, where: str | None) -> SideEffectError:
+    """The error for a clock read, a seeding or a library setter called while traced."""
+    if kind == "clock":
+        return SideEffectError(
+            f"{where_in} reads {describe_read(what)} (`{what}`, line {line}).",
+            "A capture records tensor operations: the value read while tracing would be a constant "
+            "in the graphs, and every call would reuse it where eager reads a new one.",
+            "Read it outside the Function and pass it in as an argument, or run it eagerly with "
+            "minihop.function(F, fallback='eager').", where=where)
+    if kind == "seed":
+        return SideEffectError(
+            f"{where_in} seeds torch's random generator (`{what}`, line {line}).",
+            "A capture records tensor operations, and seeding is none: it would run once, while "
+            "tracing, so later calls' random ops would draw other numbers than eager's, which "
+            "reseeds on every call.",
+            "Seed outside the Function (before each call, if every call needs the same numbers), "
+            "pass a torch.Generator seeded outside as an argument, or run it eagerly with "
+            "minihop.function(F, fallback='eager').", where=where)
+    return SideEffectError(
+        f"{where_in} calls `{what}` (line {line}), a library's setter: it changes state of the "
+        "library's (a process-wide setting, a logger's level) that minihop does not model.",
+        "A capture records tensor operations: the setting would be made once, while tracing "
+        "(it was not: the call was held back), where eager makes it on every call.",
+        "Make the setting outside the Function, or run it eagerly with "
+        "minihop.function(F, fallback='eager').", where=where)
 
 
 def describe_read(what: str | None) -> str:

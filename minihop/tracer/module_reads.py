@@ -25,6 +25,7 @@ import builtins
 import dataclasses
 import sys
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -152,4 +153,10 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
                 return ThroughLibrary(found, held, counter=rest[0][1])
             read = rest and chain.use == "value" and guarded_value(walk(held, rest))
             return ThroughLibrary(found, held, read=place_at(found, rest) if read else None)
+    held = walk(value, steps) if steps and all(kind == "attr" for kind, _ in steps) else None
+    if type(held) in (list, dict, set) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)):
+        # A plain container a library module holds (``sys.argv.append(s)``): the heap watch's,
+        # as the user's own containers are (sys.path and warnings' filters: process settings).
+        name = place_at(root, steps).description
+        return ThroughLibrary(Root("value", name, name, lambda args, v=value, s=steps: walk(v, s)), held)
     return ThroughLibrary(computed=computed)

@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 
-from ..errors import SideEffectError
 from ..library_state import subclass_attributes
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, identity, opaque, store_marks
@@ -288,7 +287,7 @@ class StateTracker:
                                              if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}, self.library)
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
-                                             or not library_module(frame.f_globals.get("__name__") or ""))
+                                             or not library_module(frame.f_globals.get("__name__") or ""), self.name)
         self.messages = effects.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
 
     def stop(self) -> None:
@@ -385,26 +384,8 @@ class StateTracker:
                 self.opaque.unknown(phase, reason)
             if self.hidden_reads is not None and self.hidden_reads.reads:
                 phase, kind, what, line, where = self.hidden_reads.reads[0]
-                if kind == "clock":
-                    raise SideEffectError(
-                        f"{self.name}.{phase} reads {hidden.describe_read(what)} "
-                        f"(`{what}`, line {line}).",
-                        "A capture records tensor operations: the value read while tracing would "
-                        "be a constant in the graphs, and every call would reuse it where eager "
-                        "reads a new one.",
-                        "Read it outside the Function and pass it in as an argument, or run it "
-                        "eagerly with minihop.function(F, fallback='eager').",
-                        where=where)
-                if kind == "seed":
-                    raise SideEffectError(
-                        f"{self.name}.{phase} seeds torch's random generator (`{what}`, line {line}).",
-                        "A capture records tensor operations, and seeding is none: it would run "
-                        "once, while tracing, so later calls' random ops would draw other numbers "
-                        "than eager's, which reseeds on every call.",
-                        "Seed outside the Function (before each call, if every call needs the same "
-                        "numbers), pass a torch.Generator seeded outside as an argument, or run it "
-                        "eagerly with minihop.function(F, fallback='eager').",
-                        where=where)
+                if kind in ("clock", "seed", "setter"):
+                    raise hidden.refusal(f"{self.name}.{phase}", kind, what, line, where)
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
                 self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
