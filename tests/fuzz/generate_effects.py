@@ -20,7 +20,9 @@ library objects written through their own methods (``Queue.put``, ``StringIO.wri
 ``Event.set``, ``UserList.append``, ``SimpleQueue.put``), which ``between()`` writes too; and,
 found from outside in round 6, a module's private counter beside a tensor it keeps, a write
 twelve containers down, a closure variable only stored to, and an argument that is, on some
-calls, the very dict the code also reads.
+calls, the very dict the code also reads; in round 11, a buffer of the user's class over
+``io.BytesIO``, an attribute of an ``int`` of the user's class, a logger's level set (a
+library's setter) and ``sys.argv`` appended to.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -85,6 +87,10 @@ KINDS = {
     # is, on some calls, the very dict the code also reads.
     "module_private_counter": ("f", ""), "deep_write": ("fb", ""), "store_only_cell": ("fb", ""),
     "alias_arg": ("f", "sink"),
+    # Round 11: a buffer of the user's class over io.BytesIO, an attribute of an int of the
+    # user's class, a logger's level set (a library's setter), sys.argv appended to.
+    "native_buffer_write": ("fb", ""), "knob_counter": ("fb", ""), "logger_set_level": ("fb", ""),
+    "argv_append": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -189,6 +195,14 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [f"COUNT_SET{n} = int(x.shape[0])"], ""
     if kind == "alias_arg":
         return ["sink['n'] += 1"], "x * float(ALIASD['n'] % 3 + 1)"
+    if kind == "native_buffer_write":
+        return ["NBUF.write(b'w')"], "x * float(len(NBUF.getvalue()) % 3 + 1)"
+    if kind == "knob_counter":
+        return ["KNOB.calls += 1"], "x * float(KNOB.calls % 3 + 1)"
+    if kind == "logger_set_level":
+        return ["LOGGER.setLevel(logging.INFO + (LOGGER.level % 3))"], ""
+    if kind == "argv_append":
+        return ["sys.argv.append(ARGV_MARK)"], "x * float(sys.argv.count(ARGV_MARK) % 3 + 1)"
     if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
         return [f"STASH['s{n}'] = x.detach() * {r.choice([2, 3])}", f"SNS.s{n} = STASH['s{n}']",
                 f"DEEP['a']['b']['c']['s{n}'] = STASH['s{n}']"], ""
@@ -228,7 +242,7 @@ def generate_source(r: random.Random) -> str:
     gl = [f"    global {', '.join(globals_)}"] if globals_ else []
     args = ", ".join(["x", *extra_args])
     out = [
-        "import array, collections, functools, io, logging, queue, threading, types, warnings",
+        "import array, collections, functools, io, logging, queue, sys, threading, types, warnings",
         "import torch", "",
         "def make():",
         "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
@@ -271,6 +285,12 @@ def generate_source(r: random.Random) -> str:
         "    QU, BUF, ARR, BA = queue.Queue(), io.StringIO(), array.array('d', [0.5]), bytearray()",
         "    CNT, OD = collections.Counter(), collections.OrderedDict(a=1.5, b=2.0, c=0.5)",
         "    EVT, UL, SQ = threading.Event(), collections.UserList(), queue.SimpleQueue()",
+        "",
+        "    class NBuf(io.BytesIO):", "        pass", "",
+        "    class Knob(int):", "        pass", "",
+        "    NBUF, KNOB = NBuf(), Knob(2)", "    KNOB.calls = 0",
+        "    ARGV_MARK = '--fuzz-effects-%d' % id(heard)",
+        "    sys.argv[:] = [a for a in sys.argv if not a.startswith('--fuzz-effects-')]",
         "",
         "    def between(i):",
         "        BUF.write('|'); ARR.append(-1.0); CNT.update(['k']); QU.put(('caller', i))",
@@ -324,7 +344,7 @@ def generate_source(r: random.Random) -> str:
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
-        f"DEEPW, ALIASD])",
+        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, sys.argv.count(ARGV_MARK)])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
