@@ -119,3 +119,51 @@ def test_a_list_a_library_module_holds_appended_to_in_forward():
         matches_eager(Appends, lambda i: (_x(i),), reset=clear, state=lambda: sys.argv.count(flag))
     finally:
         clear()
+
+
+_HELD = {"setters": [torch.set_warn_always]}
+
+
+@pytest.mark.parametrize("reach", ["an item", "an argument", "a partial", "getattr with a constant name"])
+def test_a_setter_reached_other_ways_is_made_on_every_call(reach):
+    # (held back where it can be swapped: getattr(torch, "k") reads as torch.k; else the
+    # capture is single-use, its trace making the setting once for its own call)
+    import functools
+    flip = {"an item": lambda fn: _HELD["setters"][0](not torch.is_warn_always_enabled()),
+            "an argument": lambda fn: fn(not torch.is_warn_always_enabled()),
+            "a partial": lambda fn: functools.partial(torch.set_warn_always)(not torch.is_warn_always_enabled()),
+            "getattr with a constant name": lambda fn: getattr(torch, "set_warn_always")(not torch.is_warn_always_enabled())}[reach]
+
+    class Flips(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fn):
+            flip(fn)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+    try:
+        matches_eager(Flips, lambda i: (_x(i), torch.set_warn_always), reset=lambda: torch.set_warn_always(False),
+                      state=torch.is_warn_always_enabled)
+    finally:
+        torch.set_warn_always(False)
+
+
+def test_a_library_function_read_through_getattr_with_a_constant_name_is_guarded():
+    import torch.nn.functional as F
+    real = F.softsign
+
+    class Act(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return getattr(F, "softsign")(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+    try:
+        matches_eager(Act, lambda i: (_x(i),), between=lambda i: setattr(F, "softsign", torch.tanh if i % 2 else real),
+                      reset=lambda: setattr(F, "softsign", real), refusable=False)
+    finally:
+        F.softsign = real

@@ -36,7 +36,8 @@ from ..library_state import library_module
 from .atoms import CONSTANTS, holds_tensor
 from .routes import state_named
 
-__all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "restore", "taking", "watched"]
+__all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "refusal", "restore", "setter", "taking",
+           "watched"]
 
 # Reads of the clock and of the system's entropy: a value that differs on every call.
 _CLOCKS = {"time": ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic",
@@ -147,6 +148,11 @@ _MODELLED = frozenset(id(fn) for fn in (
     torch.set_grad_enabled, torch.enable_grad, torch.autograd.set_grad_enabled, torch.autograd.enable_grad,
     torch.set_rng_state, torch.random.set_rng_state, torch.cuda.set_rng_state))
 _OWNED = (torch.Tensor, torch.nn.Module, torch.Generator, random.Random, type, torch.autograd.function.FunctionCtx)
+
+
+def setter(value: Any) -> bool:
+    """Whether calling ``value`` (a partial's function too) is a library's setter."""
+    return _setter(value.func if isinstance(value, functools.partial) else value)
 
 
 def _setter(value: Any) -> bool:

@@ -37,11 +37,11 @@ from ..errors import UnsupportedOperationError
 from ..library_state import global_module_hooks
 from ..spec import MISSING
 from .bytecode import instructions
-from .chains import constant_global
+from .chains import Chain, constant_global
 from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias
 from .userattr import UserAttribute
 
-__all__ = ["CallWatch", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
+__all__ = ["CallWatch", "constant_getattrs", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
 
 _LOOKUPS = frozenset({"getattr", "vars", "attrgetter", "methodcaller", "globals"})
 _CALLS = frozenset({"CALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_KW", "PRECALL"})
@@ -79,6 +79,25 @@ def dynamic_lookups(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
                 j += 1
             if not _constant_name(op.argval, ins[i + 1:j], ins[j].arg if j < len(ins) else None):
                 found.append((f"{op.argval}(...) with a name chosen at run time", line))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=2048)
+def constant_getattrs(code: types.CodeType) -> tuple[Chain, ...]:
+    """``getattr(NAME, "k")`` (``NAME`` a global or closure variable, ``"k"`` a constant) as
+    the chain ``NAME.k`` it reads: where ``NAME`` holds a library module, what the name there
+    is bound to is read as ``NAME.k``'s would be (``getattr(torch, "set_warn_always")``)."""
+    found: list[Chain] = []
+    for inner in nested_codes(code):
+        ins = instructions(inner)[0]
+        line = inner.co_firstlineno
+        for i, op in enumerate(ins):
+            line = op.lineno if op.lineno is not None else line
+            if op.opname in _LOADS and op.argval == "getattr" and i + 3 < len(ins) \
+                    and ins[i + 1].opname in ("LOAD_GLOBAL", "LOAD_DEREF") and ins[i + 2].opname == "LOAD_CONST" \
+                    and isinstance(ins[i + 2].argval, str) and ins[i + 3].opname in _CALLS and ins[i + 3].arg == 2:
+                kind = "global" if ins[i + 1].opname == "LOAD_GLOBAL" else "deref"
+                found.append(Chain(kind, ins[i + 1].argval, (("attr", ins[i + 2].argval),), "value", line))
     return tuple(found)
 
 

@@ -43,6 +43,7 @@ import torch
 from ..library_state import subclass_attributes
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, effects, heap, hidden, identity, opaque, store_marks
+from .opaque import constant_getattrs
 from .library_ran import LibraryRan
 from .atoms import ATOMS
 from .heap import Difference, Seen, argument_seen
@@ -126,7 +127,8 @@ class StateTracker:
             for chain in facts.chains:
                 if chain.use == "increment":
                     self.increments.add((phase, chain.root, str(chain.steps[-1][1]) if chain.steps else chain.root))
-            for chain in facts.chains:
+            through_getattr = constant_getattrs(code)  # (``getattr(torch, "k")`` as ``torch.k``)
+            for chain in (*facts.chains, *through_getattr):
                 root = resolve_root(fn, chain, params, len(self.args))
                 if root is None and chain.root_kind == "global" and chain.root not in getattr(fn, "__globals__", {}):
                     if not bounded(getattr(builtins, chain.root, len)):  # ``open``, ``eval``: a builtin, unknown
@@ -137,6 +139,8 @@ class StateTracker:
                 if root is None:
                     continue
                 value = root.fetch(self.args)
+                if chain in through_getattr and not (isinstance(value, types.ModuleType) and is_library(value)):
+                    continue  # (the user's object: keyed whole where it is read)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = walk(value, named) if named else value  # what the code calls or reads
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
@@ -147,6 +151,9 @@ class StateTracker:
                         refuse_iterator_read(self.name, phase, chain.root, walk(value, chain.steps))
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
                 self._find_hidden_read(root, value, named, named_end)
+                if hidden.setter(named_end) and not any(k[0] == id(named_end) for k in self.hidden_sites):
+                    self.opaque.unknown(phase, f"{phase} calls a library's setter reached where it cannot be held back "
+                                        f'(an item, an argument, a partial: File "{code.co_filename}", line {chain.line})')
                 environment = reads_environment(value, named)  # (``os.environ.get``: guarded whole)
                 if setting is None and not environment and callable(named_end) \
                         and is_library(named_end) and hidden.watched(named_end) is None and not bounded(named_end):
