@@ -151,10 +151,16 @@ _BUILTIN_VALUES = frozenset({*_VALUES, bool, type(None)})
 
 def subclass_attributes(value: Any) -> dict[str, Any] | None:
     """The ``__dict__`` of a user's subclass of a builtin value (``class Knob(float)``,
-    ``class Pair(tuple)``, ``class Stack(list)``) when it holds something: attributes its
-    value, items or pairs do not show (``k.extra``), keyed and watched beside them."""
+    ``class Pair(tuple)``, ``class Stack(list)``) or of an enum's member, when it holds
+    something the user set: attributes its value, items or pairs do not show (``k.extra``),
+    keyed and watched beside them."""
     cls = type(value)
-    if cls in _BUILTIN_VALUES or not isinstance(value, _VALUES) or isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum):
+        # An enum's member holds its own entries (``_value_``, ``_name_``): what the user set on
+        # it besides (``Mode.A.scale = 2.0``) is state like an object's.
+        own = vars(value)
+        return own if any(not (k.startswith("_") and k.endswith("_")) for k in own) else None
+    if cls in _BUILTIN_VALUES or not isinstance(value, _VALUES):
         return None
     own = getattr(value, "__dict__", None)
     return own if isinstance(own, dict) and own else None

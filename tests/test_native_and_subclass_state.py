@@ -15,6 +15,7 @@ against eager in strict, apply and fallback mode.
 from __future__ import annotations
 
 import ctypes
+import enum
 import io
 import queue
 
@@ -329,3 +330,31 @@ def test_an_int_of_the_users_class_kept_on_ctx_its_attribute_changed_before_back
             return g * ctx.k.extra, None
     matches_eager(Kept, lambda i: (_x(i), k), mid=lambda i: setattr(k, "extra", 3.0 + i),
                   reset=lambda: setattr(k, "extra", 1.0))
+
+
+class _Mode(enum.Enum):
+    SUM = 1
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+@pytest.mark.parametrize("member", [_Mode.SUM, _Level.LOW], ids=["Enum", "IntEnum"])
+def test_an_enum_member_passed_in_with_a_setting_kept_on_it(member):
+    # (Mode.A.scale = 2.0: an enum's member holds what the user sets on it, besides its value)
+    member.scale = 2.0
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, m):
+            return x * m.scale
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+    try:
+        matches_eager(Scale, lambda i: (_x(i), member), between=lambda i: setattr(member, "scale", 2.0 + i),
+                      reset=lambda: setattr(member, "scale", 2.0))
+    finally:
+        del member.scale
