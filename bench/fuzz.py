@@ -116,7 +116,7 @@ ABOUT = {
         "and a module kept on one, and a builtin shadowed by a global; in round 11, a user's "
         "`io.StringIO` subclass passed in, a ctypes `Structure` in a global, a `float` subclass's "
         "attribute passed in and a `tuple` subclass's in a global, a function's attribute and name "
-        "passed in, `sys.argv`, a torch getter and `logging.root.level`), "
+        "passed in, `sys.argv`, a torch getter, `logging.root.level` and an enum member's attribute), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -92,8 +92,9 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            "native_text_arg", "ctypes_struct_global", "float_subclass_attr_arg", "tuple_subclass_attr_global",
            # ... and what a key or a read left out: a function's attribute and name (passed in),
            # a library's list (``sys.argv``), a torch getter, a flag through a library's object
-           # (``logging.root.level``).
-           "function_attribute_arg", "function_name_arg", "sys_argv", "torch_getter", "logging_root_level")
+           # (``logging.root.level``), an enum's member's attribute (passed in).
+           "function_attribute_arg", "function_name_arg", "sys_argv", "torch_getter", "logging_root_level",
+           "enum_member_attr_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -105,6 +106,7 @@ _FORWARD_ONLY: tuple[str, ...] = ()
 _PRELUDE = '''import array
 import collections
 import ctypes
+import enum
 import functools
 import io
 import logging
@@ -465,6 +467,9 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "logging_root_level":
         return ([], ["logging.root.setLevel(logging.DEBUG if v > 1 else logging.WARNING)"],
                 "(3.0 if logging.root.level <= logging.DEBUG else 2.0)", [], "")
+    if holder == "enum_member_attr_arg":
+        return (["class KMode(enum.Enum):", "    A = 1", "", "", "KMode.A.scale = 2.0"], ["KMode.A.scale = v"],
+                "km.scale", ["KMode.A"], "km")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
