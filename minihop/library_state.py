@@ -29,6 +29,7 @@ value the object hands ``pickle`` is equal (floats by their bits, other objects 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -38,11 +39,12 @@ import sysconfig
 import threading
 import types
 import weakref
+from collections.abc import MutableMapping, MutableSequence, MutableSet
 from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
-           "READ_ONLY_VIEWS", "c_method_owner", "minihops", "native_state", "subclass_attributes", "view_items"]
+           "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "subclass_attributes", "view_items"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -150,20 +152,28 @@ _BUILTIN_VALUES = frozenset({*_VALUES, bool, type(None)})
 
 
 def subclass_attributes(value: Any) -> dict[str, Any] | None:
-    """The ``__dict__`` of a user's subclass of a builtin value (``class Knob(float)``,
-    ``class Pair(tuple)``, ``class Stack(list)``) or of an enum's member, when it holds
-    something the user set: attributes its value, items or pairs do not show (``k.extra``),
-    keyed and watched beside them."""
+    """The ``__dict__`` of a user's subclass of a builtin value or container (``class
+    Knob(float)``, ``class Pair(tuple)``, ``class Stack(list)``, ``class Ring(deque)``,
+    ``class Cfg(UserDict)``) or of an enum's member, when it holds something the user set:
+    attributes its value, items or pairs do not show (``k.extra``), keyed and watched beside
+    them."""
     cls = type(value)
     if isinstance(value, enum.Enum):
         # An enum's member holds its own entries (``_value_``, ``_name_``): what the user set on
         # it besides (``Mode.A.scale = 2.0``) is state like an object's.
         own = vars(value)
         return own if any(not (k.startswith("_") and k.endswith("_")) for k in own) else None
-    if cls in _BUILTIN_VALUES or not isinstance(value, _VALUES):
+    if cls in _BUILTIN_VALUES or not isinstance(value, _ITEMS) or library_module(cls.__module__ or ""):
         return None
     own = getattr(value, "__dict__", None)
     return own if isinstance(own, dict) and own else None
+
+
+# Values keyed and watched by their value or items (``array``, ``deque``, ``UserDict`` too):
+# a user's subclass of one keeps its own attributes beside them.
+_ITEMS = (*_VALUES, MutableSequence, MutableMapping, MutableSet)
+# ... where the items themselves are an attribute (``.data``): watched as attributes instead.
+ITEMS_IN_DATA = (collections.UserDict, collections.UserList, collections.UserString)
 
 
 def native_state(cls: type) -> bool:

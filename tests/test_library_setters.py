@@ -167,3 +167,28 @@ def test_a_library_function_read_through_getattr_with_a_constant_name_is_guarded
                       reset=lambda: setattr(F, "softsign", real), refusable=False)
     finally:
         F.softsign = real
+
+
+def test_a_loggers_attributes_set_in_forward_are_made_on_every_call():
+    # (``log.disabled = ...``, ``logging.root.level = ...``: not a setter's call, an attribute
+    # written; every logger's level is one of the process's settings, tracer/process_state.py)
+    level = logging.root.level
+
+    class Toggles(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            _LOGGER.disabled = not _LOGGER.disabled
+            logging.root.level = logging.root.level + 1
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def reset():
+        _LOGGER.disabled = False
+        logging.root.setLevel(level)
+    try:
+        matches_eager(Toggles, lambda i: (_x(i),), reset=reset, state=lambda: (_LOGGER.disabled, logging.root.level))
+    finally:
+        reset()

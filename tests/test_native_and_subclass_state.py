@@ -14,6 +14,8 @@ against eager in strict, apply and fallback mode.
 
 from __future__ import annotations
 
+import array
+import collections
 import ctypes
 import enum
 import io
@@ -358,3 +360,55 @@ def test_an_enum_member_passed_in_with_a_setting_kept_on_it(member):
                       reset=lambda: setattr(member, "scale", 2.0))
     finally:
         del member.scale
+
+
+class _Ring(collections.deque):
+    pass
+
+
+class _Doubles(array.array):
+    pass
+
+
+class _Settings(collections.UserDict):
+    pass
+
+
+@pytest.mark.parametrize("make", [lambda: _Ring([2.0]), lambda: _Doubles("d", [2.0]), lambda: _Settings({0: 2.0})],
+                         ids=["deque", "array", "UserDict"])
+def test_a_container_of_the_users_class_passed_in_with_an_attribute(make):
+    held = make()
+    held.w = 2.0
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, held):
+            return x * held[0] * held.w
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+    matches_eager(Scale, lambda i: (_x(i), held), between=lambda i: setattr(held, "w", 2.0 + i),
+                  reset=lambda: setattr(held, "w", 2.0))
+
+
+@pytest.mark.parametrize("make", [lambda: _Ring([2.0]), lambda: _Settings({0: 2.0})], ids=["deque", "UserDict"])
+def test_a_container_of_the_users_class_its_attribute_and_items_written_in_forward(make):
+    held = make()
+    held.n = 0
+
+    class Counted(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            held.n += 1
+            held[0] = held[0] + 1.0
+            return x * held[0]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def reset():
+        held.n = 0
+        held[0] = 2.0
+    matches_eager(Counted, lambda i: (_x(i),), reset=reset, state=lambda: (held.n, held[0]))

@@ -133,7 +133,8 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # items, as a list's or a dict's (a new one holding the same is the same key).
         inner = _open | {id(value)}
         items = value.items() if isinstance(value, MutableMapping) else enumerate(value)
-        return ("items", type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in items))
+        return ("items", type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in items),
+                *_own(value, _open))
     if library_object(value) or native_state(type(value)):
         # A library object (a queue, a buffer), or a user's over a C class (``class
         # Buf(io.BytesIO)``, a ctypes ``Structure``): what the heap watch sees of it, keyed

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..library_state import (c_method_owner, kept_by_library, module_attributes, native_state, plain_holder,
+from ..library_state import (ITEMS_IN_DATA, c_method_owner, kept_by_library, module_attributes, native_state, plain_holder,
                              state_of, subclass_attributes, tensor_attributes)
 from ..spec import MISSING
 from ..structure import attributes
@@ -38,7 +38,7 @@ def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
     And a ``class Pair(tuple)``'s attributes (``p.seen += 1``), as its ``__dict__``."""
     held = [(("item", i), v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
     own = subclass_attributes(value)
-    if own is not None:
+    if own is not None and not isinstance(value, ITEMS_IN_DATA):
         held.append((("attr", "__dict__"), own))
     if not callables:
         return held
@@ -82,6 +82,10 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     state = hidden.fingerprint(value)
     if state is not None:
         return "hidden", state  # a random generator or an iterator: refused if it moves
+    if isinstance(value, ITEMS_IN_DATA) and subclass_attributes(value) is not None:
+        # A user's ``class Cfg(UserDict)`` with attributes of its own: its items are its
+        # ``.data``, so its attributes, that one among them, are what it holds.
+        return "attrs", attributes(value)
     # Containers whose whole state is their items, whoever defined them (``bytearray``,
     # ``array``, ``UserDict``, a ``WeakValueDictionary``): watched, and replayed, as items.
     if isinstance(value, (list, collections.deque)) or \

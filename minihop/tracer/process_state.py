@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PROCESS", "put_back", "state"]
+__all__ = ["PROCESS", "logging_levels", "put_back", "state"]
 
 
 class _Process:
@@ -101,6 +101,26 @@ def _set_environ(old: dict[Any, Any]) -> None:
 
 
 _SETTINGS["os.environ"] = (_environ, _set_environ)
+
+
+def logging_levels() -> tuple[Any, ...]:
+    """Every logger's level, ``disabled`` and ``propagate`` flags, and ``logging.disable``'s
+    level: what decides which messages are sent, set by anyone (``log.level = 10``,
+    ``log.disabled = True``; a logger's own caches are not part of it)."""
+    manager = logging.Logger.manager
+    return (manager.disable, *((name, lg.level, lg.disabled, lg.propagate) for name, lg in (
+        ("", logging.root), *list(manager.loggerDict.items())) if isinstance(lg, logging.Logger)))
+
+
+def _set_logging_levels(old: tuple[Any, ...]) -> None:
+    logging.disable(old[0])
+    for name, level, disabled, propagate in old[1:]:
+        lg = logging.getLogger(name or None)
+        lg.setLevel(level)
+        lg.disabled, lg.propagate = disabled, propagate
+
+
+_SETTINGS["logging's levels"] = (logging_levels, _set_logging_levels)
 
 
 def state() -> dict[str, Any]:

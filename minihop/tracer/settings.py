@@ -30,6 +30,7 @@ from ..place import walk_plain
 from ..spec import MISSING, Place, Root
 from .atoms import ATOMS
 from .library import is_library
+from .process_state import logging_levels
 from .roots import place_at, value_place
 
 __all__ = ["backends_place", "setting_place"]
@@ -63,17 +64,10 @@ def _getter_place(end: Any) -> Place | None:
     return value_place(f"{module}.{end.__name__}()".lstrip("."), lambda args: end())
 
 
-def _logging_levels(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    manager = logging.Logger.manager
-    return (manager.disable, logging.root.level, logging.root.disabled, tuple(
-        (name, lg.level, lg.disabled, lg.propagate) for name, lg in list(manager.loggerDict.items())
-        if isinstance(lg, logging.Logger)))
-
-
 # ``logging.getLogger(name)`` hands out a process-wide logger, whose level the code may read
 # (``getLogger().level``, ``.getEffectiveLevel()``): every logger's level, keyed whole (as the
 # environment is), since which logger is asked for is the call's argument.
-_LOGGING = value_place("logging's levels (every logger's, and logging.disable)", _logging_levels)
+_LOGGING = value_place("logging's levels (every logger's, and logging.disable)", lambda args: logging_levels())
 
 
 def setting_place(end: Any) -> Place | None:
