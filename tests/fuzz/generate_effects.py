@@ -22,7 +22,7 @@ found from outside in round 6, a module's private counter beside a tensor it kee
 twelve containers down, a closure variable only stored to, and an argument that is, on some
 calls, the very dict the code also reads; in round 11, a buffer of the user's class over
 ``io.BytesIO``, an attribute of an ``int`` of the user's class, a logger's level set (a
-library's setter) and ``sys.argv`` appended to.
+library's setter) or its ``disabled`` flag, and ``sys.argv`` appended to.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -90,7 +90,7 @@ KINDS = {
     # Round 11: a buffer of the user's class over io.BytesIO, an attribute of an int of the
     # user's class, a logger's level set (a library's setter), sys.argv appended to.
     "native_buffer_write": ("fb", ""), "knob_counter": ("fb", ""), "logger_set_level": ("fb", ""),
-    "argv_append": ("fb", ""),
+    "argv_append": ("fb", ""), "logger_disabled": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -201,6 +201,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["KNOB.calls += 1"], "x * float(KNOB.calls % 3 + 1)"
     if kind == "logger_set_level":
         return ["LOGGER.setLevel(logging.INFO + (LOGGER.level % 3))"], ""
+    if kind == "logger_disabled":
+        return ["LOGGER.disabled = not LOGGER.disabled"], ""
     if kind == "argv_append":
         return ["sys.argv.append(ARGV_MARK)"], "x * float(sys.argv.count(ARGV_MARK) % 3 + 1)"
     if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
@@ -344,7 +346,7 @@ def generate_source(r: random.Random) -> str:
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
-        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, sys.argv.count(ARGV_MARK)])",
+        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK)])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

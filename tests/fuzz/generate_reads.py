@@ -92,9 +92,10 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            "native_text_arg", "ctypes_struct_global", "float_subclass_attr_arg", "tuple_subclass_attr_global",
            # ... and what a key or a read left out: a function's attribute and name (passed in),
            # a library's list (``sys.argv``), a torch getter, a flag through a library's object
-           # (``logging.root.level``), an enum's member's attribute (passed in).
+           # (``logging.root.level``), an enum's member's attribute (passed in), a deque's and a
+           # UserDict's of the user's class.
            "function_attribute_arg", "function_name_arg", "sys_argv", "torch_getter", "logging_root_level",
-           "enum_member_attr_arg")
+           "enum_member_attr_arg", "deque_subclass_attr_arg", "userdict_subclass_attr_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -467,6 +468,12 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "logging_root_level":
         return ([], ["logging.root.setLevel(logging.DEBUG if v > 1 else logging.WARNING)"],
                 "(3.0 if logging.root.level <= logging.DEBUG else 2.0)", [], "")
+    if holder == "deque_subclass_attr_arg":
+        return (["class KRing(collections.deque):", "    pass", "", "", "KRING = KRing([1.0])", "KRING.w = 2.0"],
+                ["KRING.w = v"], "kr.w * kr[0]", ["KRING"], "kr")
+    if holder == "userdict_subclass_attr_global":
+        return (["class KCfg(collections.UserDict):", "    pass", "", "", "KCFG = KCfg(a=1.0)", "KCFG.w = 2.0"],
+                ["KCFG.w = v"], "KCFG.w * KCFG['a']", [], "")
     if holder == "enum_member_attr_arg":
         return (["class KMode(enum.Enum):", "    A = 1", "", "", "KMode.A.scale = 2.0"], ["KMode.A.scale = v"],
                 "km.scale", ["KMode.A"], "km")
