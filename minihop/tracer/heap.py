@@ -36,7 +36,7 @@ from . import effects, hidden
 from .identity import TYPE, note_tensor
 from .atoms import ATOMS, atom_tuple, holds_tensor
 from .library import is_user_module
-from .process_state import PROCESS
+from .process_state import LOGGING, PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
 from ..library_state import STATE, del_attr, put_back, set_attr
@@ -72,7 +72,7 @@ class Seen:
 
 def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, ...],
              real_of: Callable[[Any], Any] | None = None,
-             reached: dict[int, list[Any]] | None = None) -> dict[int, Seen]:
+             reached: dict[int, list[Any]] | None = None, logging_too: bool = False) -> dict[int, Seen]:
     """Every object reachable from ``roots`` and the arguments, with a shallow copy of what it
     holds (``real_of``: the user's own binding of a global or cell minihop stood in for).
     ``reached``, where given, is filled with every tensor reached (dict keys too), by id:
@@ -101,7 +101,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     # The process's own settings (the environment, torch's defaults, warnings' filters): one
     # object, changed by library calls no chain names (process_state).
     found[id(PROCESS)] = Seen(PROCESS, Root("value", "process", "the process", lambda args: PROCESS), (),
-                              "process", process_state())
+                              "process", process_state(logging_too))
     for gid, (g, names) in globals_seen.items():
         found[gid] = Seen(g, Root("value", "globals", "globals", lambda args, g=g: g), (), "globals", dict(names))
     tensors = 0  # (a tensor's attributes are watched too; the bound is on other objects)
@@ -338,7 +338,7 @@ def put(seen: Seen, old: Any) -> None:
             if old is not MISSING and cell_value(obj) is not old:
                 obj.cell_contents = old
         elif seen.kind == "process":
-            now = process_state()
+            now = process_state(LOGGING in old)
             for k in (*old.keys(), *(k for k in now if k not in old)):
                 if now.get(k, MISSING) != old.get(k, MISSING):
                     put_back_setting(k, old.get(k))

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PROCESS", "logging_levels", "put_back", "state"]
+__all__ = ["LOGGING", "PROCESS", "logging_levels", "put_back", "state"]
 
 
 class _Process:
@@ -120,12 +120,15 @@ def _set_logging_levels(old: tuple[Any, ...]) -> None:
         lg.disabled, lg.propagate = disabled, propagate
 
 
-_SETTINGS["logging's levels"] = (logging_levels, _set_logging_levels)
+LOGGING = "logging's levels"  # (snapshotted only where the code reaches logging: ``state``)
+_SETTINGS[LOGGING] = (logging_levels, _set_logging_levels)
 
 
-def state() -> dict[str, Any]:
-    """Every setting's value now (the environment as one: ``os.environ``)."""
-    return {name: get() for name, (get, _) in _SETTINGS.items()}
+def state(logging_too: bool = False) -> dict[str, Any]:
+    """Every setting's value now (the environment as one: ``os.environ``); every logger's
+    level only where asked (code that reaches ``logging`` or a logger: walking them all costs
+    a capture more than the rest together)."""
+    return {name: get() for name, (get, _) in _SETTINGS.items() if logging_too or name != LOGGING}
 
 
 def put_back(name: str, value: Any) -> None:

@@ -34,6 +34,7 @@ import contextlib
 import builtins
 import dataclasses
 import functools
+import logging
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -86,6 +87,7 @@ class StateTracker:
         self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
         self.ctx_view: Callable[[], Any] = contextlib.nullcontext
         self._read_keys: set[tuple[str, str]] = set()
+        self.logs = False  # whether the code reaches logging or a logger (their levels are watched)
         self.opaque = opaque.Finder(self.name, library_module)  # why it may be single-use
         self.library = LibraryRan()  # the library code the call runs, where the CallWatch runs
         self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
@@ -143,6 +145,7 @@ class StateTracker:
                     continue  # (the user's object: keyed whole where it is read)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = walk(value, named) if named else value  # what the code calls or reads
+                self.logs = self.logs or any(v is logging or isinstance(v, logging.Logger) for v in (value, named_end))
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
                 if not root.uses_args:  # (arguments: pipeline asked before the trace)
                     refuse_iterator_read(self.name, phase, chain.root, named_end)
@@ -338,7 +341,8 @@ class StateTracker:
     def _snapshot(self, tensors: dict[int, list[Any]] | None = None) -> dict[int, Seen]:
         real_of = None if self.hidden_reads is None else self.hidden_reads.real_of
         try:
-            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of, tensors)
+            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of, tensors,
+                                 self.logs)
         except heap.TooMuchState as e:
             raise too_much_state(self.name, str(e)) from None
 
