@@ -377,8 +377,12 @@ def same_properties(key: Any) -> Callable[[Any], bool] | None:
 def keeps_arguments(pair: Pair, state: PythonState) -> bool:
     """Whether backward needs the call's arguments: it reads or writes Python state in them,
     or reads a module argument's tensor when it runs (forward keeps them on ctx)."""
-    return state.backward_uses_args or any(s.read_in_backward and not s.fetched and s.path is not None
-                                           for s in pair.inputs)
+    return state.backward_uses_args or reads_argument_tensors(pair)
+
+
+def reads_argument_tensors(pair: Pair) -> bool:
+    """Whether backward reads a tensor of an argument (a module's) when it runs."""
+    return any(s.read_in_backward and not s.fetched and s.path is not None for s in pair.inputs)
 
 
 def tensor_key(value: Any) -> Any:

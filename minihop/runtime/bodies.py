@@ -259,7 +259,9 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
         else:
             # Backward's only reason for a key is the Python values it reads (or the default
             # dtype): while they are the captured ones (one compiled check), the traced bwd runs.
-            state = [f"{src.name('state_ok', state_only)}(())"] if needs_key else []
+            # (its places in the arguments, a tensor argument's attributes, read off those forward kept)
+            state = [f"{src.name('state_ok', state_only)}({'ctx.minihop_args' if L.keeps_args else '()'})"] \
+                if needs_key else []
             src.add(f"if {' and '.join([*state, *same_dtype])}:")
             src.add(line, 2)
     # Unpack what the user saved, as eager does (version checks, unpack hooks): once per read

@@ -27,6 +27,7 @@ from .display import readable, summary
 from .fetch import fetch_positional, fetcher
 from .single_use import once
 from .streams import run_on_stream
+from .transformable import calling
 from .writes import Writer, make_writer
 
 __all__ = ["Capture", "copy_module", "make_capture", "readable"]
@@ -212,7 +213,8 @@ def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, 
             # The user's own vmap rule is written for the user's arguments: run the Function
             # eagerly under transforms (the transform then sees exactly eager's Function).
             return user_function.apply(*args)  # type: ignore[union-attr]
-        result = transformable.apply(*(args if fetch is None else fetch(args)))
+        with calling(args):
+            result = transformable.apply(*(args if fetch is None else fetch(args)))
         flat: list[Any] = [None] * len(top_level)
         for k, i in enumerate(transformable.order):
             flat[i] = result[k]

@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from ..spec import NO_STATE, DataRead, Pair, PythonState
 from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfetched, fetch_now, keeps_arguments, live_slots,
-                        same_properties)
+                        reads_argument_tensors, same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
 from .graph_reads import reads_grad_mode
@@ -85,7 +85,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     # not tensors fetched when it runs): while they are the captured ones, the traced bwd runs.
     state_only = None
     if bool(backwards.state_reads) and not backwards.checks and layout.materialize \
-            and not keeps_arguments(pair, state) and not backwards.reads_values and not live_slots(pair):
+            and not reads_argument_tensors(pair) and not backwards.reads_values and not live_slots(pair):
         state_only = compile_live_check(backwards.state_reads, backwards.state_base)
     # Or its only reason is tensors it reads when it runs: fetched, and while each has the
     # traced properties, the traced bwd runs on them.

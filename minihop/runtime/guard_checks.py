@@ -23,9 +23,11 @@ from ..arguments import STRICT_MARKS
 from .function_keys import same_function
 from .guards import (CODE, FN_METHODS, FN_OWN, PLAIN, _any_autocast, _default_dtype, autocast_key,
                      class_attributes, code_key, function_class_state, masked_key, python_attributes,
-                     user_bases, value_key)
+                     user_bases, user_metaclass, value_key)
 
 __all__ = ["compile_guard", "compile_live_check"]
+
+EMPTY_TUPLE = (tuple, ())  # ``value_key(())``
 
 
 @functools.lru_cache(maxsize=1024)
@@ -95,6 +97,8 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
         elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in PLAIN:
             consts[f"t{i}"] = k[1]
             lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")
+        elif k == EMPTY_TUPLE:  # (what a tensor argument holds of the names backward reads: usually nothing)
+            lines.append(f"    if type({a}) is not tuple or {a}:")
         else:
             lines.append(f"    if key_of({a}) != k{i}:")
         lines.append("        return False")
@@ -114,6 +118,8 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
         if isinstance(key, tuple) and len(key) == 3 and key[0] == "V" and key[1] in PLAIN:
             consts[f"t{i}"], consts[f"v{i}"] = key[1], key[2]
             lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
+        elif key == EMPTY_TUPLE:
+            lines += [f"    v = f{i}(args)", "    if type(v) is not tuple or v:", "        return False"]
         elif same_function(key):
             # A function, its code and defaults the very objects keyed (held here): no key built.
             fn = key[2].obj
@@ -149,8 +155,9 @@ def class_watch(cls: type, state: tuple[Any, ...], skip: frozenset[str]) -> Call
     _class_state``'s key), mostly without building it: every attribute of its user classes is
     the very object it was now (so a plain number, string or None is the same value), and only
     what can change in place (a list, a function's code) is keyed again. None where ``state``
-    is not the class's state now, or for an ABC (its registry is part of the key)."""
-    if isinstance(cls, abc.ABCMeta) or function_class_state(cls) != state:
+    is not the class's state now, or for an ABC or a class of a user metaclass (its registry,
+    the metaclass's attributes are part of the key)."""
+    if isinstance(cls, abc.ABCMeta) or user_metaclass(cls) or function_class_state(cls) != state:
         return None
     inner, mro, name, qualname = frozenset({id(cls)}), cls.__mro__, cls.__name__, cls.__qualname__
     keyed = dict(state)

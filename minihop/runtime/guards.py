@@ -199,7 +199,9 @@ def _class_state(cls: type, inner: frozenset[int], skip: frozenset[str] = frozen
     found = class_attributes(cls, skip)
     state = (*((k, code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) for k, v in found.items()),
              # (and its names: code dispatches on ``type(cfg).__name__``, which its dict lacks)
-             ("__name__", ("V", str, cls.__name__)), ("__qualname__", ("V", str, cls.__qualname__)))
+             ("__name__", ("V", str, cls.__name__)), ("__qualname__", ("V", str, cls.__qualname__)),
+             # (and a user metaclass's: ``Cls.k`` finds ``Meta.k`` where no class in the MRO has k)
+             *((("metaclass", value_key(type(cls), inner)),) if user_metaclass(cls) else ()))
     if isinstance(cls, abc.ABCMeta):
         # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
         registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]
@@ -223,6 +225,11 @@ def class_attributes(cls: type, skip: frozenset[str] = frozenset()) -> dict[str,
 
 
 CODE = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def user_metaclass(cls: type) -> bool:
+    """Whether ``cls``'s metaclass is a user's class (its attributes answer ``cls.name``)."""
+    return type(cls) is not type and not library_name(type(cls).__module__)
 _BASES: weakref.WeakKeyDictionary[type, tuple[Any, tuple[type, ...]]] = weakref.WeakKeyDictionary()
 
 

@@ -8,7 +8,9 @@ variants), so a transform sees what eager's Function gives it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -17,13 +19,27 @@ from ..errors import UnsupportedOperationError
 from ..spec import Pair
 from .codegen import emit
 
-__all__ = ["make_transformable"]
+__all__ = ["calling", "make_transformable"]
 
 _set_grad = torch._C._set_grad_enabled
 _is_grad = torch.is_grad_enabled
+_CALLING = threading.local()  # the user's arguments of the call being applied (``calling``)
 
 
-def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tuple[tuple[Any, ...], Any]],
+@contextlib.contextmanager
+def calling(args: tuple[Any, ...]) -> Iterator[None]:
+    """While the runner applies the transformable class for a call: ``setup_context`` keeps
+    the user's arguments on ctx, where backward's places rooted at an argument (a late read,
+    a tensor argument's attribute) are fetched, as the plain path passes them."""
+    outer = getattr(_CALLING, "args", ())
+    _CALLING.args = args
+    try:
+        yield
+    finally:
+        _CALLING.args = outer
+
+
+def make_transformable(pair: Pair, call_bwd: Callable[..., tuple[tuple[Any, ...], Any]],
                        generate_vmap_rule: bool) -> type[torch.autograd.Function]:
     """The pair as a ``setup_context``-style Function, for torch.func transforms.
 
@@ -83,6 +99,11 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
         # Python numbers bwd reads (size symbols, with symbolic sizes) are kept on ctx, as a
         # user keeps ``ctx.n = x.shape[0]``: save_for_backward takes tensors only.
         ctx.minihop_numbers = [(i, v) for i, v in enumerate(saved) if not isinstance(v, torch.Tensor)]
+        # Eager's backward under a transform gets its tensors back as the transform's wrappers,
+        # which carry none of the user's attributes (``getattr(w, "k", 1.0)`` reads 1.0 there):
+        # backward's places see each tensor argument as a fresh tensor without any.
+        ctx.minihop_args = tuple(torch.empty(0) if isinstance(a, torch.Tensor) else a
+                                 for a in getattr(_CALLING, "args", ()))
         ctx.save_for_backward(*[v for v in saved if isinstance(v, torch.Tensor)])
         ctx.mark_non_differentiable(*[v for v in output[n_top:] if isinstance(v, torch.Tensor)],
                                     *[output[p] for p in nondiff_pos])
@@ -91,9 +112,9 @@ def make_transformable(pair: Pair, call_bwd: Callable[[tuple[Any, ...], Any], tu
         saved = list(ctx.saved_tensors)
         for i, v in ctx.minihop_numbers:
             saved.insert(i, v)
-        found, writes = call_bwd(grads[:n_top], saved)
+        found, writes = call_bwd(grads[:n_top], saved, ctx.minihop_args)
         for write in writes:  # backward's Python writes, as eager's backward makes them
-            write.replay((), ctx)
+            write.replay(ctx.minihop_args, ctx)
         return found
 
     return type(f"Transformable_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), {

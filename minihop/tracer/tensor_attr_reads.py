@@ -7,8 +7,8 @@ back from ``ctx.saved_tensors`` or ctx (``getattr(x, "scale", 1.0)``), and the c
 change or delete one between forward and ``.backward()``: eager's backward reads it then. The
 read goes through a local the bytecode chains do not follow (it is not a parameter), so every
 name backward's code loads as an attribute or names as a constant (the ``getattr`` spelling)
-that is not the tensor's own (``torch.Tensor``'s methods and properties) nor ctx's is a read
-place ``arg.name`` of backward for each tensor argument that carries attributes of the user's:
+that is not the tensor's own (``torch.Tensor``'s methods and properties) nor ctx's may be one:
+each tensor argument's entries of those names are one read place of backward, ``arg.__dict__``:
 checked when backward runs, another value (or one set since) traces backward again, as eager's
 backward would take that path (and forward saves what such a backward may use).
 
@@ -17,9 +17,9 @@ the call's tensor has then. And a saved *output* comes back to eager's backward 
 object, without the attributes forward set on it (an input or an intermediate comes back as
 itself): ``saved_outputs_bare`` hides them while backward is traced.
 
-Invariant: over-approximate, never under, for a tensor argument with attributes: a name it
-does not hold reads as missing, twice. A tensor argument with none at the call (an attribute
-first set between forward and backward) is not watched: docs/reads.md, "Open".
+Invariant: over-approximate, never under, for every tensor argument (one without attributes
+at the call too: an attribute first set between forward and backward is a change): a name it
+does not hold reads as missing, twice.
 """
 
 from __future__ import annotations
@@ -63,21 +63,36 @@ def _loaded_names(code: types.CodeType) -> frozenset[str]:
 
 def tensor_attribute_reads(analysed: tuple[tuple[str, Any, Any, Any], ...], args: tuple[Any, ...],
                            argnames: tuple[str, ...], ctx: Any) -> list[tuple[Place, types.CodeType | None]]:
-    """Backward's read places ``arg.name`` of each tensor argument's possible attributes."""
-    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and tensor_attributes(a)]
+    """Backward's read places ``arg.__dict__`` (of the names it may read) of each tensor argument."""
+    # Every tensor argument, with attributes or not: one may be set between forward and
+    # ``.backward()`` (``getattr(w, "tag", 1.0)`` read then, missing at the call).
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     if not tensors:
         return []
     skip = _not_user_names() | frozenset(vars(ctx))
+    codes = [code for phase, fn, _facts, _params in analysed
+             if phase == "backward" and (code := code_of(fn)) is not None]
+    names = tuple(sorted(frozenset().union(*map(_loaded_names, codes)) - skip))
+    if not names:
+        return []
+    # One read per tensor argument, of all those names at once: what it holds of them (for a
+    # tensor without attributes, the usual case, an empty ``__dict__`` answers at once).
     found: list[tuple[Place, types.CodeType | None]] = []
-    for phase, fn, _facts, _params in analysed:
-        code = code_of(fn)
-        if phase != "backward" or code is None:
-            continue
-        for name in sorted(_loaded_names(code) - skip):
-            for i in tensors:
-                root = Root("arg", i, argname(i, argnames), lambda call, i=i: call[i])
-                found.append((Place(root, (("attr", name),)), code))
+    for i in tensors:
+        root = Root("arg", i, argname(i, argnames), lambda call, i=i: call[i])
+        found.append((Place(root, (("attr", "__dict__"),), read=_reader(i, names)), codes[0]))
     return found
+
+
+def _reader(i: int, names: tuple[str, ...]) -> Any:
+    """``call -> ((name, value), ...)``: which of ``names`` argument ``i`` holds, with their values."""
+    def held(call: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
+        tensor = call[i]
+        if not tensor.__dict__:
+            return ()
+        attrs = tensor_attributes(tensor)
+        return tuple((name, attrs[name]) for name in names if name in attrs)
+    return held
 
 
 def as_called(fake_args: tuple[Any, ...], call_args: tuple[Any, ...]) -> None:

@@ -1,0 +1,564 @@
+"""Hostile spellings, round 7 (issue #28, round 12): the issue's classes written in ways the
+suite had not seen, tried from outside against eager in strict, apply and fallback mode
+(``eager_modes.matches_eager``).
+
+Silent differences from eager before this round, in every mode:
+
+- a class attribute that lives on the class's *metaclass* (``class C(metaclass=Meta)``, code
+  reads ``C.k``, the caller sets ``Meta.k``): a user class's key held its MRO's dicts, not its
+  metaclass's (``guards._class_state`` now keys a user metaclass as a class);
+- a tensor argument's attribute first set between forward and ``.backward()``
+  (``getattr(w, "tag", 1.0)`` in backward): only tensors carrying attributes at the call were
+  watched (``tracer/tensor_attr_reads.py`` now watches every tensor argument).
+
+The rest passed when written and stay as the round's evidence: modules reached through
+containers and bound methods, callables built by ``operator``/``types``/``functools``,
+generators and iterators consumed, numpy state, aliasing and view properties of arguments, and
+state crossed with grad modes, autocast, transforms, checkpointing and dynamic sizes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import itertools
+import math
+import operator
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import minihop
+from eager_modes import matches_eager, normalized, same_normalized
+
+
+def x_(i):
+    return (torch.linspace(-1, 1, 4) + i).requires_grad_()
+
+
+def crossed(fn_cls, body, steps=4, between=lambda i: None, reset=lambda: None):
+    """``body(call, i)`` (it calls and runs backward itself) eagerly, then in strict mode (a
+    coded refusal allowed) and fallback mode: the records equal."""
+    reset()
+    eager = []
+    for i in range(steps):
+        between(i)
+        eager.append(normalized(body(fn_cls.apply, i)))
+    for mode, call in {"strict": minihop.function(fn_cls), "fallback": minihop.function(fn_cls, fallback="eager")}.items():
+        minihop.reset()
+        reset()
+        got = []
+        for i in range(steps):
+            between(i)
+            try:
+                got.append(normalized(body(call, i)))
+            except minihop.MinihopError:
+                assert mode == "strict"
+                break
+        assert same_normalized(tuple(got), tuple(eager[:len(got)])), (mode, got, eager)
+
+
+# -- the two silent differences ----------------------------------------------------------------
+
+def test_metaclass_attribute_changed_between_calls():
+    class Meta(type):
+        pass
+
+    class Knobs(metaclass=Meta):
+        pass
+
+    Meta.k = 2.0
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, knobs):
+            return x * knobs.k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(F, lambda i: (x_(i), Knobs), between=lambda i: setattr(Meta, "k", 2.0 + i),
+                  reset=lambda: setattr(Meta, "k", 2.0))
+
+
+def test_metaclass_method_rebound_for_a_global_class():
+    class Meta(type):
+        def scale(cls):
+            return 2.0
+
+    class Knobs(metaclass=Meta):
+        pass
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * Knobs.scale()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    original = Meta.scale
+
+    def between(i):
+        Meta.scale = original if i % 2 == 0 else (lambda cls: 5.0)
+
+    matches_eager(F, lambda i: (x_(i),), between=between, reset=lambda: setattr(Meta, "scale", original))
+
+
+def test_tensor_attribute_first_set_before_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(w)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            w, = ctx.saved_tensors
+            return g * w * getattr(w, "tag", 1.0), None
+
+    ws = [torch.full((4,), 2.0) for _ in range(4)]
+    matches_eager(F, lambda i: (x_(i), ws[i]), mid=lambda i: setattr(ws[i], "tag", 3.0 + i) if i % 2 else None,
+                  reset=lambda: [w.__dict__.pop("tag", None) for w in ws])
+
+
+def test_tensor_attribute_first_set_on_an_argument_kept_on_ctx():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.w = w
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * (ctx.w.gain if hasattr(ctx.w, "gain") else 2.0), None
+
+    w = torch.ones(4)
+    matches_eager(F, lambda i: (x_(i), w), mid=lambda i: setattr(w, "gain", 5.0 + i) if i >= 2 else None,
+                  reset=lambda: w.__dict__.pop("gain", None))
+
+
+# -- spellings that held: modules, callables, iterators -----------------------------------------
+
+def test_module_in_a_dict_argument_switched_to_eval():
+    drop = nn.Dropout(0.5)
+    cfg = {"m": drop}
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg):
+            return x * (2.0 if cfg["m"].training else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(F, lambda i: (x_(i), cfg), between=lambda i: drop.train(i % 2 == 0), reset=drop.train)
+
+
+def test_bound_forward_of_a_module_whose_eps_changes():
+    ln = nn.LayerNorm(4, elementwise_affine=False)
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fn):
+            return fn(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(F, lambda i: (x_(i) * 1e-3, ln.forward), between=lambda i: setattr(ln, "eps", 1e-5 * 10 ** i),
+                  reset=lambda: setattr(ln, "eps", 1e-5))
+
+
+def test_forward_hook_added_between_calls():
+    lin = nn.Linear(4, 4)
+    handles = []
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, m):
+            return m(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        if i == 2:
+            handles.append(lin.register_forward_hook(lambda m, a, o: o * 10))
+
+    def reset():
+        while handles:
+            handles.pop().remove()
+
+    try:
+        matches_eager(F, lambda i: (x_(i), lin), between=between, reset=reset)
+    finally:
+        reset()
+
+
+@pytest.mark.parametrize("make", ["attrgetter", "methodcaller", "MethodType"])
+def test_callables_built_by_the_standard_library(make):
+    class Obj:
+        def __init__(self):
+            self.k = 2.0
+
+        def scale(self, m):
+            return self.k * m
+
+    obj = Obj()
+    fn = {"attrgetter": lambda: (lambda o, g=operator.attrgetter("k"): g(o)),
+          "methodcaller": lambda: (lambda o, c=operator.methodcaller("scale", 1.0): c(o)),
+          "MethodType": lambda: (lambda o, b=types.MethodType(lambda self: self.k, obj): b())}[make]()
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fn, o):
+            return x * fn(o)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None
+
+    matches_eager(F, lambda i: (x_(i), fn, obj), between=lambda i: setattr(obj, "k", 2.0 + i),
+                  reset=lambda: setattr(obj, "k", 2.0))
+
+
+def test_singledispatch_registration_between_calls():
+    box = {}
+
+    def fresh():
+        @functools.singledispatch
+        def scale(v):
+            return 2.0
+        box["scale"] = scale
+
+    fresh()
+
+    class Tag:
+        pass
+
+    tag = Tag()
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, t):
+            return x * box["scale"](t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        if i == 2:
+            box["scale"].register(Tag, lambda v: 5.0)
+
+    matches_eager(F, lambda i: (x_(i), tag), between=between, reset=fresh)
+
+
+def test_cached_property_emptied_between_calls():
+    class Cfg:
+        def __init__(self):
+            self.base = 2.0
+
+        @functools.cached_property
+        def k(self):
+            return self.base * 2
+
+    cfg = Cfg()
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * cfg.k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        cfg.base = 2.0 + i
+        cfg.__dict__.pop("k", None)
+
+    matches_eager(F, lambda i: (x_(i),), between=between, reset=lambda: between(0))
+
+
+def test_iterators_consumed_by_forward():
+    box = {}
+
+    def fresh():
+        def accumulate():
+            total = 0.0
+            while True:
+                total += yield total
+        gen = accumulate()
+        next(gen)
+        box.update(count=itertools.count(1), gen=gen)
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * next(box["count"]) + box["gen"].send(1.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(F, lambda i: (x_(i),), reset=fresh)
+
+
+def test_context_variable_set_between_calls():
+    var = contextvars.ContextVar("minihop_round12", default=2.0)
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * var.get()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(F, lambda i: (x_(i),), between=lambda i: var.set(2.0 + i), reset=lambda: var.set(2.0))
+
+
+# -- numpy, aliasing, views ------------------------------------------------------------------------
+
+def test_numpy_state():
+    arr = np.array([2.0])
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, a, s):
+            return x * float(a[0]) * float(np.random.rand()) * math.copysign(1.0, s)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None
+
+    matches_eager(F, lambda i: (x_(i), arr, np.float64(-0.0 if i % 2 else 0.0)),
+                  between=lambda i: arr.__setitem__(0, 2.0 + i),
+                  reset=lambda: (arr.__setitem__(0, 2.0), np.random.seed(0)), state=lambda: np.random.get_state()[2])
+
+
+@pytest.mark.parametrize("read", ["is", "data_ptr", "_base", "storage_offset"])
+def test_aliasing_and_view_properties_of_arguments(read):
+    base = torch.arange(12.0)
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            if read == "is":
+                k = 2.0 if x is y else 3.0
+            elif read == "data_ptr":
+                k = 2.0 if x.data_ptr() == y.data_ptr() else 3.0
+            elif read == "_base":
+                k = 2.0 if y._base is not None else 3.0
+            else:
+                k = float(y.storage_offset() + 1)
+            return x * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def make(i):
+        x = x_(i)
+        if read == "is":
+            return (x, x) if i % 2 else (x, x_(i + 10))
+        if read == "_base":
+            return (x, base[:4] if i % 2 else base[:4].clone())
+        return (x, base[4 * (i % 2):4 * (i % 2) + 4] if read == "data_ptr" else base[i:i + 4])
+
+    matches_eager(F, make)
+
+
+# -- state crossed with modes, transforms and sizes --------------------------------------------------
+
+STATE = {"k": 2.0}
+
+
+def _scale(i):
+    STATE["k"] = 2.0 + i
+
+
+def test_global_crossed_with_dynamic_sizes_and_no_grad():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * STATE["k"], x.shape[0] * 2
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * STATE["k"]
+
+    def body(call, i):
+        x = torch.linspace(0, 1, 3 + i).requires_grad_()
+        if i % 2:
+            with torch.no_grad():
+                return call(x)
+        y, n = call(x)
+        y.sum().backward()
+        return y.detach(), n, x.grad
+
+    crossed(F, body, steps=6, between=lambda i: _scale(i // 2), reset=lambda: _scale(0))
+
+
+def test_module_eps_crossed_with_autocast():
+    ln = nn.LayerNorm(4)
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return ln(x) @ torch.eye(4)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def body(call, i):
+        x = x_(i).view(1, 4).detach().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=i % 2 == 1):
+            y = call(x)
+        y.float().sum().backward()
+        return y.detach(), y.dtype, x.grad
+
+    crossed(F, body, between=lambda i: setattr(ln, "eps", 10.0 ** -(i + 1)), reset=lambda: setattr(ln, "eps", 1e-5))
+
+
+def test_global_crossed_with_func_transforms():
+    class F(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x.sin() * STATE["k"]
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * x.cos() * STATE["k"]
+
+    def body(call, i):
+        t = torch.arange(8.0).view(2, 4) + i
+        return torch.func.vmap(call)(t), torch.func.grad(lambda v: call(v).sum())(t[0])
+
+    crossed(F, body, between=_scale, reset=lambda: _scale(0))
+
+
+def test_global_changed_before_a_checkpoint_recomputes():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * STATE["k"]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * STATE["k"]
+
+    def body(call, i):
+        x = x_(i)
+        y = checkpoint(lambda t: call(t).sin(), x, use_reentrant=False)
+        _scale(3 + i)  # eager's recompute in backward reads this
+        y.sum().backward()
+        return y.detach(), x.grad
+
+    crossed(F, body, reset=lambda: _scale(0))
+
+
+def test_inner_function_crossed_with_double_backward():
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * 3 * x ** 2
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return Cube.apply(x) * STATE["k"]
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * 3 * x ** 2 * STATE["k"]
+
+    def body(call, i):
+        x = x_(i)
+        y = call(x)
+        gx, = torch.autograd.grad(y.sum(), x, create_graph=True)
+        gx.sum().backward()
+        return y.detach(), gx.detach(), x.grad
+
+    crossed(F, body, between=_scale, reset=lambda: _scale(0))
+
+
+def test_output_structure_chosen_by_globals():
+    flags = {"n": 2, "nd": False}
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            outs = tuple(x * (j + 1) for j in range(flags["n"]))
+            if flags["nd"]:
+                ctx.mark_non_differentiable(outs[-1])
+            return outs
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return sum(g * (j + 1) for j, g in enumerate(grads) if g is not None)
+
+    def body(call, i):
+        x = x_(i)
+        ys = call(x)
+        sum(y.sum() for y in ys if y.requires_grad).backward()
+        return tuple(y.detach() for y in ys), tuple(y.requires_grad for y in ys), x.grad
+
+    def between(i):
+        flags.update(n=2 + i % 2, nd=i >= 2)
+
+    crossed(F, body, between=between, reset=lambda: flags.update(n=2, nd=False))
+
+
+def test_tensor_attribute_read_by_backward_under_a_transform():
+    # (Under torch.func the capture's backward had no call arguments to read ``w.k`` from:
+    # an IndexError inside minihop, in every mode.)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(x, w):
+            return x.sin() * w
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g * x.cos() * w * getattr(w, "k", 1.0), None
+
+    w = torch.full((4,), 2.0)
+    w.k = 3.0
+
+    def body(call, i):
+        return torch.func.grad(lambda v: call(v, w).sum())(torch.arange(4.0) + i)
+
+    crossed(F, body, between=lambda i: setattr(w, "k", 3.0 + i), reset=lambda: setattr(w, "k", 3.0))
