@@ -9,7 +9,10 @@ Silent differences from eager before this round, in every mode:
   metaclass's (``guards._class_state`` now keys a user metaclass as a class);
 - a tensor argument's attribute first set between forward and ``.backward()``
   (``getattr(w, "tag", 1.0)`` in backward): only tensors carrying attributes at the call were
-  watched (``tracer/tensor_attr_reads.py`` now watches every tensor argument).
+  watched (``tracer/tensor_attr_reads.py`` now watches every tensor argument);
+- ``log.addHandler(h)`` in forward (eager adds one on every call): a logger's handlers were not
+  part of the process settings the heap watch snapshots (``tracer/process_state.py`` now holds
+  every logger's handlers and filters with its levels; a change is refused after it is put back).
 
 The rest passed when written and stay as the round's evidence: modules reached through
 containers and bound methods, callables built by ``operator``/``types``/``functools``,
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
+import logging
 import math
 import operator
 import types
@@ -562,3 +566,99 @@ def test_tensor_attribute_read_by_backward_under_a_transform():
         return torch.func.grad(lambda v: call(v, w).sum())(torch.arange(4.0) + i)
 
     crossed(F, body, between=lambda i: setattr(w, "k", 3.0 + i), reset=lambda: setattr(w, "k", 3.0))
+
+
+@pytest.mark.parametrize("change", ["addHandler", "removeHandler", "addFilter", "handler level"])
+def test_logger_handlers_changed_by_forward(change):
+    log = logging.getLogger("minihop.tests.round12")
+    kept = logging.NullHandler()
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if change == "addHandler":
+                log.addHandler(logging.NullHandler())
+            elif change == "removeHandler":
+                log.removeHandler(log.handlers[-1]) if log.handlers else None
+            elif change == "addFilter":
+                log.addFilter(logging.Filter("nothing"))
+            else:
+                kept.setLevel(kept.level + 1)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def reset():
+        log.handlers[:] = [kept, logging.NullHandler(), logging.NullHandler()]
+        log.filters.clear()
+        kept.setLevel(0)
+
+    try:
+        matches_eager(F, lambda i: (x_(i),), reset=reset,
+                      state=lambda: (len(log.handlers), len(log.filters), kept.level))
+    finally:
+        log.handlers.clear()
+        log.filters.clear()
+
+
+class CodedError(Exception):
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def test_user_exception_after_a_write_and_a_context_manager():
+    log = []
+
+    class Timer:
+        def __init__(self):
+            self.n = 0
+            self.active = False
+
+        def __enter__(self):
+            self.n += 1
+            self.active = True
+
+        def __exit__(self, *exc):
+            self.active = False
+            return False
+
+    timer = Timer()
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, i):
+            log.append(i)
+            with timer:
+                if i % 2:
+                    raise CodedError(f"odd {i}", code=10 * i)
+                return x * (2.0 if timer.active else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, None
+
+    def run(call):
+        log.clear()
+        timer.n = 0
+        out = []
+        for i in range(4):
+            x = x_(i)
+            try:
+                y = call(x, i)
+                y.sum().backward()
+                out.append((y.detach().tolist(), x.grad.tolist()))
+            except CodedError as e:
+                out.append((type(e).__name__, str(e), e.code))
+            out.append((list(log), timer.n, timer.active))
+        return out
+
+    eager = run(F.apply)
+    for call in (minihop.function(F), minihop.function(F, fallback="eager")):
+        minihop.reset()
+        try:
+            assert run(call) == eager
+        except minihop.MinihopError:
+            assert call.fallback != "eager"

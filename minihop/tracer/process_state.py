@@ -103,24 +103,34 @@ def _set_environ(old: dict[Any, Any]) -> None:
 _SETTINGS["os.environ"] = (_environ, _set_environ)
 
 
-def logging_levels() -> tuple[Any, ...]:
-    """Every logger's level, ``disabled`` and ``propagate`` flags, and ``logging.disable``'s
-    level: what decides which messages are sent, set by anyone (``log.level = 10``,
-    ``log.disabled = True``; a logger's own caches are not part of it)."""
+def logging_levels(handlers: bool = True) -> tuple[Any, ...]:
+    """Every logger's level, ``disabled`` and ``propagate`` flags, handlers (each with its
+    level) and filters, and ``logging.disable``'s level: what decides which messages are sent
+    and where, set by anyone (``log.level = 10``, ``log.disabled = True``,
+    ``log.addHandler(h)``; a logger's own caches are not part of it). Without ``handlers``:
+    the levels and flags only (what a read of whether a logger logs depends on)."""
     manager = logging.Logger.manager
-    return (manager.disable, *((name, lg.level, lg.disabled, lg.propagate) for name, lg in (
+    if not handlers:
+        return (manager.disable, *((name, lg.level, lg.disabled, lg.propagate) for name, lg in (
+            ("", logging.root), *list(manager.loggerDict.items())) if isinstance(lg, logging.Logger)))
+    return (manager.disable, *((name, lg.level, lg.disabled, lg.propagate, tuple((h, h.level) for h in lg.handlers),
+                                tuple(lg.filters)) for name, lg in (
         ("", logging.root), *list(manager.loggerDict.items())) if isinstance(lg, logging.Logger)))
 
 
 def _set_logging_levels(old: tuple[Any, ...]) -> None:
     logging.disable(old[0])
-    for name, level, disabled, propagate in old[1:]:
+    for name, level, disabled, propagate, handlers, filters in old[1:]:
         lg = logging.getLogger(name or None)
         lg.setLevel(level)
         lg.disabled, lg.propagate = disabled, propagate
+        lg.handlers[:] = [h for h, _ in handlers]
+        lg.filters[:] = list(filters)
+        for h, h_level in handlers:
+            h.setLevel(h_level)
 
 
-LOGGING = "logging's levels"  # (snapshotted only where the code reaches logging: ``state``)
+LOGGING = "logging's levels and handlers"  # (snapshotted only where the code reaches logging: ``state``)
 _SETTINGS[LOGGING] = (logging_levels, _set_logging_levels)
 
 

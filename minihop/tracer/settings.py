@@ -67,7 +67,7 @@ def _getter_place(end: Any) -> Place | None:
 # ``logging.getLogger(name)`` hands out a process-wide logger, whose level the code may read
 # (``getLogger().level``, ``.getEffectiveLevel()``): every logger's level, keyed whole (as the
 # environment is), since which logger is asked for is the call's argument.
-_LOGGING = value_place("logging's levels (every logger's, and logging.disable)", lambda args: logging_levels())
+_LOGGING = value_place("logging's levels (every logger's, and logging.disable)", lambda args: logging_levels(handlers=False))
 
 
 def setting_place(end: Any) -> Place | None:
