@@ -10,6 +10,16 @@ Silent differences from eager before this round, in every mode:
 - a tensor argument's attribute first set between forward and ``.backward()``
   (``getattr(w, "tag", 1.0)`` in backward): only tensors carrying attributes at the call were
   watched (``tracer/tensor_attr_reads.py`` now watches every tensor argument);
+- ``isinstance(n, int)`` / ``type(n) is int`` on a size or an int argument once automatic
+  dynamic made it symbolic (``torch.SymInt``): the other branch was baked in. Code that names
+  ``isinstance`` now sees a stand-in answering as eager (``tracer/identity.py``), and reads no
+  stand-in can answer (``v.__class__``, ``match n: case int():``, a ``singledispatch`` call on a
+  symbolic value) are refused, so the automatic policy captures such a Function static;
+- another Function applied by the user's backward (``return STE.apply(g * x)``), run with
+  ``create_graph=True``: the double backward differentiated the inner forward's ops where
+  eager's calls the inner Function's backward. Now such a backward is traced again with grad
+  on, refused where its gradients reach that node (MH104); ``fallback="eager"`` runs the
+  user's backward;
 - ``log.addHandler(h)`` in forward (eager adds one on every call): a logger's handlers were not
   part of the process settings the heap watch snapshots (``tracer/process_state.py`` now holds
   every logger's handlers and filters with its levels; a change is refused after it is put back).
@@ -662,3 +672,111 @@ def test_user_exception_after_a_write_and_a_context_manager():
             assert run(call) == eager
         except minihop.MinihopError:
             assert call.fallback != "eager"
+
+
+# -- symbolic numbers read for their class; inner Functions under create_graph ------------------
+
+@functools.singledispatch
+def _scale_of(v):
+    return 3.0
+
+
+@_scale_of.register
+def _(v: int):
+    return 2.0
+
+
+@pytest.mark.parametrize("read", ["isinstance", "type", "isinstance_tuple", "class_attr", "match", "singledispatch"])
+def test_a_size_read_for_its_class_under_automatic_dynamic(read):
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            n = x.shape[0]
+            if read == "isinstance":
+                k = 2.0 if isinstance(n, int) else 3.0
+            elif read == "type":
+                k = 2.0 if type(n) is int else 3.0
+            elif read == "isinstance_tuple":
+                k = 2.0 if all(isinstance(d, (int, float)) for d in x.shape) else 3.0
+            elif read == "class_attr":
+                k = 2.0 if n.__class__ is int else 3.0
+            elif read == "match":
+                match n:
+                    case int():
+                        k = 2.0
+                    case _:
+                        k = 3.0
+            else:
+                k = _scale_of(n)
+            return x * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(F, lambda i: (torch.linspace(-1, 1, 3 + i).requires_grad_(),), steps=5)
+
+
+def test_an_int_argument_read_for_its_class_under_automatic_dynamic():
+    def pick(k):
+        return 2.0 if isinstance(k, int) else 3.0
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            return x * pick(k) * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(F, lambda i: (x_(i), [2, 2.0, 3, 3.0, 4, 5][i]), steps=6)
+
+
+def test_a_tensor_read_for_its_class():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * (2.0 if x.__class__ is torch.Tensor else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(F, lambda i: (x_(i),))
+
+
+class _RoundSTE(torch.autograd.Function):
+    # A straight-through estimator: its backward is not its forward's derivative (round's is 0).
+    @staticmethod
+    def forward(ctx, g):
+        return g.round()
+
+    @staticmethod
+    def backward(ctx, gg):
+        return gg * STATE["k"]
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_inner_function_applied_by_backward(create_graph):
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return _RoundSTE.apply(g * x)
+
+    def body(call, i):
+        x = x_(i)
+        seed = torch.full((4,), 1.3, requires_grad=True)
+        gx, = torch.autograd.grad(call(x), x, seed, create_graph=create_graph)
+        if not create_graph:
+            return gx
+        _scale(5 + i)  # read by the inner backward, in the double backward
+        return gx.detach(), torch.autograd.grad(gx.sum(), (seed, x))
+
+    crossed(F, body, between=_scale, reset=lambda: _scale(0))

@@ -33,7 +33,7 @@ import torch
 from ..spec import MISSING, Place, Root
 from ..structure import argname
 from . import effects, hidden
-from .identity import TYPE, note_tensor
+from .identity import note_tensor, stand_in
 from .atoms import ATOMS, atom_tuple, holds_tensor
 from .library import is_user_module
 from .process_state import LOGGING, PROCESS
@@ -119,7 +119,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             # names are globals of its own functions, watched as their globals dict (one place
             # per name, ``cfg.step`` or ``global step``; ``restore`` removes one the trace added).
             g = vars(value)
-            data = {k: v for k, v in g.items() if not dunder(k) and v is not TYPE}
+            data = {k: v for k, v in g.items() if not dunder(k) and not stand_in(v)}
             seen = found.get(id(g))
             found[id(g)] = Seen(g, Root("value", "module", value.__name__, lambda args, g=g: g), (), "globals",
                                 data if seen is None else {**data, **seen.contents})
@@ -307,7 +307,7 @@ def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any]
 def current(seen: Seen) -> Any:
     """What the object ``seen`` watched holds now, as a snapshot would record it there."""
     if seen.kind == "globals":  # (the names watched; a user module's: all of them)
-        names = {**seen.contents, **({k: None for k, v in seen.obj.items() if not dunder(k) and v is not TYPE}
+        names = {**seen.contents, **({k: None for k, v in seen.obj.items() if not dunder(k) and not stand_in(v)}
                                      if seen.root.key == "module" else {})}
         return {k: seen.obj.get(k, MISSING) for k in names}
     if seen.kind == "cell":

@@ -54,11 +54,12 @@ from ..errors import UnsupportedOperationError
 from .atoms import ATOMS
 from .bytecode import instructions
 
-__all__ = ["TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity", "note_tensor",
+__all__ = ["ISINSTANCE", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
+           "note_tensor", "refuse_class_reads", "stand_in", "symbolic",
            "outside_aliases", "outside_tensors", "refuse_identity_alias", "refuse_tensor_state",
            "tensor_read"]
 
-_NAMES = frozenset({"id", "hash", "type"})
+_NAMES = frozenset({"id", "hash", "type", "isinstance"})
 
 
 @functools.lru_cache(maxsize=2048)
@@ -100,6 +101,8 @@ class _TypeAsEager(type):
             # What the caller's tensor is: an argument's type is in the call key (a subclass
             # is refused), a Parameter's fake carries ``_is_param``; what ops make is a Tensor.
             return torch.nn.Parameter if getattr(args[0], "_is_param", False) else torch.Tensor
+        if len(args) == 1 and not kwargs and type(args[0]) in _SYMBOLIC:
+            return _SYMBOLIC[type(args[0])]  # a symbolic size or number: eager's is a plain one
         made = type(*args, **kwargs)
         return cls if made is type else made  # (``type(C) is type``: the name the code compares with)
 
@@ -117,20 +120,93 @@ class TYPE(metaclass=_TypeAsEager):
     own code asks for the fake's real type."""
 
 
-class TypeAsEager:
-    """``TYPE`` bound as ``type`` in each namespace given (one that binds no ``type`` of its
-    own), until ``stop``. The heap watch does not see it there (``heap.snapshot``)."""
+# A symbolic size or number (dynamic sizes, an automatic dynamic int) is eager's plain one.
+_SYMBOLIC: dict[type, type] = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 
-    def __init__(self, namespaces: Iterable[dict[str, Any]]) -> None:
-        self.namespaces = [g for g in {id(g): g for g in namespaces}.values() if "type" not in g]
-        for g in self.namespaces:
-            g["type"] = TYPE
+
+def ISINSTANCE(obj: Any, classinfo: Any) -> bool:
+    """``isinstance`` as the user's code finds it while traced: a symbolic number answers as
+    the plain one eager holds (``isinstance(x.shape[0], int)``, an automatic dynamic ``k``)."""
+    eager = _SYMBOLIC.get(type(obj))
+    return isinstance(obj, classinfo) if eager is None else issubclass(eager, classinfo)
+
+
+STAND_INS = {"type": TYPE, "isinstance": ISINSTANCE}
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_reads(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
+    """Where ``code`` (or code nested in it) reads the class of a value by means no stand-in
+    answers: ``v.__class__`` (but ``self.__class__``/``cls.__class__``) and ``match v: case
+    int():`` (``MATCH_CLASS``, C's isinstance)."""
+    found: list[tuple[str, int | None]] = []
+    stack = [code]
+    while stack:
+        inner = stack.pop()
+        stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
+        ops = instructions(inner)[0]
+        for k, op in enumerate(ops):
+            if op.opname == "MATCH_CLASS":
+                found.append(("match", op.lineno))
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval == "__class__" and not (
+                    k and ops[k - 1].opname == "LOAD_FAST" and ops[k - 1].argval in ("self", "cls")):
+                found.append(("__class__", op.lineno))
+    return tuple(dict.fromkeys(found))
+
+
+def symbolic(args: tuple[Any, ...]) -> bool:
+    """Whether a trace on ``args`` (fake) holds symbolic values: sizes, numbers."""
+    return any(type(a) in _SYMBOLIC or isinstance(a, torch.Tensor) and any(type(d) in _SYMBOLIC for d in a.shape)
+               for a in args)
+
+
+def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tuple[Any, ...],
+                       dispatches: bool = False) -> None:
+    """The code reads a value's class where the trace's value is not eager's kind of object:
+    ``x.__class__`` (a fake tensor's is ``FakeTensor``, a symbolic size's ``torch.SymInt``) and,
+    in a symbolic trace, ``match n: case int():`` or a ``functools.singledispatch`` call
+    (``dispatches``: it dispatches on ``n.__class__``). Refused (MH104): under the automatic
+    policy a symbolic trace refused is captured static instead."""
+    found = [(what, line) for what, line in _class_reads(code) if what == "__class__" or symbolic(args)]
+    if dispatches and symbolic(args):
+        found.append(("a singledispatch call", None))
+    if not found:
+        return
+    what, line = found[0]
+    raise UnsupportedOperationError(
+        f"{function}.{phase} reads the class of a value ({what}" + (f", line {line})." if line else ")."),
+        "A traced value is not the caller's kind of object: a tensor is a fake copy (its "
+        "__class__ is FakeTensor), a size or number may be symbolic (torch.SymInt, where eager's "
+        "is int). type() and isinstance() are answered as eager's; this read is not.",
+        "Use type(x) or isinstance(x, ...), or run it eagerly with minihop.function(F, fallback='eager').",
+        where=f'File "{code.co_filename}"' + (f", line {line}" if line else ""))
+
+
+def stand_in(value: Any) -> bool:
+    """Whether ``value`` is one of the stand-ins bound in the user's globals while traced."""
+    return value is TYPE or value is ISINSTANCE
+
+
+class TypeAsEager:
+    """``TYPE`` bound as ``type`` and ``ISINSTANCE`` as ``isinstance`` in each namespace given
+    for the names its code uses (one that binds no such name of its own), until ``stop``. The
+    heap watch does not see them there (``heap.snapshot``)."""
+
+    def __init__(self, namespaces: Iterable[tuple[dict[str, Any], frozenset[str]]]) -> None:
+        self.bound: list[tuple[dict[str, Any], str]] = []
+        done: set[tuple[int, str]] = set()
+        for g, names in namespaces:
+            for name in sorted(names & STAND_INS.keys()):
+                if name not in g and (id(g), name) not in done:
+                    done.add((id(g), name))
+                    g[name] = STAND_INS[name]
+                    self.bound.append((g, name))
 
     def stop(self) -> None:
-        for g in self.namespaces:
-            if g.get("type") is TYPE:
-                del g["type"]
-        self.namespaces = []
+        for g, name in self.bound:
+            if g.get(name) is STAND_INS[name]:
+                del g[name]
+        self.bound = []
 
 
 def note_tensor(reached: dict[int, list[Any]], tensor: torch.Tensor, place: Any, key_of: str = "") -> None:

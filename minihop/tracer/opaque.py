@@ -395,10 +395,10 @@ class Finder:
                                    lambda frame: library_frame(frame, self.library_module), library)
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
-        naming = {c for code in codes if names_identity(code) - {"type"} for c in nested_codes(code)}
+        naming = {c for code in codes if names_identity(code) - {"type", "isinstance"} for c in nested_codes(code)}
         if naming:
             self.identity = IdentityWatch(naming, self.function)
-        self.types = TypeAsEager(g for code, g in (namespaces or {}).items() if "type" in names_identity(code))
+        self.types = TypeAsEager((g, names_identity(code)) for code, g in (namespaces or {}).items())
 
     def put_back(self) -> None:
         """A trace that failed: what unanalysed code may have written, as it was (newest first)."""

@@ -124,6 +124,7 @@ class StateTracker:
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
             self.opaque.note_code(phase, code)
+            identity.refuse_class_reads(self.name, phase, code, self.args)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
@@ -147,6 +148,8 @@ class StateTracker:
                 named_end = walk(value, named) if named else value  # what the code calls or reads
                 self.logs = self.logs or any(v is logging or isinstance(v, logging.Logger) for v in (value, named_end))
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
+                if setting is not None and setting.description.endswith("'s registry"):  # (singledispatch: on n.__class__)
+                    identity.refuse_class_reads(self.name, phase, code, self.args, dispatches=True)
                 if not root.uses_args:  # (arguments: pipeline asked before the trace)
                     refuse_iterator_read(self.name, phase, chain.root, named_end)
                     if chain.method is not None and setting is None:

@@ -39,6 +39,7 @@ from .effects import refuse_generators
 from .identity import TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state
 from .frames import format_frame, is_library_code, user_frame, user_frame_of
 from .function_parts import FunctionParts
+from .grad_modes import applied_functions, watching_applies
 from .names import FrameSnapshot, capture_locals, input_name
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
@@ -407,8 +408,12 @@ class Tracing:
             # Backward traced for ``create_graph=True`` (it reads the grad mode) runs with it on.
             grad = torch.enable_grad() if phase == "backward" and self.backward_grad_on else torch.no_grad()
             with grad, self.fake_mode, self.mode, capture_locals(fn, snapshot), \
-                    rng_state_recorded(self.mode), compiled_code_runs_eagerly(), symbols_printed_as_values(self.fake_mode.shape_env):
+                    rng_state_recorded(self.mode), compiled_code_runs_eagerly(), \
+                    symbols_printed_as_values(self.fake_mode.shape_env), watching_applies(phase == "backward") as applied:
                 result = fn(*args)
+            if applied:  # (another Function's apply: its node is eager's under create_graph)
+                with grad, self.fake_mode:
+                    applied_functions(self.mode, applied, result, self._describe())
             refuse_generators(recorder.generators, self._describe())
             return result
         except Exception as e:

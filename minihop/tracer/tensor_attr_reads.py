@@ -51,10 +51,21 @@ def _not_user_names() -> frozenset[str]:
 
 @functools.lru_cache(maxsize=512)
 def _loaded_names(code: types.CodeType) -> frozenset[str]:
-    """Every attribute name ``code`` (and code nested in it) loads, and its identifier constants."""
-    found = {str(i.argval) for i in dis.get_instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+    """Every attribute name ``code`` (and code nested in it) loads, but along a chain from a
+    global or a closure's cell (``torch.empty_like``, ``F.gelu``, ``lin.weight``: such a chain
+    is a read of its own, guarded where it is read), and, where it names ``getattr`` or
+    ``hasattr``, its identifier constants (``getattr(w, "tag", 1.0)``)."""
+    found: set[str] = set()
+    from_named = False
+    for i in dis.get_instructions(code):
+        if i.opname in ("LOAD_ATTR", "LOAD_METHOD"):  # (one of such a chain keeps it one)
+            if not from_named:
+                found.add(str(i.argval))
+        else:
+            from_named = i.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF")
+    spelled = "getattr" in code.co_names or "hasattr" in code.co_names
     for const in code.co_consts:
-        if isinstance(const, str) and const.isidentifier():
+        if spelled and isinstance(const, str) and const.isidentifier():
             found.add(const)
         elif isinstance(const, types.CodeType):
             found |= _loaded_names(const)
