@@ -13,8 +13,11 @@ Silent differences from eager before this round, in every mode:
 - ``isinstance(n, int)`` / ``type(n) is int`` on a size or an int argument once automatic
   dynamic made it symbolic (``torch.SymInt``): the other branch was baked in. Code that names
   ``isinstance`` now sees a stand-in answering as eager (``tracer/identity.py``), and reads no
-  stand-in can answer (``v.__class__``, ``match n: case int():``, a ``singledispatch`` call on a
-  symbolic value) are refused, so the automatic policy captures such a Function static;
+  stand-in can answer (``v.__class__``, ``match n: case int():``, ``(n > 4) is True``, a
+  ``singledispatch`` call on a symbolic value) are refused, so the automatic policy captures such a Function static;
+- a traced tensor's text (``str(x)``, ``f"{x}"``, ``repr([x])``) kept as a Python value: the
+  fake's ``FakeTensor(...)``; and ``isinstance(x, FakeTensor)``, ``hasattr(x, "fake_mode")``:
+  the fake's answers. Now refused (text, fake-only names) or answered as eager's (isinstance);
 - another Function applied by the user's backward (``return STE.apply(g * x)``), run with
   ``create_graph=True``: the double backward differentiated the inner forward's ops where
   eager's calls the inner Function's backward. Now such a backward is traced again with grad
@@ -686,7 +689,8 @@ def _(v: int):
     return 2.0
 
 
-@pytest.mark.parametrize("read", ["isinstance", "type", "isinstance_tuple", "class_attr", "match", "singledispatch"])
+@pytest.mark.parametrize("read", ["isinstance", "type", "isinstance_tuple", "class_attr", "match", "singledispatch",
+                                  "is_true"])
 def test_a_size_read_for_its_class_under_automatic_dynamic(read):
     class F(torch.autograd.Function):
         @staticmethod
@@ -700,6 +704,8 @@ def test_a_size_read_for_its_class_under_automatic_dynamic(read):
                 k = 2.0 if all(isinstance(d, (int, float)) for d in x.shape) else 3.0
             elif read == "class_attr":
                 k = 2.0 if n.__class__ is int else 3.0
+            elif read == "is_true":
+                k = 2.0 if (n > 4) is True else 3.0
             elif read == "match":
                 match n:
                     case int():
@@ -780,3 +786,57 @@ def test_inner_function_applied_by_backward(create_graph):
         return gx.detach(), torch.autograd.grad(gx.sum(), (seed, x))
 
     crossed(F, body, between=_scale, reset=lambda: _scale(0))
+
+
+@pytest.mark.parametrize("read", ["str", "repr", "fstring", "format", "list_repr", "isinstance_fake", "hasattr_fake",
+                                  "getattr_fake"])
+def test_a_tensor_read_for_its_text_or_kind(read):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if read == "str":
+                seen = str(x)
+            elif read == "repr":
+                seen = repr(x)
+            elif read == "fstring":
+                seen = f"x = {x}"
+            elif read == "format":
+                seen = "{}".format(x)
+            elif read == "list_repr":
+                seen = str([x])
+            elif read == "isinstance_fake":
+                seen = isinstance(x, FakeTensor)
+            elif read == "hasattr_fake":
+                seen = hasattr(x, "fake_mode")
+            else:
+                seen = getattr(x, "fake_device", None) is None
+            return x * 2, seen
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2
+
+    matches_eager(F, lambda i: (x_(i),), steps=3)
+
+
+def test_a_tensor_sent_as_a_message_keeps_its_values():
+    # (print and logging's lazy arguments are replayed with each call's tensors: not refused)
+    import io
+    import contextlib
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            print("x is", x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        matches_eager(F, lambda i: (x_(i),), steps=3, reset=lambda: (out.seek(0), out.truncate()),
+                      state=lambda: out.getvalue())

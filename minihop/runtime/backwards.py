@@ -46,7 +46,7 @@ from ..errors import UnsupportedOperationError, notice
 from ..spec import GRAD_TOGGLE, NO_STATE, CtxAfter, DataRead, Pair, PythonState, ServedOnce
 from ..structure import make_getter
 from .codegen import emit
-from .graph_reads import reads_default_dtype, reads_grad_mode
+from .graph_reads import applied_functions, reads_default_dtype, reads_grad_mode
 from .guards import value_key
 
 __all__ = ["Backwards", "EagerVariant", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
@@ -180,6 +180,16 @@ class Backwards:
             if create_graph and self.retrace is not None and type(traced) is not EagerVariant \
                     and reads_grad_mode(traced.graph if traced is not None else self.pair.bwd_graph):
                 return self.grad_on(case, top_grads, call_args, grads, saved, ctx_state)
+            applied = applied_functions(traced.graph if traced is not None else self.pair.bwd_graph) \
+                if create_graph and type(traced) is not EagerVariant else []
+            if applied:  # (here: no trace again with grad on, a capture loaded from an artifact)
+                raise UnsupportedOperationError(
+                    f"{self.pair.function_name}.backward applies {', '.join(applied)}, and runs with "
+                    "create_graph=True.",
+                    "Under create_graph eager's graph holds that Function's node, whose own backward "
+                    "the double backward calls; this bwd graph holds its forward ops.",
+                    "Capture the Function again in this process (it traces backward again with grad "
+                    "on), or run it eagerly (minihop.function(F, fallback='eager')).")
             if case == self.base_case and self.plain is not None:
                 return self.plain, None, writes  # the traced case, without toggles: right in either mode
             gm, saved_map, input_map = self.variants[case]

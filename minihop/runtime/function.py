@@ -31,7 +31,7 @@ from .backwards import (MAX_VALUE_VARIANTS, Backwards, GradLayout, Retrace, Unfe
                         reads_argument_tensors, same_properties)
 from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
-from .graph_reads import reads_grad_mode
+from .graph_reads import applied_functions, reads_grad_mode
 from .eager_runs import EagerRunner
 from .grad_fn import mirror_ctx
 from .guard_checks import compile_live_check
@@ -77,7 +77,9 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     """
     layout = Layout.of(pair, keeps_args=keep_args or keeps_arguments(pair, state))
     # A bwd that read the grad mode is right in one mode only: create_graph takes another (Backwards.grad_on).
-    bwd_plain = None if reads_grad_mode(pair.bwd_graph) and retrace is not None else without_body_toggles(pair.bwd_graph, "bwd_body")
+    # (or applied another Function: under create_graph its backward is eager's, Backwards.get decides)
+    bwd_plain = None if reads_grad_mode(pair.bwd_graph) and (retrace is not None or applied_functions(pair.bwd_graph)) \
+        else without_body_toggles(pair.bwd_graph, "bwd_body")
     backwards = Backwards(pair, layout.top_idx, retrace, state, backward_values, bwd_reads)
     backwards.plain = bwd_plain
     call_bwd = _bwd_caller(pair, layout, backwards, bwd_plain, state)

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..spec import READS_GRAD_MODE
 
-__all__ = ["reads_default_dtype", "reads_grad_mode"]
+__all__ = ["applied_functions", "reads_default_dtype", "reads_grad_mode"]
 
 
 def reads_default_dtype(graph: fx.Graph, dtype: torch.dtype) -> bool:
@@ -53,3 +53,10 @@ def reads_grad_mode(graph: fx.Graph) -> bool:
     graph, not ``Pair.bwd``: that GraphModule is built on first use, and a capture may never
     need it)."""
     return any(node.meta.get(READS_GRAD_MODE) for node in graph.nodes)
+
+
+def applied_functions(graph: fx.Graph) -> list[str]:
+    """The other Functions the user's backward applied (``tracer.grad_modes.watching_applies``:
+    their forward's nodes are marked): under ``create_graph`` eager's double backward calls
+    their backward, where this graph's ops would be differentiated."""
+    return sorted({m for node in graph.nodes if isinstance(m := node.meta.get(READS_GRAD_MODE), str)})

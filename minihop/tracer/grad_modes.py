@@ -34,9 +34,9 @@ Another Function applied by the user's backward (``return Inner.apply(g * x)``, 
 written as a Function for its double backward) is the same kind of fork: with grad off its
 forward's ops are all eager runs, but under ``create_graph`` eager's graph holds ``Inner``'s node,
 and the double backward calls ``Inner.backward``, where the captured graph would give its
-forward ops' derivative. So the apply leaves a ``function_applied_as_traced`` node (read as a
-grad-mode read: ``create_graph`` traces backward again with grad on), and a trace with grad on
-whose gradients reach such a node is refused (MH104; ``fallback="eager"`` runs the user's
+forward ops' derivative. So the nodes of its forward are marked as a grad-mode read naming it
+(``create_graph`` traces backward again with grad on), and a trace with grad on whose
+gradients reach such a Function's node is refused (MH104; ``fallback="eager"`` runs the user's
 backward for the call).
 
 Forward (and anything else) keeps the plain rule: forward always runs with grad off, as traced,
@@ -63,8 +63,7 @@ from ..errors import UnsupportedOperationError
 from ..spec import READS_GRAD_MODE
 from .frames import is_library_code
 
-__all__ = ["applied_functions", "function_applied_as_traced", "grad_mode_as_traced", "read", "switch",
-           "watching_applies"]
+__all__ = ["applied_functions", "grad_mode_as_traced", "read", "switch", "watching_applies"]
 
 _GRAD_MODE_FILE = sys.modules[torch.no_grad.__module__].__file__
 # minihop/ (with its separator: not a sibling package named minihop_*): the recording mode's
@@ -161,9 +160,11 @@ def grad_mode_as_traced(traced: bool, what: str) -> None:
 
 
 @contextlib.contextmanager
-def watching_applies(on: bool) -> Iterator[list[type]]:
-    """While the user's backward is traced (``on``): the Functions this thread applies
-    (``Function.apply`` as found now, minihop's program tracer's included, still runs them)."""
+def watching_applies(recorder: Any, on: bool) -> Iterator[list[type]]:
+    """While the user's backward is traced into ``recorder`` (``on``): the Functions this thread
+    applies (``Function.apply`` as found now, minihop's program tracer's included, still runs
+    them); the nodes each one's forward recorded are marked as a grad-mode read naming it (the
+    graph text is the user's ops only)."""
     found: list[type] = []
     if not on:
         yield found
@@ -172,9 +173,17 @@ def watching_applies(on: bool) -> Iterator[list[type]]:
     me = threading.get_ident()
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == me:
-            found.append(cls)
-        return held.__get__(None, cls)(*args, **kwargs)
+        if threading.get_ident() != me:
+            return held.__get__(None, cls)(*args, **kwargs)
+        found.append(cls)
+        before = len(recorder.graph.nodes)
+        try:
+            return held.__get__(None, cls)(*args, **kwargs)
+        finally:
+            made = list(recorder.graph.nodes)[before:] or \
+                [n for n in recorder.graph.nodes if n.op == "placeholder"]  # (its forward made no op)
+            for node in made:
+                node.meta[READS_GRAD_MODE] = f"{cls.__qualname__}.apply"
 
     torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
     try:
@@ -184,28 +193,10 @@ def watching_applies(on: bool) -> Iterator[list[type]]:
 
 
 def applied_functions(mode: Any, applied: list[type], result: Any, describe: str) -> None:
-    """After backward was traced applying ``applied``: its mark on the graph (see the module
-    docstring); traced with grad on, a refusal where its gradients reach such a Function's node."""
+    """After backward was traced with grad on (``create_graph``) applying ``applied``: refused
+    where its gradients reach such a Function's node (see the module docstring)."""
     from .tensor_state import refuse_inner_function_nodes  # (it imports this module's neighbours)
 
-    names = ", ".join(sorted({f"{cls.__qualname__}.apply" for cls in applied}))
-    traced = torch._C.is_grad_enabled()
-    if traced:
+    if torch._C.is_grad_enabled():
         outputs = tuple(t for t in (result if isinstance(result, tuple) else (result,)) if isinstance(t, torch.Tensor))
         refuse_inner_function_nodes(outputs, f"{describe} (run with create_graph=True)", mode.where())
-    node = mode.recorder.create_node("call_function", function_applied_as_traced,
-                                     (traced, f"{describe} applies {names}"), {})
-    node.meta[READS_GRAD_MODE] = True  # the runtime traces backward again for create_graph
-
-
-def function_applied_as_traced(traced: bool, what: str) -> None:
-    """Run by a bwd graph whose backward applied another Function: right only in the grad mode
-    it was traced in (where no retrace can give the other: a capture loaded from an artifact)."""
-    if torch._C.is_grad_enabled() != traced:
-        raise UnsupportedOperationError(
-            f"{what}, and this backward runs with grad mode {'on' if not traced else 'off'} "
-            "(backward(create_graph=True) or autograd.grad(..., create_graph=True)).",
-            "Under create_graph eager's graph holds that Function's node, whose own backward the "
-            "double backward calls; this bwd graph holds its forward ops.",
-            "Capture the Function again in this process (the capture traces backward again with "
-            "grad on), or run it eagerly (minihop.function(F, fallback='eager')).")

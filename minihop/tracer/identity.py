@@ -24,13 +24,20 @@ The reads that would differ, each made sound here:
   own tensor (a global's), answered by it and single-use in forward, refused in backward
   (``session.Tracing._on_state_read`` decides which).
 
-- **``type()`` of a fake tensor** (``type(x) is torch.Tensor``, ``type(g)`` in backward): the
-  fake's class, ``FakeTensor``. Where the analysed code names ``type``, its globals bind
-  ``TYPE`` while it is traced (``TypeAsEager``), which answers the caller's tensor's type.
-  (``x.__class__`` is not seen: ``docs/reads.md``, Open.)
+- **``type()`` and ``isinstance`` of a traced value** (``type(x) is torch.Tensor``,
+  ``isinstance(n, int)`` of a size made symbolic, ``isinstance(x, FakeTensor)``): the fake's
+  class, ``FakeTensor``; a symbolic size's, ``torch.SymInt``. Where the analysed code names
+  ``type`` or ``isinstance``, its globals bind ``TYPE``/``ISINSTANCE`` while it is traced
+  (``TypeAsEager``), which answer as eager's value. Reads no stand-in answers (``v.__class__``,
+  a name only a fake tensor has; in a symbolic trace ``match n: case int():``, ``n > 4 is
+  True``, a ``singledispatch`` call) are refused (``refuse_class_reads``; the automatic policy
+  then captures static);
+- **a fake tensor's text** (``str(x)``, ``f"{x}"``) taken by the user's code: ``FakeTensor(...)``
+  where eager's shows the values. Refused (``TextAsEager``).
 
-``IdentityWatch`` and ``TypeAsEager`` are installed only where the analysed code names ``id``,
-``hash`` or ``type`` (``names_identity``), so a Function that does not pays nothing.
+``IdentityWatch`` and the stand-ins are installed only where the analysed code names ``id``,
+``hash``, ``type`` or ``isinstance`` (``names_identity``), so a Function that does not pays
+nothing (but the text watch: one class attribute set per trace).
 
 Invariant: no capture serves a call whose answer to one of these reads could differ from the
 trace's, and none is traced where the trace's own answer would.
@@ -126,20 +133,62 @@ _SYMBOLIC: dict[type, type] = {torch.SymInt: int, torch.SymFloat: float, torch.S
 
 def ISINSTANCE(obj: Any, classinfo: Any) -> bool:
     """``isinstance`` as the user's code finds it while traced: a symbolic number answers as
-    the plain one eager holds (``isinstance(x.shape[0], int)``, an automatic dynamic ``k``)."""
+    the plain one eager holds (``isinstance(x.shape[0], int)``, an automatic dynamic ``k``), a
+    fake tensor as the caller's tensor (``isinstance(x, FakeTensor)`` is eager's False)."""
     eager = _SYMBOLIC.get(type(obj))
+    if eager is None and isinstance(obj, FakeTensor):
+        eager = torch.nn.Parameter if getattr(obj, "_is_param", False) else torch.Tensor
     return isinstance(obj, classinfo) if eager is None else issubclass(eager, classinfo)
+
+
+class TextAsEager:
+    """While traced, a fake tensor's text asked by the user's code (``f"{x}"``, ``str(x)``,
+    ``repr([x])``): eager's is the caller's tensor's data, the fake's says ``FakeTensor(...)``.
+    Refused (MH104) where the user's code (``codes``) asks, through ``Tensor.__format__`` or
+    not; torch's own formatting (its error messages) and minihop's message replay (which
+    formats the call's values when it runs) are left alone."""
+
+    def __init__(self, codes: set[types.CodeType], function: str) -> None:
+        self.codes, self.function, self.thread = codes, function, threading.get_ident()
+        self.held = FakeTensor.__dict__.get("__repr__")
+        FakeTensor.__repr__ = self._repr  # type: ignore[method-assign,assignment]
+
+    def _repr(self_, tensor: Any, *args: Any, **kwargs: Any) -> str:  # noqa: N805 (bound to the watch)
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == _TENSOR_FILE:
+            frame = frame.f_back
+        if frame is not None and frame.f_code in self_.codes and threading.get_ident() == self_.thread:
+            raise UnsupportedOperationError(
+                f"{self_.function} takes the text of a tensor (str, repr, format or an f-string), "
+                f"line {frame.f_lineno}.",
+                "Eager's text shows the tensor's values; a traced tensor has none, and the text "
+                "would be a constant of the capture.",
+                "Send it as a message (print(x), logging's lazy arguments: replayed with each "
+                "call's values), or run it eagerly with minihop.function(F, fallback='eager').",
+                where=f'File "{frame.f_code.co_filename}", line {frame.f_lineno}')
+        return torch.Tensor.__repr__(tensor, *args, **kwargs)
+
+    def stop(self) -> None:
+        if FakeTensor.__dict__.get("__repr__") == self._repr:
+            if self.held is None:
+                del FakeTensor.__repr__
+            else:
+                FakeTensor.__repr__ = self.held  # type: ignore[method-assign]
+
+
+_TENSOR_FILE = torch.Tensor.__format__.__code__.co_filename  # (``Tensor.__format__`` asks for the text)
 
 
 STAND_INS = {"type": TYPE, "isinstance": ISINSTANCE}
 
 
 @functools.lru_cache(maxsize=1024)
-def _class_reads(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
+def _class_reads(code: types.CodeType) -> tuple[tuple[bool, str, int | None], ...]:
     """Where ``code`` (or code nested in it) reads the class of a value by means no stand-in
-    answers: ``v.__class__`` (but ``self.__class__``/``cls.__class__``) and ``match v: case
-    int():`` (``MATCH_CLASS``, C's isinstance)."""
-    found: list[tuple[str, int | None]] = []
+    answers: ``v.__class__`` (but ``self.__class__``/``cls.__class__``), ``match v: case
+    int():`` (``MATCH_CLASS``, C's isinstance) and ``v is True`` (a symbolic bool is another
+    object than ``True``), each with whether it differs in a static trace too (a fake tensor's)."""
+    found: list[tuple[bool, str, int | None]] = []
     stack = [code]
     while stack:
         inner = stack.pop()
@@ -147,10 +196,15 @@ def _class_reads(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
         ops = instructions(inner)[0]
         for k, op in enumerate(ops):
             if op.opname == "MATCH_CLASS":
-                found.append(("match", op.lineno))
+                found.append((False, "match ... case C()", op.lineno))
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_CONST") and op.argval in _FAKE_ONLY:
+                found.append((True, f".{op.argval}, which only a traced tensor has", op.lineno))
+            elif op.opname == "IS_OP" and k and ops[k - 1].opname == "LOAD_CONST" and \
+                    type(ops[k - 1].argval) in (bool, int, float):
+                found.append((False, f"is {ops[k - 1].argval!r}", op.lineno))  # (a SymBool is not True)
             elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval == "__class__" and not (
                     k and ops[k - 1].opname == "LOAD_FAST" and ops[k - 1].argval in ("self", "cls")):
-                found.append(("__class__", op.lineno))
+                found.append((True, ".__class__", op.lineno))
     return tuple(dict.fromkeys(found))
 
 
@@ -164,17 +218,17 @@ def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tu
                        dispatches: bool = False) -> None:
     """The code reads a value's class where the trace's value is not eager's kind of object:
     ``x.__class__`` (a fake tensor's is ``FakeTensor``, a symbolic size's ``torch.SymInt``) and,
-    in a symbolic trace, ``match n: case int():`` or a ``functools.singledispatch`` call
-    (``dispatches``: it dispatches on ``n.__class__``). Refused (MH104): under the automatic
+    in a symbolic trace, ``match n: case int():``, ``n > 4 is True`` or a
+    ``functools.singledispatch`` call (``dispatches``: it dispatches on ``n.__class__``). Refused (MH104): under the automatic
     policy a symbolic trace refused is captured static instead."""
-    found = [(what, line) for what, line in _class_reads(code) if what == "__class__" or symbolic(args)]
+    found = [(what, line) for always, what, line in _class_reads(code) if always or symbolic(args)]
     if dispatches and symbolic(args):
         found.append(("a singledispatch call", None))
     if not found:
         return
     what, line = found[0]
     raise UnsupportedOperationError(
-        f"{function}.{phase} reads the class of a value ({what}" + (f", line {line})." if line else ")."),
+        f"{function}.{phase} asks what kind of object a value is ({what}" + (f", line {line})." if line else ")."),
         "A traced value is not the caller's kind of object: a tensor is a fake copy (its "
         "__class__ is FakeTensor), a size or number may be symbolic (torch.SymInt, where eager's "
         "is int). type() and isinstance() are answered as eager's; this read is not.",
@@ -187,12 +241,19 @@ def stand_in(value: Any) -> bool:
     return value is TYPE or value is ISINSTANCE
 
 
+# The attributes only a fake tensor has (read by code that asks whether it is traced).
+_FAKE_ONLY = frozenset(n for n in dir(FakeTensor) if n not in dir(torch.Tensor) and n != "constant") | frozenset(
+    {"fake_mode", "fake_device", "real_tensor", "pytype", "dispatch_keys"})
+
+
 class TypeAsEager:
     """``TYPE`` bound as ``type`` and ``ISINSTANCE`` as ``isinstance`` in each namespace given
     for the names its code uses (one that binds no such name of its own), until ``stop``. The
     heap watch does not see them there (``heap.snapshot``)."""
 
-    def __init__(self, namespaces: Iterable[tuple[dict[str, Any], frozenset[str]]]) -> None:
+    def __init__(self, namespaces: Iterable[tuple[dict[str, Any], frozenset[str]]],
+                 codes: set[types.CodeType] = frozenset(), function: str = "") -> None:  # type: ignore[assignment]
+        self.text = TextAsEager(codes, function) if codes else None
         self.bound: list[tuple[dict[str, Any], str]] = []
         done: set[tuple[int, str]] = set()
         for g, names in namespaces:
@@ -207,6 +268,9 @@ class TypeAsEager:
             if g.get(name) is STAND_INS[name]:
                 del g[name]
         self.bound = []
+        if self.text is not None:
+            self.text.stop()
+            self.text = None
 
 
 def note_tensor(reached: dict[int, list[Any]], tensor: torch.Tensor, place: Any, key_of: str = "") -> None:

@@ -398,7 +398,8 @@ class Finder:
         naming = {c for code in codes if names_identity(code) - {"type", "isinstance"} for c in nested_codes(code)}
         if naming:
             self.identity = IdentityWatch(naming, self.function)
-        self.types = TypeAsEager((g, names_identity(code)) for code, g in (namespaces or {}).items())
+        self.types = TypeAsEager(((g, names_identity(code)) for code, g in (namespaces or {}).items()),
+                                 {c for code in codes for c in nested_codes(code)}, self.function)
 
     def put_back(self) -> None:
         """A trace that failed: what unanalysed code may have written, as it was (newest first)."""

@@ -409,7 +409,7 @@ class Tracing:
             grad = torch.enable_grad() if phase == "backward" and self.backward_grad_on else torch.no_grad()
             with grad, self.fake_mode, self.mode, capture_locals(fn, snapshot), \
                     rng_state_recorded(self.mode), compiled_code_runs_eagerly(), \
-                    symbols_printed_as_values(self.fake_mode.shape_env), watching_applies(phase == "backward") as applied:
+                    symbols_printed_as_values(self.fake_mode.shape_env), watching_applies(recorder, phase == "backward") as applied:
                 result = fn(*args)
             if applied:  # (another Function's apply: its node is eager's under create_graph)
                 with grad, self.fake_mode:

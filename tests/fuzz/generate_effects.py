@@ -91,6 +91,8 @@ KINDS = {
     # user's class, a logger's level set (a library's setter), sys.argv appended to.
     "native_buffer_write": ("fb", ""), "knob_counter": ("fb", ""), "logger_set_level": ("fb", ""),
     "argv_append": ("fb", ""), "logger_disabled": ("fb", ""),
+    # Round 12: a handler added to a logger (a library object's list, through its method).
+    "logger_add_handler": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -203,6 +205,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["LOGGER.setLevel(logging.INFO + (LOGGER.level % 3))"], ""
     if kind == "logger_disabled":
         return ["LOGGER.disabled = not LOGGER.disabled"], ""
+    if kind == "logger_add_handler":
+        return ["LOGGER.addHandler(logging.NullHandler())"], "x * float(len(LOGGER.handlers) % 3 + 1)"
     if kind == "argv_append":
         return ["sys.argv.append(ARGV_MARK)"], "x * float(sys.argv.count(ARGV_MARK) % 3 + 1)"
     if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
@@ -346,7 +350,7 @@ def generate_source(r: random.Random) -> str:
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
-        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK)])",
+        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers)])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

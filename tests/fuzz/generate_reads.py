@@ -95,7 +95,10 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # (``logging.root.level``), an enum's member's attribute (passed in), a deque's and a
            # UserDict's of the user's class.
            "function_attribute_arg", "function_name_arg", "sys_argv", "torch_getter", "logging_root_level",
-           "enum_member_attr_arg", "deque_subclass_attr_arg", "userdict_subclass_attr_global")
+           "enum_member_attr_arg", "deque_subclass_attr_arg", "userdict_subclass_attr_global",
+           # Round 12: a class attribute that lives on the class's metaclass (passed in), and a
+           # tensor argument's attribute that is not there at first (read with a default).
+           "metaclass_attr_arg", "tensor_attribute_late_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -477,6 +480,13 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "enum_member_attr_arg":
         return (["class KMode(enum.Enum):", "    A = 1", "", "", "KMode.A.scale = 2.0"], ["KMode.A.scale = v"],
                 "km.scale", ["KMode.A"], "km")
+    if holder == "metaclass_attr_arg":
+        return (["class KMeta(type):", "    pass", "", "", "class KKnobs(metaclass=KMeta):", "    pass", "", "",
+                 "KMeta.k = 2.0"], ["KMeta.k = v"], "kk.k", ["KKnobs"], "kk")
+    if holder == "tensor_attribute_late_arg":
+        return (["TLATE = torch.ones(())"],
+                ["TLATE.__dict__.pop('gain', None) if v == 2.0 else setattr(TLATE, 'gain', v)"],
+                "getattr(tl, 'gain', 2.0)", ["TLATE"], "tl")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
