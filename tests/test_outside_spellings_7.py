@@ -840,3 +840,54 @@ def test_a_tensor_sent_as_a_message_keeps_its_values():
     with contextlib.redirect_stdout(out):
         matches_eager(F, lambda i: (x_(i),), steps=3, reset=lambda: (out.seek(0), out.truncate()),
                       state=lambda: out.getvalue())
+
+
+class _ProjectionGrad(torch.autograd.Function):
+    # Written as torch-struct's sparsemax semiring writes its gradient step: forward returns the
+    # saved projection itself (no op), backward applies the projection's Jacobian.
+    @staticmethod
+    def forward(ctx, w_star, dim):
+        ctx.save_for_backward(w_star, dim)
+        return w_star
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        w_star, dim = ctx.saved_tensors
+        support = (w_star > 0).to(grad_output.dtype)
+        centred = grad_output - (grad_output * support).sum(int(dim.item()), keepdim=True) / support.sum(
+            int(dim.item()), keepdim=True)
+        return centred * support, None
+
+
+class _SoftProject(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, dim):
+        w_star = torch.softmax(scores * 4.0, dim)  # (a stand-in projection, positive everywhere)
+        ctx.save_for_backward(scores, w_star.clone(), torch.tensor(dim))
+        return scores.mul(w_star).sum(dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        scores, w_star, dim = ctx.saved_tensors
+        w_star.requires_grad_(True)
+        grad_input = None
+        if ctx.needs_input_grad[0]:
+            grad_input = grad_output.unsqueeze(int(dim.item())).mul(_ProjectionGrad.apply(w_star, dim))
+        return grad_input, None
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_semiring_backward_applying_its_gradient_function(create_graph):
+    # Captured for an ordinary backward; under create_graph strict mode refuses (the gradient
+    # step's node is reached, though only through the leaf backward made of its saved value:
+    # over-refused, never guessed) and fallback mode matches eager.
+    def body(call, i):
+        scores = (torch.linspace(-1, 1, 12).view(3, 4) + i).requires_grad_()
+        out = call(scores, -1)
+        seed = torch.linspace(0.5, 1.5, 3, requires_grad=True)
+        gx, = torch.autograd.grad(out, scores, seed, create_graph=create_graph)
+        if not create_graph:
+            return out.detach(), gx
+        return out.detach(), gx.detach(), torch.autograd.grad((gx * gx).sum(), (seed, scores), allow_unused=True)
+
+    crossed(_SoftProject, body, steps=2)

@@ -184,12 +184,10 @@ class Backwards:
                 if create_graph and type(traced) is not EagerVariant else []
             if applied:  # (here: no trace again with grad on, a capture loaded from an artifact)
                 raise UnsupportedOperationError(
-                    f"{self.pair.function_name}.backward applies {', '.join(applied)}, and runs with "
-                    "create_graph=True.",
-                    "Under create_graph eager's graph holds that Function's node, whose own backward "
-                    "the double backward calls; this bwd graph holds its forward ops.",
-                    "Capture the Function again in this process (it traces backward again with grad "
-                    "on), or run it eagerly (minihop.function(F, fallback='eager')).")
+                    f"{self.pair.function_name}.backward applies {', '.join(applied)}, and runs with create_graph=True.",
+                    "Under create_graph eager's graph holds that Function's node, whose own backward the "
+                    "double backward calls; this bwd graph holds its forward ops.", "Capture the Function "
+                    "again in this process (it traces backward again with grad on), or run it eagerly (fallback='eager').")
             if case == self.base_case and self.plain is not None:
                 return self.plain, None, writes  # the traced case, without toggles: right in either mode
             gm, saved_map, input_map = self.variants[case]

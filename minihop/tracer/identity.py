@@ -151,10 +151,15 @@ class TextAsEager:
     def __init__(self, codes: set[types.CodeType], function: str) -> None:
         self.codes, self.function, self.thread = codes, function, threading.get_ident()
         self.held = FakeTensor.__dict__.get("__repr__")
-        FakeTensor.__repr__ = self._repr  # type: ignore[method-assign,assignment]
 
-    def _repr(self_, tensor: Any, *args: Any, **kwargs: Any) -> str:  # noqa: N805 (bound to the watch)
-        frame = sys._getframe(1)
+        def _repr(tensor: Any, *args: Any, **kwargs: Any) -> str:  # (a function: ``x.__repr__()`` binds it)
+            return self.text(tensor, *args, **kwargs)
+
+        self._repr = _repr
+        FakeTensor.__repr__ = _repr  # type: ignore[method-assign,assignment]
+
+    def text(self_, tensor: Any, *args: Any, **kwargs: Any) -> str:  # noqa: N805 (the watch)
+        frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename == _TENSOR_FILE:
             frame = frame.f_back
         if frame is not None and frame.f_code in self_.codes and threading.get_ident() == self_.thread:
@@ -169,7 +174,7 @@ class TextAsEager:
         return torch.Tensor.__repr__(tensor, *args, **kwargs)
 
     def stop(self) -> None:
-        if FakeTensor.__dict__.get("__repr__") == self._repr:
+        if FakeTensor.__dict__.get("__repr__") is self._repr:
             if self.held is None:
                 del FakeTensor.__repr__
             else:
