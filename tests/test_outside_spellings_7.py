@@ -18,6 +18,8 @@ Silent differences from eager before this round, in every mode:
 - a traced tensor's text (``str(x)``, ``f"{x}"``, ``repr([x])``) kept as a Python value: the
   fake's ``FakeTensor(...)``; and ``isinstance(x, FakeTensor)``, ``hasattr(x, "fake_mode")``:
   the fake's answers. Now refused (text, fake-only names) or answered as eager's (isinstance);
+- the frames of forward's callers (``sys._getframe(1).f_code.co_name``, ``inspect.stack()``):
+  minihop's tracer's while traced, eager's ``Function.apply``. Now refused (``tracer/kinds.py``);
 - another Function applied by the user's backward (``return STE.apply(g * x)``), run with
   ``create_graph=True``: the double backward differentiated the inner forward's ops where
   eager's calls the inner Function's backward. Now such a backward is traced again with grad
@@ -891,3 +893,26 @@ def test_a_semiring_backward_applying_its_gradient_function(create_graph):
         return out.detach(), gx.detach(), torch.autograd.grad((gx * gx).sum(), (seed, scores), allow_unused=True)
 
     crossed(_SoftProject, body, steps=2)
+
+
+@pytest.mark.parametrize("read", ["getframe", "inspect_stack", "f_back"])
+def test_forward_reading_its_callers_frames(read):
+    import inspect
+    import sys
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if read == "getframe":
+                caller = sys._getframe(1).f_code.co_name
+            elif read == "inspect_stack":
+                caller = inspect.stack()[1].function
+            else:
+                caller = inspect.currentframe().f_back.f_code.co_name
+            return x * (2.0 if caller == "apply" else 3.0), caller
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g
+
+    matches_eager(F, lambda i: (x_(i),), steps=2)

@@ -30,7 +30,7 @@ The reads that would differ, each made sound here:
   ``type`` or ``isinstance``, its globals bind ``TYPE``/``ISINSTANCE`` while it is traced
   (``TypeAsEager``), which answer as eager's value. Reads no stand-in answers (``v.__class__``,
   a name only a fake tensor has; in a symbolic trace ``match n: case int():``, ``n > 4 is
-  True``, a ``singledispatch`` call) are refused (``refuse_class_reads``; the automatic policy
+  True``, a ``singledispatch`` call) are refused (``kinds.py``; the automatic policy
   then captures static);
 - **a fake tensor's text** (``str(x)``, ``f"{x}"``) taken by the user's code: ``FakeTensor(...)``
   where eager's shows the values. Refused (``TextAsEager``).
@@ -62,7 +62,7 @@ from .atoms import ATOMS
 from .bytecode import instructions
 
 __all__ = ["ISINSTANCE", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
-           "note_tensor", "refuse_class_reads", "stand_in", "symbolic",
+           "note_tensor", "stand_in",
            "outside_aliases", "outside_tensors", "refuse_identity_alias", "refuse_tensor_state",
            "tensor_read"]
 
@@ -185,60 +185,6 @@ _TENSOR_FILE = torch.Tensor.__format__.__code__.co_filename  # (``Tensor.__forma
 
 
 STAND_INS = {"type": TYPE, "isinstance": ISINSTANCE}
-
-
-@functools.lru_cache(maxsize=1024)
-def _class_reads(code: types.CodeType) -> tuple[tuple[bool, str, int | None], ...]:
-    """Where ``code`` (or code nested in it) reads the class of a value by means no stand-in
-    answers: ``v.__class__`` (but ``self.__class__``/``cls.__class__``), ``match v: case
-    int():`` (``MATCH_CLASS``, C's isinstance) and ``v is True`` (a symbolic bool is another
-    object than ``True``), each with whether it differs in a static trace too (a fake tensor's)."""
-    found: list[tuple[bool, str, int | None]] = []
-    stack = [code]
-    while stack:
-        inner = stack.pop()
-        stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
-        ops = instructions(inner)[0]
-        for k, op in enumerate(ops):
-            if op.opname == "MATCH_CLASS":
-                found.append((False, "match ... case C()", op.lineno))
-            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_CONST") and op.argval in _FAKE_ONLY:
-                found.append((True, f".{op.argval}, which only a traced tensor has", op.lineno))
-            elif op.opname == "IS_OP" and k and ops[k - 1].opname == "LOAD_CONST" and \
-                    type(ops[k - 1].argval) in (bool, int, float):
-                found.append((False, f"is {ops[k - 1].argval!r}", op.lineno))  # (a SymBool is not True)
-            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval == "__class__" and not (
-                    k and ops[k - 1].opname == "LOAD_FAST" and ops[k - 1].argval in ("self", "cls")):
-                found.append((True, ".__class__", op.lineno))
-    return tuple(dict.fromkeys(found))
-
-
-def symbolic(args: tuple[Any, ...]) -> bool:
-    """Whether a trace on ``args`` (fake) holds symbolic values: sizes, numbers."""
-    return any(type(a) in _SYMBOLIC or isinstance(a, torch.Tensor) and any(type(d) in _SYMBOLIC for d in a.shape)
-               for a in args)
-
-
-def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tuple[Any, ...],
-                       dispatches: bool = False) -> None:
-    """The code reads a value's class where the trace's value is not eager's kind of object:
-    ``x.__class__`` (a fake tensor's is ``FakeTensor``, a symbolic size's ``torch.SymInt``) and,
-    in a symbolic trace, ``match n: case int():``, ``n > 4 is True`` or a
-    ``functools.singledispatch`` call (``dispatches``: it dispatches on ``n.__class__``). Refused (MH104): under the automatic
-    policy a symbolic trace refused is captured static instead."""
-    found = [(what, line) for always, what, line in _class_reads(code) if always or symbolic(args)]
-    if dispatches and symbolic(args):
-        found.append(("a singledispatch call", None))
-    if not found:
-        return
-    what, line = found[0]
-    raise UnsupportedOperationError(
-        f"{function}.{phase} asks what kind of object a value is ({what}" + (f", line {line})." if line else ")."),
-        "A traced value is not the caller's kind of object: a tensor is a fake copy (its "
-        "__class__ is FakeTensor), a size or number may be symbolic (torch.SymInt, where eager's "
-        "is int). type() and isinstance() are answered as eager's; this read is not.",
-        "Use type(x) or isinstance(x, ...), or run it eagerly with minihop.function(F, fallback='eager').",
-        where=f'File "{code.co_filename}"' + (f", line {line}" if line else ""))
 
 
 def stand_in(value: Any) -> bool:

@@ -43,7 +43,7 @@ import torch
 
 from ..library_state import subclass_attributes
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
-from . import collectives, effects, heap, hidden, identity, opaque, store_marks
+from . import collectives, effects, heap, hidden, identity, kinds, opaque, store_marks
 from .opaque import constant_getattrs
 from .library_ran import LibraryRan
 from .atoms import ATOMS
@@ -124,7 +124,7 @@ class StateTracker:
         for phase, fn, facts, params in self.analysed:
             code = code_of(fn)
             self.opaque.note_code(phase, code)
-            identity.refuse_class_reads(self.name, phase, code, self.args)
+            kinds.refuse_class_reads(self.name, phase, code, self.args)
             for attr, line in facts.stores:
                 self.stores.setdefault((phase, attr), f'File "{code.co_filename}", line {line}')
             for chain in facts.chains:
@@ -148,8 +148,8 @@ class StateTracker:
                 named_end = walk(value, named) if named else value  # what the code calls or reads
                 self.logs = self.logs or any(v is logging or isinstance(v, logging.Logger) for v in (value, named_end))
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
-                if setting is not None and setting.description.endswith("'s registry"):  # (singledispatch: on n.__class__)
-                    identity.refuse_class_reads(self.name, phase, code, self.args, dispatches=True)
+                if setting is not None and setting.description.endswith("'s registry") or kinds.reads_stack(named_end):
+                    kinds.refuse_class_reads(self.name, phase, code, self.args, "stack" if setting is None else True)
                 if not root.uses_args:  # (arguments: pipeline asked before the trace)
                     refuse_iterator_read(self.name, phase, chain.root, named_end)
                     if chain.method is not None and setting is None:

@@ -1,0 +1,121 @@
+"""What the user's code asks a traced value that no stand-in answers as eager: refused.
+
+Place in the pipeline: tracer, asked by ``pystate.StateTracker`` for each analysed code object
+and each library function its chains call, before the trace runs. The trace runs the user's
+code on values that are not the caller's: fake tensors, and with symbolic sizes
+(``dynamic=True``, or automatic dynamic shapes once a size changed) ``torch.SymInt`` sizes and
+numbers; and minihop's tracer calls forward and backward, not eager's ``Function.apply``.
+``type()`` and ``isinstance`` are answered as eager's by stand-ins (``identity.TypeAsEager``); a
+tensor's text is refused where it is taken (``identity.TextAsEager``). What is left, found in
+the bytecode or among the functions called, is refused here (MH104):
+
+- ``v.__class__`` (a fake tensor's is ``FakeTensor``) and a name only a fake tensor has
+  (``hasattr(x, "fake_mode")``), in any trace;
+- in a symbolic trace, ``match n: case int():`` (C's isinstance), ``(n > 4) is True`` (a
+  ``SymBool`` is not ``True``) and a ``functools.singledispatch`` call (it dispatches on
+  ``n.__class__``): the automatic policy then captures the Function static (``cache._traced``);
+- the frames of its callers (``sys._getframe``, ``inspect.stack``, ``traceback.extract_stack``,
+  ``f.f_back``): minihop's while traced.
+
+Invariant: over-approximate, never under: a read is refused where its value could be one of
+these, whatever it turns out to be (``cfg.__class__`` too; ``self.__class__`` is the user's own).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedOperationError
+from .bytecode import instructions
+from .identity import _FAKE_ONLY, _SYMBOLIC
+
+__all__ = ["reads_stack", "refuse_class_reads", "symbolic"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_reads(code: types.CodeType) -> tuple[tuple[bool, str, int | None], ...]:
+    """Where ``code`` (or code nested in it) reads the class of a value by means no stand-in
+    answers: ``v.__class__`` (but ``self.__class__``/``cls.__class__``), ``match v: case
+    int():`` (``MATCH_CLASS``, C's isinstance) and ``v is True`` (a symbolic bool is another
+    object than ``True``), each with whether it differs in a static trace too (a fake tensor's)."""
+    found: list[tuple[bool, str, int | None]] = []
+    stack = [code]
+    while stack:
+        inner = stack.pop()
+        stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
+        ops = instructions(inner)[0]
+        for k, op in enumerate(ops):
+            if op.opname == "MATCH_CLASS":
+                found.append((False, "match ... case C()", op.lineno))
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval in ("f_back", "tb_frame"):
+                found.append((True, f".{op.argval}, a caller's frame", op.lineno))
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_CONST") and op.argval in _FAKE_ONLY:
+                found.append((True, f".{op.argval}, which only a traced tensor has", op.lineno))
+            elif op.opname == "IS_OP" and k and ops[k - 1].opname == "LOAD_CONST" and \
+                    type(ops[k - 1].argval) in (bool, int, float):
+                found.append((False, f"is {ops[k - 1].argval!r}", op.lineno))  # (a SymBool is not True)
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval == "__class__" and not (
+                    k and ops[k - 1].opname == "LOAD_FAST" and ops[k - 1].argval in ("self", "cls")):
+                found.append((True, ".__class__", op.lineno))
+    return tuple(dict.fromkeys(found))
+
+
+def _stack_readers() -> frozenset[int]:
+    import inspect
+    import traceback
+    return frozenset(id(f) for f in (sys._getframe, inspect.currentframe, inspect.stack, inspect.getouterframes,
+                                     inspect.trace, traceback.extract_stack, traceback.format_stack,
+                                     traceback.print_stack, traceback.walk_stack))
+
+
+_STACK_READERS = _stack_readers()
+
+
+def reads_stack(end: Any) -> bool:
+    """Whether ``end`` (what the code calls) reads the interpreter's stack: while traced, the
+    callers of the user's forward and backward are minihop's frames, not eager's ``apply``."""
+    return id(end) in _STACK_READERS
+
+
+def symbolic(args: tuple[Any, ...]) -> bool:
+    """Whether a trace on ``args`` (fake) holds symbolic values: sizes, numbers."""
+    return any(type(a) in _SYMBOLIC or isinstance(a, torch.Tensor) and any(type(d) in _SYMBOLIC for d in a.shape)
+               for a in args)
+
+
+def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tuple[Any, ...],
+                       dispatches: bool | str = False) -> None:
+    """The code reads what a traced value answers unlike the caller's: a value's class
+    (``x.__class__``: a fake tensor's is ``FakeTensor``, a symbolic size's ``torch.SymInt``;
+    in a symbolic trace ``match n: case int():``, ``n > 4 is True``, a ``singledispatch`` call,
+    ``dispatches=True``) or the frames of its callers (``sys._getframe``, ``inspect.stack``,
+    ``f.f_back``, ``dispatches="stack"``: minihop's while traced, eager's ``apply``). Refused
+    (MH104): under the automatic policy a symbolic trace refused is captured static instead."""
+    found = [(what, line) for always, what, line in _class_reads(code) if always or symbolic(args)]
+    if dispatches == "stack":
+        found.insert(0, ("calls a reader of the interpreter's stack", None))
+    elif dispatches and symbolic(args):
+        found.append(("a singledispatch call", None))
+    if not found:
+        return
+    what, line = found[0]
+    where = f'File "{code.co_filename}"' + (f", line {line}" if line else "")
+    if "frame" in what or "stack" in what:
+        raise UnsupportedOperationError(
+            f"{function}.{phase} reads the frames of its callers ({what}" + (f", line {line})." if line else ")."),
+            "While it is traced, forward and backward are called by minihop's tracer, not by "
+            "eager's Function.apply and autograd engine: what the caller frames show is not eager's.",
+            "Pass what it needs as an argument, or run it eagerly with minihop.function(F, fallback='eager').",
+            where=where)
+    raise UnsupportedOperationError(
+        f"{function}.{phase} asks what kind of object a value is ({what}" + (f", line {line})." if line else ")."),
+        "A traced value is not the caller's kind of object: a tensor is a fake copy (its "
+        "__class__ is FakeTensor), a size or number may be symbolic (torch.SymInt, where eager's "
+        "is int). type() and isinstance() are answered as eager's; this read is not.",
+        "Use type(x) or isinstance(x, ...), or run it eagerly with minihop.function(F, fallback='eager').",
+        where=where)
