@@ -895,7 +895,10 @@ def test_a_semiring_backward_applying_its_gradient_function(create_graph):
     crossed(_SoftProject, body, steps=2)
 
 
-@pytest.mark.parametrize("read", ["getframe", "inspect_stack", "f_back"])
+_REFERENCED = object()
+
+
+@pytest.mark.parametrize("read", ["getframe", "inspect_stack", "f_back", "getrefcount"])
 def test_forward_reading_its_callers_frames(read):
     import inspect
     import sys
@@ -907,8 +910,10 @@ def test_forward_reading_its_callers_frames(read):
                 caller = sys._getframe(1).f_code.co_name
             elif read == "inspect_stack":
                 caller = inspect.stack()[1].function
-            else:
+            elif read == "f_back":
                 caller = inspect.currentframe().f_back.f_code.co_name
+            else:  # (the trace holds references of its own)
+                caller = "apply" if sys.getrefcount(_REFERENCED) % 2 else "other"
             return x * (2.0 if caller == "apply" else 3.0), caller
 
         @staticmethod

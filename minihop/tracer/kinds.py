@@ -15,7 +15,8 @@ the bytecode or among the functions called, is refused here (MH104):
   ``SymBool`` is not ``True``) and a ``functools.singledispatch`` call (it dispatches on
   ``n.__class__``): the automatic policy then captures the Function static (``cache._traced``);
 - the frames of its callers (``sys._getframe``, ``inspect.stack``, ``traceback.extract_stack``,
-  ``f.f_back``): minihop's while traced.
+  ``f.f_back``): minihop's while traced; and who holds a value (``sys.getrefcount``,
+  ``gc.get_referrers``, ``weakref.getweakrefcount``): the trace's references are counted too.
 
 Invariant: over-approximate, never under: a read is refused where its value could be one of
 these, whatever it turns out to be (``cfg.__class__`` too; ``self.__class__`` is the user's own).
@@ -66,19 +67,24 @@ def _class_reads(code: types.CodeType) -> tuple[tuple[bool, str, int | None], ..
 
 
 def _stack_readers() -> frozenset[int]:
+    import gc
     import inspect
     import traceback
+    import weakref
+    # (and who holds a value: the trace's own references and fakes are counted too)
     return frozenset(id(f) for f in (sys._getframe, inspect.currentframe, inspect.stack, inspect.getouterframes,
                                      inspect.trace, traceback.extract_stack, traceback.format_stack,
-                                     traceback.print_stack, traceback.walk_stack))
+                                     traceback.print_stack, traceback.walk_stack, sys.getrefcount,
+                                     gc.get_referrers, gc.get_referents, weakref.getweakrefcount, weakref.getweakrefs))
 
 
 _STACK_READERS = _stack_readers()
 
 
 def reads_stack(end: Any) -> bool:
-    """Whether ``end`` (what the code calls) reads the interpreter's stack: while traced, the
-    callers of the user's forward and backward are minihop's frames, not eager's ``apply``."""
+    """Whether ``end`` (what the code calls) reads the interpreter's stack or who holds a
+    value: while traced, the callers of the user's forward and backward are minihop's frames,
+    not eager's ``apply``, and the trace holds references of its own."""
     return id(end) in _STACK_READERS
 
 
@@ -98,18 +104,20 @@ def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tu
     (MH104): under the automatic policy a symbolic trace refused is captured static instead."""
     found = [(what, line) for always, what, line in _class_reads(code) if always or symbolic(args)]
     if dispatches == "stack":
-        found.insert(0, ("calls a reader of the interpreter's stack", None))
+        found.insert(0, ("sys._getframe, inspect.stack, sys.getrefcount or the like", None))
     elif dispatches and symbolic(args):
         found.append(("a singledispatch call", None))
     if not found:
         return
     what, line = found[0]
     where = f'File "{code.co_filename}"' + (f", line {line}" if line else "")
-    if "frame" in what or "stack" in what:
+    if "frame" in what or "getframe" in what:
         raise UnsupportedOperationError(
-            f"{function}.{phase} reads the frames of its callers ({what}" + (f", line {line})." if line else ")."),
-            "While it is traced, forward and backward are called by minihop's tracer, not by "
-            "eager's Function.apply and autograd engine: what the caller frames show is not eager's.",
+            f"{function}.{phase} reads the interpreter's view of its callers or of who holds a value ({what}"
+            + (f", line {line})." if line else ")."),
+            "While it is traced, forward and backward are called by minihop's tracer, not by eager's "
+            "Function.apply and autograd engine, and the trace holds references of its own: what "
+            "these show is not eager's.",
             "Pass what it needs as an argument, or run it eagerly with minihop.function(F, fallback='eager').",
             where=where)
     raise UnsupportedOperationError(
