@@ -14,7 +14,8 @@ Silent differences from eager before this round, in every mode:
   dynamic made it symbolic (``torch.SymInt``): the other branch was baked in. Code that names
   ``isinstance`` now sees a stand-in answering as eager (``tracer/identity.py``), and reads no
   stand-in can answer (``v.__class__``, ``match n: case int():``, ``(n > 4) is True``, a
-  ``singledispatch`` call on a symbolic value) are refused, so the automatic policy captures such a Function static;
+  ``singledispatch`` call on a symbolic value, numpy given one: ``np.array([n]).dtype`` is
+  ``object``) are refused, so the automatic policy captures such a Function static;
 - a traced tensor's text (``str(x)``, ``f"{x}"``, ``repr([x])``) kept as a Python value: the
   fake's ``FakeTensor(...)``; and ``isinstance(x, FakeTensor)``, ``hasattr(x, "fake_mode")``:
   the fake's answers. Now refused (text, fake-only names) or answered as eager's (isinstance);
@@ -921,3 +922,16 @@ def test_forward_reading_its_callers_frames(read):
             return g
 
     matches_eager(F, lambda i: (x_(i),), steps=2)
+
+
+def test_numpy_given_a_size_under_automatic_dynamic():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            return x * 2, str(np.array([x.shape[0], k]).dtype), int(np.sum([x.shape[0], k]))
+
+        @staticmethod
+        def backward(ctx, g, *_):
+            return g * 2, None
+
+    matches_eager(F, lambda i: (torch.linspace(-1, 1, 3 + i).requires_grad_(), 2 + i), steps=5)

@@ -12,8 +12,9 @@ the bytecode or among the functions called, is refused here (MH104):
 - ``v.__class__`` (a fake tensor's is ``FakeTensor``) and a name only a fake tensor has
   (``hasattr(x, "fake_mode")``), in any trace;
 - in a symbolic trace, ``match n: case int():`` (C's isinstance), ``(n > 4) is True`` (a
-  ``SymBool`` is not ``True``) and a ``functools.singledispatch`` call (it dispatches on
-  ``n.__class__``): the automatic policy then captures the Function static (``cache._traced``);
+  ``SymBool`` is not ``True``), a ``functools.singledispatch`` call (it dispatches on
+  ``n.__class__``) and numpy reached (``np.array([n])`` is an object array): the automatic
+  policy then captures the Function static (``cache._traced``);
 - the frames of its callers (``sys._getframe``, ``inspect.stack``, ``traceback.extract_stack``,
   ``f.f_back``): minihop's while traced; and who holds a value (``sys.getrefcount``,
   ``gc.get_referrers``, ``weakref.getweakrefcount``): the trace's references are counted too.
@@ -35,7 +36,7 @@ from ..errors import UnsupportedOperationError
 from .bytecode import instructions
 from .identity import _FAKE_ONLY, _SYMBOLIC
 
-__all__ = ["reads_stack", "refuse_class_reads", "symbolic"]
+__all__ = ["numpy_value", "reads_stack", "refuse_class_reads", "symbolic"]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -88,6 +89,13 @@ def reads_stack(end: Any) -> bool:
     return id(end) in _STACK_READERS
 
 
+def numpy_value(end: Any) -> bool:
+    """Whether ``end`` (what the code names) is numpy's: it takes a symbolic size for an object
+    (``np.array([n]).dtype`` is ``object`` where eager's is ``int64``)."""
+    module = end.__name__ if isinstance(end, types.ModuleType) else getattr(end, "__module__", None)
+    return isinstance(module, str) and (module == "numpy" or module.startswith("numpy."))
+
+
 def symbolic(args: tuple[Any, ...]) -> bool:
     """Whether a trace on ``args`` (fake) holds symbolic values: sizes, numbers."""
     return any(type(a) in _SYMBOLIC or isinstance(a, torch.Tensor) and any(type(d) in _SYMBOLIC for d in a.shape)
@@ -103,7 +111,9 @@ def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tu
     ``f.f_back``, ``dispatches="stack"``: minihop's while traced, eager's ``apply``). Refused
     (MH104): under the automatic policy a symbolic trace refused is captured static instead."""
     found = [(what, line) for always, what, line in _class_reads(code) if always or symbolic(args)]
-    if dispatches == "stack":
+    if dispatches == "numpy" and symbolic(args):
+        found.append(("numpy, which takes a symbolic size for an object", None))
+    elif dispatches == "stack":
         found.insert(0, ("sys._getframe, inspect.stack, sys.getrefcount or the like", None))
     elif dispatches and symbolic(args):
         found.append(("a singledispatch call", None))
