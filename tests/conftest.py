@@ -1,8 +1,11 @@
 """Suite-wide plugins: the Dynamo sweep (``dynamo_sweep.py``; ``-p no:dynamo_sweep`` turns it off),
 and a check that each test leaves the process settings every capture depends on as it found them
-and makes minihop fail inside its own code nowhere (``cache.INTERNAL_ERRORS``)."""
+(and no stand-in of minihop's in a module's globals) and makes minihop fail inside its own code
+nowhere (``cache.INTERNAL_ERRORS``)."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch
 from dynamo_sweep import SweepPlugin
 from minihop.cache import INTERNAL_ERRORS
 from minihop.library_state import global_module_hooks
+from minihop.tracer.identity import stand_in
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,6 +36,13 @@ def _process_left_as_found():
         for handle_id in [k for k in registry if k not in kept]:
             leaked.append(f"a hook for every module ({registry[handle_id]!r})")
             del registry[handle_id]
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        for bound in ("type", "isinstance") if isinstance(namespace, dict) else ():
+            if stand_in(namespace.get(bound)):
+                # (minihop's stand-ins live in the user's globals only while a trace runs)
+                leaked.append(f"minihop's {bound} stand-in in {name}'s globals")
+                del namespace[bound]
     if leaked:
         pytest.fail("the test left " + ", ".join(leaked) + " behind", pytrace=False)
     if len(INTERNAL_ERRORS) > internal:

@@ -88,6 +88,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
             g, name = root.home, root.key
             entry = globals_seen.setdefault(id(g), (g, {}))
             bound = g.get(name, MISSING)
+            bound = MISSING if stand_in(bound) else bound  # (``isinstance`` read while minihop's is bound)
             entry[1][name] = bound if real_of is None else real_of(bound)
         elif root.home is not None:
             cell = root.home
@@ -309,7 +310,7 @@ def current(seen: Seen) -> Any:
     if seen.kind == "globals":  # (the names watched; a user module's: all of them)
         names = {**seen.contents, **({k: None for k, v in seen.obj.items() if not dunder(k) and not stand_in(v)}
                                      if seen.root.key == "module" else {})}
-        return {k: seen.obj.get(k, MISSING) for k in names}
+        return {k: MISSING if stand_in(v := seen.obj.get(k, MISSING)) else v for k in names}
     if seen.kind == "cell":
         return cell_value(seen.obj)
     return contents_of(seen.obj)[1]
@@ -331,7 +332,8 @@ def put(seen: Seen, old: Any) -> None:
                     del obj[k]
             for k, v in old.items():
                 if v is MISSING:
-                    obj.pop(k, None)
+                    if not stand_in(obj.get(k)):  # (minihop's, bound while traced: its own to remove)
+                        obj.pop(k, None)
                 elif obj.get(k, MISSING) is not v:
                     obj[k] = v
         elif seen.kind == "cell":

@@ -38,7 +38,7 @@ from ..library_state import global_module_hooks
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import Chain, constant_global
-from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias
+from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias, stand_in
 from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "constant_getattrs", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -231,7 +231,7 @@ class CallWatch:
         code = frame.f_code
         g = frame.f_globals
         for name in code.co_names:
-            if name in g and not name.startswith("__"):
+            if name in g and not name.startswith("__") and not stand_in(g[name]):  # (not minihop's)
                 if (id(g), name) not in self.kept:
                     self.kept.add((id(g), name))
                     value = g[name]
@@ -263,7 +263,7 @@ class CallWatch:
 
 def _refill(container: Any, contents: Any) -> None:
     container.clear()
-    container.update(contents)
+    container.update({k: v for k, v in contents.items() if not stand_in(v)} if type(contents) is dict else contents)
 
 
 def entry_points(value: Any) -> list[tuple[Any, Any]]:
