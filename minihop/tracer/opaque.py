@@ -204,8 +204,8 @@ class CallWatch:
                     what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
                     if all(w != what for w, _ in self.found):
                         self.found.append((what, where))
-            if event == "call":
-                self._keep(frame)
+            if event == "call" and not frame.f_globals.get("__name__", "").startswith("minihop."):
+                self._keep(frame)  # (minihop's own frames hold minihop's state, never the user's)
         if id(code) in self.library_codes:
             back = frame.f_back  # (inline: most library frames are the tracer's, called by its own)
             if back is not None and id(back.f_code) in self.callers and self.library.note(frame, self.phase):
