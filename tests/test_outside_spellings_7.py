@@ -974,3 +974,12 @@ def test_a_bisection_function_with_classmethods_under_automatic_dynamic():
     matches_eager(_Bisect, lambda i: ((torch.linspace(-1, 1, 2 * (4 + i)).reshape(2, 4 + i) * (1 + i)).requires_grad_(),
                                       1.5, -1, 8), steps=4)
     assert "isinstance" not in globals() and "type" not in globals()
+
+
+def test_a_refused_trace_leaves_the_stand_ins_working():
+    # (A refused trace put back what code it did not analyse may have written, and kept
+    # minihop's own frames' state too: the stand-ins' table was emptied, and every later
+    # trace answered isinstance of a symbolic size as torch.SymInt. In this order, in one test.)
+    test_numpy_state()
+    minihop.reset()
+    test_an_int_argument_read_for_its_class_under_automatic_dynamic()
