@@ -104,30 +104,41 @@ _SETTINGS["os.environ"] = (_environ, _set_environ)
 
 
 def logging_levels(handlers: bool = True) -> tuple[Any, ...]:
-    """Every logger's level, ``disabled`` and ``propagate`` flags, handlers (each with its
-    level) and filters, and ``logging.disable``'s level: what decides which messages are sent
-    and where, set by anyone (``log.level = 10``, ``log.disabled = True``,
-    ``log.addHandler(h)``; a logger's own caches are not part of it). Without ``handlers``:
-    the levels and flags only (what a read of whether a logger logs depends on)."""
+    """Every logger's level, ``disabled`` and ``propagate`` flags, handlers and filters, every
+    handler's level, and ``logging.disable``'s level: what decides which messages are sent and
+    where, set by anyone (``log.level = 10``, ``log.disabled = True``, ``log.addHandler(h)``; a
+    logger's own caches are not part of it). Without ``handlers``: the levels and flags only
+    (what a read of whether a logger logs depends on). (Few objects made per logger: a
+    program may hold thousands, and a capture snapshots them several times.)"""
     manager = logging.Logger.manager
+    loggers = [("", logging.root), *((n, lg) for n, lg in list(manager.loggerDict.items()) if isinstance(lg, logging.Logger))]
     if not handlers:
-        return (manager.disable, *((name, lg.level, lg.disabled, lg.propagate) for name, lg in (
-            ("", logging.root), *list(manager.loggerDict.items())) if isinstance(lg, logging.Logger)))
-    return (manager.disable, *((name, lg.level, lg.disabled, lg.propagate, tuple((h, h.level) for h in lg.handlers),
-                                tuple(lg.filters)) for name, lg in (
-        ("", logging.root), *list(manager.loggerDict.items())) if isinstance(lg, logging.Logger)))
+        return (manager.disable, *((n, lg.level, lg.disabled, lg.propagate) for n, lg in loggers))
+    return (manager.disable, tuple(h.level for _, lg in loggers for h in lg.handlers),
+            *((n, lg.level, lg.disabled, lg.propagate, tuple(lg.handlers), tuple(lg.filters)) for n, lg in loggers))
 
 
 def _set_logging_levels(old: tuple[Any, ...]) -> None:
-    logging.disable(old[0])
-    for name, level, disabled, propagate, handlers, filters in old[1:]:
+    """Put back only what differs (``setLevel`` empties every logger's cache: once per logger
+    would be quadratic in the number of loggers), the caches emptied once."""
+    manager = logging.Logger.manager
+    if manager.disable != old[0]:
+        logging.disable(old[0])
+    now = {entry[0]: entry for entry in logging_levels()[2:]}
+    levels = False
+    for entry in old[2:]:
+        if now.get(entry[0]) == entry:
+            continue
+        name, level, disabled, propagate, handlers, filters = entry
         lg = logging.getLogger(name or None)
-        lg.setLevel(level)
-        lg.disabled, lg.propagate = disabled, propagate
-        lg.handlers[:] = [h for h, _ in handlers]
-        lg.filters[:] = list(filters)
-        for h, h_level in handlers:
+        levels = levels or lg.level != level
+        lg.level, lg.disabled, lg.propagate = level, disabled, propagate
+        lg.handlers[:], lg.filters[:] = list(handlers), list(filters)
+    for h, h_level in zip((h for entry in old[2:] for h in entry[4]), old[1]):
+        if h.level != h_level:
             h.setLevel(h_level)
+    if levels:
+        manager._clear_cache()  # type: ignore[attr-defined]
 
 
 LOGGING = "logging's levels and handlers"  # (snapshotted only where the code reaches logging: ``state``)
