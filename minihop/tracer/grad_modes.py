@@ -63,7 +63,7 @@ from ..errors import UnsupportedOperationError
 from ..spec import READS_GRAD_MODE
 from .frames import is_library_code
 
-__all__ = ["applied_functions", "grad_mode_as_traced", "read", "switch", "watching_applies"]
+__all__ = ["grad_mode_as_traced", "read", "refuse_through_applied", "switch", "watching_applies"]
 
 _GRAD_MODE_FILE = sys.modules[torch.no_grad.__module__].__file__
 # minihop/ (with its separator: not a sibling package named minihop_*): the recording mode's
@@ -192,7 +192,7 @@ def watching_applies(recorder: Any, on: bool) -> Iterator[list[type]]:
         torch.autograd.Function.apply = held  # type: ignore[method-assign]
 
 
-def applied_functions(mode: Any, applied: list[type], result: Any, describe: str) -> None:
+def refuse_through_applied(mode: Any, applied: list[type], result: Any, describe: str) -> None:
     """After backward was traced with grad on (``create_graph``) applying ``applied``: refused
     where its gradients reach such a Function's node (see the module docstring)."""
     from .tensor_state import refuse_inner_function_nodes  # (it imports this module's neighbours)

@@ -158,13 +158,13 @@ class TextAsEager:
         self._repr = _repr
         FakeTensor.__repr__ = _repr  # type: ignore[method-assign,assignment]
 
-    def text(self_, tensor: Any, *args: Any, **kwargs: Any) -> str:  # noqa: N805 (the watch)
+    def text(self, tensor: Any, *args: Any, **kwargs: Any) -> str:
         frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename == _TENSOR_FILE:
             frame = frame.f_back
-        if frame is not None and frame.f_code in self_.codes and threading.get_ident() == self_.thread:
+        if frame is not None and frame.f_code in self.codes and threading.get_ident() == self.thread:
             raise UnsupportedOperationError(
-                f"{self_.function} takes the text of a tensor (str, repr, format or an f-string), "
+                f"{self.function} takes the text of a tensor (str, repr, format or an f-string), "
                 f"line {frame.f_lineno}.",
                 "Eager's text shows the tensor's values; a traced tensor has none, and the text "
                 "would be a constant of the capture.",

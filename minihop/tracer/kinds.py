@@ -40,12 +40,13 @@ __all__ = ["numpy_value", "reads_stack", "refuse_class_reads", "symbolic"]
 
 
 @functools.lru_cache(maxsize=1024)
-def _class_reads(code: types.CodeType) -> tuple[tuple[bool, str, int | None], ...]:
+def _class_reads(code: types.CodeType) -> tuple[tuple[str, str, int | None], ...]:
     """Where ``code`` (or code nested in it) reads the class of a value by means no stand-in
     answers: ``v.__class__`` (but ``self.__class__``/``cls.__class__``), ``match v: case
     int():`` (``MATCH_CLASS``, C's isinstance) and ``v is True`` (a symbolic bool is another
-    object than ``True``), each with whether it differs in a static trace too (a fake tensor's)."""
-    found: list[tuple[bool, str, int | None]] = []
+    object than ``True``), and a caller's frame (``f.f_back``): each ``(kind, what, line)``, kind
+    "class" (any trace), "symbolic" (a symbolic trace only) or "frame"."""
+    found: list[tuple[str, str, int | None]] = []
     stack = [code]
     while stack:
         inner = stack.pop()
@@ -53,17 +54,17 @@ def _class_reads(code: types.CodeType) -> tuple[tuple[bool, str, int | None], ..
         ops = instructions(inner)[0]
         for k, op in enumerate(ops):
             if op.opname == "MATCH_CLASS":
-                found.append((False, "match ... case C()", op.lineno))
+                found.append(("symbolic", "match ... case C()", op.lineno))
             elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval in ("f_back", "tb_frame"):
-                found.append((True, f".{op.argval}, a caller's frame", op.lineno))
+                found.append(("frame", f".{op.argval}, a caller's frame", op.lineno))
             elif op.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_CONST") and op.argval in _FAKE_ONLY:
-                found.append((True, f".{op.argval}, which only a traced tensor has", op.lineno))
+                found.append(("class", f".{op.argval}, which only a traced tensor has", op.lineno))
             elif op.opname == "IS_OP" and k and ops[k - 1].opname == "LOAD_CONST" and \
                     type(ops[k - 1].argval) in (bool, int, float):
-                found.append((False, f"is {ops[k - 1].argval!r}", op.lineno))  # (a SymBool is not True)
+                found.append(("symbolic", f"is {ops[k - 1].argval!r}", op.lineno))  # (a SymBool is not True)
             elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval == "__class__" and not (
                     k and ops[k - 1].opname == "LOAD_FAST" and ops[k - 1].argval in ("self", "cls")):
-                found.append((True, ".__class__", op.lineno))
+                found.append(("class", ".__class__", op.lineno))
     return tuple(dict.fromkeys(found))
 
 
@@ -103,35 +104,34 @@ def symbolic(args: tuple[Any, ...]) -> bool:
 
 
 def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tuple[Any, ...],
-                       dispatches: bool | str = False) -> None:
+                       calls: str | None = None) -> None:
     """The code reads what a traced value answers unlike the caller's: a value's class
     (``x.__class__``: a fake tensor's is ``FakeTensor``, a symbolic size's ``torch.SymInt``;
-    in a symbolic trace ``match n: case int():``, ``n > 4 is True``, a ``singledispatch`` call,
-    ``dispatches=True``) or the frames of its callers (``sys._getframe``, ``inspect.stack``,
-    ``f.f_back``, ``dispatches="stack"``: minihop's while traced, eager's ``apply``). Refused
-    (MH104): under the automatic policy a symbolic trace refused is captured static instead."""
-    found = [(what, line) for always, what, line in _class_reads(code) if always or symbolic(args)]
-    if dispatches == "numpy" and symbolic(args):
-        found.append(("numpy, which takes a symbolic size for an object", None))
-    elif dispatches == "stack":
-        found.insert(0, ("sys._getframe, inspect.stack, sys.getrefcount or the like", None))
-    elif dispatches and symbolic(args):
-        found.append(("a singledispatch call", None))
+    in a symbolic trace ``match n: case int():``, ``n > 4 is True``, and what it ``calls``:
+    "singledispatch" or "numpy") or the frames of its callers and who holds a value
+    (``f.f_back``; ``calls="stack"``: ``sys._getframe``, ``inspect.stack``,
+    ``sys.getrefcount``: minihop's while traced). Refused (MH104): under the automatic policy a
+    symbolic trace refused is captured static instead."""
+    called = {"stack": ("frame", "sys._getframe, inspect.stack, sys.getrefcount or the like"),
+              "numpy": ("symbolic", "numpy, which takes a symbolic size for an object"),
+              "singledispatch": ("symbolic", "a singledispatch call")}
+    found = [*([(*called[calls], None)] if calls else []), *_class_reads(code)]
+    found = [(kind, what, line) for kind, what, line in found if kind != "symbolic" or symbolic(args)]
     if not found:
         return
-    what, line = found[0]
+    kind, what, line = found[0]
     where = f'File "{code.co_filename}"' + (f", line {line}" if line else "")
-    if "frame" in what or "getframe" in what:
+    at = f", line {line})." if line else ")."
+    if kind == "frame":
         raise UnsupportedOperationError(
-            f"{function}.{phase} reads the interpreter's view of its callers or of who holds a value ({what}"
-            + (f", line {line})." if line else ")."),
+            f"{function}.{phase} reads the interpreter's view of its callers or of who holds a value ({what}{at}",
             "While it is traced, forward and backward are called by minihop's tracer, not by eager's "
             "Function.apply and autograd engine, and the trace holds references of its own: what "
             "these show is not eager's.",
             "Pass what it needs as an argument, or run it eagerly with minihop.function(F, fallback='eager').",
             where=where)
     raise UnsupportedOperationError(
-        f"{function}.{phase} asks what kind of object a value is ({what}" + (f", line {line})." if line else ")."),
+        f"{function}.{phase} asks what kind of object a value is ({what}{at}",
         "A traced value is not the caller's kind of object: a tensor is a fake copy (its "
         "__class__ is FakeTensor), a size or number may be symbolic (torch.SymInt, where eager's "
         "is int). type() and isinstance() are answered as eager's; this read is not.",

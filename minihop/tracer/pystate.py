@@ -148,10 +148,10 @@ class StateTracker:
                 named_end = walk(value, named) if named else value  # what the code calls or reads
                 self.logs = self.logs or any(v is logging or isinstance(v, logging.Logger) for v in (value, named_end))
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
-                if setting is not None and setting.description.endswith("'s registry") or kinds.reads_stack(named_end) \
-                        or kinds.numpy_value(named_end):
-                    kinds.refuse_class_reads(self.name, phase, code, self.args, "numpy" if kinds.numpy_value(named_end)
-                                             else "stack" if setting is None else True)
+                calls = "singledispatch" if setting is not None and setting.description.endswith("'s registry") else \
+                    "stack" if kinds.reads_stack(named_end) else "numpy" if kinds.numpy_value(named_end) else None
+                if calls is not None:
+                    kinds.refuse_class_reads(self.name, phase, code, self.args, calls)
                 if not root.uses_args:  # (arguments: pipeline asked before the trace)
                     refuse_iterator_read(self.name, phase, chain.root, named_end)
                     if chain.method is not None and setting is None:

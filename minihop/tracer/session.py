@@ -39,7 +39,7 @@ from .effects import refuse_generators
 from .identity import TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state
 from .frames import format_frame, is_library_code, user_frame, user_frame_of
 from .function_parts import FunctionParts
-from .grad_modes import applied_functions, watching_applies
+from .grad_modes import refuse_through_applied, watching_applies
 from .names import FrameSnapshot, capture_locals, input_name
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
@@ -413,7 +413,7 @@ class Tracing:
                 result = fn(*args)
             if applied:  # (another Function's apply: its node is eager's under create_graph)
                 with grad, self.fake_mode:
-                    applied_functions(self.mode, applied, result, self._describe())
+                    refuse_through_applied(self.mode, applied, result, self._describe())
             refuse_generators(recorder.generators, self._describe())
             return result
         except Exception as e:
