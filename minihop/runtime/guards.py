@@ -84,9 +84,11 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return (type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in value.items()),
                 *_of_class(value, _open), *_own(value, _open))
     if isinstance(value, (set, frozenset)):
-        # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each.
+        # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each,
+        # in its iteration order: equal sets built in another order iterate in another order
+        # ({9, 1} and {1, 9} collide in an 8-slot table), and code that loops over one does too.
         inner = _open | {id(value)}
-        return (type(value), frozenset(value_key(v, inner) for v in value), *_own(value, _open))
+        return (type(value), tuple(value_key(v, inner) for v in value), *_own(value, _open))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         # What its forward (torch's own, in library code) reads is the rest of its state: each
