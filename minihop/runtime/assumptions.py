@@ -329,10 +329,13 @@ def _value_check(read: DataRead) -> Callable[[Args], bool]:
 
 
 def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Each tensor argument's strides, storage offset and ``_is_view()`` (guarded only when
-    forward read a layout)."""
-    return tuple((a.stride(), a.storage_offset(), a._is_view()) if isinstance(a, torch.Tensor)
-                 and a.layout == torch.strided else None for a in args)
+    """Each tensor argument's strides, storage offset, ``_is_view()`` and the flags no call
+    key holds (conjugate and negative bits, an inference tensor): guarded only when the trace
+    read one of them, or asked a tensor something the key does not answer
+    (``tracer.session``'s ``_KEY_HELD``). A fake copy keeps them, and so do the views and
+    results forward makes of it."""
+    return tuple((a.stride(), a.storage_offset(), a._is_view(), a.is_conj(), a.is_neg(), a.is_inference())
+                 if isinstance(a, torch.Tensor) and a.layout == torch.strided else None for a in args)
 
 
 def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> list[Assumption]:
@@ -340,7 +343,9 @@ def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> l
     def show(entry: Any) -> str:
         if entry is None:
             return "None"
-        return f"{entry[0]}{f' at storage offset {entry[1]}' if entry[1] else ''}{' (a view)' if entry[2] else ''}"
+        flags = [f for f, on in zip((" conjugate", " negative", " an inference tensor"), entry[3:]) if on]
+        return (f"{entry[0]}{f' at storage offset {entry[1]}' if entry[1] else ''}{' (a view)' if entry[2] else ''}"
+                f"{',' + ','.join(flags) if flags else ''}")
 
     def batch(args: Args) -> bool:
         return layout_key(args) == layout
@@ -360,11 +365,11 @@ def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> l
             return _error(
                 f"Capture of {name} called with tensors laid out differently: {place} "
                 f"were {show(layout[i])} at capture, are {show(new)}.",
-                "Its forward read a tensor's layout (stride(), is_contiguous(), ...), so the "
-                "graphs may depend on it.",
+                "Its trace read a tensor's layout or a flag no call key holds (stride(), "
+                "is_contiguous(), is_conj(), is_inference(), ...), so the graphs may depend on it.",
                 "Capture again for these arguments (minihop.apply does this by itself).")
 
-        found.append(Assumption(place, "call", str(strides), check, f"{place} == {strides} (forward read a layout)",
+        found.append(Assumption(place, "call", str(strides), check, f"{place} == {strides} (the trace read a layout or flag)",
                                 batch=batch, explain_failure=failure))
     return found
 

@@ -17,13 +17,22 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["any_leaf", "is_tensor", "map_plain", "tensors_in"]
+__all__ = ["any_leaf", "is_tensor", "map_plain", "tensors_in", "version_of"]
 
 _PLAIN = (tuple, list, dict)
 
 
 def is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
+
+
+def version_of(t: torch.Tensor) -> int:
+    """``t._version``, or -1 for an inference tensor, which keeps no counter (torch raises on
+    ``_version``; eager refuses an in-place write into one outside inference mode anyway)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 def tensors_in(value: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:

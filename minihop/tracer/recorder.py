@@ -42,7 +42,7 @@ from . import operators, recompute
 from .frames import format_frame, stack_trace, user_frame, user_frame_object
 from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
-from .op_args import any_leaf, is_tensor, map_plain, tensors_in
+from .op_args import any_leaf, is_tensor, map_plain, tensors_in, version_of
 from .operators import Form
 from .refusals import fake_data_missing, refusal_for
 from .special_calls import AUTOCAST_SWITCHES, NOT_SPECIAL, special_call
@@ -363,7 +363,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         if any(type(t) is not FakeTensor and not isinstance(t, FakeTensor) for t in tensors):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
             tensors = tensors_in(kwargs, tensors_in(args, []))
-        versions = [t._version for t in tensors]
+        versions = [version_of(t) for t in tensors]
         unbacked = self.unbacked
         setitem = func is torch.Tensor.__setitem__  # returns None but writes into its first argument
         try:
@@ -398,7 +398,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if refusal is None:
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
-        written = tuple(t for t, v in zip(tensors, versions, strict=True) if t._version != v)
+        written = tuple(t for t, v in zip(tensors, versions, strict=True) if version_of(t) != v)
         if setitem:
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result

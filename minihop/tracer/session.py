@@ -41,6 +41,7 @@ from .frames import format_frame, is_library_code, user_frame, user_frame_of
 from .function_parts import FunctionParts
 from .grad_modes import refuse_through_applied, watching_applies
 from .names import FrameSnapshot, capture_locals, input_name
+from .op_args import version_of
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
 from .special_calls import NOT_SPECIAL
@@ -75,6 +76,17 @@ _GRAD_FIXED = frozenset({
 
 # Reads of a tensor's memory layout: forward's graph may then depend on its inputs' strides.
 _LAYOUT_READS = TENSOR_LAYOUT | {"data_ptr", "untyped_storage"}
+# What a tensor argument's key holds (its type, shape, dtype, device, layout, requires_grad)
+# and what follows from it alone. Any other question of a traced tensor (``is_conj()``,
+# ``is_inference()``, one no list names) may have an answer the key does not fix: the capture
+# then guards its arguments' strides and flags too (``runtime.assumptions.layout_key``).
+_KEY_HELD = _GRAD_FIXED - {"names", "__format__", "__repr__"} | frozenset({
+    "requires_grad", "itemsize", "nbytes", "is_signed", "type", "is_meta", "is_quantized",
+    "is_mkldnn", "is_nested", "is_sparse_csr", "is_mps", "is_xpu", "is_xla", "is_ipu", "is_vulkan",
+    "__iter__", "__hash__", "__reversed__", "dim_order", "_version", "grad", "is_leaf", "grad_fn",
+    "_base", "retains_grad", "output_nr", "_backward_hooks", "register_hook", "retain_grad",
+    "backward", "__setstate__", "__dir__", "__contains__", "_is_zerotensor", "storage_offset",
+})
 # What only the caller's tensor can answer: read of one reached outside the arguments, the
 # capture is single-use; of a fake copy, refused (``Tracing._on_state_read``).
 _REAL_ONLY = TENSOR_STATE | TENSOR_STORAGE | _LAYOUT_READS
@@ -154,12 +166,14 @@ class Tracing:
         """Backward read something of a grad that autograd does not fix: remember it.
         Forward read a tensor's layout: the capture then guards its arguments' strides."""
         name = getattr(func, "__name__", "")
+        asked = getattr(getattr(func, "__self__", None), "__name__", "") if name == "__get__" else name
+        if (asked in _LAYOUT_READS or asked not in _KEY_HELD) and args and isinstance(args[0], torch.Tensor) \
+                and id(args[0]) not in self.grad_of:
+            self.reads_layout = True  # (a grad's own: the grad assumptions below)
         if self.phase != "backward":
-            if name in _LAYOUT_READS:
-                self.reads_layout = True
             source = self.sources.get(id(args[0])) if args else None
             if source is not None and source.arg_index is None:
-                self._lifted_query(func, name, args[0], source)
+                self._lifted_query(func, asked, args[0], source)
             if args and id(args[0]) in self.input_symbols and id(args[0]) not in self.fwd.node_of \
                     and self.mode.recorder is self.fwd:
                 # Forward read the size of a dynamic input before using it (x.shape[0]): Dynamo
@@ -178,8 +192,8 @@ class Tracing:
         """Forward read a property of a tensor it does not get as an argument itself (a
         global's, one in a list passed in): its layout is in no key (single-use); its shape,
         dtype, device and ``requires_grad`` are, once it is a graph input (made one here)."""
-        if name in _LAYOUT_READS:
-            self.unrouted.append(f"reads {name}() of {source.description}, whose layout no key holds "
+        if name in _LAYOUT_READS or name not in _KEY_HELD:
+            self.unrouted.append(f"reads {name}() of {source.description}, whose layout or flags no key holds "
                                  f"({_reading_frame(4)})")
         elif source.place is not None and not source.place.uses_args and self.mode.recorder is self.fwd:
             self.fwd.node_for(fake)
@@ -309,14 +323,14 @@ class Tracing:
 
     def _add_source(self, fake: torch.Tensor, source: InputSource) -> None:
         self.sources[id(fake)] = source
-        self.input_versions[id(fake)] = (fake, fake._version)
+        self.input_versions[id(fake)] = (fake, version_of(fake))
 
     def _on_fwd_mutation(self, node: fx.Node) -> None:
         """Which inputs ``node`` wrote into: those whose version counter moved (a write through
         a view or ``detach()`` of an input moves the input's counter too, as in eager)."""
         for key, (fake, version) in self.input_versions.items():
-            if fake._version != version:
-                self.input_versions[key] = (fake, fake._version)
+            if version_of(fake) != version:
+                self.input_versions[key] = (fake, version_of(fake))
                 self.input_writes.append((node, fake))
                 node.meta[EFFECT] = (f"{getattr(node.target, '__name__', node.target)} writes "
                                      f"{self.sources[key].description} in place: written back (the "

@@ -1,0 +1,495 @@
+"""Hostile spellings, round 8 (issue #28, round 13): the issue's classes written in ways the
+suite had not seen, tried from outside against eager in strict, apply and fallback mode
+(``eager_modes.matches_eager``).
+
+Silent differences from eager before this round, in every mode:
+
+- a set's iteration order: ``{9, 1}`` and ``{1, 9}`` are equal and hash alike, yet iterate in
+  another order (they collide in an 8-slot table), so code looping over a set argument or a
+  global ``frozenset`` stacked its outputs in the first call's order. A set's key is now its
+  members in iteration order (``runtime.guards.value_key``);
+- a tensor's flags no call key held: ``x.is_inference()``, and ``is_conj()`` of a view forward
+  makes of a conjugate argument (``x[:1].is_conj()``); and a *backward* that reads the strides
+  of a saved input (``x.is_contiguous()``, ``x.stride(0)``) hit a capture traced for another
+  layout. Any question of a traced tensor that its key does not answer (an allowlist,
+  ``tracer.session._KEY_HELD``), in forward or backward, now guards the arguments' strides and
+  flags (``runtime.assumptions.layout_key``); of a tensor reached outside the arguments, the
+  capture is single-use;
+- an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
+  the tracer read its version counter, which inference tensors lack, and failed inside minihop
+  (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
+
+The rest passed when written and stay as the round's evidence.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import functools
+import types
+import warnings
+
+import torch
+
+import minihop
+from eager_modes import matches_eager
+
+
+def x_(i):
+    return (torch.linspace(-1, 1, 4) + i).requires_grad_()
+
+
+def _set(order):
+    s = set()
+    for v in order:
+        s.add(v)
+    return s
+
+
+# -- set iteration order --------------------------------------------------------------------
+
+def test_set_argument_iterated_in_its_own_order():
+    class Stack(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, scales):
+            return torch.stack([x * v for v in scales])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.sum(0), None
+
+    assert list(_set((9, 1))) != list(_set((1, 9)))  # (what makes the case: equal, other order)
+    matches_eager(Stack, lambda i: (x_(i), _set((1, 9) if i % 2 else (9, 1))))
+
+
+FS = frozenset([9, 1])
+
+
+def test_global_frozenset_rebuilt_in_another_order():
+    class Stack(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return torch.stack([x * v for v in FS])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.sum(0)
+
+    def between(i):
+        global FS
+        FS = frozenset([1, 9]) if i % 2 else frozenset([9, 1])
+
+    matches_eager(Stack, lambda i: (x_(i),), between=between)
+
+
+def test_set_popped_in_forward():
+    class Pop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s):
+            first = set(s).pop()
+            return x * first
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, None
+
+    matches_eager(Pop, lambda i: (x_(i), _set((1, 9) if i % 2 else (9, 1))))
+
+
+def test_dict_in_another_insertion_order():
+    class Stack(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg):
+            return torch.stack([x * v for v in cfg.values()])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.sum(0), None
+
+    matches_eager(Stack, lambda i: (x_(i), {"a": 1.0, "b": 2.0} if i % 2 else {"b": 2.0, "a": 1.0}))
+
+
+# -- tensor flags and layouts no key held -------------------------------------------------
+
+def _inference(value):
+    with torch.inference_mode():
+        return torch.full((4,), float(value))
+
+
+def test_is_inference_of_an_argument():
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * (2.0 if w.is_inference() else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(Branch, lambda i: (x_(i), _inference(1.0) if i % 2 else torch.ones(4)))
+
+
+GW = [torch.ones(4)]
+
+
+def test_is_inference_of_a_global_tensor():
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * (2.0 if GW[0].is_inference() else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        GW[0] = _inference(1.0) if i % 2 else torch.ones(4)
+
+    matches_eager(Branch, lambda i: (x_(i),), between=between)
+
+
+def _maybe_conj(i):
+    base = torch.tensor([1 + 1j, 2 - 1j]) * (i + 1)
+    return ((base.conj() if i % 2 else base.clone()).requires_grad_(),)
+
+
+def test_conj_bit_of_a_view_forward_makes():
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return (x * (2.0 if x[:1].is_conj() else 3.0)).real
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.to(torch.complex64)
+
+    matches_eager(Branch, _maybe_conj)
+
+
+def test_conj_bit_of_a_saved_input_in_backward():
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * (2.0 if x.is_conj() else 3.0)
+
+    matches_eager(Branch, _maybe_conj)
+
+
+def _maybe_transposed(i):
+    b = torch.ones(2, 3) * (i + 1)
+    return ((b if i % 2 else b.t().contiguous().t()).requires_grad_(),)
+
+
+def test_backward_reads_a_saved_input_contiguity():
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * (2.0 if x.is_contiguous() else 3.0)
+
+    matches_eager(Branch, _maybe_transposed)
+
+
+def test_backward_reads_a_saved_input_stride():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * float(x.stride(0))
+
+    matches_eager(Scale, _maybe_transposed)
+
+
+def test_backward_reads_an_input_kept_on_ctx_stride():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.x = x
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float(ctx.x.stride(0))
+
+    matches_eager(Scale, _maybe_transposed)
+
+
+def test_layout_and_flag_guard_is_named_in_explain():
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * (2.0 if w.is_inference() else 3.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    report = minihop.explain(Branch, x_(0), _inference(1.0))
+    assert any("strides of w" in g and "an inference tensor" in g for g in report.guards), report.guards
+
+
+# -- inference tensors as arguments (an internal error before) ------------------------------
+
+def test_inference_tensor_argument_traced_without_internal_error():
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mul = minihop.function(Mul)
+        out = mul(x_(0), _inference(3.0))
+    assert not [w for w in caught if "bug in minihop" in str(w.message)], [str(w.message) for w in caught]
+    assert (mul.stats.captures, mul.stats.eager_calls) == (1, 0) and torch.equal(out.detach(), x_(0).detach() * 3)
+    matches_eager(Mul, lambda i: (x_(i), _inference(i + 2)), refusable=False)
+
+
+def test_inference_tensor_argument_saved():
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(w)  # eager: "Inference tensors cannot be saved for backward"
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            w, = ctx.saved_tensors
+            return g * w, None
+
+    matches_eager(Mul, lambda i: (x_(i), _inference(i + 2)), refusable=False)
+
+
+def test_inference_tensor_argument_written_in_forward():
+    class Write(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            w.add_(1)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(Write, lambda i: (x_(i), _inference(i + 2)))
+
+
+# -- passed when written: names and callables reached other ways --------------------------
+
+def test_name_found_in_builtins_then_rebound():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * MH_ROUND13_SCALE  # noqa: F821 (found in builtins)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * MH_ROUND13_SCALE  # noqa: F821
+
+    def between(i):
+        builtins.MH_ROUND13_SCALE = 1.0 + i
+
+    try:
+        matches_eager(Scale, lambda i: (x_(i),), between=between)
+    finally:
+        del builtins.MH_ROUND13_SCALE
+
+
+def test_module_global_shadows_a_builtin_later():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * float(max(2, 3))
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def between(i):
+        if i == 2:
+            globals()["max"] = lambda a, b: 10
+
+    try:
+        matches_eager(Scale, lambda i: (x_(i),), between=between, reset=lambda: globals().pop("max", None))
+    finally:
+        globals().pop("max", None)
+
+
+def _helper(x, s=2.0):
+    return x * s
+
+
+def _helper_attr(x):
+    return x * _helper_attr.scale
+
+
+_helper_attr.scale = 2.0
+
+
+def test_helper_defaults_and_function_attribute_replaced():
+    class Both(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return _helper(x) + _helper_attr(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * _helper_attr.scale
+
+    def between(i):
+        _helper.__defaults__ = (2.0 + i,)
+        _helper_attr.scale = 2.0 + i
+
+    def mid(i):
+        _helper_attr.scale = 7.0 + i
+
+    def reset():
+        _helper.__defaults__ = (2.0,)
+        _helper_attr.scale = 2.0
+
+    matches_eager(Both, lambda i: (x_(i),), between=between, mid=mid, reset=reset)
+
+
+def test_partial_keywords_mutated_in_place():
+    p = functools.partial(_helper, s=2.0)
+
+    class Call(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fn):
+            return fn(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        p.keywords["s"] = 2.0 + i
+
+    matches_eager(Call, lambda i: (x_(i), p), between=between)
+
+
+def test_object_class_reassigned_and_property_replaced():
+    class A:
+        @property
+        def k(self):
+            return 2.0
+
+    class B(A):
+        @property
+        def k(self):
+            return 5.0
+
+    o = A()
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o):
+            return x * o.k
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        o.__class__ = A if i % 2 == 0 else B
+        if i == 2:
+            A.k = property(lambda self: 4.0)
+
+    original = A.k
+
+    def reset():
+        A.k = original
+        o.__class__ = A
+
+    matches_eager(Scale, lambda i: (x_(i), o), between=between, reset=reset)
+
+
+def test_dunder_conversions_reading_globals():
+    class Knob:
+        def __index__(self):
+            return KNOB["dim"]
+
+        def __float__(self):
+            return KNOB["scale"]
+
+        def __bool__(self):
+            return KNOB["on"]
+
+    knob = Knob()
+
+    class Use(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            y = x.sum(dim=k) * float(k)
+            return y * 2 if k else y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.unsqueeze(KNOB["dim"]).expand(2, 3).clone(), None
+
+    def between(i):
+        KNOB.update(dim=i % 2, scale=1.0 + i, on=i < 2)
+
+    matches_eager(Use, lambda i: (torch.ones(2, 3).requires_grad_(), knob), between=between)
+
+
+KNOB = {"dim": 0, "scale": 1.0, "on": True}
+
+
+def test_views_of_changing_containers():
+    inner = {"s": 2.0}
+    chain = collections.ChainMap({}, inner)
+    proxy = types.MappingProxyType(inner)
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cm):
+            return x * cm["s"] + x * proxy["s"]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    def between(i):
+        inner["s"] = 2.0 + i
+
+    matches_eager(Scale, lambda i: (x_(i), chain), between=between)
+
+
+def test_equal_arguments_of_other_types():
+    P = collections.namedtuple("P", "a b")
+
+    class Branch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, p, s, c):
+            k = 2.0 if hasattr(p, "_fields") else 3.0
+            k += 1.0 if isinstance(s, torch.Size) else 0.0
+            return x * k * abs(c) * (2.0 if isinstance(c, complex) else 1.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None, None
+
+    matches_eager(Branch, lambda i: (x_(i), P(1, 2) if i % 2 else (1, 2),
+                                     torch.Size([4]) if i % 3 else (4,), 1 + 0j if i % 2 else 1))
