@@ -15,6 +15,10 @@ Silent differences from eager before this round, in every mode:
   ``tracer.session._KEY_HELD``), in forward or backward, now guards the arguments' strides and
   flags (``runtime.assumptions.layout_key``); of a tensor reached outside the arguments, the
   capture is single-use;
+- the user's own decorator on forward or backward (``functools.wraps`` wrappers, a callable
+  object with ``__wrapped__``): the analysis unwrapped to the innermost function, so what the
+  wrapper read (a global, its closure's config, its own attribute, a call counter) was never
+  watched. Each user wrapper layer is now analysed as well (``tracer.roots.wrapper_layers``);
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -493,3 +497,150 @@ def test_equal_arguments_of_other_types():
 
     matches_eager(Branch, lambda i: (x_(i), P(1, 2) if i % 2 else (1, 2),
                                      torch.Size([4]) if i % 3 else (4,), 1 + 0j if i % 2 else 1))
+
+
+# -- the user's own decorators on forward/backward -----------------------------------------
+# ``inspect.unwrap`` found the innermost function's code: the wrapper's own reads (a global,
+# its closure's config, a call counter) were never analysed, so a change to them reused the
+# capture. Each user wrapper layer is now analysed too (``tracer.roots.wrapper_layers``).
+
+WSCALE = 2.0
+WCFG = {"s": 2.0}
+
+
+def _scaled(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        return fn(*a, **k) * WSCALE
+    return wrapper
+
+
+def _with_cfg(cfg):
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            return fn(*a, **k) * cfg["s"]
+        return wrapper
+    return deco
+
+
+def _set_wscale(value):
+    global WSCALE
+    WSCALE = value
+
+
+def test_forward_wrapper_reads_a_global():
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        @_scaled
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Scaled, lambda i: (x_(i),), between=lambda i: _set_wscale(2.0 + i), reset=lambda: _set_wscale(2.0))
+
+
+def test_backward_wrapper_reads_a_global_changed_before_backward():
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @_scaled
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Scaled, lambda i: (x_(i),), between=lambda i: _set_wscale(2.0 + i),
+                  mid=lambda i: _set_wscale(7.0 + i), reset=lambda: _set_wscale(2.0))
+
+
+def test_two_wrapper_layers_one_reads_its_closure_config():
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        @_scaled
+        @_with_cfg(WCFG)
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Scaled, lambda i: (x_(i),), between=lambda i: WCFG.update(s=2.0 + i), reset=lambda: WCFG.update(s=2.0))
+
+
+def test_wrapper_counting_its_calls():
+    def counting(fn):
+        calls = [0]
+
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            calls[0] += 1
+            return fn(*a, **k) * float(calls[0])
+        wrapper.calls = calls
+        return wrapper
+
+    class Counted(torch.autograd.Function):
+        @staticmethod
+        @counting
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Counted, lambda i: (x_(i),), state=lambda: Counted.forward.calls[0],
+                  reset=lambda: Counted.forward.calls.__setitem__(0, 0))
+
+
+def test_callable_object_decorator_attribute_changed():
+    class Scale:
+        def __init__(self, fn):
+            self.fn, self.k = fn, 2.0
+            functools.update_wrapper(self, fn)
+
+        def __call__(self, *a):
+            return self.fn(*a) * self.k
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        @Scale
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def between(i):
+        Scaled.forward.k = 2.0 + i
+
+    matches_eager(Scaled, lambda i: (x_(i),), between=between, reset=lambda: between(0))
+
+
+def test_library_decorators_still_captured():
+    class Amp(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cpu")
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * 2 * x
+
+    amp = minihop.function(Amp)
+    for i in range(3):
+        x = x_(i)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(i % 2)):
+            y, e = amp(x @ torch.eye(4)), Amp.apply(x @ torch.eye(4))
+        assert y.dtype == e.dtype and torch.equal(y, e)
+    assert amp.stats.eager_calls == 0 and amp.stats.captures >= 1

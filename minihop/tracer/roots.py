@@ -45,6 +45,29 @@ def function_of(fn: Any) -> Any:
     return inspect.unwrap(getattr(fn, "__func__", fn))
 
 
+def wrapper_layers(fn: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """The user's own wrappers around ``fn`` (outermost first), down to, not including, the
+    function ``inspect.unwrap`` finds, each with its parameters' bindings: a wrapper function
+    (``functools.wraps``), or a callable object's ``__call__`` with ``self`` bound to it.
+    Library wrappers (``custom_fwd``, ``once_differentiable``) are left out: their reads are
+    torch's, watched as such."""
+    found: list[tuple[Any, dict[str, Any]]] = []
+    f = getattr(fn, "__func__", fn)
+    while hasattr(f, "__wrapped__") and len(found) < 16:
+        if isinstance(f, types.FunctionType) and is_user_function(f):
+            # (a copy without ``__wrapped__``, sharing its code, globals and cells, so that
+            # what unwraps a function for its code, here, stops at the wrapper)
+            layer = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+            layer.__kwdefaults__ = f.__kwdefaults__
+            found.append((layer, {}))
+        elif not isinstance(f, types.FunctionType) and is_user_function(getattr(type(f), "__call__", None)):
+            call = type(f).__call__
+            found.append((call, {call.__code__.co_varnames[0]: Bound(f, f"{getattr(fn, '__qualname__', 'forward')}'s decorator")}
+                          if call.__code__.co_argcount else {}))
+        f = f.__wrapped__
+    return found
+
+
 def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | None = None) -> Root | None:
     """Where ``chain``'s root lives, for ``fn``'s code: a global, a closure cell, or one of
     the call's arguments (``params``: parameter name -> argument index, or "ctx"); a
@@ -239,6 +262,10 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
     (their parameters are not the Function's arguments), with its code's facts."""
     seen: set[int] = set()
     todo = [(phase, fn, params, 0) for phase, fn, params in methods]
+    # A method the user decorated (``@counting``, ``functools.wraps``): its code is the
+    # innermost function's, but each wrapper of the user's runs too, reading its own cells
+    # and globals (a call counter): analysed as helpers (their ``*args`` are not named).
+    todo += [(phase, layer, bound, 1) for phase, fn, _ in methods for layer, bound in wrapper_layers(fn)]
     while todo:
         phase, fn, params, depth = todo.pop(0)
         code = code_of(fn)
