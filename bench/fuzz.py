@@ -118,7 +118,9 @@ ABOUT = {
         "attribute passed in and a `tuple` subclass's in a global, a function's attribute and name "
         "passed in, `sys.argv`, a torch getter, `logging.root.level`, an enum member's attribute and "
         "a `deque`'s and a `UserDict`'s of the user's class; in round 12, a class attribute on the "
-        "class's metaclass and a tensor argument's attribute set only on some calls, both passed in), "
+        "class's metaclass and a tensor argument's attribute set only on some calls, both passed in; "
+        "in round 13, a read moved into the user's own `functools.wraps` decorator around forward "
+        "or backward), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -569,6 +569,19 @@ def generate_reads_case(c: Chooser) -> Case:
         elif where == "both":
             bwd_terms.append(f"ctx.saved_value_{n}")
             fwd_terms[-1] = f"_keep(ctx, {n}, {read})"
+    # Round 13: a term read by the user's own decorator around forward or backward (a
+    # ``functools.wraps`` wrapper), not by the method's body.
+    decorated = c.choice(("none", "none", "forward", "backward"))
+    terms = fwd_terms if decorated == "forward" else bwd_terms if decorated == "backward" and not params else []
+    movable = [t for t in terms if not any(p in t for p in (*params, "ctx", "cell", "cmod"))]
+    wrapper_term = movable[-1] if movable else None
+    decorator: dict[str, list[str]] = {"forward": [], "backward": []}
+    if wrapper_term is not None:
+        terms.remove(wrapper_term)
+        setup += ["def _user_deco(fn):", "    @functools.wraps(fn)", "    def wrapper(*a, **k):",
+                  f"        return fn(*a, **k) * {wrapper_term}", "    return wrapper"]
+        decorator[decorated] = ["    @_user_deco"]
+        features.append(f"decorated-{decorated}")
     fwd_terms = fwd_terms or ["1.0"]
     sig = ", ".join(["x", *params])
     nones = ", None" * len(params)
@@ -577,12 +590,14 @@ def generate_reads_case(c: Chooser) -> Case:
         "    W = torch.full((), 2.0)",
         "",
         "    @staticmethod",
+        *decorator["forward"],
         f"    def forward(ctx, {sig}):",
         "        y = x",
         *[f"        y = y * {t}" for t in fwd_terms],
         "        return y",
         "",
         "    @staticmethod",
+        *decorator["backward"],
         "    def backward(ctx, g):",
         "        out = g",
         *[f"        out = out * {t}" for t in bwd_terms],
