@@ -98,7 +98,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            "enum_member_attr_arg", "deque_subclass_attr_arg", "userdict_subclass_attr_global",
            # Round 12: a class attribute that lives on the class's metaclass (passed in), and a
            # tensor argument's attribute that is not there at first (read with a default).
-           "metaclass_attr_arg", "tensor_attribute_late_arg")
+           "metaclass_attr_arg", "tensor_attribute_late_arg",
+           # Round 13: a set passed in, equal on every call but built in another order (it
+           # iterates in another order), and a tensor argument made under inference mode on
+           # some calls (``is_inference()``, a flag no key held).
+           "set_order_arg", "inference_flag_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward")
 WHERE = ("forward", "backward", "both")
@@ -487,6 +491,14 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["TLATE = torch.ones(())"],
                 ["TLATE.__dict__.pop('gain', None) if v == 2.0 else setattr(TLATE, 'gain', v)"],
                 "getattr(tl, 'gain', 2.0)", ["TLATE"], "tl")
+    if holder == "set_order_arg":
+        return (["KORDER = [9, 1]", "", "", "def _kset():", "    s = set()", "    for u in KORDER:", "        s.add(u)",
+                 "    return s"], ["KORDER[:] = (9, 1) if v > 1 else (1, 9)"],
+                "[u for u in ks][0]", ["_kset()"], "ks")
+    if holder == "inference_flag_arg":
+        return (["def _maybe_inference(flag):", "    with torch.inference_mode(flag):", "        return torch.ones(())",
+                 "", "", "TINF = torch.ones(())"], ["globals()['TINF'] = _maybe_inference(v > 1)"],
+                "(3.0 if ti.is_inference() else 2.0)", ["TINF"], "ti")
     if holder == "tensor_attribute_arg":
         return (["TATTR = torch.ones(())", "TATTR.scale = 2.0"], ["TATTR.scale = v"], "ta.scale", ["TATTR"], "ta")
     # named_attribute: getattr with a name chosen by the value
