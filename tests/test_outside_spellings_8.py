@@ -19,6 +19,9 @@ Silent differences from eager before this round, in every mode:
   object with ``__wrapped__``): the analysis unwrapped to the innermost function, so what the
   wrapper read (a global, its closure's config, its own attribute, a call counter) was never
   watched. Each user wrapper layer is now analysed as well (``tracer.roots.wrapper_layers``);
+- ``vars(x)``, ``x.__dict__`` and ``dir(x)`` of a traced tensor: the fake copy's listing (the
+  tracer's own entries, FakeTensor's methods). ``vars``/``dir`` are now stand-ins refusing a
+  fake (``identity.VARS``/``DIR``); ``.__dict__`` is refused but of ``self``/``cls``;
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -644,3 +647,81 @@ def test_library_decorators_still_captured():
             y, e = amp(x @ torch.eye(4)), Amp.apply(x @ torch.eye(4))
         assert y.dtype == e.dtype and torch.equal(y, e)
     assert amp.stats.eager_calls == 0 and amp.stats.captures >= 1
+
+
+# -- listing a tensor's attributes ---------------------------------------------------------
+# ``vars(x)``, ``x.__dict__`` and ``dir(x)`` of a traced tensor gave the fake copy's listing
+# (22 entries of the tracer's, 33 more methods). ``vars``/``dir`` are stand-ins that refuse a
+# fake (``identity.VARS``); ``.__dict__`` is refused where the code reads it but of
+# ``self``/``cls`` (``kinds``).
+
+def _tagged(i):
+    w = torch.ones(4)
+    if i % 2:
+        w.scale = 3.0
+    else:
+        w.other = 5.0
+    return (x_(i), w)
+
+
+def test_vars_of_a_tensor_argument():
+    class Count(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * float(len(vars(w)) + 1), sorted(vars(w))
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g, None
+
+    matches_eager(Count, _tagged)
+
+
+def test_dict_of_a_tensor_argument():
+    class Count(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * float(len(w.__dict__) + 1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    matches_eager(Count, _tagged)
+
+
+def test_dir_of_the_input_and_of_a_saved_tensor():
+    class Count(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * float(len([n for n in dir(x) if not n.startswith("_")]) % 7 + 1)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * float(len(dir(x)) % 5)
+
+    matches_eager(Count, lambda i: (x_(i),))
+
+
+def test_vars_of_a_user_object_still_captured():
+    class Cfg:
+        def __init__(self, s):
+            self.s = s
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg):
+            return x * vars(cfg)["s"] * float(len(dir(cfg)) > 0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, None
+
+    scale = minihop.function(Scale)
+    for i in range(3):
+        x = x_(i)
+        assert torch.equal(scale(x, Cfg(2.0 + i)), Scale.apply(x, Cfg(2.0 + i)))
+    assert scale.stats.eager_calls == 0
+    matches_eager(Scale, lambda i: (x_(i), Cfg(2.0 + i % 2)), refusable=False)

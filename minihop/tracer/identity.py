@@ -61,17 +61,18 @@ from ..errors import UnsupportedOperationError
 from .atoms import ATOMS
 from .bytecode import instructions
 
-__all__ = ["ISINSTANCE", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
+__all__ = ["ISINSTANCE", "STAND_INS", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
            "note_tensor", "stand_in",
            "outside_aliases", "outside_tensors", "refuse_identity_alias", "refuse_tensor_state",
            "tensor_read"]
 
-_NAMES = frozenset({"id", "hash", "type", "isinstance"})
+_NAMES = frozenset({"id", "hash", "type", "isinstance", "vars", "dir"})
 
 
 @functools.lru_cache(maxsize=2048)
 def names_identity(code: types.CodeType) -> frozenset[str]:
-    """Which of the builtins ``id``, ``hash`` and ``type`` ``code`` (or code nested in it) names."""
+    """Which of the builtins ``id``, ``hash``, ``type``, ``isinstance``, ``vars`` and ``dir``
+    ``code`` (or code nested in it) names."""
     found: set[str] = set()
     stack = [code]
     while stack:
@@ -184,12 +185,43 @@ class TextAsEager:
 _TENSOR_FILE = torch.Tensor.__format__.__code__.co_filename  # (``Tensor.__format__`` asks for the text)
 
 
-STAND_INS = {"type": TYPE, "isinstance": ISINSTANCE}
+def _refuse_listing(name: str) -> UnsupportedOperationError:
+    frame = sys._getframe(2)
+    where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
+    return UnsupportedOperationError(
+        f"The traced code lists a tensor's attributes with {name}() ({where}).",
+        "A traced tensor is a fake copy: its __dict__ holds the tracer's entries besides what the "
+        "caller set, and its class has methods eager's tensor lacks, so the listing is not eager's.",
+        "Read the attributes it needs by name (getattr(x, 'scale', None)), or run it eagerly with "
+        "minihop.function(F, fallback='eager').", where=where)
+
+
+def VARS(*args: Any) -> Any:
+    """``vars`` as the user's code finds it while traced: of a fake tensor refused (MH104);
+    ``vars()`` is the caller's locals, as eager's."""
+    if not args:
+        return sys._getframe(1).f_locals
+    if len(args) == 1 and isinstance(args[0], FakeTensor):
+        raise _refuse_listing("vars")
+    return vars(*args)
+
+
+def DIR(*args: Any) -> Any:
+    """``dir`` as the user's code finds it while traced: of a fake tensor refused (MH104);
+    ``dir()`` is the caller's local names, as eager's."""
+    if not args:
+        return sorted(sys._getframe(1).f_locals)
+    if len(args) == 1 and isinstance(args[0], FakeTensor):
+        raise _refuse_listing("dir")
+    return dir(*args)
+
+
+STAND_INS = {"type": TYPE, "isinstance": ISINSTANCE, "vars": VARS, "dir": DIR}
 
 
 def stand_in(value: Any) -> bool:
     """Whether ``value`` is one of the stand-ins bound in the user's globals while traced."""
-    return value is TYPE or value is ISINSTANCE
+    return value is TYPE or value is ISINSTANCE or value is VARS or value is DIR
 
 
 # The attributes only a fake tensor has (read by code that asks whether it is traced).

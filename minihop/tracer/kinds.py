@@ -9,8 +9,9 @@ numbers; and minihop's tracer calls forward and backward, not eager's ``Function
 tensor's text is refused where it is taken (``identity.TextAsEager``). What is left, found in
 the bytecode or among the functions called, is refused here (MH104):
 
-- ``v.__class__`` (a fake tensor's is ``FakeTensor``) and a name only a fake tensor has
-  (``hasattr(x, "fake_mode")``), in any trace;
+- ``v.__class__`` (a fake tensor's is ``FakeTensor``), ``v.__dict__`` (a fake's holds the
+  tracer's entries) and a name only a fake tensor has (``hasattr(x, "fake_mode")``), in any
+  trace (``vars(x)``/``dir(x)`` are stand-ins that refuse a fake, ``identity.VARS``);
 - in a symbolic trace, ``match n: case int():`` (C's isinstance), ``(n > 4) is True`` (a
   ``SymBool`` is not ``True``), a ``functools.singledispatch`` call (it dispatches on
   ``n.__class__``) and numpy reached (``np.array([n])`` is an object array): the automatic
@@ -62,9 +63,11 @@ def _class_reads(code: types.CodeType) -> tuple[tuple[str, str, int | None], ...
             elif op.opname == "IS_OP" and k and ops[k - 1].opname == "LOAD_CONST" and \
                     type(ops[k - 1].argval) in (bool, int, float):
                 found.append(("symbolic", f"is {ops[k - 1].argval!r}", op.lineno))  # (a SymBool is not True)
-            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval == "__class__" and not (
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and op.argval in ("__class__", "__dict__") and not (
                     k and ops[k - 1].opname == "LOAD_FAST" and ops[k - 1].argval in ("self", "cls")):
-                found.append(("class", ".__class__", op.lineno))
+                # (``x.__dict__`` of a fake holds the tracer's entries too: ``vars``/``dir`` are
+                # stand-ins, ``identity.VARS``)
+                found.append(("class", f".{op.argval}", op.lineno))
     return tuple(dict.fromkeys(found))
 
 

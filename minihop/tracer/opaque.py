@@ -38,7 +38,7 @@ from ..library_state import global_module_hooks
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import Chain, constant_global
-from .identity import TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias, stand_in
+from .identity import STAND_INS, TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias, stand_in
 from .userattr import UserAttribute
 
 __all__ = ["CallWatch", "constant_getattrs", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
@@ -395,7 +395,7 @@ class Finder:
                                    lambda frame: library_frame(frame, self.library_module), library)
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
-        naming = {c for code in codes if names_identity(code) - {"type", "isinstance"} for c in nested_codes(code)}
+        naming = {c for code in codes if names_identity(code) - STAND_INS.keys() for c in nested_codes(code)}
         if naming:
             self.identity = IdentityWatch(naming, self.function)
         self.types = TypeAsEager(((g, names_identity(code)) for code, g in (namespaces or {}).items()),
