@@ -22,6 +22,12 @@ Silent differences from eager before this round, in every mode:
 - ``vars(x)``, ``x.__dict__`` and ``dir(x)`` of a traced tensor: the fake copy's listing (the
   tracer's own entries, FakeTensor's methods). ``vars``/``dir`` are now stand-ins refusing a
   fake (``identity.VARS``/``DIR``); ``.__dict__`` is refused but of ``self``/``cls``;
+- code no analysis reached, called while traced (a callback in a list or dict passed in, one
+  reached through ``operator.methodcaller``, ``type(h).k``, a computed name): its capture was
+  single-use, but the trace was not eager's for that call: ``isinstance(n, int)`` of a
+  symbolic size False, ``str(x)`` the fake's text, ``x.__class__`` FakeTensor. The call watch
+  now binds the stand-ins in such code's globals when it is called and refuses its text of a
+  tensor and what ``kinds`` refuses in analysed code (``opaque.CallWatch``);
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -725,3 +731,94 @@ def test_vars_of_a_user_object_still_captured():
         assert torch.equal(scale(x, Cfg(2.0 + i)), Scale.apply(x, Cfg(2.0 + i)))
     assert scale.stats.eager_calls == 0
     matches_eager(Scale, lambda i: (x_(i), Cfg(2.0 + i % 2)), refusable=False)
+
+
+# -- code no analysis reached, called while traced -------------------------------------------
+# A callback found at run time (in a list or dict passed in, through ``methodcaller``, by a
+# computed name) was single-use, but its trace was not eager's for that very call: under
+# automatic dynamic shapes ``isinstance(n, int)`` of a size was False there, ``str(x)`` gave
+# the fake's text, ``x.__class__`` was FakeTensor. The call watch now binds the stand-ins
+# into such code's globals when it is called, refuses its text of a tensor, and refuses what
+# ``kinds`` refuses in analysed code (``opaque.CallWatch``).
+
+def _kind(n):
+    return 2.0 if isinstance(n, int) else 3.0
+
+
+def _type_kind(n):
+    return 2.0 if type(n) is int else 3.0
+
+
+class _Holder:
+    def k(self, n):
+        return _kind(n)
+
+
+def _sizes(i):
+    return (torch.linspace(-1, 1, 3 + i).requires_grad_(),)
+
+
+def _through(pick):
+    class Pick(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fns):
+            return x * pick(x, fns)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+    return Pick
+
+
+def test_symbolic_size_to_a_callback_in_a_list():
+    matches_eager(_through(lambda x, fs: fs[0](x.shape[0]) + fs[1](x.shape[0])),
+                  lambda i: (*_sizes(i), [_kind, _type_kind]), steps=5)
+
+
+def test_symbolic_size_to_a_callback_in_a_dict():
+    matches_eager(_through(lambda x, d: d["k"](x.shape[0])), lambda i: (*_sizes(i), {"k": _kind}), steps=5)
+
+
+def test_symbolic_size_through_methodcaller_and_type_method():
+    import operator
+    matches_eager(_through(lambda x, h: operator.methodcaller("k", x.shape[0])(h) + type(h).k(h, x.numel())),
+                  lambda i: (*_sizes(i), _Holder()), steps=5)
+
+
+def _text(t):
+    return float(len(str(t)) % 7 + 1)
+
+
+def _class_name(t):
+    return float(len(t.__class__.__name__))
+
+
+def _match(n):
+    match n:
+        case int():
+            return 2.0
+        case _:
+            return 3.0
+
+
+def test_callback_takes_a_tensors_text():
+    matches_eager(_through(lambda x, fs: fs[0](x)), lambda i: (x_(i), [_text]))
+
+
+def test_callback_reads_a_tensors_class():
+    matches_eager(_through(lambda x, fs: fs[0](x)), lambda i: (x_(i), [_class_name]))
+
+
+def test_callback_matches_a_symbolic_size():
+    matches_eager(_through(lambda x, fs: fs[0](x.shape[0])), lambda i: (*_sizes(i), [_match]), steps=5)
+
+
+def test_callback_still_captured_when_it_asks_nothing():
+    def plain(n):
+        return float(n) * 0 + 2.0
+
+    pick = minihop.function(_through(lambda x, fs: fs[0](x.shape[0])))
+    for i in range(3):
+        out = pick(*_sizes(i), [plain])
+        assert torch.equal(out.detach(), _sizes(i)[0].detach() * 2.0)
+    assert pick.stats.eager_calls == 0

@@ -238,13 +238,27 @@ class TypeAsEager:
                  codes: set[types.CodeType] = frozenset(), function: str = "") -> None:  # type: ignore[assignment]
         self.text = TextAsEager(codes, function) if codes else None
         self.bound: list[tuple[dict[str, Any], str]] = []
-        done: set[tuple[int, str]] = set()
+        self.done: set[tuple[int, str]] = set()
         for g, names in namespaces:
-            for name in sorted(names & STAND_INS.keys()):
-                if name not in g and (id(g), name) not in done:
-                    done.add((id(g), name))
-                    g[name] = STAND_INS[name]
-                    self.bound.append((g, name))
+            self.bind(g, names)
+
+    def unanalysed(self, code: types.CodeType, g: dict[str, Any]) -> None:
+        """The user's ``code``, which no analysis reached, is called (``opaque.CallWatch``: a
+        callback in a list passed in, one found by a computed name): its names stand in too,
+        and its text of a tensor is refused as analysed code's is."""
+        self.bind(g, names_identity(code))
+        if self.text is not None:
+            self.text.codes.add(code)
+
+    def bind(self, g: dict[str, Any], names: frozenset[str]) -> None:
+        """The stand-ins for ``names`` in the namespace ``g`` (where it binds none of its own):
+        for analysed code before the trace, for code no analysis reached when it is called
+        (``opaque.CallWatch``: a callback in a list passed in, one found by a computed name)."""
+        for name in sorted(names & STAND_INS.keys()):
+            if name not in g and (id(g), name) not in self.done:
+                self.done.add((id(g), name))
+                g[name] = STAND_INS[name]
+                self.bound.append((g, name))
 
     def stop(self) -> None:
         for g, name in self.bound:

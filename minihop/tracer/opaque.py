@@ -38,6 +38,7 @@ from ..library_state import global_module_hooks
 from ..spec import MISSING
 from .bytecode import instructions
 from .chains import Chain, constant_global
+from . import kinds
 from .identity import STAND_INS, TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias, stand_in
 from .userattr import UserAttribute
 
@@ -171,8 +172,13 @@ class CallWatch:
     ``analysed`` (code objects), with the line that called it (``sys.settrace``: the previous
     tracer, a debugger's or coverage's, keeps running)."""
 
-    def __init__(self, analysed: set[types.CodeType], is_library_frame: Callable[[Any], bool], library: Any) -> None:
+    def __init__(self, analysed: set[types.CodeType], is_library_frame: Callable[[Any], bool], library: Any,
+                 function: str = "", args: tuple[Any, ...] = ()) -> None:
         self.analysed = analysed
+        self.function, self.args = function, args
+        # What such code asks a traced value that no stand-in answers (``kinds``): refused
+        # when the trace stops (raised from a trace function it would unset the watch).
+        self.refused: list[Exception] = []
         self.is_library_frame = is_library_frame
         self.found: list[tuple[str, str]] = []  # (what ran, where it was called from)
         self.phase = "forward"
@@ -187,6 +193,7 @@ class CallWatch:
         self.library_codes: dict[int, types.CodeType] = {}
         self.callers = {id(c) for c in analysed}
         self.noted: dict[int, types.CodeType] = {}  # kept in this phase
+        self.types: TypeAsEager | None = None  # binds the stand-ins for code no analysis reached
         sys.settrace(self._trace)
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
@@ -206,6 +213,14 @@ class CallWatch:
                         self.found.append((what, where))
             if event == "call" and not frame.f_globals.get("__name__", "").startswith("minihop."):
                 self._keep(frame)  # (minihop's own frames hold minihop's state, never the user's)
+                if code not in self.ok and self.types is not None:  # (the user's, unanalysed)
+                    # (before its first instruction: ``isinstance(n, int)`` of a symbolic size
+                    # in a callback no analysis reached answers as eager's too)
+                    self.types.unanalysed(code, frame.f_globals)
+                    try:
+                        kinds.refuse_class_reads(self.function, self.phase, code, self.args)
+                    except UnsupportedOperationError as e:
+                        self.refused.append(e)
         if id(code) in self.library_codes:
             back = frame.f_back  # (inline: most library frames are the tracer's, called by its own)
             if back is not None and id(back.f_code) in self.callers and self.library.note(frame, self.phase):
@@ -392,7 +407,8 @@ class Finder:
         (``library_ran.LibraryRan``; required: the watch hands it every library frame it keeps)."""
         if may_call_unanalysed([*args, *self.reachable]):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
-                                   lambda frame: library_frame(frame, self.library_module), library)
+                                   lambda frame: library_frame(frame, self.library_module), library,
+                                   self.function, args)
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
         naming = {c for code in codes if names_identity(code) - STAND_INS.keys() for c in nested_codes(code)}
@@ -400,6 +416,8 @@ class Finder:
             self.identity = IdentityWatch(naming, self.function)
         self.types = TypeAsEager(((g, names_identity(code)) for code, g in (namespaces or {}).items()),
                                  {c for code in codes for c in nested_codes(code)}, self.function)
+        if self.calls is not None:
+            self.calls.types = self.types
 
     def put_back(self) -> None:
         """A trace that failed: what unanalysed code may have written, as it was (newest first)."""
@@ -426,6 +444,7 @@ class Finder:
             self.calls.stop()
             self.undo += self.calls.undo
             self.reasons += [f"runs {what}, code minihop did not analyse ({where})" for what, where in self.calls.found]
+            self.refused += self.calls.refused
             self.calls = None
         if self.getattrs is not None:
             self.getattrs.stop()
