@@ -43,6 +43,7 @@ import torch
 
 from .errors import MinihopError, UnsupportedOperationError, notice
 from .pipeline import Capture, dynamic_dims, methods_held, methods_key, run_pipeline, guard_key, tracing
+from .tracer.run_context import observing_modes
 from .arguments import bind_arguments
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
@@ -105,6 +106,9 @@ def _tangent_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a tensor among the arguments carries a forward-mode tangent."""
     return any(isinstance(t, torch.Tensor) and _fw_ad.unpack_dual(t).tangent is not None
                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
+
+
+_modes_active = (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack)
 
 
 def _slot(i: int, value: Any) -> tuple[int, Any] | None:
@@ -189,16 +193,29 @@ class CapturedFunction:
     def _forward_ad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call with a forward-mode tangent: eager runs the Function's own ``jvp`` on a ctx
         forward filled, which a capture does not trace. Refused (fallback: eager's)."""
-        error = UnsupportedOperationError(
+        return self._refused_call("forward ad", args, kwargs, UnsupportedOperationError(
             f"{self.fn_cls.__qualname__} was called with a dual tensor (forward-mode AD: "
             "torch.autograd.forward_ad.make_dual, or torch.func.jvp).",
             "Eager runs the Function's jvp for the tangents; minihop captures forward and "
             "backward only, so its capture has no jvp to run.",
-            "Call F.apply for forward-mode AD, or use minihop.function(F, fallback=\"eager\").")
+            "Call F.apply for forward-mode AD, or use minihop.function(F, fallback=\"eager\")."))
+
+    def _under_modes(self, modes: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call made while torch function or dispatch modes are active:
+        refused (fallback: eager's), whether or not a capture would fit (``run_context.observing_modes``)."""
+        return self._refused_call("modes", args, kwargs, UnsupportedOperationError(
+            f"{self.fn_cls.__qualname__} was called while {', '.join(modes)} "
+            f"{'is' if len(modes) == 1 else 'are'} active (a torch function or dispatch mode).",
+            "A mode runs its code on every op. While a capture is traced it would see minihop's "
+            "fake tensors and bookkeeping, and a capture's graphs make other calls than eager's "
+            "forward: what the mode counts, records or changes would not be eager's.",
+            "Call the Function outside the mode, or use minihop.function(F, fallback=\"eager\")."))
+
+    def _refused_call(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      error: UnsupportedOperationError) -> Any:
         if self.fallback == "raise":
             raise error
-        self._warn_once("forward ad", f"minihop: running {self.fn_cls.__qualname__} eagerly "
-                                      f"(fallback='eager'): {error}")
+        self._warn_once(kind, f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): {error}")
         with self._lock:
             self.stats.eager_calls += 1
         return self._eager_apply(*args, **kwargs)
@@ -208,6 +225,10 @@ class CapturedFunction:
     def _apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _fw_ad._current_level >= 0 and _tangent_in(args, kwargs):
             return self._forward_ad(args, kwargs)
+        if (_modes_active[0]() or _modes_active[1]()) and not tracing():
+            modes = observing_modes()
+            if modes:
+                return self._under_modes(modes, args, kwargs)
         recent = self._recent
         if recent and not kwargs and methods_key(self.fn_cls) == self._recent_methods:
             for cap in recent:

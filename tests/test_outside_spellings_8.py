@@ -28,6 +28,10 @@ Silent differences from eager before this round, in every mode:
   symbolic size False, ``str(x)`` the fake's text, ``x.__class__`` FakeTensor. The call watch
   now binds the stand-ins in such code's globals when it is called and refuses its text of a
   tensor and what ``kinds`` refuses in analysed code (``opaque.CallWatch``);
+- a torch function or dispatch mode active at the call (a user's op counter): it saw the
+  tracer's fake tensors and bookkeeping on the first call and the graphs' calls after, not
+  eager's ops. Refused now (``run_context.observing_modes``; fallback runs eagerly), torch's
+  default-device context excepted;
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -43,7 +47,10 @@ import functools
 import types
 import warnings
 
+import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import minihop
 from eager_modes import matches_eager
@@ -822,3 +829,71 @@ def test_callback_still_captured_when_it_asks_nothing():
         out = pick(*_sizes(i), [plain])
         assert torch.equal(out.detach(), _sizes(i)[0].detach() * 2.0)
     assert pick.stats.eager_calls == 0
+
+
+# -- torch function and dispatch modes active at the call -----------------------------------
+# A mode runs the user's code on every op. Under a capture it saw minihop's tracer (fake
+# tensors, bookkeeping calls) on the first call and the graphs' calls after: a dispatch mode
+# counting ops counted 4 where eager's forward makes 1. Refused now (fallback: eager's); torch's
+# default-device context is not such a mode (``run_context.observing_modes``).
+
+class _CountOps(TorchDispatchMode):
+    calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        _CountOps.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Sin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g * x.cos()
+
+
+def _under_mode(call):
+    _CountOps.calls = 0
+    records = []
+    for i in range(3):
+        x = x_(i)
+        with _CountOps():
+            y = call(x)
+        y.sum().backward()
+        records.append((y.detach(), x.grad, _CountOps.calls))
+    return records
+
+
+def test_dispatch_mode_active_at_the_call():
+    eager = _under_mode(_Sin.apply)
+    with pytest.raises(minihop.UnsupportedOperationError, match="_CountOps"):
+        _under_mode(minihop.function(_Sin))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _under_mode(minihop.function(_Sin, fallback="eager"))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] for a, b in zip(got, eager))
+
+
+def test_function_mode_active_at_the_call_and_a_hit_after_it():
+    class Seen(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    sin = minihop.function(_Sin)
+    sin(x_(0))  # captured outside any mode
+    with Seen(), pytest.raises(minihop.UnsupportedOperationError, match="Seen"):
+        sin(x_(0))  # a capture that fits is not run under the mode either
+    with pytest.raises(minihop.UnsupportedOperationError, match="Seen"), Seen():
+        minihop.capture(_Sin, x_(1))
+
+
+def test_default_device_context_is_no_such_mode():
+    sin = minihop.function(_Sin)
+    with torch.device("cpu"):
+        out = sin(x_(0))
+    assert torch.equal(out, _Sin.apply(x_(0))) and sin.stats.captures == 1 and sin.stats.eager_calls == 0

@@ -4,7 +4,8 @@ Place in the pipeline: tracer, entered by ``session.Tracing.run`` around each ph
 user's code (forward, ``setup_context``, backward). ``symbols_printed_as_values`` makes a
 symbolic size print as its value in the user's own code (pinning it, as Dynamo specialises);
 ``compiled_code_runs_eagerly`` makes code the user compiled run as written, so its ops are
-recorded.
+recorded. ``observing_modes`` names the torch function and dispatch modes active at a call
+(a capture is not made or run under them: ``cache``, ``pipeline.run_pipeline``).
 
 Invariant: both are undone when the phase ends, also on an error; torch's own code (error
 messages, graph printing) sees torch's behaviour unchanged.
@@ -20,7 +21,22 @@ import torch
 
 from .frames import is_library_code
 
-__all__ = ["compiled_code_runs_eagerly", "symbols_printed_as_values"]
+__all__ = ["compiled_code_runs_eagerly", "observing_modes", "symbols_printed_as_values"]
+
+
+def observing_modes() -> list[str]:
+    """The torch function and dispatch modes active now, but torch's default-device context
+    (``torch.set_default_device``, ``with torch.device(...)``), which only fills in factory
+    ops' device. Any other mode (a user's, ``FlopCounterMode``, a ``FakeTensorMode``) runs its
+    code on every op: while a capture is traced it would see the tracer's fake tensors and
+    bookkeeping, and a capture's graphs make other calls than eager's forward."""
+    if not (torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()):
+        return []
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    found = [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
+    return [type(m).__qualname__ for m in (*found, *_get_current_dispatch_mode_stack())]
 
 
 _SYMBOLIC_TYPES = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
