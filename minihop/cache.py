@@ -42,8 +42,8 @@ from typing import Any, Literal
 import torch
 
 from .errors import MinihopError, UnsupportedOperationError, notice
-from .pipeline import Capture, dynamic_dims, methods_held, methods_key, run_pipeline, guard_key, tracing
-from .tracer.run_context import observing_modes
+from .pipeline import (Capture, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
+                       run_pipeline, tracing)
 from .arguments import bind_arguments
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
@@ -203,13 +203,7 @@ class CapturedFunction:
     def _under_modes(self, modes: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call made while torch function or dispatch modes are active:
         refused (fallback: eager's), whether or not a capture would fit (``run_context.observing_modes``)."""
-        return self._refused_call("modes", args, kwargs, UnsupportedOperationError(
-            f"{self.fn_cls.__qualname__} was called while {', '.join(modes)} "
-            f"{'is' if len(modes) == 1 else 'are'} active (a torch function or dispatch mode).",
-            "A mode runs its code on every op. While a capture is traced it would see minihop's "
-            "fake tensors and bookkeeping, and a capture's graphs make other calls than eager's "
-            "forward: what the mode counts, records or changes would not be eager's.",
-            "Call the Function outside the mode, or use minihop.function(F, fallback=\"eager\")."))
+        return self._refused_call("modes", args, kwargs, modes_refusal(self.fn_cls.__qualname__, modes))
 
     def _refused_call(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       error: UnsupportedOperationError) -> Any:

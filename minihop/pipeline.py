@@ -10,8 +10,7 @@ Everything above it (``cache`` for ``minihop.apply``/``function``/``captured``, 
   ``load``          a saved capture: runtime (artifact) -> runtime (capture).
   ``guard_key``     what a capture for a call is filed under (before tracing it).
 
-The stages' names in ``__all__`` after these are re-exported: the records and helpers the
-layer above reads, so that it imports no stage.
+The stages' names in ``__all__`` after these are re-exported: what the layer above reads.
 """
 
 from __future__ import annotations
@@ -49,13 +48,13 @@ from .tracer.bytecode import check_python
 from .tracer.iterators import refuse_iterator_arguments
 from .tracer.roots import arg_masks as _arg_masks
 from .tracer.recorder import tracing
-from .tracer.run_context import observing_modes
+from .tracer.run_context import modes_refusal, observing_modes
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
-           "function_parts", "methods_held", "methods_key", "run_on_stream", "show_value_key", "tracing", "value_key"]
+           "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "run_on_stream", "show_value_key", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""
@@ -119,14 +118,6 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     ``eager_backward`` (``fallback="eager"``): where backward, traced again for a call, is
     refused, the user's backward runs eagerly for that call (``tracer.eager_backward``)."""
     check_python()
-    modes = observing_modes() if not tracing() else []
-    if modes:
-        raise UnsupportedOperationError(
-            f"{getattr(fn_cls, '__qualname__', fn_cls)} is captured while {', '.join(modes)} "
-            f"{'is' if len(modes) == 1 else 'are'} active (a torch function or dispatch mode).",
-            "A mode runs its code on every op: it would see minihop's fake tensors and "
-            "bookkeeping while the Function is traced, not the ops eager runs.",
-            "Capture it outside the mode, or call it through minihop.function(F, fallback=\"eager\").")
     if torch._C._are_functorch_transforms_active():
         # Inside torch.func.grad/vmap/... (the arguments are wrappers): trace outside them, on plain
         # tensors with the wrappers' properties; the capture runs on wrapped tensors as torch code.

@@ -27,7 +27,7 @@ Silent differences from eager before this round, in every mode:
   single-use, but the trace was not eager's for that call: ``isinstance(n, int)`` of a
   symbolic size False, ``str(x)`` the fake's text, ``x.__class__`` FakeTensor. The call watch
   now binds the stand-ins in such code's globals when it is called and refuses its text of a
-  tensor and what ``kinds`` refuses in analysed code (``opaque.CallWatch``);
+  tensor and what ``kinds`` refuses in analysed code (``call_watch.CallWatch``);
 - a torch function or dispatch mode active at the call (a user's op counter): it saw the
   tracer's fake tensors and bookkeeping on the first call and the graphs' calls after, not
   eager's ops. Refused now (``run_context.observing_modes``; fallback runs eagerly), torch's
@@ -746,7 +746,7 @@ def test_vars_of_a_user_object_still_captured():
 # automatic dynamic shapes ``isinstance(n, int)`` of a size was False there, ``str(x)`` gave
 # the fake's text, ``x.__class__`` was FakeTensor. The call watch now binds the stand-ins
 # into such code's globals when it is called, refuses its text of a tensor, and refuses what
-# ``kinds`` refuses in analysed code (``opaque.CallWatch``).
+# ``kinds`` refuses in analysed code (``call_watch.CallWatch``).
 
 def _kind(n):
     return 2.0 if isinstance(n, int) else 3.0

@@ -243,7 +243,7 @@ class TypeAsEager:
             self.bind(g, names)
 
     def unanalysed(self, code: types.CodeType, g: dict[str, Any]) -> None:
-        """The user's ``code``, which no analysis reached, is called (``opaque.CallWatch``: a
+        """The user's ``code``, which no analysis reached, is called (``call_watch.CallWatch``: a
         callback in a list passed in, one found by a computed name): its names stand in too,
         and its text of a tensor is refused as analysed code's is."""
         self.bind(g, names_identity(code))
@@ -253,7 +253,7 @@ class TypeAsEager:
     def bind(self, g: dict[str, Any], names: frozenset[str]) -> None:
         """The stand-ins for ``names`` in the namespace ``g`` (where it binds none of its own):
         for analysed code before the trace, for code no analysis reached when it is called
-        (``opaque.CallWatch``: a callback in a list passed in, one found by a computed name)."""
+        (``call_watch.CallWatch``: a callback in a list passed in, one found by a computed name)."""
         for name in sorted(names & STAND_INS.keys()):
             if name not in g and (id(g), name) not in self.done:
                 self.done.add((id(g), name))

@@ -1,6 +1,6 @@
 """Library code the traced call ran, and the names it resolved: read places like the user's.
 
-Place in the pipeline: tracer, made by ``pystate.StateTracker``, fed by ``opaque.CallWatch``
+Place in the pipeline: tracer, made by ``pystate.StateTracker``, fed by ``call_watch.CallWatch``
 (installed where the code reaches an object whose methods run more code: a module, a user
 object), read by ``StateTracker.finish``. The user's code is analysed for what it reads; a
 library's code is not followed (its state is not the user's). Yet what it computed depends on

@@ -11,7 +11,7 @@ no other (strict mode captures again, ``fallback="eager"`` runs eagerly). Two fi
   name is not a constant (which attribute is read is known only at run time), and
   ``globals()`` other than ``globals()["NAME"]`` (the module's whole namespace, read by a
   name no chain names; chains read ``globals()["NAME"]`` as ``NAME``);
-- **while tracing**, ``CallWatch``: any Python function of the user's (not torch's, the
+- **while tracing**, ``call_watch.CallWatch``: any Python function of the user's (not torch's, the
   standard library's or minihop's) that runs and is not among the code pystate analysed: a
   method of an object passed in, a user module's submodule, a callback handed to library
   code. Installed only where such code can run at all (``may_call_unanalysed``), so that a
@@ -37,12 +37,12 @@ from ..errors import UnsupportedOperationError
 from ..library_state import global_module_hooks
 from ..spec import MISSING
 from .bytecode import instructions
+from .call_watch import CallWatch, library_module_name as _library_name
 from .chains import Chain, constant_global
-from . import kinds
-from .identity import STAND_INS, TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias, stand_in
+from .identity import STAND_INS, TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias
 from .userattr import UserAttribute
 
-__all__ = ["CallWatch", "constant_getattrs", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
+__all__ = ["constant_getattrs", "dynamic_lookups", "may_call_unanalysed", "nested_codes"]
 
 _LOOKUPS = frozenset({"getattr", "vars", "attrgetter", "methodcaller", "globals"})
 _CALLS = frozenset({"CALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_KW", "PRECALL"})
@@ -134,12 +134,6 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _library_name(module: Any) -> bool:
-    top = str(module or "").split(".")[0]
-    return top in ("torch", "minihop", "math", "operator", "builtins") or top in sys.stdlib_module_names \
-        and top not in ("functools", "itertools", "copy", "pickle", "dataclasses")
-
-
 def may_call_unanalysed(values: Iterable[Any]) -> bool:
     """Whether any of ``values`` (the arguments, and what the code's chains reach) could run
     Python code of the user's that was not analysed. A tensor can, where the user's function
@@ -165,120 +159,6 @@ def tensor_patched() -> bool:
 
 
 _PATCHED: list[Any] = [(), False]
-
-
-class CallWatch:
-    """While installed, notes each Python function of the user's that runs and is not in
-    ``analysed`` (code objects), with the line that called it (``sys.settrace``: the previous
-    tracer, a debugger's or coverage's, keeps running)."""
-
-    def __init__(self, analysed: set[types.CodeType], is_library_frame: Callable[[Any], bool], library: Any,
-                 function: str = "", args: tuple[Any, ...] = ()) -> None:
-        self.analysed = analysed
-        self.function, self.args = function, args
-        # What such code asks a traced value that no stand-in answers (``kinds``): refused
-        # when the trace stops (raised from a trace function it would unset the watch).
-        self.refused: list[Exception] = []
-        self.is_library_frame = is_library_frame
-        self.found: list[tuple[str, str]] = []  # (what ran, where it was called from)
-        self.phase = "forward"
-        self.ran_in: set[str] = set()  # the phases in which such code ran
-        self.previous = sys.gettrace()
-        self.ok: set[types.CodeType] = set()
-        self.undo: list[Callable[[], None]] = []  # puts back what unanalysed code could write
-        self.kept: set[Any] = set()  # ids (and (globals, name)) whose state ``undo`` holds
-        self.library = library  # ``library_ran.LibraryRan``: the library code the call ran (its names are read)
-        # By id (a code object's hash walks its bytecode: too slow per call event), holding
-        # the code: library code not yet kept as the call's, and the codes whose callees are.
-        self.library_codes: dict[int, types.CodeType] = {}
-        self.callers = {id(c) for c in analysed}
-        self.noted: dict[int, types.CodeType] = {}  # kept in this phase
-        self.types: TypeAsEager | None = None  # binds the stand-ins for code no analysis reached
-        sys.settrace(self._trace)
-
-    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if code not in self.ok:
-            if code in self.analysed or self.is_library_frame(frame):
-                self.ok.add(code)
-                if code not in self.analysed:
-                    self.library_codes[id(code)] = code
-            else:
-                self.ran_in.add(self.phase)
-                if len(self.found) < 8:
-                    caller = frame.f_back
-                    where = f'File "{caller.f_code.co_filename}", line {caller.f_lineno}' if caller else "?"
-                    what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
-                    if all(w != what for w, _ in self.found):
-                        self.found.append((what, where))
-            if event == "call" and not frame.f_globals.get("__name__", "").startswith("minihop."):
-                self._keep(frame)  # (minihop's own frames hold minihop's state, never the user's)
-                if code not in self.ok and self.types is not None:  # (the user's, unanalysed)
-                    # (before its first instruction: ``isinstance(n, int)`` of a symbolic size
-                    # in a callback no analysis reached answers as eager's too)
-                    self.types.unanalysed(code, frame.f_globals)
-                    try:
-                        kinds.refuse_class_reads(self.function, self.phase, code, self.args)
-                    except UnsupportedOperationError as e:
-                        self.refused.append(e)
-        if id(code) in self.library_codes:
-            back = frame.f_back  # (inline: most library frames are the tracer's, called by its own)
-            if back is not None and id(back.f_code) in self.callers and self.library.note(frame, self.phase):
-                self.noted[id(code)] = self.library_codes.pop(id(code))
-                self.callers.add(id(code))
-        previous = self.previous
-        return previous(frame, event, arg) if previous is not None else None
-
-    def enter_backward(self) -> None:
-        """From now on backward runs: library code kept in forward is kept again where
-        backward runs it (backward's reads are checked again when it runs)."""
-        self.phase = "backward"
-        self.library_codes.update(self.noted)
-        self.noted = {}
-        self.callers = {id(c) for c in self.analysed}
-
-    def _keep(self, frame: Any) -> None:
-        """Before unanalysed code runs: the state it can write that pystate's snapshot may not
-        hold (the globals its code names, its arguments' attributes, the lists, dicts and sets
-        among them), so that a trace that then fails leaves them as it found them. Eager runs
-        the Function after a refused trace (fallback="eager"): a counter this code bumped while
-        traced would otherwise be bumped twice."""
-        code = frame.f_code
-        g = frame.f_globals
-        for name in code.co_names:
-            if name in g and not name.startswith("__") and not stand_in(g[name]):  # (not minihop's)
-                if (id(g), name) not in self.kept:
-                    self.kept.add((id(g), name))
-                    value = g[name]
-                    self.undo.append(functools.partial(g.__setitem__, name, value))
-                    self._keep_value(value)
-        for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
-            self._keep_value(frame.f_locals.get(name))
-
-    def _keep_value(self, value: Any) -> None:
-        if id(value) in self.kept:
-            return
-        if type(value) is list:
-            self.kept.add(id(value))
-            self.undo.append(functools.partial(value.__setitem__, slice(None), list(value)))
-        elif type(value) in (dict, set):
-            self.kept.add(id(value))
-            contents = value.copy()
-            self.undo.append(functools.partial(_refill, value, contents))
-        elif not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
-                and type(getattr(value, "__dict__", None)) is dict \
-                and not _library_name(type(value).__module__):
-            self.kept.add(id(value))
-            self.undo.append(functools.partial(_refill, value.__dict__, dict(value.__dict__)))
-
-    def stop(self) -> None:
-        if sys.gettrace() == self._trace:
-            sys.settrace(self.previous)
-
-
-def _refill(container: Any, contents: Any) -> None:
-    container.clear()
-    container.update({k: v for k, v in contents.items() if not stand_in(v)} if type(contents) is dict else contents)
 
 
 def entry_points(value: Any) -> list[tuple[Any, Any]]:

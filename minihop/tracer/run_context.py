@@ -21,7 +21,7 @@ import torch
 
 from .frames import is_library_code
 
-__all__ = ["compiled_code_runs_eagerly", "observing_modes", "symbols_printed_as_values"]
+__all__ = ["compiled_code_runs_eagerly", "modes_refusal", "observing_modes", "symbols_printed_as_values"]
 
 
 def observing_modes() -> list[str]:
@@ -37,6 +37,18 @@ def observing_modes() -> list[str]:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     found = [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
     return [type(m).__qualname__ for m in (*found, *_get_current_dispatch_mode_stack())]
+
+
+def modes_refusal(function: str, modes: list[str], what: str = "called") -> Any:
+    """The refusal of a call (``what``: "called", "captured") made while ``modes`` are active."""
+    from ..errors import UnsupportedOperationError
+    return UnsupportedOperationError(
+        f"{function} was {what} while {', '.join(modes)} {'is' if len(modes) == 1 else 'are'} active "
+        "(a torch function or dispatch mode).",
+        "A mode runs its code on every op. While a capture is traced it would see minihop's fake "
+        "tensors and bookkeeping, and a capture's graphs make other calls than eager's forward: "
+        "what the mode counts, records or changes would not be eager's.",
+        "Call the Function outside the mode, or use minihop.function(F, fallback=\"eager\").")
 
 
 _SYMBOLIC_TYPES = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))

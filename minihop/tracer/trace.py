@@ -42,7 +42,9 @@ from .names import FrameSnapshot, code_of, name_hints
 from .outputs import check_returned, hidden_outputs, refuse_hidden_tensors, refuse_unbacked_numbers, saved_node
 from .outside import claim
 from .pystate import StateTracker
+from .recorder import tracing
 from .refusals import refusal_for
+from .run_context import modes_refusal, observing_modes
 from .session import TRACE_LOCK, GradAssumption, Tracing
 from .shape_guards import shape_env, shape_guards
 from .symvalues import resolve_symbolic
@@ -78,6 +80,8 @@ def trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     keeps every tensor on ctx, as eager's ctx does; and such a trace sends no message of the
     user's code (it is refused, and eager's backward sends them, once).
     """
+    if retrace is None and not tracing() and (modes := observing_modes()):  # (it would see the fakes)
+        raise modes_refusal(fn_cls.__qualname__, modes, "captured")
     with TRACE_LOCK, quiet_torch_logs():  # a log line of torch's is never the caller's
         try:
             return _trace_planned(fn_cls, args, kwargs, grad_specs, retrace, dynamic, key_of, eager_fallback)
