@@ -32,6 +32,10 @@ Silent differences from eager before this round, in every mode:
   tracer's fake tensors and bookkeeping on the first call and the graphs' calls after, not
   eager's ops. Refused now (``run_context.observing_modes``; fallback runs eagerly), torch's
   default-device context excepted;
+- a function forward defines (a lambda, an inner def, one a helper returns) kept on ctx and
+  called by backward: what it reads (a global, an argument's attribute through a captured
+  parameter) was guarded as forward's read, though eager reads it when backward runs. Such
+  reads are backward's too now (``chains.Chain.deferred``);
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -897,3 +901,110 @@ def test_default_device_context_is_no_such_mode():
     with torch.device("cpu"):
         out = sin(x_(0))
     assert torch.equal(out, _Sin.apply(x_(0))) and sin.stats.captures == 1 and sin.stats.eager_calls == 0
+
+
+# -- functions forward defines, called by backward -------------------------------------------
+# A lambda or inner def made in forward and kept on ctx (or in a global memo), called by
+# backward: what it reads (a global, an argument's attribute) was guarded as forward's read,
+# checked at the call, though eager reads it when backward runs. Such reads are backward's too
+# now (``chains.Chain.deferred``; a captured parameter is the argument: ``roots.resolve_root``).
+
+SCALE8 = {"s": 2.0}
+
+
+def _set_scale(value):
+    SCALE8["s"] = value
+
+
+def _make_scaler():
+    return lambda g: g * SCALE8["s"]
+
+
+def _scaled_backward(make):
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.fn = make()
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g)
+    return Kept
+
+
+def _changes(**more):
+    return dict(between=lambda i: _set_scale(2.0 + i), mid=lambda i: _set_scale(9.0 + i),
+                reset=lambda: _set_scale(2.0), **more)
+
+
+def test_lambda_on_ctx_reads_a_global_when_backward_runs():
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.fn = lambda g: g * SCALE8["s"]
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g)
+
+    matches_eager(Kept, lambda i: (x_(i),), **_changes())
+
+
+def test_inner_def_and_partial_on_ctx():
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            def scale(g, k):
+                return g * k * SCALE8["s"]
+            ctx.fn = functools.partial(scale, k=2.0)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g)
+
+    matches_eager(Kept, lambda i: (x_(i),), **_changes())
+
+
+def test_lambda_made_by_a_helper_function():
+    matches_eager(_scaled_backward(_make_scaler), lambda i: (x_(i),), **_changes())
+
+
+def test_lambda_captures_an_argument_object():
+    cfg = types.SimpleNamespace(s=2.0)
+
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c):
+            ctx.fn = lambda g: g * c.s
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g), None
+
+    matches_eager(Kept, lambda i: (x_(i), cfg), between=lambda i: setattr(cfg, "s", 2.0 + i),
+                  mid=lambda i: setattr(cfg, "s", 9.0 + i), reset=lambda: setattr(cfg, "s", 2.0))
+
+
+def test_comprehension_in_forward_is_no_later_read():
+    class Comp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return sum([x * SCALE8["s"] * k for k in (1.0, 2.0)])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    comp = minihop.function(Comp)
+    x = x_(0)
+    y = comp(x)
+    _set_scale(5.0)  # changed before backward: backward does not read it
+    try:
+        y.sum().backward()
+    finally:
+        _set_scale(2.0)
+    assert torch.equal(x.grad, torch.full((4,), 3.0)) and comp.stats.captures == 1

@@ -43,6 +43,9 @@ class Chain:
     line: int | None
     method: str | None = None  # the method called on the chain's value (``np.random.rand()``)
     callee: Callee | None = None  # "import": the import function called (``importlib.import_module``)
+    # Read by a function or generator the code defines (a lambda, an inner def): it may run
+    # later, kept on ctx and called by backward (``ctx.fn = lambda g: g * CFG.s``).
+    deferred: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,9 @@ class CodeFacts:
 
 def _is_inplace(ins: Instruction) -> bool:
     return ins.opname == "BINARY_OP" and ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=")
+
+
+_INLINE = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
 
 
 @functools.lru_cache(maxsize=2048)
@@ -177,7 +183,9 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             inner = code_facts(const)
-            chains += [r for c in inner.chains if c.root_kind != "fast"
+            later = const.co_name not in _INLINE  # (a comprehension runs where it is written)
+            chains += [dataclasses.replace(r, deferred=True) if later and not r.deferred else r
+                       for c in inner.chains if c.root_kind != "fast"
                        for r in (rebased(c, imported, code.co_cellvars) if imported else (c,))]
             stores += inner.stores
             targets += [t for t in inner.targets if t.root_kind != "fast"]

@@ -186,6 +186,11 @@ class StateTracker:
                     seen_roots.add(root.description)
                     self.roots.append((root, value))
                 if root.uses_args:
+                    if chain.deferred and phase == "forward" and chain.use == "value" and chain.steps \
+                            and guarded_value(walk(value, chain.steps)):
+                        # (a function forward defines reads an argument's attribute when
+                        # backward calls it: the caller may have changed it since the call)
+                        self._add_read(place_at(root, chain.steps), "backward", code, chain.line)
                     continue  # argument objects are in the call key, whole
                 if chain.use in ("receiver", "increment"):
                     continue
@@ -195,7 +200,9 @@ class StateTracker:
                 # Through a user getter: a place that stops there (never runs it), so a backward
                 # read of it never matches and backward is traced again when it runs, running
                 # the getter then, as eager's backward does (the capture is single-use).
-                self._add_read(place_at(root, chain.steps, isinstance(end, UserAttribute)), phase, code, chain.line)
+                for when in (phase, "backward") if chain.deferred and phase == "forward" else (phase,):
+                    # (what a function forward defines reads, backward may read when it calls it)
+                    self._add_read(place_at(root, chain.steps, isinstance(end, UserAttribute)), when, code, chain.line)
                 if isinstance(end, functools.partial):
                     # What the partial passes is read too (its keywords may change in place).
                     for part in ("args", "keywords"):

@@ -82,6 +82,11 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
         return global_place(g, name, name).root
     if chain.root_kind == "import":
         return module_root(fn, chain)  # a module the code imports itself (``import numpy as np``)
+    if chain.root_kind == "deref" and chain.root in code.co_cellvars and chain.deferred \
+            and isinstance(params.get(chain.root), int) and all(n != chain.root for n, _ in code_facts(code).stores):
+        # A parameter a function it defines captures (``lambda g: g * cfg.s``): that function
+        # reads the argument when it runs, backward's call of it too.
+        chain = dataclasses.replace(chain, root_kind="fast")
     if chain.root_kind == "deref":
         if chain.root not in code.co_freevars:
             return None  # a local captured by an inner function
