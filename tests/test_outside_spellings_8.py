@@ -1008,3 +1008,37 @@ def test_comprehension_in_forward_is_no_later_read():
     finally:
         _set_scale(2.0)
     assert torch.equal(x.grad, torch.full((4,), 3.0)) and comp.stats.captures == 1
+
+
+def test_deferred_lambda_calls_a_helper_and_a_library_binding():
+    import torch.nn.functional as F
+
+    original = F.softsign
+    helpers = types.ModuleType("round13_helpers")
+    exec("K = 2.0\ndef scale():\n    return K * 1.0\n", helpers.__dict__)
+
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.fn = lambda: helpers.scale() * F.softsign(torch.ones(()))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.fn()
+
+    def between(i):
+        helpers.K = 2.0 + i
+
+    def mid(i):
+        helpers.K = 7.0 + i
+        F.softsign = (original, torch.tanh)[i % 2]
+
+    def reset():
+        helpers.K = 2.0
+        F.softsign = original
+
+    try:
+        matches_eager(Kept, lambda i: (x_(i),), between=between, mid=mid, reset=reset)
+    finally:
+        F.softsign = original

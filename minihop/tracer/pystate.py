@@ -8,10 +8,10 @@ arguments' tensors must be handled here, or the capture would silently disagree 
   of an object reached from them or from ``ctx``, an attribute of a user module) are found in
   the bytecode of the three methods and of the user's helper functions they reach
   (``LOAD_GLOBAL``/``LOAD_DEREF``/``LOAD_FAST`` followed by ``LOAD_ATTR``/constant subscripts),
-  and each becomes a ``StateRead``: the capture is valid only while its value is unchanged
-  (checked on every call, and again when backward runs for backward's reads). Reading more
-  than the code will read only costs a recapture; reading less would be a stale answer.
-  Values in arguments themselves are already in the call key (``runtime.guards``).
+  and each becomes a ``StateRead``, valid only while its value is unchanged (checked on every
+  call, and again when backward runs for backward's reads, and for what a function forward
+  defines reads: backward may call it). Reading more only costs a recapture; reading less
+  would be a stale answer. Arguments themselves are in the call key (``runtime.guards``).
 - **Writes** are judged by what runs, not by what is written: the Python state reachable
   from those same roots (and from the arguments) is snapshotted before tracing and compared
   after forward and after backward. A counter incremented (``+=``), a list extended with
@@ -132,13 +132,14 @@ class StateTracker:
                     self.increments.add((phase, chain.root, str(chain.steps[-1][1]) if chain.steps else chain.root))
             through_getattr = constant_getattrs(code)  # (``getattr(torch, "k")`` as ``torch.k``)
             for chain in (*facts.chains, *through_getattr):
+                phases = (phase, "backward") if chain.deferred and phase == "forward" else (phase,)  # (Chain.deferred)
                 root = resolve_root(fn, chain, params, len(self.args))
                 if root is None and chain.root_kind == "global" and chain.root not in getattr(fn, "__globals__", {}):
                     if not bounded(getattr(builtins, chain.root, len)):  # ``open``, ``eval``: a builtin, unknown
                         self.opaque.unknown(phase, f"{phase} calls {chain.root}, library code that may answer from "
                                             f'files, the system or code it runs (File "{code.co_filename}", line {chain.line})')
                     for place in builtin_places(fn.__globals__, chain.root):  # (unless rebound: by identity)
-                        self._add_read(place, phase, code, chain.line)
+                        self._add_read(place, phases, code, chain.line)
                 if root is None:
                     continue
                 value = root.fetch(self.args)
@@ -170,28 +171,26 @@ class StateTracker:
                         f'may answer from files, the system or the network (File "{code.co_filename}", '
                         f"line {chain.line})")
                 if environment:
-                    self._add_read(ENVIRONMENT, phase, code, chain.line)
+                    self._add_read(ENVIRONMENT, phases, code, chain.line)
                 if isinstance(named_end, type) and issubclass(named_end, torch.nn.Module):
-                    self._add_read(MODULE_HOOKS, phase, code, chain.line)  # a module it builds runs them
+                    self._add_read(MODULE_HOOKS, phases, code, chain.line)  # a module it builds runs them
                 if setting is not None:
-                    self._add_read(setting, phase, code, chain.line)
+                    self._add_read(setting, phases, code, chain.line)
                 for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)
-                    self._add_read(place, phase, code, chain.line)
+                    self._add_read(place, phases, code, chain.line)
                 if isinstance(value, types.ModuleType) and is_library(value):
                     # torch.sin, math.pi: the module's attributes are not the user's state; the
                     # user's own module reached through one is (``sys.modules["cfg"].n += 1``).
-                    self._through_library(root, value, chain, phase, seen_roots, code)
+                    self._through_library(root, value, chain, phases, seen_roots, code)
                     continue
                 if root.description not in seen_roots:
                     seen_roots.add(root.description)
                     self.roots.append((root, value))
-                if root.uses_args:
-                    if chain.deferred and phase == "forward" and chain.use == "value" and chain.steps \
-                            and guarded_value(walk(value, chain.steps)):
-                        # (a function forward defines reads an argument's attribute when
-                        # backward calls it: the caller may have changed it since the call)
+                if root.uses_args:  # argument objects are in the call key, whole (a function forward
+                    if "backward" in phases[1:] and chain.use == "value" and chain.steps and guarded_value(
+                            walk(value, chain.steps)):  # defines reads one when backward calls it)
                         self._add_read(place_at(root, chain.steps), "backward", code, chain.line)
-                    continue  # argument objects are in the call key, whole
+                    continue
                 if chain.use in ("receiver", "increment"):
                     continue
                 end = walk(value, chain.steps)
@@ -200,21 +199,20 @@ class StateTracker:
                 # Through a user getter: a place that stops there (never runs it), so a backward
                 # read of it never matches and backward is traced again when it runs, running
                 # the getter then, as eager's backward does (the capture is single-use).
-                for when in (phase, "backward") if chain.deferred and phase == "forward" else (phase,):
-                    # (what a function forward defines reads, backward may read when it calls it)
-                    self._add_read(place_at(root, chain.steps, isinstance(end, UserAttribute)), when, code, chain.line)
+                self._add_read(place_at(root, chain.steps, isinstance(end, UserAttribute)), phases, code, chain.line)
                 if isinstance(end, functools.partial):
                     # What the partial passes is read too (its keywords may change in place).
                     for part in ("args", "keywords"):
-                        self._add_read(place_at(root, (*chain.steps, ("attr", part))), phase, code, chain.line)
+                        self._add_read(place_at(root, (*chain.steps, ("attr", part))), phases, code, chain.line)
         for place in collectives.world_places():  # rank, world size, groups: constants in the graphs
             self._add_read(place, "forward", None, None)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
 
-    def _through_library(self, root: Root, value: Any, chain: Any, phase: str, seen: set[str], code: Any) -> None:
+    def _through_library(self, root: Root, value: Any, chain: Any, phases: tuple[str, ...], seen: set[str],
+                         code: Any) -> None:
         """A chain from a library module that reaches the user's module: a root of its own
         (``module_reads.through_library``), its counter or its read place; or an unknown read."""
-        found = through_library(root, value, chain)
+        found, phase = through_library(root, value, chain), phases[0]
         where = f'(File "{code.co_filename}", line {chain.line})'
         if found.computed:
             self.opaque.unknown(phase, f"{phase} reads sys.modules by a computed name, any module's state {where}")
@@ -226,7 +224,7 @@ class StateTracker:
         if found.counter is not None:
             self.increments.add((phase, found.counter, found.counter))  # (as the heap names a module's global)
         if found.read is not None:
-            self._add_read(found.read, phase, code, chain.line)
+            self._add_read(found.read, phases, code, chain.line)
 
     def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
         """A clock read or a process-wide generator's function that the code names (``time.time``,
@@ -249,14 +247,12 @@ class StateTracker:
         elif found[0] == "random":
             self.may_draw = True  # reached where it cannot be swapped (a table): compare the state
 
-    def _add_read(self, place: Place, phase: str, code: types.CodeType | None, line: int | None,
+    def _add_read(self, place: Place, phases: str | tuple[str, ...], code: types.CodeType | None, line: int | None,
                   where: str | None = None) -> None:
-        key = (place.description, phase)
-        if key in self._read_keys:
-            return
-        self._read_keys.add(key)
-        where = f'File "{code.co_filename}", line {line}' if code is not None else where
-        self.reads.append(StateRead(place, phase, where))
+        for phase in (phases,) if isinstance(phases, str) else phases:
+            if (place.description, phase) not in self._read_keys:
+                self._read_keys.add((place.description, phase))
+                self.reads.append(StateRead(place, phase, f'File "{code.co_filename}", line {line}' if code else where))
 
     def read_ctx_chains(self, ctx: Any) -> None:
         """Backward's reads through ctx (``ctx.cfg.scale``): after forward ran, ``ctx.cfg`` is

@@ -291,8 +291,10 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
             value = value.__func__ if isinstance(value, staticmethod) else value
             if isinstance(value, functools.partial):
                 value = value.func  # what a partial calls reads what it reads
+            # (a helper a function forward defines calls: backward may call it, through that function)
+            phases = (phase, "backward") if chain.deferred and phase == "forward" else (phase,)
             if is_user_function(value):
-                todo.append((phase, value, {}, depth + 1))
+                todo += [(p, value, {}, depth + 1) for p in phases]
             elif isinstance(value, types.MethodType) and is_user_function(value.__func__) \
                     and value.__func__.__code__.co_argcount:
                 # ``Config.scale_for(x)``, ``CFG.scale()``: a method of the user's class or

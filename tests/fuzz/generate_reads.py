@@ -104,7 +104,10 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # some calls (``is_inference()``, a flag no key held).
            "set_order_arg", "inference_flag_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
-          "partial", "inner_apply_backward")
+          "partial", "inner_apply_backward",
+          # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
+          # happens when backward runs).
+          "deferred")
 WHERE = ("forward", "backward", "both")
 _VALUES = (2.0, 3.0, 0.5, -1.5, 0.0)
 # Read anywhere: a tensor held in a global or a class attribute that backward reads is read
@@ -571,9 +574,15 @@ def generate_reads_case(c: Chooser) -> Case:
         where = c.choice(WHERE) if not param else c.choice(("forward", "both"))
         if holder in _FORWARD_ONLY:
             where = "forward"
+        if access == "deferred" and param:
+            access = "direct"
         defs, read = _wrap(access, expr, param, n)
         setup += defs
         features.append(f"read-{holder}-{access}-{where}")
+        if access == "deferred":
+            fwd_terms.append(f"_defer(ctx, {n}, lambda: {expr})")
+            bwd_terms.append(f"ctx.later_{n}()")
+            continue
         if where in ("forward", "both"):
             fwd_terms.append(read)
         if where in ("backward", "both") and not param:
@@ -634,6 +643,11 @@ def generate_reads_case(c: Chooser) -> Case:
         "def _keep(ctx, n, value):",
         "    setattr(ctx, f'saved_value_{n}', value)",
         "    return value",
+        "",
+        "",
+        "def _defer(ctx, n, fn):",
+        "    setattr(ctx, f'later_{n}', fn)",
+        "    return 1.0",
         "",
         "",
         *body,
