@@ -120,8 +120,9 @@ ABOUT = {
         "a `deque`'s and a `UserDict`'s of the user's class; in round 12, a class attribute on the "
         "class's metaclass and a tensor argument's attribute set only on some calls, both passed in; "
         "in round 13, a read moved into the user's own `functools.wraps` decorator around forward "
-        "or backward, a set passed in built in another order, and a tensor argument made under "
-        "inference mode on some calls), "
+        "or backward, a set passed in built in another order, a tensor argument made under "
+        "inference mode on some calls, and a read by a lambda forward keeps on ctx and backward "
+        "calls), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (
