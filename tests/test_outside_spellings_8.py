@@ -35,7 +35,8 @@ Silent differences from eager before this round, in every mode:
 - a function forward defines (a lambda, an inner def, one a helper returns) kept on ctx and
   called by backward: what it reads (a global, an argument's attribute through a captured
   parameter) was guarded as forward's read, though eager reads it when backward runs. Such
-  reads are backward's too now (``chains.Chain.deferred``);
+  reads are backward's too now (``chains.Chain.deferred``); likewise a user function forward
+  hands on without calling it (``ctx.fn = helper``, ``partial(helper)``: ``Chain.handed``);
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -1042,3 +1043,50 @@ def test_deferred_lambda_calls_a_helper_and_a_library_binding():
         matches_eager(Kept, lambda i: (x_(i),), between=between, mid=mid, reset=reset)
     finally:
         F.softsign = original
+
+
+def _helper8(g, k=1.0):
+    return g * k * SCALE8["s"]
+
+
+def test_global_helper_handed_to_ctx_not_called_in_forward():
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.fns = [_helper8, functools.partial(_helper8, k=2.0)]
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fns[0](g) + ctx.fns[1](g)
+
+    matches_eager(Kept, lambda i: (x_(i),), **_changes())
+
+
+def test_helper_called_in_forward_and_handed_to_backward():
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.fn = _helper8
+            return _helper8(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g)
+
+    matches_eager(Kept, lambda i: (x_(i),), **_changes())
+
+
+def test_helper_only_called_in_forward_adds_no_backward_read():
+    class Called(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return _helper8(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    report = minihop.explain(Called, x_(0))
+    assert not [g for g in report.guards if "SCALE8" in g and "backward" in g], report.guards
+    assert [g for g in report.guards if "SCALE8" in g], report.guards

@@ -46,6 +46,9 @@ class Chain:
     # Read by a function or generator the code defines (a lambda, an inner def): it may run
     # later, kept on ctx and called by backward (``ctx.fn = lambda g: g * CFG.s``).
     deferred: bool = False
+    # Its value is not called where it is loaded (``ctx.fn = helper``, ``partial(helper)``): a
+    # function so handed on may run later, when backward calls it.
+    handed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +166,11 @@ def code_facts(code: types.CodeType) -> CodeFacts:
         if use != "done":
             if kind == "fast" and not steps and use == "value":
                 escaping.add(root)
-            chains.append(Chain(kind, root, tuple(steps), use, line, method))
+            # (3.11: a call loads NULL first: ``LOAD_GLOBAL (NULL + f)``, ``PUSH_NULL``, or a
+            # method's ``LOAD_METHOD``)
+            called = method is not None or (not steps and (op.opname == "LOAD_GLOBAL" and bool(op.arg & 1)
+                                                          or i and ins[i - 1].opname == "PUSH_NULL"))
+            chains.append(Chain(kind, root, tuple(steps), use, line, method, handed=use == "value" and not called))
         i = j if j > i + 1 else i + 1
     # A local an import binds (``import numpy as np`` in forward) holds that module: its chains
     # are the module's, as a global's would be (imports.py), and so is the import's own read.

@@ -292,7 +292,7 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
             if isinstance(value, functools.partial):
                 value = value.func  # what a partial calls reads what it reads
             # (a helper a function forward defines calls: backward may call it, through that function)
-            phases = (phase, "backward") if chain.deferred and phase == "forward" else (phase,)
+            phases = (phase, "backward") if (chain.deferred or chain.handed) and phase == "forward" else (phase,)
             if is_user_function(value):
                 todo += [(p, value, {}, depth + 1) for p in phases]
             elif isinstance(value, types.MethodType) and is_user_function(value.__func__) \
@@ -300,10 +300,10 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
                 # ``Config.scale_for(x)``, ``CFG.scale()``: a method of the user's class or
                 # object; its ``cls``/``self`` is that object, state like the root it hangs from.
                 holder = place_at(root, steps[:-1]).description if steps else root.description
-                todo.append((phase, value.__func__, {value.__func__.__code__.co_varnames[0]:
-                                                     Bound(value.__self__, holder)}, depth + 1))
-            todo += [(phase, f, {f.__code__.co_varnames[0]: Bound(o, root.description)} if o is not None else {},
-                      depth + 1) for f, o in opaque.entry_points(value)]  # an inner apply, a module, ...
+                todo += [(p, value.__func__, {value.__func__.__code__.co_varnames[0]: Bound(value.__self__, holder)},
+                          depth + 1) for p in phases]
+            todo += [(p, f, {f.__code__.co_varnames[0]: Bound(o, root.description)} if o is not None else {},
+                      depth + 1) for f, o in opaque.entry_points(value) for p in phases]  # an inner apply, a module, ...
 
 
 def methods_of(parts: Any) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
