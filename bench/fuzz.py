@@ -121,7 +121,8 @@ ABOUT = {
         "class's metaclass and a tensor argument's attribute set only on some calls, both passed in; "
         "in round 13, a read moved into the user's own `functools.wraps` decorator around forward "
         "or backward, a set passed in built in another order, a tensor argument made under "
-        "inference mode on some calls, and a read by a lambda forward keeps on ctx and backward "
+        "inference mode on some calls, and a read by a lambda forward keeps on ctx (or a helper it "
+        "hands on uncalled) and backward "
         "calls), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),

@@ -580,7 +580,12 @@ def generate_reads_case(c: Chooser) -> Case:
         setup += defs
         features.append(f"read-{holder}-{access}-{where}")
         if access == "deferred":
-            fwd_terms.append(f"_defer(ctx, {n}, lambda: {expr})")
+            # a lambda forward makes, or a module-level helper it hands on without calling it
+            if c.choice(("lambda", "helper")) == "helper":
+                setup += [f"def later_helper_{n}():", f"    return {expr}"]
+                fwd_terms.append(f"_defer(ctx, {n}, later_helper_{n})")
+            else:
+                fwd_terms.append(f"_defer(ctx, {n}, lambda: {expr})")
             bwd_terms.append(f"ctx.later_{n}()")
             continue
         if where in ("forward", "both"):
