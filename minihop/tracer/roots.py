@@ -291,7 +291,8 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
             value = value.__func__ if isinstance(value, staticmethod) else value
             if isinstance(value, functools.partial):
                 value = value.func  # what a partial calls reads what it reads
-            # (a helper a function forward defines calls: backward may call it, through that function)
+            # (a helper forward hands on uncalled, or one a function forward defines calls:
+            # backward may call it later, so it is analysed for backward too)
             phases = (phase, "backward") if (chain.deferred or chain.handed) and phase == "forward" else (phase,)
             if is_user_function(value):
                 todo += [(p, value, {}, depth + 1) for p in phases]

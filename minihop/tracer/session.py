@@ -85,7 +85,7 @@ _KEY_HELD = _GRAD_FIXED - {"names", "__format__", "__repr__"} | frozenset({
     "is_mkldnn", "is_nested", "is_sparse_csr", "is_mps", "is_xpu", "is_xla", "is_ipu", "is_vulkan",
     "__iter__", "__hash__", "__reversed__", "dim_order", "_version", "grad", "is_leaf", "grad_fn",
     "_base", "retains_grad", "output_nr", "_backward_hooks", "register_hook", "retain_grad",
-    "backward", "__setstate__", "__dir__", "__contains__", "_is_zerotensor", "storage_offset",
+    "backward", "__setstate__", "__dir__", "__contains__", "_is_zerotensor",
 })
 # What only the caller's tensor can answer: read of one reached outside the arguments, the
 # capture is single-use; of a fake copy, refused (``Tracing._on_state_read``).
@@ -163,8 +163,9 @@ class Tracing:
         self.values.reads = [r for r in self.values.reads if r.phase == "forward"]
 
     def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        """Backward read something of a grad that autograd does not fix: remember it.
-        Forward read a tensor's layout: the capture then guards its arguments' strides."""
+        """Backward read something of a grad that autograd does not fix: remember it. Forward
+        or backward asked another tensor its layout, or anything the key does not answer
+        (``_KEY_HELD``): the capture then guards its arguments' strides and flags."""
         name = getattr(func, "__name__", "")
         asked = getattr(getattr(func, "__self__", None), "__name__", "") if name == "__get__" else name
         if (asked in _LAYOUT_READS or asked not in _KEY_HELD) and args and isinstance(args[0], torch.Tensor) \
