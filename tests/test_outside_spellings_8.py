@@ -37,6 +37,10 @@ Silent differences from eager before this round, in every mode:
   parameter) was guarded as forward's read, though eager reads it when backward runs. Such
   reads are backward's too now (``chains.Chain.deferred``); likewise a user function forward
   hands on without calling it (``ctx.fn = helper``, ``partial(helper)``: ``Chain.handed``);
+- a method that is no function (``forward = staticmethod(functools.partial(impl, k=2.0))``,
+  ``staticmethod(Impl())``): no code was found for it, so nothing it read was watched. A
+  partial is now its function (its args and keywords read places), a callable object its
+  ``__call__`` with ``self`` bound; a method of no analysable code makes the capture single-use;
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -1090,3 +1094,69 @@ def test_helper_only_called_in_forward_adds_no_backward_read():
     report = minihop.explain(Called, x_(0))
     assert not [g for g in report.guards if "SCALE8" in g and "backward" in g], report.guards
     assert [g for g in report.guards if "SCALE8" in g], report.guards
+
+
+# -- methods that are not functions ---------------------------------------------------------
+# ``forward = staticmethod(functools.partial(impl, k=2.0))`` or ``staticmethod(Impl())``: the
+# analysis found no code for the method and read nothing of it (a global the function reads,
+# the partial's keywords, the object's attributes). Now a partial is its function with the
+# parameters it leaves (its args and keywords are read places), a callable object its
+# ``__call__`` with ``self`` bound (``roots.methods_of``, ``roots.method_objects``).
+
+def _fwd8(ctx, x, k=1.0):
+    return x * k * SCALE8["s"]
+
+
+def _bwd8(ctx, g, k=1.0):
+    return g * k * SCALE8["s"]
+
+
+def test_methods_that_are_partials():
+    class Partial(torch.autograd.Function):
+        forward = staticmethod(functools.partial(_fwd8, k=2.0))
+        backward = staticmethod(functools.partial(_bwd8, k=2.0))
+
+    matches_eager(Partial, lambda i: (x_(i),), **_changes())
+
+
+def test_partial_forward_keywords_changed_in_place():
+    impl = functools.partial(_fwd8, k=2.0)
+
+    class Partial(torch.autograd.Function):
+        forward = staticmethod(impl)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Partial, lambda i: (x_(i),), between=lambda i: impl.keywords.update(k=2.0 + i),
+                  reset=lambda: impl.keywords.update(k=2.0))
+
+
+def test_methods_that_are_callable_objects():
+    class Scale:
+        def __init__(self):
+            self.k = 2.0
+
+        def __call__(self, ctx, t):
+            return t * self.k * SCALE8["s"]
+
+    fwd, bwd = Scale(), Scale()
+
+    class Objects(torch.autograd.Function):
+        forward = staticmethod(fwd)
+        backward = staticmethod(bwd)
+
+    def between(i):
+        fwd.k = 2.0 + i
+        _set_scale(2.0 + i)
+
+    def mid(i):
+        bwd.k = 5.0 + i
+        _set_scale(9.0 + i)
+
+    def reset():
+        fwd.k = bwd.k = 2.0
+        _set_scale(2.0)
+
+    matches_eager(Objects, lambda i: (x_(i),), between=between, mid=mid, reset=reset)

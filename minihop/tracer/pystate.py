@@ -49,11 +49,12 @@ from .library_ran import LibraryRan
 from .atoms import ATOMS
 from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
-from .library import NEVER_DRAW, bounded, is_library, is_user_function, library_module
+from .library import NEVER_DRAW, bounded, is_library, library_module
 from .method_reads import places_named
 from .module_reads import builtin_places, through_library
 from .names import code_of
-from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, Bound, analysed, arg_masks, guarded_value, methods_of, place_at,
+from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, analysed, arg_masks, guarded_value, method_objects,
+                    methods_and_passed, place_at,
                     reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
 from .state_writes import drawn, refused, too_much_state, write_of
@@ -90,7 +91,7 @@ class StateTracker:
         self.logs = False  # whether the code reaches logging or a logger (their levels are watched)
         self.opaque = opaque.Finder(self.name, library_module)  # why it may be single-use
         self.library = LibraryRan()  # the library code the call runs, where the CallWatch runs
-        self.analysed = tuple(analysed(self._methods()))  # read once: three passes use it
+        self.analysed = tuple(analysed(methods_and_passed(self.parts, self.args)))  # read once: three passes use it
         self._find_reads()
         self.marked = store_marks.mark(self.analysed, self.reads, self.args)
         reached: dict[int, list[Any]] = {}  # the tensors the walk reached, and where (identity)
@@ -110,15 +111,6 @@ class StateTracker:
         self.unreplayable: list[str] = []
 
     # reads: every chain of the code whose value is the user's state
-    def _methods(self) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
-        """The Function's methods, and the user functions passed to it as arguments (a
-        surrogate-gradient function ``backward`` calls, as snntorch's ``CustomSurrogate``
-        takes): what they read is read by forward or backward, whichever calls them."""
-        passed = tuple((phase, f, {f.__code__.co_varnames[0]: Bound(o, "an argument")} if o is not None else {})
-                       for a in self.args for f, o in ([(a, None)] if is_user_function(a) else opaque.entry_points(a))
-                       for phase in ("forward", "backward"))
-        return (*methods_of(self.parts), *passed)
-
     def _find_reads(self) -> None:
         seen_roots: set[str] = set()
         for phase, fn, facts, params in self.analysed:
@@ -206,6 +198,9 @@ class StateTracker:
                         self._add_read(place_at(root, (*chain.steps, ("attr", part))), phases, code, chain.line)
         for place in collectives.world_places():  # rank, world size, groups: constants in the graphs
             self._add_read(place, "forward", None, None)
+        for phase, found in method_objects(self.parts):  # a method that is a partial, or no function at all
+            self._add_read(found, phase, None, None, found.description) if isinstance(found, Place) \
+                else self.opaque.unknown(phase, found)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
 
     def _through_library(self, root: Root, value: Any, chain: Any, phases: tuple[str, ...], seen: set[str],

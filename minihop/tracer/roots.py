@@ -38,7 +38,7 @@ from .names import code_of
 from .userattr import UserAttribute, served_by_user_code
 
 __all__ = ["ENVIRONMENT", "FLAG_PLACES", "MODULE_HOOKS", "UNANALYSED", "Bound", "analysed", "arg_masks", "cell_place", "cell_value",
-           "global_place", "guarded_value", "methods_of", "place_at", "reads_environment", "resolve_root",
+           "global_place", "guarded_value", "method_objects", "methods_and_passed", "methods_of", "place_at", "reads_environment", "resolve_root",
            "value_place", "walk"]
 
 def function_of(fn: Any) -> Any:
@@ -238,11 +238,15 @@ def guarded_value(value: Any) -> bool:
 
 
 def params_of(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
-    """Parameter name -> argument index (or "ctx") for one of the user's methods."""
+    """Parameter name -> argument index (or "ctx") for one of the user's methods (a
+    ``functools.partial``'s: the parameters it leaves to the call)."""
+    bound: tuple[int, Any] = (0, {})
+    if isinstance(fn, functools.partial):
+        fn, bound = fn.func, (len(fn.args), fn.keywords)
     code = code_of(fn)
     if code is None:
         return {}
-    names = code.co_varnames[:code.co_argcount]
+    names = tuple(n for n in code.co_varnames[bound[0]:code.co_argcount] if n not in bound[1])
     found: dict[str, Any] = {}
     owner = getattr(fn, "__self__", None) if isinstance(fn, types.MethodType) else None
     if owner is not None and names:
@@ -308,12 +312,48 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
 
 
 def methods_of(parts: Any) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
+    """The Function's methods as code to analyse, with their parameters: a method that is a
+    callable object (``forward = staticmethod(Impl())``) is its ``__call__`` bound to it, one
+    that is a ``functools.partial`` its function (``partial_reads``: what it passes)."""
     uses_setup = parts.setup_context is not None
-    found = [("forward", parts.forward, params_of(parts.forward, "forward", uses_setup))]
+    found = [("forward", parts.forward, "forward"), ("backward", parts.backward, "backward")]
     if parts.setup_context is not None:
-        found.append(("forward", parts.setup_context, params_of(parts.setup_context, "setup_context", True)))
-    found.append(("backward", parts.backward, params_of(parts.backward, "backward", True)))
-    return tuple(found)
+        found.insert(1, ("forward", parts.setup_context, "setup_context"))
+    out = []
+    for phase, fn, method in found:
+        if not isinstance(fn, (types.FunctionType, types.MethodType, functools.partial)) \
+                and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
+            fn = fn.__call__  # (a bound method: its ``self`` is the object, state like a global)
+        params = params_of(fn, method, uses_setup or method != "forward")
+        out.append((phase, fn.func if isinstance(fn, functools.partial) else fn, params))
+    return tuple(out)
+
+
+def methods_and_passed(parts: Any, args: tuple[Any, ...]) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
+    """The Function's methods (``methods_of``), and the user functions passed to it as
+    arguments (a surrogate-gradient function ``backward`` calls, as snntorch's
+    ``CustomSurrogate`` takes): what they read is read by forward or backward, whichever calls them."""
+    passed = tuple((phase, f, {f.__code__.co_varnames[0]: Bound(o, "an argument")} if o is not None else {})
+                   for a in args for f, o in ([(a, None)] if is_user_function(a) else opaque.entry_points(a))
+                   for phase in ("forward", "backward"))
+    return (*methods_of(parts), *passed)
+
+
+def method_objects(parts: Any) -> list[tuple[str, Place | str]]:
+    """For each method that is not a plain function: what a ``functools.partial`` passes (its
+    ``args`` and ``keywords``, which may change in place: read places of the phase it runs
+    in), or, for one whose code no analysis can read (a C function), why the capture is
+    single-use."""
+    found: list[tuple[str, Place | str]] = []
+    for phase, name, fn in (("forward", "forward", parts.forward), ("forward", "setup_context", parts.setup_context),
+                            ("backward", "backward", parts.backward)):
+        if isinstance(fn, functools.partial):
+            place = value_place(f"{parts.name}.{name} (a functools.partial)", lambda args, p=fn: p)
+            found += [(phase, place_at(place.root, (("attr", part),))) for part in ("args", "keywords")]
+        if fn is not None and code_of(getattr(fn, "func", fn)) is None and not isinstance(
+                getattr(type(fn), "__call__", None), types.FunctionType):
+            found.append((phase, f"{parts.name}.{name} is {type(fn).__name__} {fn!r}, code minihop cannot analyse"))
+    return found
 
 
 def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
