@@ -27,7 +27,8 @@ Silent differences from eager before this round, in every mode:
   single-use, but the trace was not eager's for that call: ``isinstance(n, int)`` of a
   symbolic size False, ``str(x)`` the fake's text, ``x.__class__`` FakeTensor. The call watch
   now binds the stand-ins in such code's globals when it is called and refuses its text of a
-  tensor and what ``kinds`` refuses in analysed code (``call_watch.CallWatch``);
+  tensor, its ``id()``/``hash()`` of one, and what ``kinds`` refuses in analysed code
+  (``call_watch.CallWatch``);
 - a torch function or dispatch mode active at the call (a user's op counter): it saw the
   tracer's fake tensors and bookkeeping on the first call and the graphs' calls after, not
   eager's ops. Refused now (``run_context.observing_modes``; fallback runs eagerly), torch's
@@ -41,6 +42,9 @@ Silent differences from eager before this round, in every mode:
   ``staticmethod(Impl())``): no code was found for it, so nothing it read was watched. A
   partial is now its function (its args and keywords read places), a callable object its
   ``__call__`` with ``self`` bound; a method of no analysable code makes the capture single-use;
+- a helper reached through a bound ``self``/``cls`` (``cls._helper(x)`` in a classmethod
+  forward, ``self.fn(*a)`` in a callable object's ``__call__``): not followed by the analysis
+  (the first was single-use, the second's reads were found only while traced). Now analysed;
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -1160,3 +1164,73 @@ def test_methods_that_are_callable_objects():
         _set_scale(2.0)
 
     matches_eager(Objects, lambda i: (x_(i),), between=between, mid=mid, reset=reset)
+
+
+class _Forwarding:
+    """A callable object that forwards to a function it holds (``self.fn(*a)``)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *a):
+        return self.fn(*a)
+
+
+def test_callable_object_forwarding_to_a_held_function():
+    # The function is reached through ``self.fn``: a helper of the bound ``self`` (it was not
+    # followed, so its reads were not watched).
+    class Forwarded(torch.autograd.Function):
+        forward = staticmethod(_Forwarding(_fwd8))
+        backward = staticmethod(_Forwarding(_bwd8))
+
+    matches_eager(Forwarded, lambda i: (x_(i),), **_changes())
+
+
+def test_classmethod_helper_reached_through_cls_is_analysed():
+    class Helped(torch.autograd.Function):
+        @classmethod
+        def _helper(cls, x):
+            return x * SCALE8["s"]
+
+        @classmethod
+        def forward(cls, ctx, x):
+            return cls._helper(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Helped, lambda i: (x_(i),), between=lambda i: _set_scale(2.0 + (i > 1)), reset=lambda: _set_scale(2.0))
+    helped = minihop.function(Helped)
+    for i in range(3):
+        _set_scale(2.0 + (i > 1))
+        helped(x_(i))
+    _set_scale(2.0)
+    assert (helped.stats.captures, helped.stats.hits) == (2, 1)  # (single-use before: 3 captures)
+
+
+_SEEN8 = {}
+
+
+def _memo_by_id(t):
+    _SEEN8.setdefault(id(t), len(_SEEN8) + 1.0)
+    return _SEEN8[id(t)]
+
+
+def test_callback_takes_the_id_of_a_traced_tensor():
+    # Code no analysis reached asks id() of the fake copy (a memo keyed by id): refused, as in
+    # analysed code; before, no identity watch ran for it.
+    class Memo(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fns):
+            return x * fns[0](x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    held = x_(0).detach().requires_grad_()
+    with pytest.raises(minihop.UnsupportedOperationError, match=r"id\(\) of a tensor of the trace"):
+        minihop.function(Memo)(held, [_memo_by_id])
+    _SEEN8.clear()
+    matches_eager(Memo, lambda i: (x_(i), [_memo_by_id]), reset=_SEEN8.clear)

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import UnsupportedOperationError
 from . import kinds
-from .identity import TypeAsEager, stand_in
+from .identity import stand_in
 
 __all__ = ["CallWatch", "library_module_name"]
 
@@ -67,7 +67,10 @@ class CallWatch:
         self.library_codes: dict[int, types.CodeType] = {}
         self.callers = {id(c) for c in analysed}
         self.noted: dict[int, types.CodeType] = {}  # kept in this phase
-        self.types: TypeAsEager | None = None  # binds the stand-ins for code no analysis reached
+        # ``(code, its globals)``, told when code no analysis reached is first called (before
+        # its first instruction): ``opaque.Finder`` binds the stand-ins there and watches its
+        # ``id``/``hash`` reads
+        self.on_unanalysed: Callable[[types.CodeType, dict[str, Any]], None] | None = None
         sys.settrace(self._trace)
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
@@ -87,10 +90,10 @@ class CallWatch:
                         self.found.append((what, where))
             if event == "call" and not frame.f_globals.get("__name__", "").startswith("minihop."):
                 self._keep(frame)  # (minihop's own frames hold minihop's state, never the user's)
-                if code not in self.ok and self.types is not None:  # (the user's, unanalysed)
-                    # (before its first instruction: ``isinstance(n, int)`` of a symbolic size
-                    # in a callback no analysis reached answers as eager's too)
-                    self.types.unanalysed(code, frame.f_globals)
+                if code not in self.ok and self.on_unanalysed is not None:  # (the user's, unanalysed)
+                    # (``isinstance(n, int)`` of a symbolic size in a callback no analysis
+                    # reached answers as eager's too)
+                    self.on_unanalysed(code, frame.f_globals)
                     try:
                         kinds.refuse_class_reads(self.function, self.phase, code, self.args)
                     except UnsupportedOperationError as e:

@@ -297,7 +297,17 @@ class Finder:
         self.types = TypeAsEager(((g, names_identity(code)) for code, g in (namespaces or {}).items()),
                                  {c for code in codes for c in nested_codes(code)}, self.function)
         if self.calls is not None:
-            self.calls.types = self.types
+            self.calls.on_unanalysed = self._unanalysed
+
+    def _unanalysed(self, code: types.CodeType, g: dict[str, Any]) -> None:
+        """Code no analysis reached is called while traced: its names stand in as analysed
+        code's do, and its ``id``/``hash`` of a traced tensor is refused."""
+        if self.types is not None:
+            self.types.unanalysed(code, g)
+        if names_identity(code) & {"id", "hash"}:
+            if self.identity is None:
+                self.identity = IdentityWatch({code}, self.function)
+            self.identity.codes.add(code)
 
     def put_back(self) -> None:
         """A trace that failed: what unanalysed code may have written, as it was (newest first)."""

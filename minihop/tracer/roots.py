@@ -287,7 +287,8 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
         if depth >= 3:
             continue
         for chain in facts.chains:
-            root = resolve_root(fn, chain, {})
+            # (a helper reached through a bound ``self``/``cls``, ``cls._helper(x)``, too)
+            root = resolve_root(fn, chain, {k: v for k, v in params.items() if isinstance(v, Bound)})
             if root is None or root.uses_args:
                 continue
             steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))

@@ -611,24 +611,37 @@ def generate_reads_case(c: Chooser) -> Case:
     fwd_terms = fwd_terms or ["1.0"]
     sig = ", ".join(["x", *params])
     nones = ", None" * len(params)
-    body = [
-        "class Fuzz(Function):",
-        "    W = torch.full((), 2.0)",
-        "",
-        "    @staticmethod",
-        *decorator["forward"],
-        f"    def forward(ctx, {sig}):",
-        "        y = x",
-        *[f"        y = y * {t}" for t in fwd_terms],
-        "        return y",
-        "",
-        "    @staticmethod",
-        *decorator["backward"],
-        "    def backward(ctx, g):",
-        "        out = g",
-        *[f"        out = out * {t}" for t in bwd_terms],
-        f"        return out{nones}",
-    ]
+    fwd_body = ["y = x", *[f"y = y * {t}" for t in fwd_terms], "return y"]
+    bwd_body = ["out = g", *[f"out = out * {t}" for t in bwd_terms], f"return out{nones}"]
+    # Round 13: the methods as no functions: a functools.partial of a module-level function, or
+    # a callable object (the code is its ``__call__``).
+    form = c.choice(("def", "def", "partial", "object"))
+    if form != "def" and not (uses_cell or uses_cmod or any(decorator.values())):
+        features.append(f"methods-{form}")
+        impl = [f"def _forward_impl(ctx, {sig}, k=1.0):", *["    " + b for b in fwd_body], "", "",
+                "def _backward_impl(ctx, g, k=1.0):", *["    " + b for b in bwd_body]]
+        if form == "object":
+            impl = ["class _Impl:", "    def __init__(self, fn):", "        self.fn = fn", "",
+                    "    def __call__(self, *a):", "        return self.fn(*a)", "", "", *impl]
+        wrap = "functools.partial({}, k=1.0)" if form == "partial" else "_Impl({})"
+        body = [*impl, "", "", "class Fuzz(Function):", "    W = torch.full((), 2.0)",
+                f"    forward = staticmethod({wrap.format('_forward_impl')})",
+                f"    backward = staticmethod({wrap.format('_backward_impl')})"]
+    else:
+        body = [
+            "class Fuzz(Function):",
+            "    W = torch.full((), 2.0)",
+            "",
+            "    @staticmethod",
+            *decorator["forward"],
+            f"    def forward(ctx, {sig}):",
+            *["        " + b for b in fwd_body],
+            "",
+            "    @staticmethod",
+            *decorator["backward"],
+            "    def backward(ctx, g):",
+            *["        " + b for b in bwd_body],
+        ]
     if uses_cell or uses_cmod:
         closure = ["def make_function():"]
         if uses_cell:
