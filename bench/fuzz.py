@@ -123,7 +123,7 @@ ABOUT = {
         "or backward, a set passed in built in another order, a tensor argument made under "
         "inference mode on some calls, and a read by a lambda forward keeps on ctx (or a helper it "
         "hands on uncalled) and backward "
-        "calls), "
+        "calls, and the methods written as a `functools.partial` or a callable object), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (
