@@ -12,7 +12,7 @@ Silent differences from eager before this round, in every mode:
   makes of a conjugate argument (``x[:1].is_conj()``); and a *backward* that reads the strides
   of a saved input (``x.is_contiguous()``, ``x.stride(0)``) hit a capture traced for another
   layout. Any question of a traced tensor that its key does not answer (an allowlist,
-  ``tracer.session._KEY_HELD``), in forward or backward, now guards the arguments' strides and
+  ``tracer.identity.KEY_HELD``), in forward or backward, now guards the arguments' strides and
   flags (``runtime.assumptions.layout_key``); of a tensor reached outside the arguments, the
   capture is single-use;
 - the user's own decorator on forward or backward (``functools.wraps`` wrappers, a callable
@@ -45,6 +45,11 @@ Silent differences from eager before this round, in every mode:
 - a helper reached through a bound ``self``/``cls`` (``cls._helper(x)`` in a classmethod
   forward, ``self.fn(*a)`` in a callable object's ``__call__``): not followed by the analysis
   (the first was single-use, the second's reads were found only while traced). Now analysed;
+- an op inside the user's ``try``/``except RuntimeError`` (``cholesky``, ``inv``,
+  ``multinomial``, ``_assert_async`` failing for some values, the handler taking another
+  path): a fake never raises there, so the capture took the ``try`` path and raised where eager
+  recovers. Refused (``tracer/handlers.py``, MH104-op-in-try); and a refusal the user's own
+  ``except`` caught (``str(x)``, ``vars(x)``) is raised when the phase returns;
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
   (strict ran it eagerly with a "bug in minihop" warning). Its counter is now read as absent.
@@ -1210,9 +1215,11 @@ def test_classmethod_helper_reached_through_cls_is_analysed():
 
 
 _SEEN8 = {}
+_KEPT8 = []  # (alive: an id is never reused within the test)
 
 
 def _memo_by_id(t):
+    _KEPT8.append(t)
     _SEEN8.setdefault(id(t), len(_SEEN8) + 1.0)
     return _SEEN8[id(t)]
 
@@ -1233,4 +1240,110 @@ def test_callback_takes_the_id_of_a_traced_tensor():
     with pytest.raises(minihop.UnsupportedOperationError, match=r"id\(\) of a tensor of the trace"):
         minihop.function(Memo)(held, [_memo_by_id])
     _SEEN8.clear()
-    matches_eager(Memo, lambda i: (x_(i), [_memo_by_id]), reset=_SEEN8.clear)
+    matches_eager(Memo, lambda i: (x_(i), [_memo_by_id]), reset=lambda: (_SEEN8.clear(), _KEPT8.clear()))
+    _KEPT8.clear()
+
+
+# -- ops inside the user's try/except, and refusals the user's code caught -----------------
+# ``try: L = torch.linalg.cholesky(a) except RuntimeError: L = eye``: eager's op raises for
+# some values and the handler takes another path; a fake tensor never raises there, so the
+# capture took the try path on every call and raised where eager recovers (cholesky, inv,
+# multinomial, _assert_async). Refused now where the handler may catch torch's errors
+# (``tracer/handlers.py``); a ``with`` block, a ``finally`` and ``except KeyError`` catch
+# nothing of torch's. And a refusal raised into the user's code that its own ``except``
+# caught (``str(x)``, ``vars(x)``) let the trace go on down the handler's path: raised when the
+# phase returns.
+
+def _matrices(i):
+    good = torch.tensor([[2.0, 0.5], [0.5, 1.0]])
+    bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]])  # not positive definite
+    return ((good if i % 2 == 0 else bad).clone().requires_grad_(),)
+
+
+def test_cholesky_in_try_with_a_fallback():
+    class Jitter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            try:
+                factor = torch.linalg.cholesky(a)
+            except RuntimeError:
+                factor = torch.eye(2)
+            return factor.sum() * a
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(Jitter, _matrices)
+    with pytest.raises(minihop.UnsupportedOperationError, match="inside a try whose handler catches except RuntimeError"):
+        minihop.capture(Jitter, *_matrices(0))
+
+
+def test_ops_in_a_helpers_try_and_a_bare_except():
+    def safe_inverse(a):
+        try:
+            return torch.linalg.inv(a)
+        except:  # noqa: E722
+            return a * 0
+
+    class Inverse(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return safe_inverse(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def singular_or_not(i):
+        a = torch.tensor([[1.0, 2.0], [2.0, 4.0]]) if i % 2 else torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+        return (a.requires_grad_(),)
+
+    matches_eager(Inverse, singular_or_not)
+
+
+def test_with_finally_and_safe_handlers_still_capture():
+    log, cfg = [], {}
+
+    class Plain(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            try:
+                s = cfg["s"]
+            except KeyError:
+                s = 2.0
+            try:
+                with torch.enable_grad():
+                    y = x * s
+            finally:
+                log.append(1)
+            return y.detach()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(Plain, lambda i: (x_(i),), refusable=False, state=lambda: len(log), reset=log.clear)
+
+
+def test_refusal_caught_by_the_users_except_is_raised():
+    class Caught(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            try:
+                text = str(x)
+            except Exception:
+                text = "?"
+            try:
+                n = len(vars(x))
+            except Exception:
+                n = 5
+            return x * float(len(text) % 5 + n + 1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    with pytest.raises(minihop.UnsupportedOperationError, match="text of a tensor"):
+        minihop.capture(Caught, x_(0))
+    matches_eager(Caught, lambda i: (x_(i),))

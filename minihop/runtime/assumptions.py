@@ -332,7 +332,7 @@ def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Each tensor argument's strides, storage offset, ``_is_view()`` and the flags no call
     key holds (conjugate and negative bits, an inference tensor): guarded only when the trace
     read one of them, or asked a tensor something the key does not answer
-    (``tracer.session``'s ``_KEY_HELD``). A fake copy keeps them, and so do the views and
+    (``tracer.identity.KEY_HELD``). A fake copy keeps them, and so do the views and
     results forward makes of it."""
     return tuple((a.stride(), a.storage_offset(), a._is_view(), a.is_conj(), a.is_neg(), a.is_inference())
                  if isinstance(a, torch.Tensor) and a.layout == torch.strided else None for a in args)

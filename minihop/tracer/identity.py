@@ -58,10 +58,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import UnsupportedOperationError
+from . import handlers
 from .atoms import ATOMS
 from .bytecode import instructions
 
-__all__ = ["ISINSTANCE", "STAND_INS", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
+__all__ = ["ISINSTANCE", "KEY_HELD", "STAND_INS", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
            "note_tensor", "stand_in",
            "outside_aliases", "outside_tensors", "refuse_identity_alias", "refuse_tensor_state",
            "tensor_read"]
@@ -164,14 +165,14 @@ class TextAsEager:
         while frame is not None and frame.f_code.co_filename == _TENSOR_FILE:
             frame = frame.f_back
         if frame is not None and frame.f_code in self.codes and threading.get_ident() == self.thread:
-            raise UnsupportedOperationError(
+            raise handlers.note(UnsupportedOperationError(
                 f"{self.function} takes the text of a tensor (str, repr, format or an f-string), "
                 f"line {frame.f_lineno}.",
                 "Eager's text shows the tensor's values; a traced tensor has none, and the text "
                 "would be a constant of the capture.",
                 "Send it as a message (print(x), logging's lazy arguments: replayed with each "
                 "call's values), or run it eagerly with minihop.function(F, fallback='eager').",
-                where=f'File "{frame.f_code.co_filename}", line {frame.f_lineno}')
+                where=f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'), frame)
         return torch.Tensor.__repr__(tensor, *args, **kwargs)
 
     def stop(self) -> None:
@@ -188,12 +189,12 @@ _TENSOR_FILE = torch.Tensor.__format__.__code__.co_filename  # (``Tensor.__forma
 def _refuse_listing(name: str) -> UnsupportedOperationError:
     frame = sys._getframe(2)
     where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
-    return UnsupportedOperationError(
+    return handlers.note(UnsupportedOperationError(
         f"The traced code lists a tensor's attributes with {name}() ({where}).",
         "A traced tensor is a fake copy: its __dict__ holds the tracer's entries besides what the "
         "caller set, and its class has methods eager's tensor lacks, so the listing is not eager's.",
         "Read the attributes it needs by name (getattr(x, 'scale', None)), or run it eagerly with "
-        "minihop.function(F, fallback='eager').", where=where)
+        "minihop.function(F, fallback='eager').", where=where), frame)
 
 
 def VARS(*args: Any) -> Any:
@@ -323,6 +324,20 @@ TENSOR_STATE = frozenset({"grad", "is_leaf", "grad_fn", "_version", "_base", "re
 TENSOR_STORAGE = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "is_set_to"})
 # ... and how it lies there (a fake copy keeps it; the key holds it for tensor arguments only).
 TENSOR_LAYOUT = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense", "storage_offset", "_is_view"})
+# What a tensor argument's key holds (its type, shape, dtype, device, layout, requires_grad),
+# what follows from it alone, and what is answered elsewhere (its autograd state: refused of a
+# fake copy). Any other question of a traced tensor (``is_conj()``, ``is_inference()``, one no
+# list names) may have an answer the key does not fix: the capture then guards its arguments'
+# strides and flags too (``session.Tracing._on_query``, ``runtime.assumptions.layout_key``).
+KEY_HELD = frozenset({
+    "size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device", "layout", "__len__",
+    "is_floating_point", "is_complex", "element_size", "is_cuda", "is_cpu", "is_sparse", "get_device",
+    "requires_grad", "itemsize", "nbytes", "is_signed", "type", "is_meta", "is_quantized",
+    "is_mkldnn", "is_nested", "is_sparse_csr", "is_mps", "is_xpu", "is_xla", "is_ipu", "is_vulkan",
+    "__iter__", "__hash__", "__reversed__", "dim_order", "_version", "grad", "is_leaf", "grad_fn",
+    "_base", "retains_grad", "output_nr", "_backward_hooks", "register_hook", "retain_grad",
+    "backward", "__setstate__", "__dir__", "__contains__", "_is_zerotensor",
+})
 
 
 def tensor_read(name: str, attr: str) -> str:

@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_map
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import operators, recompute
+from . import handlers, operators, recompute
 from .frames import format_frame, stack_trace, user_frame, user_frame_object
 from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
@@ -47,7 +47,7 @@ from .operators import Form
 from .refusals import fake_data_missing, refusal_for
 from .special_calls import AUTOCAST_SWITCHES, NOT_SPECIAL, special_call
 from .tensor_state import rewrite_autograd_call
-from ..errors import UnsupportedOperationError
+from ..errors import MinihopError, UnsupportedOperationError
 from ..fxgraph import append_node
 
 __all__ = ["GraphRecorder", "RecordingMode", "tracing"]
@@ -313,6 +313,9 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         # answer with its own (``Tracing._on_state_read``).
         self.on_state_read: Callable[[Any, tuple[Any, ...], dict[str, Any], str], Any] | None = None
         self.state_reads: frozenset[str] = frozenset()
+        # The code of the tracer's frame that calls the user's method: an op in a ``try``
+        # between it and the op may be refused (``handlers.refuse_op_in_handler``).
+        self.handler_stop: types.CodeType | None = None
 
     def where(self) -> str | None:
         """The user's source line running now, for an error raised from a handler."""
@@ -335,6 +338,14 @@ class RecordingMode(PreDispatchTorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
+        try:
+            return self._torch_function(func, types, args, kwargs)
+        except MinihopError as e:
+            handlers.note(e)  # (raised into the user's code, which may catch it: see handlers)
+            raise
+
+    def _torch_function(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                        kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
@@ -403,6 +414,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
         if isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
+            if self.handler_stop is not None:  # (an op inside the user's try/except: handlers)
+                handlers.refuse_op_in_handler(self.describe(), self.handler_stop)
             node = recorder.record(func, args, kwargs, result, form)
             if written:
                 recorder.note_mutation(node, written)

@@ -36,9 +36,10 @@ from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
 from .backward_reads import BackwardReads
 from .effects import refuse_generators
-from .identity import TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state
+from .identity import KEY_HELD, TENSOR_LAYOUT, TENSOR_STATE, TENSOR_STORAGE, refuse_tensor_state
 from .frames import format_frame, is_library_code, user_frame, user_frame_of
 from .function_parts import FunctionParts
+from . import handlers
 from .grad_modes import refuse_through_applied, watching_applies
 from .names import FrameSnapshot, capture_locals, input_name
 from .op_args import version_of
@@ -76,17 +77,6 @@ _GRAD_FIXED = frozenset({
 
 # Reads of a tensor's memory layout: forward's graph may then depend on its inputs' strides.
 _LAYOUT_READS = TENSOR_LAYOUT | {"data_ptr", "untyped_storage"}
-# What a tensor argument's key holds (its type, shape, dtype, device, layout, requires_grad)
-# and what follows from it alone. Any other question of a traced tensor (``is_conj()``,
-# ``is_inference()``, one no list names) may have an answer the key does not fix: the capture
-# then guards its arguments' strides and flags too (``runtime.assumptions.layout_key``).
-_KEY_HELD = _GRAD_FIXED - {"names", "__format__", "__repr__"} | frozenset({
-    "requires_grad", "itemsize", "nbytes", "is_signed", "type", "is_meta", "is_quantized",
-    "is_mkldnn", "is_nested", "is_sparse_csr", "is_mps", "is_xpu", "is_xla", "is_ipu", "is_vulkan",
-    "__iter__", "__hash__", "__reversed__", "dim_order", "_version", "grad", "is_leaf", "grad_fn",
-    "_base", "retains_grad", "output_nr", "_backward_hooks", "register_hook", "retain_grad",
-    "backward", "__setstate__", "__dir__", "__contains__", "_is_zerotensor",
-})
 # What only the caller's tensor can answer: read of one reached outside the arguments, the
 # capture is single-use; of a fake copy, refused (``Tracing._on_state_read``).
 _REAL_ONLY = TENSOR_STATE | TENSOR_STORAGE | _LAYOUT_READS
@@ -153,6 +143,7 @@ class Tracing:
         self.mode.unbacked = self.unbacked
         self.mode.on_state_read = self._on_state_read
         self.mode.state_reads = _REAL_ONLY
+        self.mode.handler_stop = Tracing.run.__code__  # (the frame that calls the user's method)
 
     def reset_backward(self) -> None:
         """Forget what a run of backward recorded, to run it afresh."""
@@ -165,10 +156,10 @@ class Tracing:
     def _on_query(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """Backward read something of a grad that autograd does not fix: remember it. Forward
         or backward asked another tensor its layout, or anything the key does not answer
-        (``_KEY_HELD``): the capture then guards its arguments' strides and flags."""
+        (``KEY_HELD``): the capture then guards its arguments' strides and flags."""
         name = getattr(func, "__name__", "")
         asked = getattr(getattr(func, "__self__", None), "__name__", "") if name == "__get__" else name
-        if (asked in _LAYOUT_READS or asked not in _KEY_HELD) and args and isinstance(args[0], torch.Tensor) \
+        if (asked in _LAYOUT_READS or asked not in KEY_HELD) and args and isinstance(args[0], torch.Tensor) \
                 and id(args[0]) not in self.grad_of:
             self.reads_layout = True  # (a grad's own: the grad assumptions below)
         if self.phase != "backward":
@@ -193,7 +184,7 @@ class Tracing:
         """Forward read a property of a tensor it does not get as an argument itself (a
         global's, one in a list passed in): its layout is in no key (single-use); its shape,
         dtype, device and ``requires_grad`` are, once it is a graph input (made one here)."""
-        if name in _LAYOUT_READS or name not in _KEY_HELD:
+        if name in _LAYOUT_READS or name not in KEY_HELD:
             self.unrouted.append(f"reads {name}() of {source.description}, whose layout or flags no key holds "
                                  f"({_reading_frame(4)})")
         elif source.place is not None and not source.place.uses_args and self.mode.recorder is self.fwd:
@@ -206,7 +197,7 @@ class Tracing:
         backward, refused (eager reads it when backward runs). Of a fake copy standing
         for the caller's (an input, or in backward what forward saved), the copy would answer
         with its own: refused (MH104), as is the storage of any fake."""
-        if sys._getframe(2).f_globals.get("__name__", "").startswith("minihop."):
+        if sys._getframe(3).f_globals.get("__name__", "").startswith("minihop."):
             return NOT_SPECIAL  # (minihop's own bookkeeping: which inputs an op wrote)
         t, where = args[0], _reading_frame(3)
         entry = self.backward_reads.fakes.get(id(t)) if self.phase == "backward" else None
@@ -230,7 +221,7 @@ class Tracing:
                 refuse_tensor_state(self.parts.name, self.phase, source.description if source is not None
                                     else "a tensor forward saved", attr, where,
                                     whose="a tensor argument" if source is not None else "a tensor of the trace")
-        elif attr in TENSOR_STORAGE and not is_library_code(sys._getframe(2).f_code.co_filename):
+        elif attr in TENSOR_STORAGE and not is_library_code(sys._getframe(3).f_code.co_filename):
             # (torch's own code asks a fake it made for its storage: fake tensors answer that)
             refuse_tensor_state(self.parts.name, self.phase, "a tensor it made", attr, where,
                                 whose="a tensor of the trace")
@@ -418,6 +409,7 @@ class Tracing:
         self.mode.recorder = recorder
         recorder.escape = self.unbacked.escape
         recorder.numbers = self.unbacked.numbers
+        handlers.start()
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             # Backward traced for ``create_graph=True`` (it reads the grad mode) runs with it on.
@@ -426,6 +418,9 @@ class Tracing:
                     rng_state_recorded(self.mode), compiled_code_runs_eagerly(), \
                     symbols_printed_as_values(self.fake_mode.shape_env), watching_applies(recorder, phase == "backward") as applied:
                 result = fn(*args)
+            caught = handlers.caught()
+            if caught is not None:
+                raise caught  # (a refusal the user's own ``except`` caught: the trace took its path)
             if applied:  # (another Function's apply: its node is eager's under create_graph)
                 with grad, self.fake_mode:
                     refuse_through_applied(self.mode, applied, result, self._describe())
@@ -441,6 +436,7 @@ class Tracing:
                 raise
             raise refusal from e
         finally:
+            handlers.caught()  # (cleared)
             self.mode.recorder = None
 
 
