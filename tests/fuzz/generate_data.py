@@ -15,14 +15,15 @@ What a Function does with tensor data (each chosen or not, forward and backward 
               and read back (``.item()``); a boolean-mask write (``v[x0 < 0] = 0``,
               ``v[m] = -v[m]``); and, last, an output whose size is data-dependent
               (``v[x0 > 0]``, ``masked_select``, ``nonzero`` + index); a write at an index
-              read out of a tensor (``v.view(-1)[x0.abs().argmax()] = 0``).
+              read out of a tensor (``v.view(-1)[x0.abs().argmax()] = 0``); an op that raises
+              for some values inside ``try``/``except RuntimeError`` (``_assert_async``).
   backward    scatters the grad back to the input's shape when forward's output size was
               data-dependent, then: the surrogate-gradient flip ``g[x >= 0] = -g[x >= 0]``,
               ``x.abs().max().item()`` as a divisor, a branch on a saved input's sum, a branch
               on the grad itself (``(g > 0).all()``), a loop count or ``.item()`` of a saved
               0-d tensor, split sizes from a saved tensor's ``.tolist()``,
               ``masked_scatter``/``masked_select`` and ``nonzero`` + ``index_add`` round trips,
-              a write at an index read out of a saved tensor.
+              a write at an index read out of a saved tensor, the same ``try`` as forward's.
 
 The data changes from call to call (3-5 calls): each call's inputs are literals in the source
 (``X0[call]``...), chosen so that signs flip (branches alternate), the count of True mask
@@ -69,6 +70,9 @@ _FORWARD_LINES: dict[str, list[str]] = {
     "mask_negate": ["v = v.clone()", "m = x0 >= 0", "v[m] = -v[m]"],
     # a write at an index read out of a tensor (a 0-d index: its value is read when it runs)
     "index_write": ["v = v.clone(memory_format=torch.contiguous_format)", "v.view(-1)[x0.reshape(-1).abs().argmax()] = 0.0"],
+    # an op that raises for some values, inside the user's try (round 13)
+    "try_raises": ["try:", "    torch._assert_async((x0 > -1.5).all())", "    v = v * 2",
+                   "except RuntimeError:", "    v = v - 1"],
 }
 _BACKWARD_LINES: dict[str, list[str]] = {
     "surrogate_flip": ["gx = gx.clone()", "gx[x0 >= 0] = -gx[x0 >= 0]"],
@@ -83,6 +87,8 @@ _BACKWARD_LINES: dict[str, list[str]] = {
     "nonzero_round_trip": ["nz = torch.nonzero(x0.reshape(-1) < 0).squeeze(1)",
                            "gx = gx.reshape(-1).index_add(0, nz, gx.reshape(-1)[nz]).reshape(gx.shape)"],
     "index_write": ["gx = gx.clone(memory_format=torch.contiguous_format)", "gx.view(-1)[x0.reshape(-1).argmin()] = 0.0"],
+    "try_raises": ["try:", "    torch._assert_async((x0 > -1.5).all())", "    gx = gx * 2",
+                   "except RuntimeError:", "    gx = gx * 3"],
 }
 FORWARD_FEATURES = tuple(_FORWARD_LINES)
 BACKWARD_FEATURES = tuple(_BACKWARD_LINES)
