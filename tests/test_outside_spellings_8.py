@@ -47,8 +47,9 @@ Silent differences from eager before this round, in every mode:
   (the first was single-use, the second's reads were found only while traced). Now analysed;
 - an op inside the user's ``try``/``except RuntimeError`` (``cholesky``, ``inv``,
   ``multinomial``, ``_assert_async`` failing for some values, the handler taking another
-  path): a fake never raises there, so the capture took the ``try`` path and raised where eager
-  recovers. Refused (``tracer/handlers.py``, MH104-op-in-try); and a refusal the user's own
+  path; likewise ``with contextlib.suppress(RuntimeError):`` or a manager whose ``__exit__``
+  returns true): a fake never raises there, so the capture took the ``try`` path and raised
+  where eager recovers. Refused (``tracer/handlers.py``, MH104-op-in-try); and a refusal the user's own
   ``except`` caught (``str(x)``, ``vars(x)``) is raised when the phase returns;
 - an inference tensor as an argument (made under ``torch.inference_mode()``, used outside it):
   the tracer read its version counter, which inference tensors lack, and failed inside minihop
@@ -1347,3 +1348,65 @@ def test_refusal_caught_by_the_users_except_is_raised():
     with pytest.raises(minihop.UnsupportedOperationError, match="text of a tensor"):
         minihop.capture(Caught, x_(0))
     matches_eager(Caught, lambda i: (x_(i),))
+
+
+class _Swallow:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return True  # swallows the exception
+
+
+class _PassThrough:
+    def __enter__(self):
+        return 2.0
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_with_blocks_whose_manager_may_swallow():
+    import contextlib
+
+    class Suppressed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            factor = torch.eye(2)
+            with contextlib.suppress(RuntimeError):
+                factor = torch.linalg.cholesky(a)
+            with _Swallow():
+                factor = factor * torch.linalg.cholesky(a).sum()
+            return factor.sum() * a
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    matches_eager(Suppressed, _matrices)
+    with pytest.raises(minihop.UnsupportedOperationError, match="with contextlib.suppress"):
+        minihop.capture(Suppressed, *_matrices(0))
+
+
+def test_with_blocks_that_pass_exceptions_through_still_capture():
+    import contextlib
+    import threading
+
+    lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def tagged():
+        yield 2.0
+
+    class Managed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with lock, torch.no_grad(), _PassThrough() as k, tagged() as s:
+                return x * k * s
+
+        @staticmethod
+        def backward(ctx, g):
+            with torch.autocast("cpu", enabled=False):
+                return g * 4
+
+    matches_eager(Managed, lambda i: (x_(i),), refusable=False)

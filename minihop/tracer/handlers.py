@@ -10,7 +10,10 @@ by ``session.Tracing.run`` when a phase of the user's code returns.
   path; a fake tensor has no values, so the trace never raises there and the capture would
   run the ``try`` path on every call, raising where eager recovers. Refused (MH104) where the
   handler may catch what torch raises: any class but a few Python ones torch never raises for
-  data (``SAFE``). ``with`` blocks and ``try``/``finally`` catch nothing.
+  data (``SAFE``); and inside a ``with`` block whose manager may swallow the exception
+  (``contextlib.suppress``, a user class whose ``__exit__`` may return true, a
+  ``@contextmanager`` with an ``except`` around its ``yield``). A ``try``/``finally``, torch's
+  managers (``no_grad``, ``autocast``), locks and managers that return None catch nothing.
 - **A refusal the user's code caught**: minihop refuses from inside the user's code (an op
   that cannot be traced, a tensor's text, the refusal above); an ``except`` there would swallow
   it and the trace would go on down the handler's path. Each refusal raised into the user's
@@ -22,8 +25,11 @@ live frames (the exception table of each, 3.11's); library frames are passed thr
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import dis
 import functools
+import inspect
 import sys
 import threading
 import types
@@ -53,9 +59,33 @@ def _guarded(code: types.CodeType) -> tuple[tuple[int, int, str], ...]:
     found = []
     for entry in dis.Bytecode(code).exception_entries:
         what = _catches(ins, order, entry.target)
+        if what == "with":  # (its manager's ``__exit__`` may swallow: judged when it runs)
+            what = "with " + ".".join(_manager_path(ins, order, entry.start))
         if what is not None:
             found.append((entry.start, entry.end, what))
     return tuple(found)
+
+
+def _manager_path(ins: dict[int, Any], order: list[int], start: int) -> list[str]:
+    """The names a ``with`` statement's manager expression starts with (``torch.no_grad``,
+    ``contextlib.suppress``, ``self.lock``): the loads after the statement's start, up to the
+    ``BEFORE_WITH`` just before ``start``."""
+    k = order.index(start) - 1 if start in ins else -1
+    if k < 0 or ins[order[k]].opname != "BEFORE_WITH":
+        return []
+    j = k - 1
+    while j > 0 and ins[order[j]].starts_line is None and ins[order[j - 1]].opname not in ("BEFORE_WITH", "POP_TOP",
+                                                                                          "STORE_FAST", "STORE_NAME"):
+        j -= 1
+    path: list[str] = []
+    for op in (ins[order[i]] for i in range(j, k)):
+        if not path and op.opname in ("LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF", "LOAD_NAME"):
+            path.append(str(op.argval))
+        elif path and op.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            path.append(str(op.argval))
+        elif path:
+            break
+    return path
 
 
 def _catches(ins: dict[int, Any], order: list[int], target: int) -> str | None:
@@ -68,8 +98,10 @@ def _catches(ins: dict[int, Any], order: list[int], target: int) -> str | None:
     names: list[str] = []
     while k < len(order):
         op = ins[order[k]]
-        if op.opname == "WITH_EXCEPT_START" or op.opname == "RERAISE":
-            return None  # (a with block, a finally, or no clause left)
+        if op.opname == "WITH_EXCEPT_START":
+            return "with"
+        if op.opname == "RERAISE":
+            return None  # (a finally, or no clause left)
         if op.opname == "POP_TOP" and not names:
             return "a bare except"
         if op.opname == "CHECK_EG_MATCH":
@@ -97,7 +129,7 @@ def refuse_op_in_handler(function: str, stop: types.CodeType) -> None:
         code = frame.f_code
         if not is_library_code(code.co_filename) and not code.co_filename.startswith("<frozen"):
             for start, end, what in _guarded(code):
-                if start <= frame.f_lasti < end:
+                if start <= frame.f_lasti < end and not (what.startswith("with") and _passes_through(frame, what)):
                     where = f'File "{code.co_filename}", line {frame.f_lineno}'
                     raise UnsupportedOperationError(
                         f"{function} runs an op inside a try whose handler catches {what} ({where}).",
@@ -108,6 +140,47 @@ def refuse_op_in_handler(function: str, stop: types.CodeType) -> None:
                         "Test the condition explicitly (torch.linalg.cholesky_ex's info, a mask), "
                         "or run it eagerly with minihop.function(F, fallback='eager').", where=where)
         frame = frame.f_back
+
+
+_PASSING_MODULES = ("torch", "minihop", "threading", "_thread", "warnings")
+
+
+def _passes_through(frame: Any, what: str) -> bool:
+    """Whether the manager of a ``with`` block (``what``: "with " and the names its expression
+    starts with) lets exceptions through: torch's (``no_grad``, ``autocast``), a lock, a
+    user class whose ``__exit__`` returns only None, a ``contextlib.contextmanager`` whose
+    generator catches nothing. Unknown (``contextlib.suppress``, a method's result): no."""
+    names = what[len("with "):].split(".") if what != "with " else []
+    if not names:
+        return False
+    scope = {**frame.f_globals, **frame.f_locals}
+    value = scope.get(names[0], getattr(builtins, names[0], None))
+    try:
+        for name in names[1:]:
+            value = inspect.getattr_static(value, name)
+    except AttributeError:
+        return False
+    value = getattr(value, "__func__", value)  # (a staticmethod found statically)
+    if value is contextlib.nullcontext:
+        return True
+    owner = value if isinstance(value, (type, types.FunctionType)) else type(value)
+    module = getattr(value, "__module__", None) or getattr(owner, "__module__", None) or ""
+    if module.split(".")[0] in _PASSING_MODULES:
+        return True
+    wrapped = getattr(value, "__wrapped__", None)
+    if isinstance(value, types.FunctionType) and isinstance(wrapped, types.FunctionType) \
+            and wrapped.__code__.co_flags & inspect.CO_GENERATOR:
+        return not _guarded(wrapped.__code__)  # (``@contextmanager``: no except around its yield)
+    exit_ = getattr(owner, "__exit__", None) if isinstance(owner, type) else None
+    return isinstance(exit_, types.FunctionType) and _returns_none(exit_.__code__)
+
+
+def _returns_none(code: types.CodeType) -> bool:
+    """Whether every ``return`` of ``code`` returns the constant None or False (an
+    ``__exit__`` that never swallows the exception)."""
+    ops = list(dis.get_instructions(code))
+    return all(k and ops[k - 1].opname == "LOAD_CONST" and ops[k - 1].argval in (None, False)
+               for k, op in enumerate(ops) if op.opname == "RETURN_VALUE")
 
 
 def start() -> None:
