@@ -124,22 +124,28 @@ def refuse_op_in_handler(function: str, stop: types.CodeType) -> None:
     """The op being recorded runs inside a ``try`` whose ``except`` may catch torch's errors,
     in the user's code between the method's frame (``stop``'s caller: the tracer's ``run``)
     and the op: refused (MH104)."""
-    frame = sys._getframe(2)
+    frames, frame = [], sys._getframe(2)
     while frame is not None and frame.f_code is not stop:
+        frames.append(frame)
+        frame = frame.f_back
+    if frame is None:
+        return  # (an op minihop records outside the user's method: no user frame to read)
+    for frame in frames:
         code = frame.f_code
         if not is_library_code(code.co_filename) and not code.co_filename.startswith("<frozen"):
             for start, end, what in _guarded(code):
                 if start <= frame.f_lasti < end and not (what.startswith("with") and _passes_through(frame, what)):
                     where = f'File "{code.co_filename}", line {frame.f_lineno}'
                     raise UnsupportedOperationError(
-                        f"{function} runs an op inside a try whose handler catches {what} ({where}).",
+                        f"{function} runs an op inside " + (f"a {what} block, whose manager may swallow the "
+                                                            "exception" if what.startswith("with") else
+                                                            f"a try whose handler catches {what}") + f" ({where}).",
                         "Eager's op may raise for some values (a matrix that is not positive definite, "
                         "a singular one, invalid weights) and the handler then takes another path; the "
                         "trace runs on fake tensors, which have no values and never raise there, so "
                         "the capture would always take the try path.",
                         "Test the condition explicitly (torch.linalg.cholesky_ex's info, a mask), "
                         "or run it eagerly with minihop.function(F, fallback='eager').", where=where)
-        frame = frame.f_back
 
 
 _PASSING_MODULES = ("torch", "minihop", "threading", "_thread", "warnings")
