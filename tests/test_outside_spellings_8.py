@@ -1410,3 +1410,35 @@ def test_with_blocks_that_pass_exceptions_through_still_capture():
                 return g * 4
 
     matches_eager(Managed, lambda i: (x_(i),), refusable=False)
+
+
+class _Scales(torch.autograd.Function):
+    W = torch.full((), 2.0)
+
+
+def _forward_w(ctx, x):
+    return x * _Scales.W
+
+
+def _backward_w(ctx, g):
+    return g * _Scales.W
+
+
+def test_tensor_class_attribute_read_by_a_backward_that_is_an_object_or_partial():
+    # (found by the reads generator at 18abe08: backward as ``_Forwarding(fn)`` or a partial,
+    # reading a tensor class attribute rebound before ``.backward()``: the tensor had no route
+    # to be fetched when backward runs, so the trace's tensor was used)
+    def set_w(value):
+        _Scales.W = torch.full((), value)
+
+    class AsObjects(torch.autograd.Function):
+        forward = staticmethod(_Forwarding(_forward_w))
+        backward = staticmethod(_Forwarding(_backward_w))
+
+    class AsPartials(torch.autograd.Function):
+        forward = staticmethod(functools.partial(_forward_w))
+        backward = staticmethod(functools.partial(_backward_w))
+
+    for fn_cls in (AsObjects, AsPartials):
+        matches_eager(fn_cls, lambda i: (x_(i),), between=lambda i: set_w(2.0 + i),
+                      mid=lambda i: set_w(5.0 + i), reset=lambda: set_w(2.0))

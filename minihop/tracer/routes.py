@@ -44,7 +44,10 @@ def closure_routes(fn: Any) -> dict[int, Route]:
     parameter takes effect at the next call.
     """
     routes: dict[int, Route] = {}
-    reached = list(_reached_free_values(fn, 0, set()))
+    seen: set[int] = set()
+    # (a method that is a partial or a callable object: the functions it runs, ``_helpers_of``)
+    starts = [fn] if getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None) is not None else _helpers_of(fn)
+    reached = [r for start in starts for r in _reached_free_values(start, 0, seen)]
     tails = _list_tails(reached)
     for kind, name, value, fetch, _code in reached:
         root = Root("cell" if kind == "closure" else "global", name, name, lambda args, f=fetch: f())
@@ -129,7 +132,8 @@ def state_named(fn: Any) -> str | None:
 def _helpers_of(value: Any) -> list[Any]:
     """The user's functions that calling ``value``, or a method of it, runs: a function, a
     partial's, a staticmethod's, a bound method's; the methods of the user's class or of an
-    instance of it (``READER.read()``, ``Inner.apply`` runs ``Inner.forward``)."""
+    instance of it (``READER.read()``, ``Inner.apply`` runs ``Inner.forward``), and the
+    functions such an instance holds (a wrapper's ``self.fn``)."""
     for _ in range(4):  # a partial of a partial of a staticmethod...
         if isinstance(value, (staticmethod, classmethod)):
             value = value.__func__
@@ -149,6 +153,9 @@ def _helpers_of(value: Any) -> list[Any]:
         attr = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
         if isinstance(attr, types.FunctionType) and not is_library(attr):
             methods.append(attr)  # (not a stand-in minihop put there while tracing)
+    if not isinstance(value, type):  # (an object's own functions: ``self.fn(*a)`` runs them)
+        methods += [f for held in getattr(value, "__dict__", {}).values() if callable(held)
+                    for f in _helpers_of(held) if f not in methods][:8]
     return methods
 
 
