@@ -56,11 +56,12 @@ def _guarded(code: types.CodeType) -> tuple[tuple[int, int, str], ...]:
     torch's errors in (``what``: the classes it names, or "a bare except")."""
     ins = {i.offset: i for i in dis.get_instructions(code)}
     order = sorted(ins)
-    found = []
+    found, managers = [], {}
     for entry in dis.Bytecode(code).exception_entries:
         what = _catches(ins, order, entry.target)
         if what == "with":  # (its manager's ``__exit__`` may swallow: judged when it runs)
-            what = "with " + ".".join(_manager_path(ins, order, entry.start))
+            # (a with body split around an inner block has more ranges: the first names it)
+            what = managers.setdefault(entry.target, "with " + ".".join(_manager_path(ins, order, entry.start)))
         if what is not None:
             found.append((entry.start, entry.end, what))
     return tuple(found)
