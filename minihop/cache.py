@@ -43,7 +43,7 @@ import torch
 
 from .errors import MinihopError, UnsupportedOperationError, notice
 from .pipeline import (Capture, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
-                       run_pipeline, tracing)
+                       real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
@@ -241,6 +241,7 @@ class CapturedFunction:
         dims = self._dims(args)
         key = self._key(args, dims)
         entry = self._find(key, args)
+        shows = real_run_shows([])  # (the warnings a trace of this call held back: effects)
         with self._lock:
             if entry is None:
                 entry = self._find(key, args)
@@ -255,7 +256,9 @@ class CapturedFunction:
                 # size of 0 or 1), yet fit for this call.
                 entry = self._any_hit(key[0], args)
             if entry is None:
+                take_held()  # (an earlier trace's, not this call's)
                 entry = self._capture(key, args, dims)
+                shows = real_run_shows(take_held())
             else:
                 self.stats.hits += 1
                 TOTALS["cache_hits"] += 1
@@ -263,17 +266,20 @@ class CapturedFunction:
                 self.stats.eager_calls += 1
                 TOTALS["fallbacks"] += 1
         if isinstance(entry, _Refused):
-            out = self._eager_apply(*args)
+            with shows:
+                out = self._eager_apply(*args)
             if entry.suspect is not None:
                 self._failed(entry.suspect)
             return out
         if entry.python_state.single_use:
-            return entry.run(args)  # serves this call only (see _capture): never a recent hit
+            with shows:
+                return entry.run(args)  # serves this call only (see _capture): never a recent hit
         if key[0] != self._recent_methods:
             self._recent = ()
         self._recent = (entry, *(c for c in self._recent if c is not entry))[:_RECENT]
         self._recent_methods = key[0]
-        return entry.run(args)
+        with shows:
+            return entry.run(args)
 
     def _dims(self, args: tuple[Any, ...]) -> dict[int, tuple[int, ...]]:
         """The dynamic dimensions of a capture for these (bound) arguments: the policy's (for

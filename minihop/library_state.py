@@ -13,7 +13,7 @@ any change to it (``heap.RULES``: "a library object's own state changed"), putti
 (``put_back``), so a trace leaves it as it found it and ``fallback="eager"`` runs once.
 
 What is left out (``kept_by_library``): ``logging``'s objects, whose caches change as messages
-are sent (messages are minihop's to replay or refuse: ``effects.MessageWatch``). An object
+are sent (messages are minihop's to replay or refuse: ``messages.MessageWatch``). An object
 ``pickle`` cannot reduce shows nothing of its state (``unseen``: a file, a ``SimpleQueue``):
 code reaching one is refused before tracing (``tracer.iterators``).
 

@@ -47,6 +47,7 @@ from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
 from .tracer.iterators import refuse_iterator_arguments
 from .tracer.roots import arg_masks as _arg_masks
+from .tracer.messages import real_run_shows, take_held
 from .tracer.recorder import tracing
 from .tracer.run_context import modes_refusal, observing_modes
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
@@ -54,7 +55,8 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
-           "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "run_on_stream", "show_value_key", "tracing", "value_key"]
+           "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "run_on_stream", "show_value_key", "tracing", "value_key",
+           "real_run_shows", "take_held"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""

@@ -1,10 +1,9 @@
 """Effects of the user's code that are not Python-state writes: torch generators handed to
-ops, and messages (``logging``) sent while it is traced.
+ops, and ctx as forward left it (messages and ``print``: ``messages``).
 
 Place in the pipeline: tracer, beside the heap watch (``heap``). The recorder notes each
 ``torch.Generator`` that reaches a recorded op (``note_generator``); the trace asks
-``refuse_generators`` once the phase's code has run. ``MessageWatch`` sees ``logging`` calls
-made while the user's code runs, ``PrintWatch`` its ``print`` calls.
+``refuse_generators`` once the phase's code has run.
 
 Why a generator is refused: a graph can only hold it as a constant, the object seen while
 tracing. A generator made and seeded inside forward (``torch.Generator().manual_seed(0)``)
@@ -14,24 +13,13 @@ random stream. The refusal is deferred to the end of the phase so that a value r
 from the same draw (``torch.rand((), generator=g).item()``) still reports as the value read
 it also is.
 
-Why logging and ``warnings.warn`` are refused: a message is sent once, while tracing, and
-never by the graphs, where eager sends it (with that call's values) on every call. Calls through
-the modules are watched here (``warnings.warn``, ``log.info``, from any code); a name the
-user's code binds (``from warnings import warn``) is watched by ``hidden.ReadWatch``.
-
-Invariant: no graph holds a ``torch.Generator``; a phase whose code logs or warns is never
-captured.
+Invariant: no graph holds a ``torch.Generator``.
 """
 
 from __future__ import annotations
 
-import builtins
 import copy
 import dataclasses
-import logging
-import sys
-import warnings
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +29,7 @@ from ..errors import SideEffectError
 from ..spec import CTX_HELD
 from .atoms import CONSTANTS
 
-__all__ = ["MessageWatch", "PrintWatch", "constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
+__all__ = ["constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
            "ctx_objects", "refuse_ctx_rebinding", "share_arguments"]
 
 
@@ -69,148 +57,6 @@ def refuse_generators(generators: list[str | None], describe: str) -> None:
         "an argument would be the traced call's, where eager draws from the one of each call.",
         "Draw from torch's default generator (seed it outside the Function), or run it eagerly "
         "with minihop.function(F, fallback='eager').", where=generators[0])
-
-
-class PrintWatch:
-    """``print`` while the user's code is traced (in the tracing thread): recorded, not run."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, int, str]] = []  # (function, line in it, where)
-        self.thread = threading.get_ident()
-        self.real = builtins.print
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        if threading.get_ident() != self.thread:
-            return self.real(*args, **kwargs)
-        frame = sys._getframe(1)
-        self.lines.append((frame.f_code.co_name, frame.f_lineno,
-                           f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'))
-        return None
-
-    def refuse(self, name: str) -> None:
-        """A ``print`` ran while the code was traced: refused (it would print once, never again)."""
-        if not self.lines:
-            return
-        method, line, where = self.lines[0]
-        raise SideEffectError(
-            f"{name}.{method} calls `print` (line {line}).",
-            "A capture replays only tensor operations and the simple Python writes "
-            "minihop can repeat (counters, appends, constants); printing happens once, "
-            "while tracing, and never again when the graphs run.",
-            "Print outside the Function, or behind a flag that is off (if DEBUG: ...), "
-            "or run it eagerly with minihop.function(F, fallback='eager').",
-            where=where)
-
-
-class MessageWatch:
-    """``logging`` and ``warnings.warn`` calls made in the tracing thread by the user's code
-    while it runs: each is recorded (what, where) and not sent. Enabled only around the trace."""
-
-    _METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
-
-    def __init__(self, is_user: Callable[[Any], bool], passing: bool = False) -> None:
-        self.calls: list[tuple[str, str | None]] = []
-        # A backward traced again for one call (``StateTracker.standing``): its messages are
-        # that call's, sent as the user's code gives them (``sent``), and the trace serves
-        # that call only.
-        self.passing = passing
-        self.sent: list[str] = []
-        self.thread = threading.get_ident()
-        self.is_user = is_user
-        self.saved: list[tuple[Any, str, Any]] = []
-        for name in self._METHODS:
-            for home in (logging.Logger, logging):
-                self._swap(home, name)
-        for name in ("warn", "warn_explicit"):
-            self._swap(warnings, name)
-        # A warning torch's C++ gives while an op is traced (``torch.tensor(t)``'s) is shown
-        # by eager once per call, and by the graphs, which call that op again, once per call
-        # too: the trace's own showing would be one more. Python-level ones pass through
-        # ``call`` below (``python_warn``), and are shown or refused there.
-        self.python_warn = 0
-        self.show = warnings.showwarning
-        warnings.showwarning = self._show
-
-    def _swap(self, home: Any, name: str) -> None:
-        real = vars(home)[name]
-        label = f"`warnings.{name}`" if home is warnings else f"logging's `{name}`"
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() == self.thread:
-                frame = sys._getframe(1)
-                # A library's warning about the user's call (``F.upsample``'s deprecation, its
-                # stacklevel naming the user's line) is the user's message as much as their own.
-                blamed = self._blamed(frame, home, name, args, kwargs)
-                if blamed is not None and self.passing:
-                    self.sent.append(label)
-                    up_args, up_kwargs = _one_frame_up(home, name, args, kwargs) if blamed is frame else (args, kwargs)
-                    return self._python(real, up_args, up_kwargs)  # attributed to the user's line
-                if blamed is not None:
-                    self.calls.append((label, f'File "{blamed.f_code.co_filename}", '
-                                             f'line {blamed.f_lineno}'))
-                    return None  # sent by eager on the call itself, not by the trace
-            return self._python(real, args, kwargs) if home is warnings else real(*args, **kwargs)
-
-        self.saved.append((home, name, real))
-        setattr(home, name, call)
-
-    def _blamed(self, frame: Any, home: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The user's frame a message is about: the caller's own, or the one a library's
-        ``warnings.warn(..., stacklevel=n)`` names; None for a library's own message."""
-        if self.is_user(frame):
-            return frame
-        if home is not warnings or name != "warn":
-            return None
-        level = kwargs.get("stacklevel", args[2] if len(args) > 2 else 1)
-        named = frame
-        for _ in range(max(int(level) - 1, 0)):
-            named = named.f_back if named is not None else None
-        return named if named is not None and self.is_user(named) else None
-
-    def _python(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self.python_warn += 1
-        try:
-            return real(*args, **kwargs)
-        finally:
-            self.python_warn -= 1
-
-    def _show(self, *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == self.thread and not self.python_warn:
-            return None  # (C++'s, while an op is traced: the graphs give it when they run)
-        return self.show(*args, **kwargs)
-
-    def stop(self) -> None:
-        for home, name, real in reversed(self.saved):
-            setattr(home, name, real)
-        self.saved.clear()
-        if warnings.showwarning == self._show:
-            warnings.showwarning = self.show
-
-    def refuse(self, describe: str, named: Any = None) -> None:
-        """MH106 for the first message: one seen here, or one ``named`` (pystate's
-        ``hidden.ReadWatch``) saw through a name the code bound (``from warnings import warn``)."""
-        calls = [*self.calls, *((f"`{r[2]}`", r[4]) for r in getattr(named, "reads", ()) if r[1] == "message")]
-        if not calls:
-            return
-        what, where = calls[0]
-        raise SideEffectError(
-            f"{describe} gives a message ({what}).",
-            "A capture replays tensor operations: the message would be sent once, while "
-            "tracing, and never when the graphs run, where eager sends it on every call with "
-            "that call's values.",
-            "Give it outside the Function, or behind a flag that is off, or run it eagerly with "
-            "minihop.function(F, fallback='eager').", where=where)
-
-
-def _one_frame_up(home: Any, name: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``(args, kwargs)`` for the real call, one more frame up (this module's wrapper is not
-    the caller: the warning's or record's location is the user's line, as in eager)."""
-    if home is warnings and name == "warn" and len(args) >= 3:
-        return (*args[:2], args[2] + 1, *args[3:]), kwargs
-    if home is warnings and name != "warn":
-        return args, kwargs  # warn_explicit: its location is given
-    return args, {**kwargs, "stacklevel": kwargs.get("stacklevel", 1) + 1}
 
 
 class ctx_as_forward_left_it:  # noqa: N801  (used as a context manager, named as one)

@@ -56,7 +56,7 @@ _SEEDS = {"torch": ("manual_seed", "seed"),
           "torch.random": ("manual_seed", "seed"),
           "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state_all")}
 # Messages (``from warnings import warn``, ``from logging import info``): sent once while
-# tracing, never by the graphs; refused (effects.MessageWatch sees the module-attribute calls).
+# tracing, never by the graphs; refused (messages.MessageWatch sees the module-attribute calls).
 _MESSAGES = {"warnings": ("warn", "warn_explicit"),
              "logging": ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")}
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))

@@ -43,7 +43,7 @@ import torch
 
 from ..library_state import subclass_attributes
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
-from . import collectives, effects, heap, hidden, identity, kinds, opaque, store_marks
+from . import collectives, heap, hidden, identity, kinds, messages, opaque, store_marks
 from .opaque import constant_getattrs
 from .library_ran import LibraryRan
 from .atoms import ATOMS
@@ -76,10 +76,10 @@ class StateTracker:
         self.stores: dict[tuple[str, str], str] = {}  # (phase, name stored) -> where
         # (phase, root, name) written by ``+=``/``-=``: ``F.calls += 1`` is (.., "F", "calls")
         self.increments: set[tuple[str, str, str]] = set()
-        self.watch: effects.PrintWatch | None = None
+        self.watch: messages.PrintWatch | None = None
         self.hidden_reads: hidden.ReadWatch | None = None
         self.may_draw = False  # whether Python's generator may be drawn from where the code does not name it
-        self.messages: effects.MessageWatch | None = None
+        self.messages: messages.MessageWatch | None = None
         self.forward_writes: list[StateWrite] | None = None
         # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
         self.hidden_sites: dict[tuple[int, str], tuple[Any, str, Any, str, str]] = {}
@@ -293,7 +293,7 @@ class StateTracker:
     # writes: snapshots of everything reachable from the roots
     def start(self) -> None:
         """Before the user's code runs: watch ``print`` and the clock."""
-        self.watch = effects.PrintWatch()
+        self.watch = messages.PrintWatch()
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
         self.opaque.start(codes, self.args, {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed
@@ -301,7 +301,7 @@ class StateTracker:
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)
-        self.messages = effects.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
+        self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
 
     def stop(self) -> None:
         self.opaque.stop()

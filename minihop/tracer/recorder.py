@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_map
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import handlers, operators, recompute
+from . import handlers, messages, operators, recompute
 from .frames import format_frame, stack_trace, user_frame, user_frame_object
 from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
@@ -382,13 +382,18 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 if unbacked is not None and name in _SCALAR_READS:
                     return unbacked.scalar(func, args, kwargs, format_frame(user_frame()))
                 raise DataDependentOutputException(func)
-            result = func(*args, **kwargs)
+            heard = messages.op_begin()  # (messages the op gives: the graph's, once recorded)
+            try:
+                result = func(*args, **kwargs)
+            finally:
+                messages.op_end(heard)
         except Exception as e:
             if setitem and (type(e) is DataDependentOutputException or isinstance(e, GuardOnDataDependentSymNode)):
                 # A write at a place read from data (``y[t[0].long()] = 1.0``): where it lands is
                 # known when the graphs run, and no fake changes (the written tensor keeps its
                 # shape). Recorded, not computed as a value read (that lost the write).
                 recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), (args[0],))
+                messages.op_recorded()
                 return None
             if self.on_constant is not None and name not in _VALUE_READS and \
                     (type(e) in (DynamicOutputShapeException, DataDependentOutputException)
@@ -396,6 +401,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 result = self.on_constant(func, args, kwargs)
                 if result is not None:
                     recorder.record(func, args, kwargs, result, form)
+                    messages.op_recorded()
                     return result
             if type(e) is DataDependentOutputException and self.on_value is not None \
                     and name not in _COPY_READS:
@@ -410,6 +416,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if version_of(t) != v)
+        if setitem or isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
+            messages.op_recorded()
         if setitem:
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
