@@ -581,3 +581,25 @@ def test_checkpoint_inside_forward_dropout_module():
         @staticmethod
         def backward(ctx, g): return g
     matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: drop.train())
+
+
+def test_library_warning_in_backward_traced_again_for_its_call():
+    # Found by the effects fuzzer (seed 990179): a backward reading a global dict forward
+    # left on ctx is traced again when it runs, for that call; its op's warning was then
+    # given by that trace and by the graph.
+    CFG = {"s": 1.0}
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.cfg = CFG
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2 + g * ctx.cfg["s"] + Fn.mse_loss(g, torch.zeros_like(g), size_average=True)
+
+    def mid(i):
+        CFG["s"] = float(i % 2 + 1)
+
+    matches_eager(F, lambda i: (x_(i),), mid=mid, reset=lambda: CFG.update(s=1.0))

@@ -116,7 +116,7 @@ class MessageWatch:
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
-                if home is warnings and not self.passing and self.op_heard is not None:
+                if home is warnings and self.op_heard is not None:
                     # Inside an op run on fakes (``F.softmax``'s implicit-dim warning): the
                     # graph's call of that op gives it on every call; an op not recorded cannot.
                     where = _user_where(frame, self.is_user)
@@ -126,7 +126,7 @@ class MessageWatch:
                 # A library's warning about the user's call (``F.upsample``'s deprecation, its
                 # stacklevel naming the user's line) is the user's message as much as their own.
                 blamed = self._blamed(frame, home, name, args, kwargs)
-                if blamed is None and home is warnings and not self.passing \
+                if blamed is None and home is warnings \
                         and _called_for_user(frame, self.is_user):
                     blamed = frame  # a library helper the user called, not a recorded op: no graph gives it
                 if blamed is not None and self.passing:
@@ -163,7 +163,7 @@ class MessageWatch:
 
     def _show(self, *args: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == self.thread and not self.python_warn:
-            if self.op_heard is not None and not self.passing:
+            if self.op_heard is not None:
                 self.op_heard.append(("a warning of torch's", _user_where(sys._getframe(1), self.is_user)))
             return None  # (C++'s, while an op is traced: the graphs give it when they run)
         return self.show(*args, **kwargs)

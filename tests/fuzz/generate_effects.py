@@ -22,7 +22,9 @@ found from outside in round 6, a module's private counter beside a tensor it kee
 twelve containers down, a closure variable only stored to, and an argument that is, on some
 calls, the very dict the code also reads; in round 11, a buffer of the user's class over
 ``io.BytesIO``, an attribute of an ``int`` of the user's class, a logger's level set (a
-library's setter) or its ``disabled`` flag, and ``sys.argv`` appended to.
+library's setter) or its ``disabled`` flag, and ``sys.argv`` appended to; in round 14, torch's
+own warnings: inside an op the graph records (``F.softmax`` without ``dim``,
+``F.mse_loss(..., size_average=True)``) and from a library helper outside any op.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -93,6 +95,9 @@ KINDS = {
     "argv_append": ("fb", ""), "logger_disabled": ("fb", ""),
     # Round 12: a handler added to a logger (a library object's list, through its method).
     "logger_add_handler": ("fb", ""),
+    # Round 14: torch's own Python warning inside an op the graph records (F.softmax without
+    # dim, F.mse_loss's size_average) and one a library helper gives outside any op.
+    "library_warn_op": ("fb", ""), "library_warn_kwarg": ("fb", ""), "library_helper_warn": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -145,6 +150,12 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [f"warnings.warn(f'{phase} {n} size {{x.shape[0]}}')"], ""
     if kind == "logging":
         return [f"LOGGER.{r.choice(['info', 'warning'])}('%s %s', {phase!r}, x.shape[0])"], ""
+    if kind == "library_warn_op":
+        return [], "torch.nn.functional.softmax(x)"
+    if kind == "library_warn_kwarg":
+        return [], "torch.nn.functional.mse_loss(x, torch.zeros_like(x), size_average=True)"
+    if kind == "library_helper_warn":
+        return ["_red = torch.nn.functional._Reduction.legacy_get_string(True, None)"], "float(len(_red))"
     if kind == "raise_after_write":
         return ["LOG.append('before raise')", "RAISES[0] += 1",
                 "if RAISES[0] % 3 == 2:", f"    raise ValueError('call {{}} refused'.format(RAISES[0]))"], ""
