@@ -12,7 +12,13 @@ Silent differences from eager before this round:
   refused like the user's own, and one a library helper the user called gives outside any op
   is refused too. What a forward trace held back and the call's real run (graph, or eager
   under ``fallback="eager"``) does not give itself (a library's warn-once flag the trace used
-  up, ``x.storage()``'s) is shown after that run.
+  up, ``x.storage()``'s) is shown after that run; a backward traced again for its own call
+  (a ctx dict it reads) holds them too;
+- a value of the user's subclass of ``dict``, ``list``, ``float`` or ``str`` whose class
+  defines a method the code's use runs (``__missing__``, ``__getitem__``, ``__mul__``,
+  ``__len__``) reading a global: counted as a plain value, so no watch ran while traced and the
+  method's read was baked in. Such a value is not plain now (``tracer.opaque._no_user_methods``):
+  the call watch sees the method, code no analysis reached, and the capture is single-use.
 
 The rest passed when written and stay as the round's evidence: module hooks added between
 calls (forward, pre-forward, global), ``spectral_norm``'s power iteration, ``weight_norm``'s
@@ -23,14 +29,24 @@ global, a rotary table cached on a module attribute, ``torch.autograd.grad`` ins
 equal but spelled otherwise, a global leaf's ``.grad`` read in forward or backward,
 ``isinstance(w, nn.Parameter)``, a memo keyed by ``id()``, ``torch.is_grad_enabled()`` in a
 backward run with and without ``create_graph``, returned sizes under automatic dynamic
-shapes, a checkpointed dropout module switched between train and eval.
+shapes, a checkpointed dropout module switched between train and eval; a ``singledispatch``
+helper registered for a new type, ``__slots__`` objects, a frozen dataclass forced, a
+descriptor reading a global, ``operator.attrgetter``, ``globals()["S"]``, a frame's
+``f_globals``, ``itertools.count``, a ``random.Random`` argument, an inner Function class made
+inside forward, a ``defaultdict`` whose factory reads a global.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import decimal
 import fractions
+import functools
+import inspect
+import itertools
+import operator
+import random as pyrandom
 import warnings
 
 import torch
@@ -603,3 +619,236 @@ def test_library_warning_in_backward_traced_again_for_its_call():
         CFG["s"] = float(i % 2 + 1)
 
     matches_eager(F, lambda i: (x_(i),), mid=mid, reset=lambda: CFG.update(s=1.0))
+
+
+# -- values of the user's subclasses of plain types, state in odd holders --
+
+def _fresh_sd():
+    global sd_scale
+    @functools.singledispatch
+    def sd_scale(v): return 1.0
+_fresh_sd()
+def test_singledispatch_registered_between():
+    def btw(i):
+        if i == 2:
+            @sd_scale.register(float)
+            def _(v): return v * 2
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s): return x * sd_scale(s)
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), 1.5), between=btw, reset=_fresh_sd)
+
+class Slotted:
+    __slots__ = ("s", "t")
+    def __init__(self): self.s, self.t = 1.0, 2.0
+SL = Slotted()
+def test_slots_global_changed():
+    def btw(i): SL.s = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * SL.s
+        @staticmethod
+        def backward(ctx, g): return g * SL.s
+    def mid(i): SL.s = 5.0 if i == 3 else SL.s
+    matches_eager(F, lambda i: (x_(i),), between=btw, mid=mid, reset=lambda: setattr(SL, "s", 1.0))
+
+def test_slots_arg_changed():
+    o = Slotted()
+    def btw(i): o.t = float(i % 3 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * c.t
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), o), between=btw, reset=lambda: setattr(o, "t", 2.0))
+
+@dataclasses.dataclass(frozen=True)
+class FrozenCfg:
+    s: float = 1.0
+FC = FrozenCfg()
+def test_frozen_dataclass_forced_write():
+    def btw(i): object.__setattr__(FC, "s", float(i % 2 + 1))
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * FC.s
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: object.__setattr__(FC, "s", 1.0))
+
+DESC_VAL = [1.0]
+class GlobalDesc:
+    def __get__(self, obj, owner): return DESC_VAL[0]
+class HasDesc:
+    scale = GlobalDesc()
+def test_descriptor_reads_global():
+    h = HasDesc()
+    def btw(i): DESC_VAL[0] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o): return x * o.scale
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), h), between=btw, reset=lambda: DESC_VAL.__setitem__(0, 1.0))
+
+def test_attrgetter_global():
+    class C: pass
+    c = C(); c.s = 1.0
+    get_s = operator.attrgetter("s")
+    def btw(i): c.s = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * get_s(c)
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: setattr(c, "s", 1.0))
+
+GSCALE = 1.0
+def test_globals_call_item():
+    def btw(i):
+        global GSCALE
+        GSCALE = float(i % 2 + 1)
+    def rst():
+        global GSCALE
+        GSCALE = 1.0
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * globals()["GSCALE"]
+        @staticmethod
+        def backward(ctx, g): return g * globals()["GSCALE"]
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=rst)
+
+def test_frame_f_globals():
+    def btw(i):
+        global GSCALE
+        GSCALE = float(i % 2 + 1)
+    def rst():
+        global GSCALE
+        GSCALE = 1.0
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * inspect.currentframe().f_globals["GSCALE"]
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=rst)
+
+CNT = [itertools.count()]
+def test_itertools_count_global():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * float(next(CNT[0]) % 3 + 1)
+        @staticmethod
+        def backward(ctx, g): return g
+    def rst(): CNT[0] = itertools.count()
+    matches_eager(F, lambda i: (x_(i),), reset=rst, state=lambda: None)
+
+def test_python_random_instance_arg():
+    r = pyrandom.Random(3)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, rng): return x * rng.random()
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), r), reset=lambda: r.seed(3))
+
+
+ISCALE = [1.0]
+def test_inner_function_class_defined_in_forward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            class Inner(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx2, y): return y * ISCALE[0]
+                @staticmethod
+                def backward(ctx2, g): return g * ISCALE[0]
+            return Inner.apply(x) + x
+        @staticmethod
+        def backward(ctx, g): return g * (ISCALE[0] + 1)
+    def btw(i): ISCALE[0] = float(i % 2 + 1)
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: ISCALE.__setitem__(0, 1.0))
+
+MISS = {"d": 1.0}
+class DefaultsDict(dict):
+    def __missing__(self, k): return MISS["d"]
+def test_dict_missing_reads_global():
+    d = DefaultsDict()
+    def btw(i): MISS["d"] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg): return x * cfg["scale"]
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), d), between=btw, reset=lambda: MISS.update(d=1.0))
+
+def test_defaultdict_factory_global():
+    import collections
+    d = collections.defaultdict(lambda: MISS["d"])
+    def btw(i):
+        MISS["d"] = float(i % 2 + 1)
+        d.clear()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * d["s"]
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: (MISS.update(d=1.0), d.clear()))
+
+class Knob(float):
+    def __mul__(self, o): return float(self) * MISS["d"] * o
+    __rmul__ = __mul__
+def test_float_subclass_mul_reads_global():
+    def btw(i): MISS["d"] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k): return x * float(k * 1.0)
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), Knob(2.0)), between=btw, reset=lambda: MISS.update(d=1.0))
+
+class MyList(list):
+    def __getitem__(self, i): return list.__getitem__(self, i) * MISS["d"]
+def test_list_subclass_getitem_reads_global():
+    def btw(i): MISS["d"] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, l): return x * l[0]
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), MyList([2.0])), between=btw, reset=lambda: MISS.update(d=1.0))
+
+class MyTuple(tuple):
+    def __iter__(self):
+        return iter([v * MISS["d"] for v in tuple.__iter__(self)])
+def test_tuple_subclass_iter_reads_global():
+    def btw(i): MISS["d"] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, t):
+            a, b = t
+            return x * a + b
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), MyTuple((2.0, 1.0))), between=btw, reset=lambda: MISS.update(d=1.0))
+
+class StrK(str):
+    def __len__(self): return int(MISS["d"]) + 3
+def test_str_subclass_len_reads_global():
+    def btw(i): MISS["d"] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s): return x * float(len(s))
+        @staticmethod
+        def backward(ctx, g): return g, None
+    matches_eager(F, lambda i: (x_(i), StrK("ab")), between=btw, reset=lambda: MISS.update(d=1.0))
+
+def test_global_dict_subclass_missing():
+    D = DefaultsDict()
+    def btw(i): MISS["d"] = float(i % 2 + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * D["k"]
+        @staticmethod
+        def backward(ctx, g): return g * D["k"]
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: MISS.update(d=1.0))

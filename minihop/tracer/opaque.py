@@ -118,20 +118,45 @@ def _constant_name(lookup: str, window: list[Any], argc: int | None) -> bool:
 
 def _plain(value: Any, depth: int = 0) -> bool:
     """Values through which no user code can run: tensors, numbers, strings, torch's and the
-    standard library's functions and modules, and containers of those."""
-    if value is None or value is MISSING or isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
-                                           torch.device, torch.Size, types.ModuleType)):
+    standard library's functions and modules, and containers of those. A subclass of these
+    whose own class defines functions (``__missing__``, ``__getitem__``, ``__mul__``) runs them
+    where the code indexes or multiplies it: not plain."""
+    if value is None or value is MISSING:
         return True
+    if isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+                          torch.device, torch.Size, types.ModuleType)):
+        return _no_user_methods(type(value))
     if isinstance(value, (tuple, list, frozenset, set)) and depth < 2:
-        return len(value) < 64 and all(_plain(v, depth + 1) for v in value)
+        return len(value) < 64 and _no_user_methods(type(value)) and all(_plain(v, depth + 1) for v in value)
     if isinstance(value, dict) and depth < 2:
-        return len(value) < 64 and all(_plain(v, depth + 1) for v in value.values())
+        return len(value) < 64 and _no_user_methods(type(value)) and \
+            all(_plain(v, depth + 1) for v in value.values())
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         return True  # C code (``x.sin``, ``len``): a callback it calls is a value of its own
     if isinstance(value, (types.FunctionType, type)):
         return _library_name(getattr(value, "__module__", None))
     return False
+
+
+_BUILTIN_BASES = frozenset({int, float, complex, str, bytes, tuple, list, frozenset, set, dict, bool,
+                            torch.Tensor, torch.dtype, torch.device, torch.Size, types.ModuleType})
+
+
+def _no_user_methods(cls: type) -> bool:
+    """Whether no class of ``cls``'s MRO holds a function of the user's (a namedtuple's and an
+    enum's generated ones are the library's)."""
+    if cls in _BUILTIN_BASES:
+        return True
+    for c in cls.__mro__:
+        if c in _BUILTIN_BASES or c is object or _library_name(c.__module__):
+            continue
+        for v in vars(c).values():
+            f = getattr(v, "__func__", getattr(v, "fget", v))
+            if callable(f) and not isinstance(f, type) and not _library_name(getattr(f, "__module__", None)) \
+                    and not str(getattr(f, "__module__", "")).startswith("namedtuple_"):
+                return False
+    return True
 
 
 def may_call_unanalysed(values: Iterable[Any]) -> bool:
