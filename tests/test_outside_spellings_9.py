@@ -18,7 +18,11 @@ Silent differences from eager before this round:
   defines a method the code's use runs (``__missing__``, ``__getitem__``, ``__mul__``,
   ``__len__``) reading a global: counted as a plain value, so no watch ran while traced and the
   method's read was baked in. Such a value is not plain now (``tracer.opaque._no_user_methods``):
-  the call watch sees the method, code no analysis reached, and the capture is single-use.
+  the call watch sees the method, code no analysis reached, and the capture is single-use;
+- a tensor an ``lru_cache`` helper returned, written in place by the Function (``t.mul_(2)``,
+  through a view, or in backward through ctx): eager's cache keeps that tensor, so each call's
+  write adds up, while the graphs computed it afresh. Refused now (MH106,
+  ``tracer.hidden.ReadWatch.call_writes``).
 
 The rest passed when written and stay as the round's evidence: module hooks added between
 calls (forward, pre-forward, global), ``spectral_norm``'s power iteration, ``weight_norm``'s
@@ -58,6 +62,10 @@ from eager_modes import matches_eager
 
 def x_(i):
     return (torch.linspace(-1, 1, 4) + i).requires_grad_()
+
+
+def xs(n, i):
+    return (torch.linspace(-1, 1, n) + i).requires_grad_()
 
 
 def test_library_warning_softmax_no_dim():
@@ -852,3 +860,193 @@ def test_global_dict_subclass_missing():
         @staticmethod
         def backward(ctx, g): return g * D["k"]
     matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: MISS.update(d=1.0))
+
+
+# -- sizes x exceptions, caches, generators --
+
+def test_assert_on_dynamic_size():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            assert x.shape[0] > 3, f"too short: {x.shape[0]}"
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    sizes = [4, 5, 6, 3, 7]
+    matches_eager(F, lambda i: (xs(sizes[i], i),), steps=5)
+
+def test_raise_on_dynamic_size_in_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.n = x.shape[0]
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            if ctx.n == 6:
+                raise ValueError(f"n={ctx.n}")
+            return g * 2
+    sizes = [4, 5, 6, 7]
+    matches_eager(F, lambda i: (xs(sizes[i], i),))
+
+def test_lru_cached_tensor_mutated_inplace():
+    @functools.lru_cache(maxsize=None)
+    def table(n): return torch.ones(n)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            t = table(x.shape[0])
+            t.mul_(2)
+            return x * t
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), reset=table.cache_clear, state=lambda: table(4).clone())
+
+def test_module_on_ctx_training_flipped_mid():
+    drop = torch.nn.Dropout(0.0)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.mod = drop
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            return g * (3.0 if ctx.mod.training else 2.0)
+    def mid(i): drop.train(i % 2 == 0)
+    matches_eager(F, lambda i: (x_(i),), mid=mid, reset=lambda: drop.train())
+
+def test_exception_class_init_reads_global():
+    MSG = {"m": "a"}
+    class MyErr(Exception):
+        def __init__(self, n):
+            super().__init__(f"{MSG['m']} {n}")
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if x.shape[0] == 5:
+                raise MyErr(x.shape[0])
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def btw(i): MSG["m"] = "b" if i > 1 else "a"
+    sizes = [4, 5, 6, 5]
+    matches_eager(F, lambda i: (xs(sizes[i], i),), between=btw, reset=lambda: MSG.update(m="a"))
+
+def test_write_then_raise_in_backward():
+    LOG = []
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            LOG.append(len(LOG))
+            if len(LOG) % 2 == 0:
+                raise RuntimeError("even")
+            return g * 2
+    matches_eager(F, lambda i: (x_(i),), reset=LOG.clear, state=lambda: list(LOG))
+
+def test_cache_dict_on_class_by_dtype():
+    class F(torch.autograd.Function):
+        cache = {}
+        @staticmethod
+        def forward(ctx, x):
+            k = (x.dtype, x.shape[0])
+            if k not in F.cache:
+                F.cache[k] = torch.arange(x.shape[0], dtype=x.dtype)
+            t = F.cache[k]
+            ctx.save_for_backward(t)
+            return x * t
+        @staticmethod
+        def backward(ctx, g):
+            t, = ctx.saved_tensors
+            return g * t
+    sizes = [4, 4, 5, 4]
+    matches_eager(F, lambda i: (xs(sizes[i], i),), reset=F.cache.clear, state=lambda: sorted(map(str, F.cache)))
+
+def test_generator_function_helper_yields_scales():
+    def scales(n):
+        for k in range(n):
+            yield float(k + 1)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x
+            for s in scales(x.shape[0] % 3 + 1):
+                y = y * s
+            return y
+        @staticmethod
+        def backward(ctx, g): return g
+    sizes = [4, 5, 6, 4]
+    matches_eager(F, lambda i: (xs(sizes[i], i),))
+
+def test_generator_global_shared_state():
+    def gen():
+        k = 0
+        while True:
+            k += 1
+            yield float(k % 3 + 1)
+    GEN = [gen()]
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * next(GEN[0])
+        @staticmethod
+        def backward(ctx, g): return g
+    def rst(): GEN[0] = gen()
+    matches_eager(F, lambda i: (x_(i),), reset=rst)
+
+def test_generator_in_ctx_advanced_in_backward():
+    def gen():
+        k = 0
+        while True:
+            k += 1
+            yield float(k)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.g = gen()
+            return x * next(ctx.g)
+        @staticmethod
+        def backward(ctx, g):
+            return g * next(ctx.g)
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_lru_tensor_written_through_view():
+    @functools.lru_cache(maxsize=None)
+    def table(n): return torch.ones(n)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            t = table(x.shape[0])
+            t[:2].add_(1)
+            return x * t
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), reset=table.cache_clear, state=lambda: table(4).clone())
+
+def test_lru_tensor_saved_written_in_backward():
+    @functools.lru_cache(maxsize=None)
+    def table(n): return torch.ones(n)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            t = table(x.shape[0])
+            ctx.t = t
+            return x * t
+        @staticmethod
+        def backward(ctx, g):
+            ctx.t.mul_(2)
+            return g * ctx.t
+    matches_eager(F, lambda i: (x_(i),), reset=table.cache_clear, state=lambda: table(4).clone())
+
+def test_lru_tensor_read_only_captured():
+    @functools.lru_cache(maxsize=None)
+    def table(n): return torch.arange(n, dtype=torch.float32) + 1
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * table(x.shape[0])
+        @staticmethod
+        def backward(ctx, g): return g * table(g.shape[0])
+    matches_eager(F, lambda i: (x_(i),), reset=table.cache_clear, refusable=False)
+

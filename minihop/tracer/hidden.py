@@ -216,6 +216,8 @@ class ReadWatch:
         self.swapped: list[tuple[Any, str, Any]] = []
         # lru_cache helpers called: (phase, home, name, what, args, kwargs, where)
         self.cache_calls: list[tuple[str, Any, str, str, tuple[Any, ...], dict[str, Any], str]] = []
+        # the tensors they returned, with their version counters then (a write into one: refused)
+        self.cache_results: list[tuple[list[torch.Tensor], list[int], str, str]] = []
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -241,6 +243,9 @@ class ReadWatch:
                 result = unwrapped(*args, **kwargs)
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
                     stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")
+                    returned = [t for t in (result if isinstance(result, (tuple, list)) else (result,))
+                                if isinstance(t, torch.Tensor)]
+                    self.cache_results.append((returned, [t._version for t in returned], what, where))
                 return result
 
             self._install(home, name, fn, uncached)
@@ -287,6 +292,15 @@ class ReadWatch:
         """Each lru_cache helper call, made again when the capture runs (``StateWrite`` kind
         "call"; forward's after fwd, backward's when backward runs), through the place the
         code named it by."""
+        for returned, versions, what, where in self.cache_results:
+            if any(t._version != v for t, v in zip(returned, versions, strict=True)):
+                raise SideEffectError(
+                    f"The Function writes in place into a tensor {what} (an lru_cache helper) returned.",
+                    "Eager's cache keeps that very tensor: each call writes into it again and the "
+                    "next call gets it back written; a capture computes the tensor afresh in its "
+                    "graphs on every call, so the writes never add up.",
+                    "Clone what the cached helper returns before writing into it (table(n).clone()), "
+                    "or run it eagerly with minihop.function(F, fallback='eager').", where=where)
         writes = []
         for phase, home, name, what, args, kwargs, where in self.cache_calls:
             # A size symbol among the arguments is computed from each call's arguments (which
