@@ -51,6 +51,7 @@ import inspect
 import itertools
 import operator
 import random as pyrandom
+import types
 import warnings
 
 import torch
@@ -1050,3 +1051,88 @@ def test_lru_tensor_read_only_captured():
         def backward(ctx, g): return g * table(g.shape[0])
     matches_eager(F, lambda i: (x_(i),), reset=table.cache_clear, refusable=False)
 
+
+
+# -- code analysed for forward only, run by backward too --
+
+RT_HELPERS = types.ModuleType("round14_runtime_helpers")
+exec("K = 2.0\ndef scale():\n    return K * 1.0\n", RT_HELPERS.__dict__)
+
+
+def _rt_leaf():
+    return RT_HELPERS.scale()
+
+
+def _rt_helper():
+    return _rt_leaf()
+
+
+def _rt_deco(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        return fn(*a, **k) * _rt_helper()
+    return wrapper
+
+
+def test_backward_wrapper_reaches_forward_helper_chain():
+    # Found by the reads fuzzer (seed 991397): backward's user decorator calls a helper chain
+    # forward calls too; the analysis went one level less deep from the wrapper, so the
+    # module function's read of K was forward's only, and backward's read was never checked.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * _rt_helper()
+
+        @staticmethod
+        @_rt_deco
+        def backward(ctx, g):
+            return g
+
+    def btw(i):
+        RT_HELPERS.K = [0.0, 0.5, -1.5, 2.0][i]
+
+    def mid(i):
+        RT_HELPERS.K = [0.0, 3.0, 0.5, 1.0][i]
+
+    matches_eager(F, lambda i: (x_(i),), between=btw, mid=mid, reset=lambda: setattr(RT_HELPERS, "K", 2.0))
+
+
+DEEP = {"s": 2.0}
+
+
+def _d4():
+    return DEEP["s"]
+
+
+def _d3():
+    return _d4()
+
+
+def _d2():
+    return _d3()
+
+
+def _d1():
+    return _d2()
+
+
+def test_backward_reaches_past_the_analysis_depth_code_forward_analysed():
+    # forward calls _d3 (its read of DEEP analysed for forward); backward reaches _d3 through
+    # _d1 and _d2, past the depth the analysis follows: run there, it is unanalysed code (the
+    # call watch: the capture is single-use), not forward's analysed code.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * _d3()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * _d1()
+
+    def btw(i):
+        DEEP["s"] = [2.0, 0.5, -1.5, 2.0][i]
+
+    def mid(i):
+        DEEP["s"] = [1.0, 3.0, 0.5, 4.0][i]
+
+    matches_eager(F, lambda i: (x_(i),), between=btw, mid=mid, reset=lambda: DEEP.update(s=2.0))

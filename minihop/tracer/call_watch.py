@@ -71,6 +71,7 @@ class CallWatch:
         # its first instruction): ``opaque.Finder`` binds the stand-ins there and watches its
         # ``id``/``hash`` reads
         self.on_unanalysed: Callable[[types.CodeType, dict[str, Any]], None] | None = None
+        self.backward_analysed: set[types.CodeType] | None = None  # (None: ``analysed`` in both)
         sys.settrace(self._trace)
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
@@ -108,8 +109,13 @@ class CallWatch:
 
     def enter_backward(self) -> None:
         """From now on backward runs: library code kept in forward is kept again where
-        backward runs it (backward's reads are checked again when it runs)."""
+        backward runs it (backward's reads are checked again when it runs). Code analysed for
+        forward only (a helper reached from forward, but from backward past the analysis's
+        depth) is unanalysed here: its reads were forward's."""
         self.phase = "backward"
+        if self.backward_analysed is not None:
+            self.analysed = self.backward_analysed
+            self.ok = set()
         self.library_codes.update(self.noted)
         self.noted = {}
         self.callers = {id(c) for c in self.analysed}

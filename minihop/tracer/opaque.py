@@ -307,13 +307,17 @@ class Finder:
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
 
     def start(self, codes: set[types.CodeType], args: tuple[Any, ...],
-              namespaces: dict[types.CodeType, dict[str, Any]], library: Any) -> None:
+              namespaces: dict[types.CodeType, dict[str, Any]], library: Any,
+              backward_codes: set[types.CodeType] | None = None) -> None:
         """``library``: where the CallWatch keeps the library code the call runs
-        (``library_ran.LibraryRan``; required: the watch hands it every library frame it keeps)."""
+        (``library_ran.LibraryRan``; required: the watch hands it every library frame it keeps).
+        ``backward_codes``: the codes analysed for backward (others run there are unanalysed)."""
         if may_call_unanalysed([*args, *self.reachable]):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
                                    lambda frame: library_frame(frame, self.library_module), library,
                                    self.function, args)
+            if backward_codes is not None:
+                self.calls.backward_analysed = {c for code in backward_codes for c in nested_codes(code)}
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
         naming = {c for code in codes if names_identity(code) - STAND_INS.keys() for c in nested_codes(code)}

@@ -297,7 +297,8 @@ class StateTracker:
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
         self.opaque.start(codes, self.args, {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed
-                                             if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}, self.library)
+                                             if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}, self.library,
+                          {fn.__code__ for phase, fn, _, _ in self.analysed if phase == "backward" and hasattr(fn, "__code__")})
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)

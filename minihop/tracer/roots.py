@@ -274,7 +274,8 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
     # A method the user decorated (``@counting``, ``functools.wraps``): its code is the
     # innermost function's, but each wrapper of the user's runs too, reading its own cells
     # and globals (a call counter): analysed as helpers (their ``*args`` are not named).
-    todo += [(phase, layer, bound, 1) for phase, fn, _ in methods for layer, bound in wrapper_layers(fn)]
+    # (at the method's own depth: a wrapper is the method as the caller runs it)
+    todo += [(phase, layer, bound, 0) for phase, fn, _ in methods for layer, bound in wrapper_layers(fn)]
     while todo:
         phase, fn, params, depth = todo.pop(0)
         code = code_of(fn)

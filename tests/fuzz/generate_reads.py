@@ -102,7 +102,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 13: a set passed in, equal on every call but built in another order (it
            # iterates in another order), and a tensor argument made under inference mode on
            # some calls (``is_inference()``, a flag no key held).
-           "set_order_arg", "inference_flag_arg")
+           "set_order_arg", "inference_flag_arg",
+           # Round 14: a value of the user's subclass of a plain type whose own method reads a
+           # global (a dict's ``__missing__`` passed in, a float's ``__mul__`` passed in, a
+           # list's ``__getitem__`` in a global).
+           "dict_subclass_missing_arg", "float_subclass_mul_arg", "list_subclass_getitem_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -478,6 +482,18 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "logging_root_level":
         return ([], ["logging.root.setLevel(logging.DEBUG if v > 1 else logging.WARNING)"],
                 "(3.0 if logging.root.level <= logging.DEBUG else 2.0)", [], "")
+    if holder == "dict_subclass_missing_arg":
+        return (["MISSV = {'v': 2.0}", "", "", "class KMiss(dict):", "    def __missing__(self, k):",
+                 "        return MISSV['v']", "", "", "KMISS = KMiss()"],
+                ["MISSV['v'] = v"], "km['s']", ["KMISS"], "km")
+    if holder == "float_subclass_mul_arg":
+        return (["MULV = {'v': 2.0}", "", "", "class KMul(float):", "    def __mul__(self, o):",
+                 "        return float(self) * MULV['v'] * o", "", "", "KMUL = KMul(1.0)"],
+                ["MULV['v'] = v"], "float(kmu * 1.0)", ["KMUL"], "kmu")
+    if holder == "list_subclass_getitem_global":
+        return (["GETV = {'v': 2.0}", "", "", "class KList(list):", "    def __getitem__(self, i):",
+                 "        return list.__getitem__(self, i) * GETV['v']", "", "", "KLIST = KList([1.0])"],
+                ["GETV['v'] = v"], "KLIST[0]", [], "")
     if holder == "deque_subclass_attr_arg":
         return (["class KRing(collections.deque):", "    pass", "", "", "KRING = KRing([1.0])", "KRING.w = 2.0"],
                 ["KRING.w = v"], "kr.w * kr[0]", ["KRING"], "kr")
