@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 __all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
-           "path_expression", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
+           "path_expression", "object_paths", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
            "PLAIN_CALLABLES"]
 
 # One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
@@ -201,6 +201,24 @@ def held_values(value: Any) -> list[tuple[Step, Any]] | None:
     return None
 
 
+def object_paths(args: tuple[Any, ...]) -> dict[int, Path]:
+    """Where each container and user object inside the arguments is (``("arg", i)`` first),
+    by id: what forward returns of them is the caller's own object (``OutputSpec`` "arg")."""
+    found: dict[int, Path] = {}
+    todo = [((("arg", i),), v) for i, v in enumerate(args)]
+    while todo:
+        path, value = todo.pop()
+        children = held_values(value)
+        if children is None or id(value) in found or len(path) > 8:
+            continue
+        found[id(value)] = path
+        todo += [((*path, step), item) for step, item in children]
+    return found
+
+
+_GETTERS: dict[Path, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {}
+
+
 def _contains_tensor(value: Any) -> bool:
     return any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value))
 
@@ -274,7 +292,8 @@ def path_expression(path: Path) -> str:
 class OutputSpec:
     """The shape of what forward returned, with tensors replaced by flat output indices.
 
-    ``kind`` is ``"tensor"`` (``index`` into the flat outputs), ``"const"`` (``value``; a
+    ``kind`` is ``"tensor"`` (``index`` into the flat outputs), ``"arg"`` (the call's own object
+    at path ``value``; ``template`` the traced call's), ``"const"`` (``value``; a
     ``Computed`` value is computed from each call's arguments), ``"tuple"``, ``"size"`` (a
     ``torch.Size``), ``"list"``, ``"namedtuple"``, ``"dict"`` or ``"object"`` (``children``,
     with ``keys`` for dicts/objects and ``template`` for namedtuples/objects).
@@ -293,9 +312,21 @@ class OutputSpec:
         kind = self.kind
         if kind == "tensor":
             return flat[self.index]
+        if kind == "arg":  # the caller's own object, as eager returns it
+            if not args:
+                return self.template
+            getter = _GETTERS.get(self.value)
+            if getter is None:
+                getter = _GETTERS[self.value] = make_getter(self.value)
+            return getter(args, {})
         if kind == "const":
             value = self.value
-            return value if type(value) in _PLAIN_CONSTS else fresh(value, args)
+            if type(value) in _PLAIN_CONSTS:
+                return value
+            # An object forward made (``Info(n)``): eager makes a new one on every call, so a
+            # caller's edit to one call's must not show in the next (one that existed before
+            # the call is refused: ``outputs.refuse_returned_state``).
+            return copy.deepcopy(value) if _is_object_container(value) else fresh(value, args)
         items = [c.rebuild(flat, args) for c in self.children]
         if kind == "tuple":
             return tuple(items)
@@ -314,33 +345,37 @@ class OutputSpec:
 
 
 def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
-                    level: int = 0) -> OutputSpec:
+                    level: int = 0, from_args: dict[int, Path] | None = None) -> OutputSpec:
     """Build the ``OutputSpec`` of ``value``; ``on_tensor(t, top_level)`` returns t's flat index.
 
     ``top_level`` is True for a tensor returned directly or as an item of a returned tuple
     (``level`` 0 or 1): the only tensors eager autograd treats as outputs of the Function.
+    ``from_args`` (``object_paths``): a container or object of the arguments is returned as
+    the call's own ("arg").
     """
     if isinstance(value, torch.Tensor):
         return OutputSpec("tensor", index=on_tensor(value, level <= 1))
+    if from_args and id(value) in from_args and not isinstance(value, tuple):
+        return OutputSpec("arg", value=from_args[id(value)], template=value)
     if isinstance(value, torch.Size) and level > 0:
-        return OutputSpec("size", children=tuple(describe_output(v, on_tensor, 2) for v in value))
+        return OutputSpec("size", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in value))
     if isinstance(value, tuple):
         # Only the returned tuple itself spreads into outputs; deeper tuples are plain values.
         child_level = 1 if level == 0 else 2
-        children = tuple(describe_output(v, on_tensor, child_level) for v in value)
+        children = tuple(describe_output(v, on_tensor, child_level, from_args) for v in value)
         if hasattr(value, "_fields") and level > 0:
             # A returned namedtuple comes back from Function.apply as a plain tuple (eager).
             return OutputSpec("namedtuple", children=children, template=value)
         return OutputSpec("tuple", children=children)
     if isinstance(value, list):
-        return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2) for v in value))
+        return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in value))
     if isinstance(value, dict):
         return OutputSpec("dict", keys=tuple(value), children=tuple(
-            describe_output(v, on_tensor, 2) for v in value.values()))
+            describe_output(v, on_tensor, 2, from_args) for v in value.values()))
     if _is_object_container(value) and _contains_tensor(value):
         attrs = attributes(value)
         return OutputSpec("object", keys=tuple(attrs), template=value, children=tuple(
-            describe_output(v, on_tensor, 2) for v in attrs.values()))
+            describe_output(v, on_tensor, 2, from_args) for v in attrs.values()))
     return OutputSpec("const", value=value)
 
 

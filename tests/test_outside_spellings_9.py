@@ -1136,3 +1136,111 @@ def test_backward_reaches_past_the_analysis_depth_code_forward_analysed():
         DEEP["s"] = [1.0, 3.0, 0.5, 4.0][i]
 
     matches_eager(F, lambda i: (x_(i),), between=btw, mid=mid, reset=lambda: DEEP.update(s=2.0))
+
+
+# -- which object forward returns --
+
+RETURNED_CFG = {"s": 1.0}
+
+
+def _modes(fn_cls):
+    return {"eager": fn_cls.apply, "strict": minihop.function(fn_cls),
+            "fallback": minihop.function(fn_cls, fallback="eager")}
+
+
+def test_returned_global_dict_is_the_global_or_refused():
+    # Eager returns the global itself (the caller's edit is an edit of the global); outputs
+    # were rebuilt, so every mode but eager handed out a copy. Refused now (MH102).
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2, RETURNED_CFG
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2
+
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        for i in range(3):
+            try:
+                _, cfg = call(x_(i))
+            except minihop.MinihopError as e:
+                assert mode == "strict" and e.code == "MH102", (mode, e)
+                break
+            assert cfg is RETURNED_CFG, (mode, i)
+
+
+def test_returned_argument_list_is_the_callers():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, sizes):
+            return x * 2, sizes
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2, None
+
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        for i in range(3):
+            sizes = [i, i + 1]
+            _, got = call(x_(i), sizes)
+            assert got is sizes, (mode, i)
+
+
+class _Info:
+    def __init__(self, n):
+        self.n = n
+
+
+def test_returned_object_made_in_forward_is_new_on_every_call():
+    # The traced call's object came back on every call: a caller's edit to one call's showed
+    # in the next.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2, _Info(x.shape[0])
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2
+
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        first = call(x_(0))[1]
+        first.n = 99
+        second = call(x_(1))[1]
+        assert second is not first and second.n == 4, mode
+
+
+def test_returned_dict_kept_on_ctx_edited_before_backward():
+    # Eager's backward reads the dict the caller edited; the capture's ctx held its own.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            info = {"s": 2.0}
+            ctx.info = info
+            return x * 2, info
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * ctx.info["s"]
+
+    grads = {}
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        grads[mode] = []
+        for i in range(3):
+            x = x_(i)
+            try:
+                y, info = call(x)
+            except minihop.MinihopError as e:
+                assert mode == "strict" and e.code == "MH102", (mode, e)
+                grads[mode] = grads["eager"]
+                break
+            info["s"] = float(i + 3)
+            y.sum().backward()
+            grads[mode].append(x.grad.clone())
+    for mode in ("strict", "fallback"):
+        assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["eager"], strict=True)), mode

@@ -13,6 +13,8 @@ not returned) or was made before the call; nothing returned is a fake the graphs
 from __future__ import annotations
 
 import collections.abc
+import enum
+import types
 from typing import Any
 
 import torch
@@ -26,7 +28,8 @@ from .function_parts import FunctionParts
 from .outside import OutsideTensor
 from .session import Tracing
 
-__all__ = ["check_returned", "hidden_outputs", "refuse_hidden_tensors", "refuse_unbacked_numbers", "saved_node"]
+__all__ = ["check_returned", "hidden_outputs", "refuse_hidden_tensors", "refuse_returned_state",
+           "refuse_unbacked_numbers", "saved_node"]
 
 
 def hidden_outputs(t: Tracing, found: tuple[OutsideTensor, ...],
@@ -49,6 +52,62 @@ def hidden_outputs(t: Tracing, found: tuple[OutsideTensor, ...],
             i = index[id(w.value)] = len(flat) - 1
         writes.append(OutsideWrite(w.location, i))
     return tuple(writes)
+
+
+def refuse_returned_state(name: str, out: Any, before: dict[int, Any], argnames: tuple[str, ...],
+                          from_args: dict[int, Any], ctx: Any = None) -> None:
+    """A mutable value forward returns that existed before it and is no argument's (a global
+    dict, an object a global holds): eager's caller gets that very object, a capture's output
+    is rebuilt from the traced one on every call (a copy, or the traced call's object). Refused.
+    (An argument's is the call's own, ``from_args``; what forward made itself is made afresh
+    for each call: ``OutputSpec.rebuild``.)"""
+    # What forward keeps on ctx (``ctx.info = info``, in a list there too): eager's backward
+    # reads the very object the caller got, edits included; a capture's are two.
+    on_ctx: set[int] = set()
+    stack = [v for k, v in vars(ctx).items() if not k.startswith("_minihop")] if ctx is not None else []
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, dict, set)) or hasattr(v, "__dict__") and not isinstance(v, (type, torch.nn.Module, *_IMMUTABLE)):
+            if id(v) not in on_ctx and len(on_ctx) < 1000:
+                on_ctx.add(id(v))
+                stack += list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, set)) else []
+        elif isinstance(v, tuple):
+            stack += list(v)
+    todo, seen = [((), out)], set()
+    while todo:
+        path, value = todo.pop()
+        if id(value) in seen or isinstance(value, (torch.Tensor, *_IMMUTABLE)) or \
+                id(value) in from_args and not isinstance(value, tuple):
+            continue  # (an argument's own object is returned as the call's: OutputSpec "arg")
+        seen.add(id(value))
+        if id(value) in on_ctx and not isinstance(value, tuple):
+            raise UnsupportedOutputError(
+                f"{name}.forward returns, at output{format_path(path, argnames)}, a {type(value).__name__} "
+                "it also keeps on ctx.",
+                "Eager's backward reads that very object, with the caller's edits to the returned one; "
+                "a capture rebuilds its outputs on every call, so the two would be different objects.",
+                "Keep a copy on ctx (ctx.info = dict(info)), or run it eagerly with "
+                "minihop.function(F, fallback='eager').")
+        entry = before.get(id(value))
+        if entry is not None and entry.obj is value and not isinstance(value, tuple):
+            raise UnsupportedOutputError(
+                f"{name}.forward returns, at output{format_path(path, argnames)}, a {type(value).__name__} "
+                "that existed before the call (a global's, or one the caller holds).",
+                "Eager returns that very object, so the caller's edits to it are edits to the "
+                "original; a capture rebuilds its outputs on every call and would hand out another.",
+                "Return a copy made in forward (list(opts), dict(cfg)), return only tensors and "
+                "values made in forward, or run it eagerly with minihop.function(F, fallback='eager').")
+        if isinstance(value, (tuple, list, set, frozenset)):
+            todo += [((*path, ("item", i)), v) for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            todo += [((*path, ("key", k)), v) for k, v in value.items()]
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+            todo += [((*path, ("attr", k)), v) for k, v in vars(value).items()]
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type, torch.dtype, torch.device,
+              torch.Size, torch.nn.Module, enum.Enum, types.ModuleType, types.FunctionType,
+              types.BuiltinFunctionType, types.MethodType)
 
 
 def refuse_unbacked_numbers(t: Tracing, out: Any) -> None:

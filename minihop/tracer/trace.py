@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..spec import MISSING, RawCapture
 from ..arguments import bind_arguments
-from ..structure import describe_output, replace_tensors
+from ..structure import describe_output, object_paths, replace_tensors
 from .backward import GradSpec, may_trace_backward_again, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .eager_backward import EagerBackward
 from .ctx import ProxyCtx, check_ctx_arguments
@@ -39,7 +39,8 @@ from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
 from .memo_writes import backward_writes, seen_by_backward, with_seen
 from .names import FrameSnapshot, code_of, name_hints
-from .outputs import check_returned, hidden_outputs, refuse_hidden_tensors, refuse_unbacked_numbers, saved_node
+from .outputs import (check_returned, hidden_outputs, refuse_hidden_tensors, refuse_returned_state,
+                      refuse_unbacked_numbers, saved_node)
 from .outside import claim
 from .pystate import StateTracker
 from .recorder import tracing
@@ -198,7 +199,9 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
 
     refuse_hidden_tensors(parts, (out,), "output")
     refuse_unbacked_numbers(t, out)
-    spec = describe_output(out, on_tensor)
+    from_args = object_paths(fake_args)  # (returned: the caller's own objects)
+    refuse_returned_state(parts.name, out, state.before or {}, parts.argnames, from_args, ctx)
+    spec = describe_output(out, on_tensor, from_args=from_args)
     # One diff of the heap watch: the tensors forward put outside its return value are
     # taken back out first (``outside``), the rest is classified by the rule table.
     differences, after_forward = state.forward_changes()
