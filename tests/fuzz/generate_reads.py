@@ -485,11 +485,11 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "dict_subclass_missing_arg":
         return (["MISSV = {'v': 2.0}", "", "", "class KMiss(dict):", "    def __missing__(self, k):",
                  "        return MISSV['v']", "", "", "KMISS = KMiss()"],
-                ["MISSV['v'] = v"], "km['s']", ["KMISS"], "km")
+                ["MISSV['v'] = v"], "kmiss['s']", ["KMISS"], "kmiss")
     if holder == "float_subclass_mul_arg":
         return (["MULV = {'v': 2.0}", "", "", "class KMul(float):", "    def __mul__(self, o):",
                  "        return float(self) * MULV['v'] * o", "", "", "KMUL = KMul(1.0)"],
-                ["MULV['v'] = v"], "float(kmu * 1.0)", ["KMUL"], "kmu")
+                ["MULV['v'] = v"], "float(kmul * 1.0)", ["KMUL"], "kmul")
     if holder == "list_subclass_getitem_global":
         return (["GETV = {'v': 2.0}", "", "", "class KList(list):", "    def __getitem__(self, i):",
                  "        return list.__getitem__(self, i) * GETV['v']", "", "", "KLIST = KList([1.0])"],

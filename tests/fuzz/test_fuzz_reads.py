@@ -35,3 +35,15 @@ def test_fuzz_reads_match_eager_or_refuse(chunk: int, tmp_path: pathlib.Path) ->
         if outcome.kind not in ("matched", "refused"):
             bad.append(f"seed {seed}: {outcome.kind}: {outcome.signature}\n{case.source}\n{outcome.detail}")
     assert not bad, f"{len(bad)} failing case(s); the first:\n{bad[0]}"
+
+
+def test_holders_name_distinct_parameters() -> None:
+    """Two holders in one case must not both add a forward parameter of the same name (seed
+    531877 of round 14's run was invalid: ``km`` twice)."""
+    from generate_reads import HOLDERS, _holder
+
+    names: dict[str, str] = {}
+    for holder in HOLDERS:
+        param = _holder(RandomChooser(0), holder)[4]
+        for name in filter(None, (p.strip().split("=")[0] for p in param.split(","))):
+            assert names.setdefault(name, holder) == holder, (name, holder, names[name])
