@@ -24,7 +24,8 @@ calls, the very dict the code also reads; in round 11, a buffer of the user's cl
 ``io.BytesIO``, an attribute of an ``int`` of the user's class, a logger's level set (a
 library's setter) or its ``disabled`` flag, and ``sys.argv`` appended to; in round 14, torch's
 own warnings: inside an op the graph records (``F.softmax`` without ``dim``,
-``F.mse_loss(..., size_average=True)``) and from a library helper outside any op.
+``F.mse_loss(..., size_average=True)``) and from a library helper outside any op, and a write
+into the tensor an ``lru_cache`` helper returned.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -98,6 +99,8 @@ KINDS = {
     # Round 14: torch's own Python warning inside an op the graph records (F.softmax without
     # dim, F.mse_loss's size_average) and one a library helper gives outside any op.
     "library_warn_op": ("fb", ""), "library_warn_kwarg": ("fb", ""), "library_helper_warn": ("fb", ""),
+    # ... and a write into the tensor an lru_cache helper returned (eager's cache keeps it).
+    "lru_write": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -141,6 +144,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
             "x * (ctx.hits + len(ctx.trail))"
     if kind == "lru_helper":
         return [], "x * table(x.shape[0])"
+    if kind == "lru_write":
+        return [f"_tw{n} = table(x.shape[0])", f"_tw{n}.add_(0.5)"], f"x * _tw{n}"
     if kind == "generator":
         return [f"g{n} = torch.Generator().manual_seed({r.randrange(100)})"], \
             f"torch.rand(x.shape, generator=g{n})"
