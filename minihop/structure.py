@@ -219,6 +219,17 @@ def object_paths(args: tuple[Any, ...]) -> dict[int, Path]:
 _GETTERS: dict[Path, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {}
 
 
+def _holds_object(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is, or a plain container in it holds, a user object."""
+    if _is_object_container(value):
+        return True
+    if depth < 8 and isinstance(value, (tuple, list, set, frozenset)):
+        return any(_holds_object(v, depth + 1) for v in value)
+    if depth < 8 and isinstance(value, dict):
+        return any(_holds_object(v, depth + 1) for v in value.values())
+    return False
+
+
 def _contains_tensor(value: Any) -> bool:
     return any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value))
 
@@ -326,7 +337,7 @@ class OutputSpec:
             # An object forward made (``Info(n)``): eager makes a new one on every call, so a
             # caller's edit to one call's must not show in the next (one that existed before
             # the call is refused: ``outputs.refuse_returned_state``).
-            return copy.deepcopy(value) if _is_object_container(value) else fresh(value, args)
+            return fresh(copy.deepcopy(value) if _holds_object(value) else value, args)
         items = [c.rebuild(flat, args) for c in self.children]
         if kind == "tuple":
             return tuple(items)

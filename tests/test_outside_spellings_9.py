@@ -1244,3 +1244,23 @@ def test_returned_dict_kept_on_ctx_edited_before_backward():
             grads[mode].append(x.grad.clone())
     for mode in ("strict", "fallback"):
         assert all(torch.equal(a, b) for a, b in zip(grads[mode], grads["eager"], strict=True)), mode
+
+
+def test_returned_set_of_objects_made_in_forward_is_new_on_every_call():
+    # A set is kept as one value of the output (not a list or dict spread into its items):
+    # the objects in it came back from the traced call on every call.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2, frozenset({_Info(x.shape[0])})
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2
+
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        (first,) = call(x_(0))[1]
+        first.n = 99
+        (second,) = call(x_(1))[1]
+        assert second is not first and second.n == 4, mode
