@@ -22,7 +22,18 @@ Silent differences from eager before this round:
 - a tensor an ``lru_cache`` helper returned, written in place by the Function (``t.mul_(2)``,
   through a view, or in backward through ctx): eager's cache keeps that tensor, so each call's
   write adds up, while the graphs computed it afresh. Refused now (MH106,
-  ``tracer.hidden.ReadWatch.call_writes``).
+  ``tracer.hidden.ReadWatch.call_writes``);
+- code analysed for forward only, run by backward as well (a helper chain forward calls, that
+  backward's user decorator reaches one level deeper than the analysis followed): its reads
+  were forward's, never checked when backward ran (found by the reads fuzzer, seed 991397).
+  The call watch now holds backward's analysed code apart, and a wrapper layer is analysed at
+  its method's depth;
+- which object forward returns: the traced call's object made in forward came back on every
+  call (a caller's edit to one showed in the next), an argument's list came back as a copy,
+  a global's dict too, and a dict forward also kept on ctx was two objects where eager's
+  backward reads the one the caller edited. Now a forward-made object is made afresh per
+  call, an argument's is the call's own (``OutputSpec`` "arg"), the others are refused
+  (MH102-returned-state).
 
 The rest passed when written and stay as the round's evidence: module hooks added between
 calls (forward, pre-forward, global), ``spectral_norm``'s power iteration, ``weight_norm``'s
@@ -1052,7 +1063,6 @@ def test_lru_tensor_read_only_captured():
     matches_eager(F, lambda i: (x_(i),), reset=table.cache_clear, refusable=False)
 
 
-
 # -- code analysed for forward only, run by backward too --
 
 RT_HELPERS = types.ModuleType("round14_runtime_helpers")
@@ -1264,3 +1274,70 @@ def test_returned_set_of_objects_made_in_forward_is_new_on_every_call():
         first.n = 99
         (second,) = call(x_(1))[1]
         assert second is not first and second.n == 4, mode
+
+
+# -- objects forward makes and leaves in Python state (passed when written) --
+class _Noted:
+    def __init__(self, n): self.n = n
+    def __eq__(self, o): return isinstance(o, _Noted) and o.n == self.n
+    def __repr__(self): return f"_Noted({self.n})"
+
+def test_forward_made_object_stored_in_global_dict():
+    STORE = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            STORE["last"] = _Noted(x.shape[0])
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    firsts = []
+    def btw(i):
+        if "last" in STORE:
+            STORE["last"].n += 10   # caller edits the previous call's object
+            firsts.append(STORE["last"])
+    def st(): return (repr(STORE.get("last")), [repr(f) for f in firsts], len({id(f) for f in firsts}))
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: (STORE.clear(), firsts.clear()), state=st)
+
+def test_forward_made_object_appended_to_global_list():
+    LOG = []
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            LOG.append(_Noted(x.shape[0]))
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def btw(i):
+        if LOG: LOG[-1].n += 10
+    def st(): return (repr(LOG), len({id(o) for o in LOG}))
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=LOG.clear, state=st)
+
+def test_forward_made_list_stored_then_mutated_by_caller():
+    STORE = {}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            STORE["l"] = [x.shape[0]]
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    keep = []
+    def btw(i):
+        if "l" in STORE:
+            STORE["l"].append(i); keep.append(STORE["l"])
+    def st(): return (repr(STORE), repr(keep), len({id(k) for k in keep}))
+    matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: (STORE.clear(), keep.clear()), state=st)
+
+def test_ctx_object_made_in_forward_edited_between_forward_and_backward():
+    HOLD = []
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.info = _Noted(2)
+            HOLD.append(ctx.info)
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * float(ctx.info.n)
+    def mid(i): HOLD[-1].n = i + 3
+    matches_eager(F, lambda i: (x_(i),), mid=mid, reset=HOLD.clear)
