@@ -46,7 +46,7 @@ from .arguments import bind_arguments, marks
 from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
 from .tracer.iterators import refuse_iterator_arguments
-from .tracer.roots import arg_masks as _arg_masks
+from .tracer.roots import arg_masks
 from .tracer.messages import real_run_shows, take_held
 from .tracer.recorder import tracing
 from .tracer.run_context import modes_refusal, observing_modes
@@ -55,8 +55,7 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
-           "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "run_on_stream", "show_value_key", "tracing", "value_key",
-           "real_run_shows", "take_held"]
+           "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""
@@ -245,12 +244,6 @@ def _runtime_reads(reads: tuple[DataRead, ...], pair: Pair) -> tuple[DataRead, .
     return tuple(dataclasses.replace(r, bwd_inputs=tuple(
         (kind, index[ref]) if kind == "saved" else (kind, ref) for kind, ref in r.bwd_inputs))
         if r.guards_backward else r for r in reads)
-
-
-@functools.lru_cache(maxsize=256)
-def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
-    """Per argument position, attributes the call key leaves out (see ``tracer.roots.arg_masks``)."""
-    return _arg_masks(parts)
 
 
 def guard_key(fn_cls: type, args: tuple[Any, ...], dims: dict[int, tuple[int, ...]] | None) -> tuple[Any, ...]:

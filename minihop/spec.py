@@ -116,7 +116,8 @@ class StateWrite:
     ``payload``, a container of constants: eager's forward makes a new one on every call) or
     ``"discard"`` (backward deleted a memo entry forward wrote: deleted where still there) or
     ``"call"`` (the ``functools.lru_cache`` helper at ``place`` called with ``payload``'s
-    ``(args, kwargs)``: the trace bypassed its cache).
+    ``(args, kwargs)``: the trace bypassed its cache; or ``warnings.warn_explicit``, a library's
+    deprecation given again on every call: ``tracer.messages``).
     """
 
     place: Place
@@ -145,6 +146,9 @@ class StateWrite:
             self.place.set(args, payload)
 
     def describe(self) -> str:
+        if self.kind == "call" and self.place.description == "warnings.warn_explicit":
+            text, category = self.payload[0][:2]
+            return f"a library's {category.__name__} {text!r} given again, where eager gives it"
         if self.kind == "call":
             shown = ", ".join([*map(repr, self.payload[0]), *(f"{k}={v!r}" for k, v in self.payload[1].items())])
             return f"{self.place.description}({shown}) called again (its lru_cache's entries and counts)"

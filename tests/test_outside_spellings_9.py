@@ -1341,3 +1341,61 @@ def test_ctx_object_made_in_forward_edited_between_forward_and_backward():
         def backward(ctx, g): return g * float(ctx.info.n)
     def mid(i): HOLD[-1].n = i + 3
     matches_eager(F, lambda i: (x_(i),), mid=mid, reset=HOLD.clear)
+
+
+# -- a library's deprecation, given again on every call --
+
+
+def test_deprecated_cpu_autocast_in_forward():
+    # ``torch.cpu.amp.autocast(...)`` warns (FutureWarning) from typing_extensions'
+    # ``@deprecated`` wrapper: library code outside any op, naming the user's line. Refused
+    # (MH106) since 1b34ffd, shown once by the trace before: now given again on every call,
+    # from the location and with the registry eager's warning uses.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with torch.cpu.amp.autocast(enabled=False):
+                return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    matches_eager(F, lambda i: (x_(i),), refusable=False)
+
+
+def test_deprecated_cpu_autocast_in_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            with torch.cpu.amp.autocast(enabled=False):
+                return g * 2
+
+    matches_eager(F, lambda i: (x_(i),), refusable=False)
+
+
+def test_a_library_deprecation_is_shown_once_per_location_under_the_default_filter():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with torch.cpu.amp.autocast(enabled=False):
+                return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    counts = {}
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        globals().pop("__warningregistry__", None)  # (eager's and the replay's registry: this module's)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for i in range(3):
+                call(x_(i)).sum().backward()
+        counts[mode] = [(str(w.message), w.lineno) for w in caught if not str(w.message).startswith("minihop")]
+    assert counts["strict"] == counts["eager"] == counts["fallback"] and len(counts["eager"]) == 1, counts

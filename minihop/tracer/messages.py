@@ -14,7 +14,8 @@ user's code binds (``from warnings import warn``) is watched by ``hidden.ReadWat
 A library's warning given inside an op the graph records (``F.softmax``'s implicit-dim one)
 is the graph's to give: the graph calls that op on every call. One given by an op that is not
 recorded (a query), or by library code the user called outside any op, is refused like the
-user's own. What a forward trace held back is shown around the call's real run when that run
+user's own, but for a library's deprecation, a constant text given again on every call where
+eager gives it (``replay_writes``). What a forward trace held back is shown around the call's real run when that run
 does not give it itself (a library's warn-once flag the trace used up).
 
 Invariant: a phase whose code logs or warns (itself, or through a library outside an op) is
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import SideEffectError
+from ..spec import Place, Root, StateWrite
 
 __all__ = ["MessageWatch", "PrintWatch", "op_begin", "op_end", "op_recorded", "real_run_shows", "take_held"]
 
@@ -107,6 +109,8 @@ class MessageWatch:
         # after it (``real_run_shows``); backward's are its graph's to give.
         self.held: list[tuple[str, type, str | None]] = []
         self.published = False
+        self.phase = "forward"  # (set by pystate when backward is traced)
+        self.replays: list[tuple[Any, ...]] = []  # library deprecations given again per call
         _WATCH.now = self
 
     def _swap(self, home: Any, name: str) -> None:
@@ -126,9 +130,14 @@ class MessageWatch:
                 # A library's warning about the user's call (``F.upsample``'s deprecation, its
                 # stacklevel naming the user's line) is the user's message as much as their own.
                 blamed = self._blamed(frame, home, name, args, kwargs)
-                if blamed is None and home is warnings \
-                        and _called_for_user(frame, self.is_user):
+                if blamed is None and home is warnings and _called_for_user(frame, self.is_user):
                     blamed = frame  # a library helper the user called, not a recorded op: no graph gives it
+                if blamed is not None and home is warnings and name == "warn" and not self.passing \
+                        and not self.is_user(frame) and self._replayed(frame, args, kwargs):
+                    # A library's deprecation (``@deprecated``'s wrapper of
+                    # ``dist.all_gather_into_tensor``, ``torch.cpu.amp.autocast``): a constant
+                    # text, given again on every call where eager gives it.
+                    return None
                 if blamed is not None and self.passing:
                     self.sent.append(label)
                     up_args, up_kwargs = _one_frame_up(home, name, args, kwargs) if blamed is frame else (args, kwargs)
@@ -140,6 +149,32 @@ class MessageWatch:
 
         self.saved.append((home, name, real))
         setattr(home, name, call)
+
+    def _replayed(self, frame: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A library's deprecation warning: noted to be given again on every call, from the
+        location and with the registry eager's ``warnings.warn`` would use (``replays``)."""
+        text, category = _message_of("warn", args, kwargs)
+        if not issubclass(category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)):
+            return False
+        named = frame
+        for _ in range(max(int(kwargs.get("stacklevel", args[2] if len(args) > 2 else 1)) - 1, 0)):
+            named = named.f_back if named is not None and named.f_back is not None else named
+        g = named.f_globals
+        self.replays.append((self.phase, text, category, named.f_code.co_filename, named.f_lineno,
+                             g.get("__name__", "<string>"), g.setdefault("__warningregistry__", {}),
+                             _user_where(frame, self.is_user)))
+        return True
+
+    def replay_writes(self) -> list[StateWrite]:
+        """The deprecations library code gave while traced, given again on every call
+        (``StateWrite`` kind "call" of ``warnings.warn_explicit``; forward's after fwd,
+        backward's when backward runs)."""
+        home = vars(warnings)
+        root = Root("global", "warn_explicit", "warnings.warn_explicit",
+                    lambda a: home["warn_explicit"], home=home)
+        place = Place(root, (), root.fetch)
+        return [StateWrite(place, "call", ((text, category, filename, line, module, registry), {}), phase, where)
+                for phase, text, category, filename, line, module, registry, where in self.replays]
 
     def _blamed(self, frame: Any, home: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The user's frame a message is about: the caller's own, or the one a library's

@@ -373,6 +373,7 @@ class StateTracker:
             self.hidden_reads.phase = "backward"
         if self.messages is not None:
             self.messages.refuse(f"{self.name}.forward", self.hidden_reads)
+            self.messages.phase = "backward"
 
     def finish(self, ctx: Any) -> PythonState:
         """Undo what tracing did to Python state; return what it read and the writes each
@@ -387,7 +388,8 @@ class StateTracker:
             writes = [*(self.forward_writes if self.forward_writes is not None
                         else self._writes(self.before, after_forward, "forward")),
                       *self._writes(after_forward, after, "backward"),
-                      *(self.hidden_reads.call_writes() if self.hidden_reads is not None else ())]
+                      *(self.hidden_reads.call_writes() if self.hidden_reads is not None else ()),
+                      *(self.messages.replay_writes() if self.messages is not None else ())]
             if self.watch is not None:
                 self.watch.refuse(self.name)
             if self.messages is not None:

@@ -358,6 +358,7 @@ def method_objects(parts: Any) -> list[tuple[str, Place | str]]:
     return found
 
 
+@functools.lru_cache(maxsize=256)  # (per FunctionParts: asked for every call's key)
 def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
     """Attributes of argument objects that forward/backward only increment (``cfg.calls +=
     1``) or mutate (``cfg.log.append``): left out of the call key, since every call changes
