@@ -65,6 +65,7 @@ import random as pyrandom
 import types
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as Fn
 
@@ -148,29 +149,17 @@ def test_contextvar_run_in_copied_context():
     matches_eager(F, lambda i: (x_(i),), between=btw, reset=lambda: CV.set(1.0))
 
 
-def test_module_forward_hook_added_between():
+_HOOKS = {"forward": lambda m: m.register_forward_hook(lambda mod, a, o: o * 3),
+          "pre-forward": lambda m: m.register_forward_pre_hook(lambda mod, a: (a[0] * 2,))}
+
+
+@pytest.mark.parametrize("kind", list(_HOOKS))
+def test_module_hook_added_between(kind):
     lin = torch.nn.Linear(4, 4)
     handles = []
     def btw(i):
         if i == 2:
-            handles.append(lin.register_forward_hook(lambda m, a, o: o * 3))
-    def rst():
-        for h in handles: h.remove()
-        handles.clear()
-    class F(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, m): return m(x)
-        @staticmethod
-        def backward(ctx, g): return g, None
-    matches_eager(F, lambda i: (x_(i), lin), between=btw, reset=rst)
-
-
-def test_module_forward_pre_hook_added_between():
-    lin = torch.nn.Linear(4, 4)
-    handles = []
-    def btw(i):
-        if i == 2:
-            handles.append(lin.register_forward_pre_hook(lambda m, a: (a[0] * 2,)))
+            handles.append(_HOOKS[kind](lin))
     def rst():
         for h in handles: h.remove()
         handles.clear()
