@@ -212,7 +212,9 @@ def object_paths(args: tuple[Any, ...]) -> dict[int, Path]:
         if children is None or id(value) in found or len(path) > 8:
             continue
         found[id(value)] = path
-        todo += [((*path, step), item) for step, item in children]
+        # (a path is code, ``args[1]['k']``: a key that is no literal, an object, is left out)
+        todo += [((*path, step), item) for step, item in children
+                 if step[0] != "key" or type(step[1]) in (str, int, bool, type(None))]
     return found
 
 

@@ -1388,3 +1388,34 @@ def test_a_library_deprecation_is_shown_once_per_location_under_the_default_filt
                 call(x_(i)).sum().backward()
         counts[mode] = [(str(w.message), w.lineno) for w in caught if not str(w.message).startswith("minihop")]
     assert counts["strict"] == counts["eager"] == counts["fallback"] and len(counts["eager"]) == 1, counts
+
+
+class _Key:
+    pass
+
+
+def test_returned_list_under_an_object_key_of_an_argument_dict():
+    # The argument's list is found at a path (args[1][key]) the runtime evaluates as code: an
+    # object key has no literal, and the capture raised a SyntaxError inside minihop. Such a
+    # list is no argument's found by path: refused (MH102) like one of the caller's.
+    key = _Key()
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, d):
+            return x * 2, d[key]
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2, None
+
+    for mode, call in _modes(F).items():
+        minihop.reset()
+        for i in range(2):
+            held = [i]
+            try:
+                _, got = call(x_(i), {key: held})
+            except minihop.MinihopError as e:
+                assert mode == "strict" and e.code == "MH102", (mode, e)
+                break
+            assert got is held, (mode, i)
