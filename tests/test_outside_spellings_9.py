@@ -1419,3 +1419,46 @@ def test_returned_list_under_an_object_key_of_an_argument_dict():
                 assert mode == "strict" and e.code == "MH102", (mode, e)
                 break
             assert got is held, (mode, i)
+
+
+# -- messages through inner Functions (passed when written) --
+class _InnerSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y): return Fn.softmax(y.reshape(2, 2)).reshape(4)
+    @staticmethod
+    def backward(ctx, g): return g
+def test_inner_function_library_warning():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return _InnerSoftmax.apply(x) * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),))
+
+def test_inner_minihop_function_library_warning():
+    inner = minihop.function(_InnerSoftmax)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return inner(x) * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),))
+
+def test_deprecation_in_inner_backward():
+    class In2(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y): return y * 3
+        @staticmethod
+        def backward(ctx, g):
+            with torch.cpu.amp.autocast(enabled=False):
+                return g * 3
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            with torch.enable_grad():
+                gg = g.detach().requires_grad_()
+                r = In2.apply(gg)
+            return r.detach()
+    matches_eager(F, lambda i: (x_(i),))
