@@ -1462,3 +1462,41 @@ def test_deprecation_in_inner_backward():
                 r = In2.apply(gg)
             return r.detach()
     matches_eager(F, lambda i: (x_(i),))
+
+
+# -- an argument's object returned, crossed with sizes and writes --
+class _Opt:
+    def __init__(self, k): self.k = k
+def test_returned_arg_object_dynamic_sizes():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o): return x * o.k, o, {"n": x.shape[0], "o": o}
+        @staticmethod
+        def backward(ctx, g, *_): return g * 2, None
+    sizes = [3, 4, 5, 6]
+    for mode in ("eager", "strict", "fallback"):
+        call = F.apply if mode == "eager" else minihop.function(F, fallback="eager" if mode == "fallback" else "raise")
+        minihop.reset()
+        for i, n in enumerate(sizes):
+            o = _Opt(2.0)
+            y, got, d = call(xs(n, i), o)
+            assert got is o and d["o"] is o and d["n"] == n, (mode, i)
+
+def test_returned_arg_list_that_forward_appends_to():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, log):
+            log.append(x.shape[0])
+            return x * 2, log
+        @staticmethod
+        def backward(ctx, g, _): return g * 2, None
+    for mode in ("eager", "strict", "fallback"):
+        call = F.apply if mode == "eager" else minihop.function(F, fallback="eager" if mode == "fallback" else "raise")
+        minihop.reset()
+        for i, n in enumerate([4, 4, 5, 4]):
+            log = [0]
+            try:
+                y, got = call(xs(n, i), log)
+            except minihop.MinihopError:
+                assert mode == "strict"; break
+            assert got is log and log == [0, n], (mode, i, log)
