@@ -272,8 +272,12 @@ def generate_source(r: random.Random) -> str:
         "    heard = []", "",
         "    class Heard(logging.Handler):", "        def emit(self, record):",
         "            heard.append(record.getMessage())", "",
-        f"    LOGGER = logging.getLogger('fuzz_effects.%d' % id(heard))",
-        "    LOGGER.handlers[:] = [Heard()]", "    LOGGER.setLevel(logging.INFO)", "    LOGGER.propagate = False", "",
+        # One logger for every case, set afresh by each make(): a logger per case stayed in
+        # logging's registry for the worker's life, and every trace's settings snapshot walks
+        # that registry (a 10,000-case run slowed down case by case).
+        "    LOGGER = logging.getLogger('fuzz_effects.case')",
+        "    LOGGER.handlers[:] = [Heard()]", "    LOGGER.setLevel(logging.INFO)", "    LOGGER.propagate = False",
+        "    LOGGER.disabled = False", "",
         "    @functools.lru_cache(maxsize=None)", "    def table(n):",
         "        return torch.arange(n, dtype=torch.float32) + 1", "",
         "    class Holder:", "        pass", "",
