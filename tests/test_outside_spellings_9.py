@@ -1500,3 +1500,32 @@ def test_returned_arg_list_that_forward_appends_to():
             except minihop.MinihopError:
                 assert mode == "strict"; break
             assert got is log and log == [0, n], (mode, i, log)
+
+
+class _Cfg:
+    s = 2.0
+
+
+def test_a_lambda_forward_keeps_on_ctx_is_analysed_for_backward_not_single_use():
+    # 6d06d20 counted only backward's analysed code as analysed while backward runs; the
+    # lambda forward makes (its reads are backward's too since round 13) became unanalysed
+    # code there, and the capture single-use, with no read outside what the analysis saw.
+    class Kept(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg):
+            ctx.fn = lambda g: g * cfg.s
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g), None
+
+    cap = minihop.capture(Kept, x_(0), _Cfg())
+    assert cap.python_state.single_use == (), cap.python_state.single_use
+    cf = minihop.function(Kept)
+    cfg = _Cfg()
+    for i in range(3):
+        x = x_(i)
+        cf(x, cfg).sum().backward()
+        assert torch.equal(x.grad, torch.full((4,), 2.0))
+    assert (cf.stats.captures, cf.stats.hits) == (1, 2), cf.stats

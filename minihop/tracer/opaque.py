@@ -317,7 +317,10 @@ class Finder:
                                    lambda frame: library_frame(frame, self.library_module), library,
                                    self.function, args)
             if backward_codes is not None:
-                self.calls.backward_analysed = {c for code in backward_codes for c in nested_codes(code)}
+                # (with the code nested in forward's: a lambda or inner def forward makes and
+                # backward calls has its reads analysed as backward's too: ``Chain.deferred``)
+                self.calls.backward_analysed = {c for code in backward_codes for c in nested_codes(code)} | \
+                    {c for code in codes for c in nested_codes(code) if c is not code}
         if self.lookups:
             self.getattrs = GetattrWatch({c for code in self.lookups for c in nested_codes(code)}, args)
         naming = {c for code in codes if names_identity(code) - STAND_INS.keys() for c in nested_codes(code)}
