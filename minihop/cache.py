@@ -53,6 +53,7 @@ _is_compiling = torch.compiler.is_compiling
 _fw_ad = torch.autograd.forward_ad  # its _current_level: -1 unless a dual_level (or torch.func.jvp) is open
 _NOTHING: dict[str, Any] = {}
 _RECENT = 8  # captures a call is checked against before a key is built
+_NOTHING_HELD = real_run_shows([])  # (a hit: nothing to show; with nothing held it keeps no state)
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
 
 
@@ -241,7 +242,7 @@ class CapturedFunction:
         dims = self._dims(args)
         key = self._key(args, dims)
         entry = self._find(key, args)
-        shows = real_run_shows([])  # (the warnings a trace of this call held back: effects)
+        shows = _NOTHING_HELD  # (the warnings a trace of this call held back: tracer.messages)
         with self._lock:
             if entry is None:
                 entry = self._find(key, args)

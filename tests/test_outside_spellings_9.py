@@ -1529,3 +1529,26 @@ def test_a_lambda_forward_keeps_on_ctx_is_analysed_for_backward_not_single_use()
         cf(x, cfg).sum().backward()
         assert torch.equal(x.grad, torch.full((4,), 2.0))
     assert (cf.stats.captures, cf.stats.hits) == (1, 2), cf.stats
+
+
+def test_a_saved_capture_returns_the_callers_list_after_load(tmp_path):
+    # e159cd8's "arg" output kind was written to an artifact without its path: the loaded
+    # capture failed inside minihop on its first call.
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, sizes):
+            return x * 2, sizes
+
+        @staticmethod
+        def backward(ctx, g, _):
+            return g * 2, None
+
+    cap = minihop.capture(F, x_(0), [1, 2])
+    cap.save(str(tmp_path / "f.mh"))
+    loaded = minihop.load(str(tmp_path / "f.mh"))
+    sizes = [1, 2]
+    x = x_(1)
+    y, got = loaded(x, sizes)
+    assert got is sizes
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((4,), 2.0))

@@ -58,6 +58,8 @@ def _spec_to_json(spec: OutputSpec, name: str) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": spec.kind}
     if spec.kind == "tensor":
         out["index"] = spec.index
+    elif spec.kind == "arg":  # the call's own object, found by its path (JSON keys only: object_paths)
+        out["path"] = [list(step) for step in spec.value]
     elif spec.kind == "const" and has_computed(spec.value):
         out["computed"] = _computed_to_json(spec.value)
     elif spec.kind == "const":
@@ -93,6 +95,8 @@ def _spec_from_json(data: dict[str, Any]) -> OutputSpec:
     kind = data["kind"]
     if kind == "tensor":
         return OutputSpec("tensor", index=data["index"])
+    if kind == "arg":
+        return OutputSpec("arg", value=tuple(tuple(step) for step in data["path"]))
     if kind == "const" and "computed" in data:
         return OutputSpec("const", value=_computed_from_json(data["computed"]))
     if kind == "const":
