@@ -190,6 +190,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         # Traced for this very call, after its forward ran (with dynamic sizes, Python values
         # taken from sizes would be the capture's: see ``size_values``).
         state.standing = not t.dynamic_fakes
+        state.opaque.again = True
         t.unrouted = state.opaque.reasons
         state.start()
         if t.eager_fallback and state.messages is not None:

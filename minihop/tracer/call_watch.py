@@ -60,6 +60,7 @@ class CallWatch:
         self.previous = sys.gettrace()
         self.ok: set[types.CodeType] = set()
         self.undo: list[Callable[[], None]] = []  # puts back what unanalysed code could write
+        self.backward_from: int | None = None  # where backward's entries in ``undo`` begin
         self.kept: set[Any] = set()  # ids (and (globals, name)) whose state ``undo`` holds
         self.library = library  # ``library_ran.LibraryRan``: the library code the call ran (its names are read)
         # By id (a code object's hash walks its bytecode: too slow per call event), holding
@@ -113,6 +114,10 @@ class CallWatch:
         forward only (a helper reached from forward, but from backward past the analysis's
         depth) is unanalysed here: its reads were forward's."""
         self.phase = "backward"
+        # What backward's unanalysed code may write is kept anew, apart from forward's: backward
+        # is traced again when it runs, so what it wrote while traced now is put back
+        # (``opaque.Finder.stop``).
+        self.backward_from, self.kept = len(self.undo), set()
         if self.backward_analysed is not None:
             self.analysed = self.backward_analysed
             self.ok = set()

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
 
+import torch
+
 from ..graph_names import ident as _ident, input_name
 from .bytecode import instructions
 
@@ -99,7 +101,10 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
             # (``y = y.contiguous()`` may return the same object).
             nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
             params = set(code.co_varnames[:nparams])
-            sink.locals.update((k, v) for k, v in frame.f_locals.items() if k not in params)
+            # Only tensors are named; holding any other local past the call would run its
+            # ``__del__`` after the watches stop, where eager runs it as the call returns.
+            sink.locals.update((k, v) for k, v in frame.f_locals.items()
+                               if k not in params and isinstance(v, torch.Tensor))
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
             sink.stack_trace = "".join(traceback.format_list([summary]))
             del frame

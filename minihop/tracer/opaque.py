@@ -285,6 +285,7 @@ class Finder:
         # Whether a reason is backward's (code it ran, a library call it makes, a getattr it
         # does): what that reads may change before ``.backward()`` (see pystate.finish).
         self.backward_unknown = False
+        self.again = False  # a backward traced again for its call (``backward.py``): its writes are the call's
         self._forward_found: tuple[int, int, int] | None = None  # counts when forward ended
 
     def unknown(self, phase: str, reason: str) -> None:
@@ -364,7 +365,14 @@ class Finder:
         if self.calls is not None:
             self.backward_unknown |= "backward" in self.calls.ran_in
             self.calls.stop()
-            self.undo += self.calls.undo
+            undo, start = self.calls.undo, self.calls.backward_from
+            if "backward" in self.calls.ran_in and start is not None and not self.again:
+                # Backward is traced again when it runs (``pystate.finish``), as eager's runs
+                # then: what its unanalysed code wrote while traced now is put back.
+                for entry in reversed(undo[start:]):
+                    entry()
+                undo = undo[:start]
+            self.undo += undo
             self.reasons += [f"runs {what}, code minihop did not analyse ({where})" for what, where in self.calls.found]
             self.refused += self.calls.refused
             self.calls = None
