@@ -132,12 +132,25 @@ def _slot_names(cls: type) -> tuple[str, ...]:
 
 
 def attributes(value: Any) -> dict[str, Any]:
-    """An object's attributes: its ``__dict__`` and its set ``__slots__``."""
-    found = dict(getattr(value, "__dict__", {}))
+    """An object's attributes: its ``__dict__`` and its set ``__slots__``. Read past a user's
+    ``__getattribute__`` (what the object holds; what that method answers is its code's read)."""
+    get = getattr if type(value).__getattribute__ is object.__getattribute__ else _raw_get
+    found = dict(get(value, "__dict__", {}))
     for name in _slot_names(type(value)):
-        if hasattr(value, name):
-            found[name] = getattr(value, name)
+        got = get(value, name, _UNSET)
+        if got is not _UNSET:
+            found[name] = got
     return found
+
+
+_UNSET = object()
+
+
+def _raw_get(value: Any, name: str, default: Any) -> Any:
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return default
 
 
 def argname(i: int, argnames: tuple[str, ...]) -> str:

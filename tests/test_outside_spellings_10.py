@@ -13,6 +13,9 @@ Silent differences from eager (or failures inside minihop) before this round:
 - the same in backward: backward's trace (run while forward is captured) made the write, and
   backward, traced again when it runs, made it again. What backward's unanalysed code wrote
   while traced with forward is put back (``tracer.opaque.Finder.stop``);
+- an argument whose class defines ``__getattribute__``: minihop's own ``isinstance`` against
+  an ABC asked it for ``__class__`` and failed inside minihop (``TypeError``) where eager
+  raised nothing. Checked by type now, and an object's attributes read past that method.
 """
 
 from __future__ import annotations
@@ -100,3 +103,30 @@ def test_del_in_backward_with_a_counter_backward_reads():
             Tracker()
             return g * (1.0 + COUNT[0])
     matches_eager(F, lambda i: (x_(i),), state=_count_state, reset=_count_reset)
+
+
+class ByGetattribute:
+    def __getattribute__(self, name):
+        return S["k"]
+
+
+def test_argument_with_getattribute():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o): return x * o.scale
+        @staticmethod
+        def backward(ctx, g): return g, None
+    def between(i): S["k"] = 2.0 + i
+    matches_eager(F, lambda i: (x_(i), ByGetattribute()), between=between, reset=lambda: S.__setitem__("k", 2.0))
+
+
+def test_argument_with_getattribute_kept_on_ctx():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o):
+            ctx.o = o
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * ctx.o.scale, None
+    def between(i): S["k"] = 2.0 + i
+    matches_eager(F, lambda i: (x_(i), ByGetattribute()), between=between, reset=lambda: S.__setitem__("k", 2.0))

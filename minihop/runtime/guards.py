@@ -130,11 +130,13 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, READ_ONLY_VIEWS):
         # ``MappingProxyType(d)``, ``d.keys()``: what they show is their dict's items now.
         return ("view", type(value), value_key(view_items(value), _open | {id(value)}))
-    if isinstance(value, MutableSequence) or isinstance(value, MutableMapping):
+    # (by its type: ``isinstance`` against an ABC asks ``value.__class__``, which a user's
+    # ``__getattribute__`` answers)
+    if issubclass(type(value), (MutableSequence, MutableMapping)):
         # Whatever class holds them (``array``, ``bytearray``, ``UserDict``, ``deque``): its
         # items, as a list's or a dict's (a new one holding the same is the same key).
         inner = _open | {id(value)}
-        items = value.items() if isinstance(value, MutableMapping) else enumerate(value)
+        items = value.items() if issubclass(type(value), MutableMapping) else enumerate(value)
         return ("items", type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in items),
                 *_own(value, _open))
     if library_object(value) or native_state(type(value)):

@@ -88,14 +88,16 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
         return "attrs", attributes(value)
     # Containers whose whole state is their items, whoever defined them (``bytearray``,
     # ``array``, ``UserDict``, a ``WeakValueDictionary``): watched, and replayed, as items.
-    if isinstance(value, (list, collections.deque)) or \
-            isinstance(value, MutableSequence) and not isinstance(value, (str, bytes)):
+    # (by type: ``isinstance`` against an ABC asks ``value.__class__``, which a user's
+    # ``__getattribute__`` answers)
+    cls = type(value)
+    if issubclass(cls, (list, collections.deque, MutableSequence)) and not issubclass(cls, (str, bytes)):
         return "list", list(value)
-    if isinstance(value, dict):
+    if issubclass(cls, dict):
         return "dict", dict(value)
-    if isinstance(value, MutableMapping):  # (by its pairs: a weak dictionary's lookups compare keys)
+    if issubclass(cls, MutableMapping):  # (by its pairs: a weak dictionary's lookups compare keys)
         return "dict", dict(value.items())
-    if isinstance(value, (set, MutableSet)):
+    if issubclass(cls, (set, MutableSet)):
         return "set", set(value)
     if isinstance(value, type):
         if is_library(value):  # (a class exec made is the user's: library.is_exec_class)

@@ -131,7 +131,7 @@ def saved_node(t: Tracing, value: Any) -> fx.Node | None:
 def refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: str) -> None:
     """Tensors inside sets (or other unordered containers) cannot be passed through a graph."""
     for path, leaf in iter_leaves(values):
-        if what == "output" and isinstance(leaf, collections.abc.Iterator):
+        if what == "output" and issubclass(type(leaf), collections.abc.Iterator):
             raise UnsupportedOutputError(
                 f"{parts.name}.forward returns a {type(leaf).__name__} (an iterator).",
                 "An iterator made while tracing runs on minihop's fake tensors; replaying the "
