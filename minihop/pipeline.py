@@ -38,6 +38,7 @@ from .runtime.op import autograd_function_apply
 from .runtime.function_keys import methods_held, methods_key
 from .runtime.assumptions import layout_key
 from .runtime.display import show_value_key
+from .runtime.located import real_run_shows
 from .runtime.guards import call_key, describe_autocast, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
@@ -47,7 +48,7 @@ from .structure import argname, replace_tensors
 from .tracer.bytecode import check_python
 from .tracer.iterators import refuse_iterator_arguments
 from .tracer.roots import arg_masks
-from .tracer.messages import real_run_shows, take_held
+from .tracer.messages import take_held
 from .tracer.recorder import tracing
 from .tracer.run_context import modes_refusal, observing_modes
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function

@@ -15,13 +15,25 @@ Silent differences from eager (or failures inside minihop) before this round:
   while traced with forward is put back (``tracer.opaque.Finder.stop``);
 - an argument whose class defines ``__getattribute__``: minihop's own ``isinstance`` against
   an ABC asked it for ``__class__`` and failed inside minihop (``TypeError``) where eager
-  raised nothing. Checked by type now, and an object's attributes read past that method.
+  raised nothing. Checked by type now, and an object's attributes read past that method;
+- a warning torch gives inside an op the graph records (``F.softmax`` without ``dim``, the
+  C++ one of ``torch.tensor(t)``), under the ``default``, ``once`` or ``module`` filter: the
+  graph's call of the op named the graph's own line and namespace, new with each capture, so
+  every new size showed the warning again where eager shows it once for the user's line (and
+  under ``always`` the location printed was the graph's). The graph now calls such an op
+  from a frame at the user's line in the user's module (``runtime.located.at_user_line``).
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as Fn
+
+import minihop
 
 from eager_modes import matches_eager
 
@@ -130,3 +142,101 @@ def test_argument_with_getattribute_kept_on_ctx():
         def backward(ctx, g): return g * ctx.o.scale, None
     def between(i): S["k"] = 2.0 + i
     matches_eager(F, lambda i: (x_(i), ByGetattribute()), between=between, reset=lambda: S.__setitem__("k", 2.0))
+
+
+# --- Torch's warnings inside recorded ops, under the filters users run with --------------
+
+def _shown_per_call(call, make_args, steps, action):
+    """What each call shows under ``action`` (``default``: once per location and registry),
+    with the registries and filters fresh; None where a strict capture refused."""
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__warningregistry__", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    shown = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.simplefilter(action)
+        for i in range(steps):
+            try:
+                y = call(*make_args(i))
+            except minihop.MinihopError:
+                return None
+            y.sum().backward()
+            shown.append([(str(w.message)[:30], w.filename, w.lineno) for w in caught
+                          if not str(w.message).startswith("minihop:")])
+            caught.clear()
+    return shown
+
+
+def _same_warnings(fn_cls, make_args, steps=6, action="default"):
+    eager = _shown_per_call(fn_cls.apply, make_args, steps, action)
+    for mode, call in (("strict", minihop.function(fn_cls)), ("fallback", minihop.function(fn_cls, fallback="eager")),
+                       ("apply", lambda *a: minihop.apply(fn_cls, *a))):
+        minihop.reset()
+        got = _shown_per_call(call, make_args, steps, action)
+        assert mode in ("strict", "apply") or got is not None, mode
+        assert got is None or got == eager, (mode, got, eager)
+
+
+SIZES = [4, 6, 8, 4, 5, 3]
+
+
+def _sized(i):
+    return ((torch.linspace(-1, 1, SIZES[i]) + i).requires_grad_(),)
+
+
+class SoftmaxNoDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = Fn.softmax(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        return y * (g - (g * y).sum())
+
+
+def test_library_warning_in_an_op_shows_once_per_line_across_captures():
+    # A new size is a new capture: the graph's own line would be a new location each time.
+    _same_warnings(SoftmaxNoDim, _sized)
+
+
+def test_library_warning_in_an_op_under_once_and_module_filters():
+    _same_warnings(SoftmaxNoDim, _sized, action="once")
+    _same_warnings(SoftmaxNoDim, _sized, action="module")
+
+
+def test_library_warning_in_an_op_under_always_is_located_at_the_users_line():
+    _same_warnings(SoftmaxNoDim, _sized, action="always")
+
+
+def test_library_warning_in_a_backward_op_across_captures():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            return Fn.softmax(g.reshape(1, -1)).reshape(-1)
+    _same_warnings(F, _sized)
+
+
+def test_library_warning_from_cpp_in_an_op_across_captures():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * torch.tensor(x).sum()
+        @staticmethod
+        def backward(ctx, g): return g
+    _same_warnings(F, _sized)
+
+
+def test_library_warning_in_an_op_under_error_filter_raises_as_eager():
+    for call in (SoftmaxNoDim.apply, minihop.function(SoftmaxNoDim, fallback="eager"), minihop.function(SoftmaxNoDim)):
+        minihop.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UserWarning, match="Implicit dimension choice"):
+                call(*_sized(0))

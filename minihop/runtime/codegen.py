@@ -26,6 +26,8 @@ from typing import Any
 
 import torch.fx as fx
 
+from .located import at_user_line
+
 __all__ = ["compile_source", "emit"]
 
 # Written as fx writes them (``a + b``, ``x[i]``): the same operations, no call overhead.
@@ -104,7 +106,14 @@ class _Emitter:
                 continue
             args = [self.fmt(a) for a in node.args]
             kwargs = [f"{k}={self.fmt(v)}" for k, v in node.kwargs.items()]
-            if node.op == "call_function":
+            warns = node.meta.get("minihop_warns")
+            if warns and node.op in ("call_function", "call_method"):
+                # An op that warned while traced: called from the user's line, so that its
+                # warning is located (and remembered by the ``default`` filter) as eager's.
+                _, _, filename, line, module = warns[0]
+                callee = self.const(node.target) if node.op == "call_function" else f"{args.pop(0)}.{node.target}"
+                expr = f"{self.const(at_user_line(filename, line, module))}({', '.join([callee] + args + kwargs)})"
+            elif node.op == "call_function":
                 inline = _INLINE.get(node.target)
                 if inline is not None and not kwargs and inline.count("{}") == len(args):
                     expr = "(" + inline.format(*args) + ")"

@@ -4,7 +4,7 @@ the graphs, never only once by the trace.
 Place in the pipeline: tracer, beside the heap watch. ``pystate`` starts ``PrintWatch`` and
 ``MessageWatch`` around the user's code; the recorder brackets each op it runs on fakes
 (``op_begin``/``op_end``/``op_recorded``); the cache shows what a trace held back around the
-call's real run (``take_held``, ``real_run_shows``).
+call's real run (``take_held``; ``runtime.located.real_run_shows``).
 
 Why logging and ``warnings.warn`` are refused: a message is sent once, while tracing, and
 never by the graphs, where eager sends it (with that call's values) on every call. Calls through
@@ -36,7 +36,7 @@ from typing import Any
 from ..errors import SideEffectError
 from ..spec import Place, Root, StateWrite
 
-__all__ = ["MessageWatch", "PrintWatch", "op_begin", "op_end", "op_recorded", "real_run_shows", "take_held"]
+__all__ = ["MessageWatch", "PrintWatch", "op_begin", "op_end", "op_recorded", "take_held"]
 
 _MINIHOP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,10 +104,14 @@ class MessageWatch:
         # ran last until the recorder says it recorded it (``op_begin``/``op_recorded``).
         self.op_heard: list[tuple[str, str | None]] | None = None
         self.op_left: list[tuple[str, str | None]] = []
+        # Where eager's ``warnings.warn`` of each such message is (``_eager_location``): the
+        # graph's node gives it from there (``runtime.located``).
+        self.op_located: list[tuple[Any, ...]] = []
+        self.located_left: list[tuple[Any, ...]] = []
         # Forward's op warnings, not shown: the call's real run (graph or eager) shows them,
         # and those it does not give (a library's warn-once flag the trace used up) are shown
         # after it (``real_run_shows``); backward's are its graph's to give.
-        self.held: list[tuple[str, type, str | None]] = []
+        self.held: list[tuple[Any, ...]] = []  # (text, category, filename, line, module)
         self.published = False
         self.phase = "forward"  # (set by pystate when backward is traced)
         self.replays: list[tuple[Any, ...]] = []  # library deprecations given again per call
@@ -123,9 +127,10 @@ class MessageWatch:
                 if home is warnings and self.op_heard is not None:
                     # Inside an op run on fakes (``F.softmax``'s implicit-dim warning): the
                     # graph's call of that op gives it on every call; an op not recorded cannot.
-                    where = _user_where(frame, self.is_user)
-                    self.op_heard.append((label, where))
-                    self.held.append((*_message_of(name, args, kwargs), where))
+                    self.op_heard.append((label, _user_where(frame, self.is_user)))
+                    located = _eager_location(frame, name, args, kwargs, self.is_user)
+                    self.op_located.append(located)
+                    self.held.append(located)
                     return None
                 # A library's warning about the user's call (``F.upsample``'s deprecation, its
                 # stacklevel naming the user's line) is the user's message as much as their own.
@@ -199,7 +204,15 @@ class MessageWatch:
     def _show(self, *args: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == self.thread and not self.python_warn:
             if self.op_heard is not None:
-                self.op_heard.append(("a warning of torch's", _user_where(sys._getframe(1), self.is_user)))
+                frame = sys._getframe(1)
+                self.op_heard.append(("a warning of torch's", _user_where(frame, self.is_user)))
+                while frame is not None and not self.is_user(frame):  # (C++'s names the op's caller)
+                    frame = frame.f_back
+                if frame is not None and args:
+                    message, category = args[0], args[1] if len(args) > 1 else UserWarning
+                    self.op_located.append((str(message), type(message) if isinstance(message, Warning) else category,
+                                            frame.f_code.co_filename, frame.f_lineno,
+                                            frame.f_globals.get("__name__", "<string>")))
             return None  # (C++'s, while an op is traced: the graphs give it when they run)
         return self.show(*args, **kwargs)
 
@@ -249,58 +262,30 @@ def op_begin() -> MessageWatch | None:
     if watch is None or watch.thread != threading.get_ident():
         return None
     watch.calls.extend(watch.op_left)
-    watch.op_left, watch.op_heard = [], []
+    watch.op_left, watch.op_heard, watch.op_located = [], [], []
     return watch
 
 
 def op_end(watch: MessageWatch | None) -> None:
     if watch is not None:
         watch.op_left, watch.op_heard = watch.op_heard or [], None
+        watch.located_left, watch.op_located = watch.op_located, []
 
 
-def op_recorded() -> None:
-    """The op that ran last is in the graph: its messages are the graph's to give."""
+def op_recorded() -> tuple[tuple[Any, ...], ...]:
+    """The op that ran last is in the graph: its messages are the graph's to give, each from
+    where eager's is (returned, for its node: ``(text, category, filename, line, module)``)."""
     watch = getattr(_WATCH, "now", None)
-    if watch is not None:
-        watch.op_left = []
+    if watch is None:
+        return ()
+    watch.op_left, located, watch.located_left = [], tuple(watch.located_left), []
+    return located
 
 
-def take_held() -> list[tuple[str, type, str | None]]:
+def take_held() -> list[tuple[Any, ...]]:
     """The op warnings the forward traces of this thread held since the last take."""
     held, _WATCH.held = getattr(_WATCH, "held", []), []
     return held
-
-
-class real_run_shows:  # noqa: N801  (a context manager, named as one)
-    """Around the real run (graph or eager) of the call whose forward was just traced: the
-    warnings it gives are shown as they come; after it, each ``held`` one it did not give is
-    shown as well (a library's warn-once flag was used up by the trace: eager shows it now)."""
-
-    def __init__(self, held: list[tuple[str, type, str | None]]) -> None:
-        self.held = held
-        self.given: set[tuple[str, type]] = set()
-
-    def __enter__(self) -> None:
-        if self.held:
-            self.show = warnings.showwarning
-            warnings.showwarning = self._noted
-
-    def _noted(self, message: Any, category: type, *args: Any, **kwargs: Any) -> Any:
-        self.given.add((str(message), category))
-        return self.show(message, category, *args, **kwargs)
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self.held:
-            return
-        if warnings.showwarning == self._noted:
-            warnings.showwarning = self.show
-        shown = set()
-        for text, category, where in self.held:
-            if (text, category) in self.given or (text, category) in shown or exc[0] is not None:
-                continue
-            shown.add((text, category))
-            filename, _, line = (where or 'File "<minihop trace>", line 0').partition('", line ')
-            warnings.warn_explicit(text, category, filename.removeprefix('File "'), int(line or 0))
 
 
 def _message_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, type]:
@@ -310,6 +295,24 @@ def _message_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tup
     if isinstance(message, Warning):
         return str(message), type(message)
     return str(message), category if isinstance(category, type) else UserWarning
+
+
+def _eager_location(frame: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    is_user: Callable[[Any], bool]) -> tuple[Any, ...]:
+    """``(text, category, filename, line, module)`` of eager's ``warnings.warn`` called at
+    ``frame`` (the frame its ``stacklevel`` names), or of a ``warn_explicit``'s own. Where that
+    frame is minihop's (the recorder runs the op for the user's line), the user's line."""
+    text, category = _message_of(name, args, kwargs)
+    if name == "warn_explicit":
+        explicit = dict(zip(("message", "category", "filename", "lineno", "module"), args)) | kwargs
+        return (text, category, explicit.get("filename"), explicit.get("lineno"), explicit.get("module"))
+    named = frame
+    for _ in range(max(int(kwargs.get("stacklevel", args[2] if len(args) > 2 else 1)) - 1, 0)):
+        named = named.f_back if named is not None and named.f_back is not None else named
+    if named.f_code.co_filename.startswith(_MINIHOP_DIR):
+        while named.f_back is not None and not is_user(named):
+            named = named.f_back
+    return (text, category, named.f_code.co_filename, named.f_lineno, named.f_globals.get("__name__", "<string>"))
 
 
 def _user_where(frame: Any, is_user: Callable[[Any], bool]) -> str | None:

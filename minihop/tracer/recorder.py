@@ -383,6 +383,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                     return unbacked.scalar(func, args, kwargs, format_frame(user_frame()))
                 raise DataDependentOutputException(func)
             heard = messages.op_begin()  # (messages the op gives: the graph's, once recorded)
+            if heard is not None:  # (C++'s is located at this frame: the filters' memory of it here is not eager's)
+                globals().pop("__warningregistry__", None)
             try:
                 result = func(*args, **kwargs)
             finally:
@@ -416,8 +418,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if version_of(t) != v)
-        if setitem or isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
-            messages.op_recorded()
+        located = messages.op_recorded() if setitem or isinstance(result, torch.Tensor) or \
+            any_leaf(is_tensor, result) or written else ()
         if setitem:
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
@@ -425,6 +427,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if self.handler_stop is not None:  # (an op inside the user's try/except: handlers)
                 handlers.refuse_op_in_handler(self.describe(), self.handler_stop)
             node = recorder.record(func, args, kwargs, result, form)
+            if located:  # (the warnings it gave while traced: the graph gives them from the user's line)
+                node.meta["minihop_warns"] = located
             if written:
                 recorder.note_mutation(node, written)
             if unbacked is not None and self.fake_mode.shape_env is not None:

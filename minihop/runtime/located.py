@@ -1,0 +1,81 @@
+"""The warnings a captured call gives come from the user's line, as eager's do.
+
+Place in the pipeline: runtime. An op a graph records may warn (torch's ``F.softmax`` without
+``dim``, ``F.mse_loss``'s ``size_average``, a C++ ``TORCH_WARN``). Python names a warning's
+location by a caller's frame: in eager the user's line, in the user's module, whose registry
+is the ``default`` filter's memory, so the warning shows once for that line whichever call
+gives it. The graph's call of that op would name the graph's line and namespace, new with each
+capture (a new size, a recapture): one more showing per capture. ``at_user_line`` makes the
+frame the op is called from: code compiled as the user's file at the user's line, run in the
+user's module's namespace (``codegen.emit`` calls such an op through it, from the node's
+``"minihop_warns"`` that ``tracer.messages`` noted).
+
+``real_run_shows`` wraps the real run (graph or eager) of the call whose forward was just
+traced: a warning the trace held back that the run does not give itself (a library's
+warn-once flag the trace used up) is given after it, from eager's location and registry.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["at_user_line", "real_run_shows"]
+
+_CALL = compile("def call(f, *args, **kwargs): return f(*args, **kwargs)", "<minihop>", "exec").co_consts[0]
+_NAMESPACES: dict[tuple[str, str], dict[str, Any]] = {}  # a module not in sys.modules: one per file
+
+
+def _namespace(module: Any, filename: str) -> dict[str, Any]:
+    """The user's module's globals (where ``warnings`` keeps its ``__warningregistry__``)."""
+    home = sys.modules.get(module) if isinstance(module, str) else None
+    if home is not None and isinstance(getattr(home, "__dict__", None), dict):
+        return vars(home)
+    return _NAMESPACES.setdefault((str(module), filename), {"__name__": module or "<string>"})
+
+
+@functools.lru_cache(maxsize=1024)
+def at_user_line(filename: str, line: int, module: Any) -> Callable[..., Any]:
+    """``call(f, *args, **kwargs)``: ``f(*args, **kwargs)`` from a frame at ``filename``'s
+    ``line`` in ``module``: what a warning ``f`` gives (at its caller's frame) is located there,
+    as eager's."""
+    code = _CALL.replace(co_filename=filename, co_firstlineno=max(int(line or 1), 1))
+    return types.FunctionType(code, _namespace(module, filename), "call")
+
+
+class real_run_shows:  # noqa: N801  (a context manager, named as one)
+    """Around the real run (graph or eager) of the call whose forward was just traced: the
+    warnings it gives are shown as they come; after it, each ``held`` one
+    (``(text, category, filename, line, module)``) it did not show is given as well, from
+    eager's location and registry (a library's warn-once flag was used up by the trace: eager
+    gives it now; one the filters hid, they hide again)."""
+
+    def __init__(self, held: list[tuple[Any, ...]]) -> None:
+        self.held = held
+        self.given: set[tuple[str, type]] = set()
+
+    def __enter__(self) -> None:
+        if self.held:
+            self.show = warnings.showwarning
+            warnings.showwarning = self._noted
+
+    def _noted(self, message: Any, category: type, *args: Any, **kwargs: Any) -> Any:
+        self.given.add((str(message), category))
+        return self.show(message, category, *args, **kwargs)
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.held:
+            return
+        if warnings.showwarning == self._noted:
+            warnings.showwarning = self.show
+        shown = set()
+        for text, category, filename, line, module in self.held:
+            if (text, category) in self.given or (text, category) in shown or exc[0] is not None:
+                continue
+            shown.add((text, category))
+            registry = _namespace(module, filename).setdefault("__warningregistry__", {})
+            warnings.warn_explicit(text, category, filename, int(line or 0), module=module, registry=registry)
