@@ -21,7 +21,12 @@ Silent differences from eager (or failures inside minihop) before this round:
   graph's call of the op named the graph's own line and namespace, new with each capture, so
   every new size showed the warning again where eager shows it once for the user's line (and
   under ``always`` the location printed was the graph's). The graph now calls such an op
-  from a frame at the user's line in the user's module (``runtime.located.at_user_line``).
+  from a frame at the user's line in the user's module (``runtime.located.at_user_line``);
+- a library module passed as an argument (``xp`` = ``torch`` or ``torch.nn.functional``): the
+  search for iterators in the arguments walked the whole of ``torch`` six levels down,
+  touching its deprecated names, so even ``fallback="eager"`` gave deprecation warnings eager
+  never gave (``tracer.iterators``: a library module is not the user's state, and a user
+  module is walked by its data).
 """
 
 from __future__ import annotations
@@ -240,3 +245,28 @@ def test_library_warning_in_an_op_under_error_filter_raises_as_eager():
             warnings.simplefilter("error")
             with pytest.raises(UserWarning, match="Implicit dimension choice"):
                 call(*_sized(0))
+
+
+# --- A library module passed as an argument (an array-API style ``xp``) ---------------------
+
+def test_library_module_as_argument():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, xp): return xp.tanh(x)
+        @staticmethod
+        def backward(ctx, g): return g, None
+    backends = [torch, Fn, torch, Fn]
+    matches_eager(F, lambda i: (x_(i), backends[i]))
+
+
+def test_user_module_argument_holding_an_iterator_is_refused_as_eager_runs():
+    import types as _types
+    box = _types.ModuleType("r15_user_module")
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, m): return x * next(m.steps)
+        @staticmethod
+        def backward(ctx, g): return g, None
+    def reset():
+        box.steps = iter([1.0, 2.0, 3.0, 4.0] * 4)
+    matches_eager(F, lambda i: (x_(i), box), reset=reset)

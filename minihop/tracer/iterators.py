@@ -21,6 +21,7 @@ Invariant: nothing is taken from an iterator by a capture that is refused.
 from __future__ import annotations
 
 import random
+import types
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from ..library_state import unseen
 from ..structure import attributes
 from .atoms import LEAVES
 from .hidden import fingerprint
+from .library import is_user_module, module_data
 
 __all__ = ["refuse_iterator_arguments", "refuse_iterator_read"]
 
@@ -92,9 +94,13 @@ def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] 
     if isinstance(value, LEAVES) or id(value) in seen or depth > _DEPTH:
         return None
     seen.add(id(value))
-    if _iterator(value) or unseen(value):  # (an iterator is named as one)
+    if isinstance(value, types.ModuleType):
+        if not is_user_module(value):
+            return None  # a library's (``torch`` passed in): not the user's state, and not walked
+        items: Any = ((f"{name}.{k}", v) for k, v in module_data(value).items())
+    elif _iterator(value) or unseen(value):  # (an iterator is named as one)
         return name, value
-    if isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple)):
         items = ((f"{name}[{k}]", v) for k, v in enumerate(value))
     elif isinstance(value, dict):
         items = ((f"{name}[{k!r}]", v) for k, v in value.items())
