@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .library_state import library_module
+
 __all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
            "path_expression", "object_paths", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
            "PLAIN_CALLABLES"]
@@ -134,7 +136,8 @@ def _slot_names(cls: type) -> tuple[str, ...]:
 def attributes(value: Any) -> dict[str, Any]:
     """An object's attributes: its ``__dict__`` and its set ``__slots__``. Read past a user's
     ``__getattribute__`` (what the object holds; what that method answers is its code's read)."""
-    get = getattr if type(value).__getattribute__ is object.__getattribute__ else _raw_get
+    own = type(value).__getattribute__  # (a C class's own, as ``threading.local``'s, answers as it should)
+    get = _raw_get if isinstance(own, types.FunctionType) and not library_module(own.__module__) else getattr
     found = dict(get(value, "__dict__", {}))
     for name in _slot_names(type(value)):
         got = get(value, name, _UNSET)
