@@ -26,7 +26,12 @@ Silent differences from eager (or failures inside minihop) before this round:
   search for iterators in the arguments walked the whole of ``torch`` six levels down,
   touching its deprecated names, so even ``fallback="eager"`` gave deprecation warnings eager
   never gave (``tracer.iterators``: a library module is not the user's state, and a user
-  module is walked by its data).
+  module is walked by its data);
+- an op that warns inside the user's own ``warnings.catch_warnings`` block (recording the
+  warning, counting it, hiding it): the trace held the warning back, so the user's block never
+  saw it (a count of 0 baked into the graph), and the graph gave it outside the block on every
+  call. Now the op runs under the call's filters, as the graph will, and a warning it gives
+  there is refused (MH106); quiet ops in such a block are captured.
 """
 
 from __future__ import annotations
@@ -270,3 +275,70 @@ def test_user_module_argument_holding_an_iterator_is_refused_as_eager_runs():
     def reset():
         box.steps = iter([1.0, 2.0, 3.0, 4.0] * 4)
     matches_eager(F, lambda i: (x_(i), box), reset=reset)
+
+
+# --- The user's own warnings.catch_warnings around an op that warns --------------------------
+
+def test_op_warning_recorded_by_the_users_catch_warnings():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with warnings.catch_warnings(record=True) as heard:
+                warnings.simplefilter("always")
+                y = Fn.softmax(x)
+            ctx.n = len(heard)
+            return y * (1 + len(heard))
+        @staticmethod
+        def backward(ctx, g): return g * ctx.n
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_op_warning_hidden_by_the_users_catch_warnings():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                y = Fn.softmax(x)
+            return y
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_cpp_op_warning_hidden_by_the_users_catch_warnings():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                c = torch.tensor(x)
+            return x * c.sum()
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_op_warning_hidden_by_the_users_catch_warnings_in_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return Fn.softmax(g)
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_quiet_ops_inside_the_users_catch_warnings_are_captured():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                y = Fn.softmax(x, dim=0)
+            return y
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), refusable=False)

@@ -108,6 +108,12 @@ class MessageWatch:
         # graph's node gives it from there (``runtime.located``).
         self.op_located: list[tuple[Any, ...]] = []
         self.located_left: list[tuple[Any, ...]] = []
+        # The filters as the call found them, and (while an op runs) the user's own
+        # ``catch_warnings`` filters around it, if any: the op then runs under the call's, as
+        # the graph will, and a warning it gives is refused (what the user's context does
+        # with it, record or hide it, is the user's code, which no graph repeats).
+        self.filters = warnings.filters
+        self.op_context: Any = None
         # Forward's op warnings, not shown: the call's real run (graph or eager) shows them,
         # and those it does not give (a library's warn-once flag the trace used up) are shown
         # after it (``real_run_shows``); backward's are its graph's to give.
@@ -124,9 +130,14 @@ class MessageWatch:
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() == self.thread:
                 frame = sys._getframe(1)
+                if home is warnings and self.op_heard is not None and warnings.filters is not self.filters:
+                    return self._python(real, args, kwargs)  # (a library's own catch_warnings inside the op)
                 if home is warnings and self.op_heard is not None:
                     # Inside an op run on fakes (``F.softmax``'s implicit-dim warning): the
                     # graph's call of that op gives it on every call; an op not recorded cannot.
+                    if self.op_context is not None:
+                        self.calls.append((_IN_CONTEXT, _user_where(frame, self.is_user)))
+                        return None
                     self.op_heard.append((label, _user_where(frame, self.is_user)))
                     located = _eager_location(frame, name, args, kwargs, self.is_user)
                     self.op_located.append(located)
@@ -205,6 +216,9 @@ class MessageWatch:
         if threading.get_ident() == self.thread and not self.python_warn:
             if self.op_heard is not None:
                 frame = sys._getframe(1)
+                if self.op_context is not None:
+                    self.calls.append((_IN_CONTEXT, _user_where(frame, self.is_user)))
+                    return None
                 self.op_heard.append(("a warning of torch's", _user_where(frame, self.is_user)))
                 while frame is not None and not self.is_user(frame):  # (C++'s names the op's caller)
                     frame = frame.f_back
@@ -242,6 +256,15 @@ class MessageWatch:
         if not calls:
             return
         what, where = calls[0]
+        if what == _IN_CONTEXT:
+            raise SideEffectError(
+                f"{describe} runs an op that warns inside its own `warnings.catch_warnings` block.",
+                "The graph calls that op on every call, outside the block: the warning would be "
+                "shown where eager's block records or hides it, and what the block does with it "
+                "is Python code no graph repeats.",
+                "Pass the argument that silences the warning (F.softmax(x, dim=...)), move the "
+                "block outside the Function, or run it eagerly with "
+                "minihop.function(F, fallback='eager').", where=where)
         raise SideEffectError(
             f"{describe} gives a message ({what}).",
             "A capture replays tensor operations: the message would be sent once, while "
@@ -263,6 +286,8 @@ def op_begin() -> MessageWatch | None:
         return None
     watch.calls.extend(watch.op_left)
     watch.op_left, watch.op_heard, watch.op_located = [], [], []
+    if warnings.filters is not watch.filters:  # (the user's catch_warnings around the op)
+        watch.op_context, warnings.filters = warnings.filters, watch.filters
     return watch
 
 
@@ -270,6 +295,11 @@ def op_end(watch: MessageWatch | None) -> None:
     if watch is not None:
         watch.op_left, watch.op_heard = watch.op_heard or [], None
         watch.located_left, watch.op_located = watch.op_located, []
+        if watch.op_context is not None:
+            warnings.filters, watch.op_context = watch.op_context, None
+
+
+_IN_CONTEXT = "a warning inside the user's `warnings.catch_warnings`"
 
 
 def op_recorded() -> tuple[tuple[Any, ...], ...]:
