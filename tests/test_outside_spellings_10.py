@@ -342,3 +342,34 @@ def test_quiet_ops_inside_the_users_catch_warnings_are_captured():
         @staticmethod
         def backward(ctx, g): return g
     matches_eager(F, lambda i: (x_(i),), refusable=False)
+
+
+# --- A refused trace leaves library state as it found it -------------------------------------
+
+def test_a_refused_trace_with_dynamic_sizes_leaves_sympys_state_alone():
+    """A trace that runs code no analysis reached (``__del__``) keeps what such code could
+    write, to put it back if the trace fails; it kept library frames' objects too, and a
+    refused trace under dynamic sizes emptied sympy's cached assumptions of its symbols
+    (``torch.compile`` then failed: "'StdFactKB' object has no attribute 'rules'", found by the
+    effects fuzzer's ``del_write`` kind)."""
+    from sympy.core.assumptions import StdFactKB
+    import gc
+    died = [0]
+    class Dying:
+        def __del__(self):
+            died[0] += 1  # (a closure's list: a write minihop refuses, so the trace fails)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            Dying()
+            return x * 2 + x * float(died[0] % 3 + 1)
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    sizes = [3, 4, 3, 5]
+    matches_eager(F, lambda i: ((torch.linspace(-1, 1, sizes[i]) + i).requires_grad_(),),
+                  state=lambda: died[0], reset=lambda: died.__setitem__(0, 0))
+    f = minihop.function(F)
+    for n in sizes:  # (each trace refused; from the second size on, under dynamic sizes)
+        with pytest.raises(minihop.MinihopError, match="MH106"):
+            f(torch.ones(n, requires_grad=True))
+    assert not [o for o in gc.get_objects() if type(o) is StdFactKB and not hasattr(o, "rules")]

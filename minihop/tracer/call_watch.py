@@ -78,9 +78,10 @@ class CallWatch:
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
         code = frame.f_code
         if code not in self.ok:
-            if code in self.analysed or self.is_library_frame(frame):
+            library = code not in self.analysed and self.is_library_frame(frame)
+            if code in self.analysed or library:
                 self.ok.add(code)
-                if code not in self.analysed:
+                if library:
                     self.library_codes[id(code)] = code
             else:
                 self.ran_in.add(self.phase)
@@ -90,8 +91,11 @@ class CallWatch:
                     what = f"{code.co_qualname} ({code.co_filename}, line {code.co_firstlineno})"
                     if all(w != what for w, _ in self.found):
                         self.found.append((what, where))
-            if event == "call" and not frame.f_globals.get("__name__", "").startswith("minihop."):
-                self._keep(frame)  # (minihop's own frames hold minihop's state, never the user's)
+            if event == "call" and not library and not frame.f_globals.get("__name__", "").startswith("minihop."):
+                # (a library's frame, torch's or sympy's, holds the library's own state: put
+                # back, a symbol's assumptions cache lost what it learnt meanwhile; minihop's
+                # own frames hold minihop's state, never the user's)
+                self._keep(frame)
                 if code not in self.ok and self.on_unanalysed is not None:  # (the user's, unanalysed)
                     # (``isinstance(n, int)`` of a symbolic size in a callback no analysis
                     # reached answers as eager's too)
