@@ -25,7 +25,9 @@ calls, the very dict the code also reads; in round 11, a buffer of the user's cl
 library's setter) or its ``disabled`` flag, and ``sys.argv`` appended to; in round 14, torch's
 own warnings: inside an op the graph records (``F.softmax`` without ``dim``,
 ``F.mse_loss(..., size_average=True)``) and from a library helper outside any op, and a write
-into the tensor an ``lru_cache`` helper returned.
+into the tensor an ``lru_cache`` helper returned; in round 15, an object of the user's class
+whose ``__del__`` writes, made and dropped by forward or backward, and an op inside the
+Function's own ``warnings.catch_warnings`` block.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -101,6 +103,12 @@ KINDS = {
     "library_warn_op": ("fb", ""), "library_warn_kwarg": ("fb", ""), "library_helper_warn": ("fb", ""),
     # ... and a write into the tensor an lru_cache helper returned (eager's cache keeps it).
     "lru_write": ("fb", ""),
+    # Round 15: an object of the user's class whose __del__ bumps a counter, made and dropped
+    # by the phase (a local, or a statement's value).
+    "del_write": ("fb", ""),
+    # ... and an op that warns (or one that does not) inside the Function's own
+    # warnings.catch_warnings block, which records or hides the warning.
+    "caught_warn_op": ("fb", ""), "caught_quiet_op": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -146,6 +154,13 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [], "x * table(x.shape[0])"
     if kind == "lru_write":
         return [f"_tw{n} = table(x.shape[0])", f"_tw{n}.add_(0.5)"], f"x * _tw{n}"
+    if kind in ("caught_warn_op", "caught_quiet_op"):
+        dim = "" if kind == "caught_warn_op" else ", dim=0"
+        return [f"with warnings.catch_warnings(record=True) as _cw{n}:",
+                f"    warnings.simplefilter({r.choice(['always', 'ignore'])!r})",
+                f"    _y{n} = torch.nn.functional.softmax(x{dim})"], f"_y{n} * float(len(_cw{n}) + 1)"
+    if kind == "del_write":
+        return [r.choice([f"_dying{n} = Dying()", "Dying()"])], f"x * float(DIED[0] % 3 + 1)"
     if kind == "generator":
         return [f"g{n} = torch.Generator().manual_seed({r.randrange(100)})"], \
             f"torch.rand(x.shape, generator=g{n})"
@@ -280,6 +295,8 @@ def generate_source(r: random.Random) -> str:
         "    LOGGER.disabled = False", "",
         "    @functools.lru_cache(maxsize=None)", "    def table(n):",
         "        return torch.arange(n, dtype=torch.float32) + 1", "",
+        "    DIED = [0]", "",
+        "    class Dying:", "        def __del__(self):", "            DIED[0] += 1", "",
         "    class Holder:", "        pass", "",
         "    class Rec:", "        pass", "",
         "    class Node:", "        def __init__(self, w, parent=None):",
@@ -370,7 +387,8 @@ def generate_source(r: random.Random) -> str:
         f"table(3), [{', '.join(globals_)}], STATS.steps, STATS.last, NEST, PS.history, SCALER.calls, "
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
-        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers)])",
+        f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
+        f"DIED])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

@@ -106,7 +106,10 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 14: a value of the user's subclass of a plain type whose own method reads a
            # global (a dict's ``__missing__`` passed in, a float's ``__mul__`` passed in, a
            # list's ``__getitem__`` in a global).
-           "dict_subclass_missing_arg", "float_subclass_mul_arg", "list_subclass_getitem_global")
+           "dict_subclass_missing_arg", "float_subclass_mul_arg", "list_subclass_getitem_global",
+           # Round 15: an object passed in whose class answers every attribute by its own
+           # ``__getattribute__``, reading a global.
+           "getattribute_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -494,6 +497,10 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["GETV = {'v': 2.0}", "", "", "class KList(list):", "    def __getitem__(self, i):",
                  "        return list.__getitem__(self, i) * GETV['v']", "", "", "KLIST = KList([1.0])"],
                 ["GETV['v'] = v"], "KLIST[0]", [], "")
+    if holder == "getattribute_arg":
+        return (["GAV = {'v': 2.0}", "", "", "class KGa:", "    def __getattribute__(self, name):",
+                 "        return GAV['v']", "", "", "KGA = KGa()"],
+                ["GAV['v'] = v"], "kga.scale", ["KGA"], "kga")
     if holder == "deque_subclass_attr_arg":
         return (["class KRing(collections.deque):", "    pass", "", "", "KRING = KRing([1.0])", "KRING.w = 2.0"],
                 ["KRING.w = v"], "kr.w * kr[0]", ["KRING"], "kr")
