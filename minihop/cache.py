@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import torch
 
-from .errors import MinihopError, UnsupportedOperationError, notice
+from .errors import MinihopError, UnsupportedOperationError, notice, release_frames
 from .pipeline import (Capture, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
@@ -75,23 +75,6 @@ class _Refused:
     # A trace that raised in minihop's own code (what, where): minihop's failure if eager then
     # runs without error (``CapturedFunction._failed``).
     suspect: str | None = None
-
-
-def _release(error: BaseException) -> None:
-    """Free the frames of a refused trace, which an exception's traceback keeps in a cycle with
-    their locals (the call's arguments among them): eager frees a call's tensors when the
-    caller drops them (a ``WeakKeyDictionary`` keyed on one loses the entry then), not when
-    the garbage collector next runs. The error is kept for its message only."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        e.__traceback__ = None
-        todo += [e.__cause__, e.__context__]
 
 
 def capture(fn_cls: type, /, *args: Any, dynamic: Any = None, eager_backward: bool = False) -> Capture:
@@ -357,7 +340,7 @@ class CapturedFunction:
             self._warn_once("fallback", (
                 f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): "
                 f"{e}"))
-            _release(e)
+            release_frames(e)
             entry = _Refused(e)
         except Exception as e:
             # The user's own error, raised while traced (a backward that raises
@@ -367,7 +350,7 @@ class CapturedFunction:
             # next call traces again. One raised in minihop's own code that eager does not raise
             # is minihop's failure: eager's answer stands, and it is said, never hidden.
             where = _minihops_frame(e)
-            _release(e)
+            release_frames(e)
             return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""),
                             None if where is None else f"{type(e).__name__} at {where}: {e}")
         if isinstance(entry, Capture) and entry.python_state.single_use:

@@ -10,6 +10,7 @@ pinned in tests and looked up in ``docs/unsupported.md``.
 from __future__ import annotations
 
 import logging
+import traceback
 import warnings
 
 __all__ = [
@@ -134,3 +135,22 @@ def notice(message: str, stacklevel: int = 2) -> None:
         warnings.warn(message, MinihopWarning, stacklevel=stacklevel + 1)
     except MinihopWarning:
         logging.getLogger("minihop").warning(message)
+
+
+def release_frames(error: BaseException, drop: bool = True) -> None:
+    """Free the locals of the frames an exception's traceback keeps (and its cause's and
+    context's), which hold them in a cycle: eager frees a call's objects when the caller drops
+    them, and runs their ``__del__`` then, not when the garbage collector next runs. ``drop``:
+    the traceback goes too (the error is kept for its message only). (A frame still running
+    is left as it is.)"""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        if drop:
+            e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]

@@ -373,3 +373,27 @@ def test_a_refused_trace_with_dynamic_sizes_leaves_sympys_state_alone():
         with pytest.raises(minihop.MinihopError, match="MH106"):
             f(torch.ones(n, requires_grad=True))
     assert not [o for o in gc.get_objects() if type(o) is StdFactKB and not hasattr(o, "rules")]
+
+
+def test_del_of_a_local_in_a_forward_that_raises_on_some_calls():
+    """Eager's failed call frees its locals when the caller drops the error; the trace's (run
+    again static, under dynamic sizes) outlived the watches and the put-back, so each failed
+    call's ``__del__`` counted once more under ``fallback="eager"`` (the effects fuzzer, seed
+    994451). The trace's locals now die while it is watched, and their writes are put back."""
+    died, calls = [0], [0]
+    class Dying:
+        def __del__(self):
+            died[0] += 1
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            _d = Dying()  # noqa: F841
+            calls[0] += 1
+            if calls[0] % 2 == 0:
+                raise ValueError("every other call")
+            return x * 2 + x * float(died[0] % 3 + 1)
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    sizes = [3, 4, 3, 5, 3, 6]
+    matches_eager(F, lambda i: ((torch.linspace(-1, 1, sizes[i]) + i).requires_grad_(),), steps=6,
+                  state=lambda: (died[0], calls[0]), reset=lambda: (died.__setitem__(0, 0), calls.__setitem__(0, 0)))

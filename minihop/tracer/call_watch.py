@@ -144,8 +144,8 @@ class CallWatch:
                     value = g[name]
                     self.undo.append(functools.partial(g.__setitem__, name, value))
                     self._keep_value(value)
-        for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
-            self._keep_value(frame.f_locals.get(name))
+        for name in (*code.co_varnames[:code.co_argcount + code.co_kwonlyargcount], *code.co_freevars):
+            self._keep_value(frame.f_locals.get(name))  # (and the cells it closes over: ``died[0] += 1``)
 
     def _keep_value(self, value: Any) -> None:
         if id(value) in self.kept:

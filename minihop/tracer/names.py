@@ -103,8 +103,9 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
             params = set(code.co_varnames[:nparams])
             # Only tensors are named; holding any other local past the call would run its
             # ``__del__`` after the watches stop, where eager runs it as the call returns.
-            sink.locals.update((k, v) for k, v in frame.f_locals.items()
-                               if k not in params and isinstance(v, torch.Tensor))
+            found = frame.f_locals  # (a snapshot the frame keeps, past its own clearing: emptied below)
+            sink.locals.update((k, v) for k, v in found.items() if k not in params and isinstance(v, torch.Tensor))
+            found.clear()
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
             sink.stack_trace = "".join(traceback.format_list([summary]))
             del frame

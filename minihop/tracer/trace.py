@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..errors import release_frames
 from ..spec import MISSING, RawCapture
 from ..arguments import bind_arguments
 from ..structure import describe_output, object_paths, replace_tensors
@@ -160,6 +161,12 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     state.start()
     try:
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
+    except BaseException as e:
+        # The user's locals die now, while the watches run (a ``__del__`` of theirs runs
+        # as in eager's failed call, and what it writes is put back with the rest), not when
+        # the caller drops the error.
+        release_frames(e, drop=False)
+        raise
     finally:
         state.abort()
         # However it ended, the trace keeps none of the caller's tensors (a refused one is
