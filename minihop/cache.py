@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
