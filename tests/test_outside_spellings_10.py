@@ -31,7 +31,13 @@ Silent differences from eager (or failures inside minihop) before this round:
   warning, counting it, hiding it): the trace held the warning back, so the user's block never
   saw it (a count of 0 baked into the graph), and the graph gave it outside the block on every
   call. Now the op runs under the call's filters, as the graph will, and a warning it gives
-  there is refused (MH106); quiet ops in such a block are captured.
+  there is refused (MH106); quiet ops in such a block are captured;
+- an object forward made and kept on ctx (``ctx.info = Info()``, a ``SimpleNamespace``, one
+  in a list) whose attributes backward changes (``ctx.info.n += 1``): a second backward of the
+  call (``retain_graph``) reads what the first left, and the capture's backward computed from
+  what forward left, in every mode. Refused now (MH106, ``tracer.effects.ctx_objects``
+  compares what such objects hold, as it compared their identity); one backward only reads
+  is captured.
 """
 
 from __future__ import annotations
@@ -397,3 +403,64 @@ def test_del_of_a_local_in_a_forward_that_raises_on_some_calls():
     sizes = [3, 4, 3, 5, 3, 6]
     matches_eager(F, lambda i: ((torch.linspace(-1, 1, sizes[i]) + i).requires_grad_(),), steps=6,
                   state=lambda: (died[0], calls[0]), reset=lambda: (died.__setitem__(0, 0), calls.__setitem__(0, 0)))
+
+
+# --- An object forward made and kept on ctx, changed by backward --------------------------
+
+class Info:
+    def __init__(self):
+        self.n = 0
+
+
+def test_ctx_object_changed_by_backward_twice():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.info = Info()
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.info.n += 1
+            return g * ctx.info.n
+    matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+def test_ctx_namespace_changed_by_backward_twice():
+    import types as _types
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.st = _types.SimpleNamespace(n=0, seen=[])
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.st.n += 1
+            ctx.st.seen.append(ctx.st.n)
+            return g * len(ctx.st.seen)
+    matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+def test_ctx_object_in_a_list_changed_by_backward_twice():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.infos = [Info(), Info()]
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.infos[1].n += 2
+            return g * ctx.infos[1].n
+    matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+def test_ctx_object_read_only_by_backward_is_captured():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            ctx.info = Info()
+            ctx.info.n = k
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * ctx.info.n, None
+    ks = [1, 2, 1, 3]
+    matches_eager(F, lambda i: (x_(i), ks[i]), backwards=2, refusable=False)

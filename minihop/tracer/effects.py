@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..errors import SideEffectError
+from ..library_state import library_module
 from ..spec import CTX_HELD
 from .atoms import CONSTANTS
 
@@ -162,29 +164,50 @@ def share_arguments(ctx: Any, args: tuple[Any, ...]) -> None:
     object.__setattr__(ctx, "_minihop_shared", frozenset(k for k, v in vars(ctx).items() if id(v) in ids))
 
 
-def ctx_objects(ctx: Any) -> dict[str, int]:
-    """The identity of each value on ``ctx`` that ``ctx_values`` does not copy (a tensor, an
-    object): a backward that rebinds one (``ctx.k = ctx.k * 0.5``) leaves a value a second
-    backward of the call reads, and backward's case is keyed on plain values only."""
+def ctx_objects(ctx: Any) -> dict[str, Any]:
+    """Each value on ``ctx`` that ``ctx_values`` does not copy (a tensor, an object, a container
+    holding one): its identity and what it holds (an object's attributes, a container's items,
+    down to tensors, which count by identity). A backward that rebinds one (``ctx.k = ctx.k *
+    0.5``) or changes what it holds (``ctx.info.n += 1``) leaves a value a second backward of
+    the call reads, and backward's case is keyed on plain values only."""
     shared = vars(ctx).get("_minihop_shared", ())
-    return {k: id(v) for k, v in vars(ctx).items()
+    return {k: (id(v), _held(v, 0)) for k, v in vars(ctx).items()
             if not k.startswith("_minihop") and k not in shared and _copied(v) is _OTHER}
 
 
-def refuse_ctx_rebinding(name: str, before: dict[str, int], after: dict[str, int]) -> None:
-    """MH106 where backward rebinds or deletes a ctx attribute holding a tensor or an object
-    (see ``ctx_objects``)."""
+def _held(value: Any, depth: int) -> Any:
+    """What ``value`` holds, as comparable values (see ``ctx_objects``)."""
+    copied = _copied(value)
+    if copied is not _OTHER:
+        return copied
+    if depth > 4 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
+        return ("id", id(value))
+    if type(value) in (list, tuple, set, frozenset):
+        return (type(value), tuple(_held(v, depth + 1) for v in value))
+    if type(value) is dict:
+        return (dict, tuple((_held(k, depth + 1), _held(v, depth + 1)) for k, v in value.items()))
+    own = getattr(value, "__dict__", None) if not library_module(type(value).__module__) or \
+        type(value) is types.SimpleNamespace else None
+    if type(own) is dict:
+        return (type(value), id(value), tuple((k, _held(v, depth + 1)) for k, v in own.items()))
+    return ("id", id(value))
+
+
+def refuse_ctx_rebinding(name: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """MH106 where backward rebinds, deletes or changes a ctx attribute holding a tensor or an
+    object (see ``ctx_objects``)."""
     # (an attribute backward adds is set before any read of it, or eager's first backward
     # would have raised: only one that held forward's value is read by a second backward)
     changed = sorted(k for k in before if before[k] != after.get(k))
     if changed:
         raise SideEffectError(
-            f"{name}.backward rebinds ctx.{changed[0]} to a tensor or object.",
+            f"{name}.backward rebinds or changes ctx.{changed[0]}, a tensor or an object "
+            "(or what it holds).",
             "A second backward of the call (retain_graph=True) reads what the first left on "
             "ctx; minihop traces backward again for the plain values (numbers, strings, "
             "containers of them) left there, and cannot key one on a tensor or object.",
-            "Keep what backward changes in a plain Python value, or run it eagerly with "
-            "minihop.function(F, fallback='eager').")
+            "Keep what backward changes in a plain Python value on ctx (ctx.n += 1), or run it "
+            "eagerly with minihop.function(F, fallback='eager').")
 
 
 def refuse_symbolic_ctx_write(name: str, before: dict[str, Any], after: dict[str, Any]) -> None:
