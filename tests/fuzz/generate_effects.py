@@ -27,7 +27,8 @@ own warnings: inside an op the graph records (``F.softmax`` without ``dim``,
 ``F.mse_loss(..., size_average=True)``) and from a library helper outside any op, and a write
 into the tensor an ``lru_cache`` helper returned; in round 15, an object of the user's class
 whose ``__del__`` writes, made and dropped by forward or backward, and an op inside the
-Function's own ``warnings.catch_warnings`` block.
+Function's own ``warnings.catch_warnings`` block, and an object forward keeps on ctx that
+backward changes.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -109,6 +110,8 @@ KINDS = {
     # ... and an op that warns (or one that does not) inside the Function's own
     # warnings.catch_warnings block, which records or hides the warning.
     "caught_warn_op": ("fb", ""), "caught_quiet_op": ("fb", ""),
+    # ... and an object forward makes and keeps on ctx, changed by backward.
+    "ctx_object_backward": ("b", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -154,6 +157,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [], "x * table(x.shape[0])"
     if kind == "lru_write":
         return [f"_tw{n} = table(x.shape[0])", f"_tw{n}.add_(0.5)"], f"x * _tw{n}"
+    if kind == "ctx_object_backward":
+        return ["ctx.box.n += 1"], "x * float(ctx.box.n)"
     if kind in ("caught_warn_op", "caught_quiet_op"):
         dim = "" if kind == "caught_warn_op" else ", dim=0"
         return [f"with warnings.catch_warnings(record=True) as _cw{n}:",
@@ -254,6 +259,8 @@ def generate_source(r: random.Random) -> str:
     fwd, bwd, fwd_terms, bwd_terms, globals_ = [], [], [], [], []
     if any(k == "ctx_backward" for k, _ in effects):
         fwd.append("ctx.trail = [0]")
+    if any(k == "ctx_object_backward" for k, _ in effects):
+        fwd.append("ctx.box = types.SimpleNamespace(n=0)")
     if any(k == "memo_tensor" for k, _ in effects):
         bwd_terms.append("x * MEMO[ctx.n]")
     if any(k == "ctx_dict_alias" for k, _ in effects):
