@@ -37,7 +37,13 @@ Silent differences from eager (or failures inside minihop) before this round:
   call (``retain_graph``) reads what the first left, and the capture's backward computed from
   what forward left, in every mode. Refused now (MH106, ``tracer.effects.ctx_objects``
   compares what such objects hold, as it compared their identity); one backward only reads
-  is captured.
+  is captured. Likewise a closure forward made and kept on ctx whose cell backward changes
+  (``box[0] += 1``: ``tracer.effects.held`` reads a function's cells);
+- a dict or list an ``lru_cache``/``functools.cache`` helper returned, changed by forward or
+  backward (``cfg["calls"] += 1``, ``get_log().append(1)``): eager's cache keeps that object,
+  so the changes add up call after call; while traced the cache is bypassed, so the trace
+  changed a copy and every call answered as the first (strict and fallback alike). Refused
+  now (MH106, ``tracer.hidden.ReadWatch.call_writes``, as round 14 refused a tensor's).
 """
 
 from __future__ import annotations
@@ -464,3 +470,65 @@ def test_ctx_object_read_only_by_backward_is_captured():
         def backward(ctx, g): return g * ctx.info.n, None
     ks = [1, 2, 1, 3]
     matches_eager(F, lambda i: (x_(i), ks[i]), backwards=2, refusable=False)
+
+
+# --- A mutable object an lru_cache helper returned, changed by the Function -----------------
+
+import functools  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_cfg(n):
+    return {"calls": 0, "n": n}
+
+
+@functools.cache
+def _cached_log():
+    return []
+
+
+def test_dict_an_lru_cache_helper_returned_changed_in_forward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            cfg = _cached_cfg(4)
+            cfg["calls"] += 1
+            return x * float(cfg["calls"])
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), reset=_cached_cfg.cache_clear, state=lambda: _cached_cfg(4)["calls"])
+
+
+def test_list_a_cache_helper_returned_appended_in_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            _cached_log().append(1)
+            return g * float(len(_cached_log()))
+    matches_eager(F, lambda i: (x_(i),), reset=_cached_log.cache_clear, state=lambda: len(_cached_log()))
+
+
+def test_dict_an_lru_cache_helper_returned_read_only_is_captured():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * float(_cached_cfg(4)["n"])
+        @staticmethod
+        def backward(ctx, g): return g * float(_cached_cfg(4)["n"])
+    matches_eager(F, lambda i: (x_(i),), reset=_cached_cfg.cache_clear, refusable=False)
+
+
+def test_closure_counter_made_in_forward_kept_on_ctx_backward_twice():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            box = [0]
+            def bump():
+                box[0] += 1
+                return float(box[0])
+            ctx.bump = bump
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * ctx.bump()
+    matches_eager(F, lambda i: (x_(i),), backwards=2)

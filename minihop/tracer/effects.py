@@ -28,7 +28,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..library_state import library_module
-from ..spec import CTX_HELD
+from ..spec import CTX_HELD, MISSING
 from .atoms import CONSTANTS
 
 __all__ = ["constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
@@ -171,26 +171,41 @@ def ctx_objects(ctx: Any) -> dict[str, Any]:
     0.5``) or changes what it holds (``ctx.info.n += 1``) leaves a value a second backward of
     the call reads, and backward's case is keyed on plain values only."""
     shared = vars(ctx).get("_minihop_shared", ())
-    return {k: (id(v), _held(v, 0)) for k, v in vars(ctx).items()
+    return {k: (id(v), held(v)) for k, v in vars(ctx).items()
             if not k.startswith("_minihop") and k not in shared and _copied(v) is _OTHER}
 
 
-def _held(value: Any, depth: int) -> Any:
-    """What ``value`` holds, as comparable values (see ``ctx_objects``)."""
+def held(value: Any, depth: int = 0) -> Any:
+    """What ``value`` holds, as comparable values: plain values copied, a container's items, a
+    user object's attributes, a function's closure cells and a bound method's object, down to
+    tensors, which count by identity (their writes are judged by their version counters)."""
     copied = _copied(value)
     if copied is not _OTHER:
         return copied
+    if isinstance(value, types.FunctionType) and depth <= 4:  # (a closure's counter: ``box[0] += 1``)
+        return ("fn", id(value), tuple(held(c.cell_contents, depth + 1) if _filled(c) else MISSING
+                                       for c in value.__closure__ or ()))
+    if isinstance(value, types.MethodType) and depth <= 4:
+        return ("method", id(value.__func__), held(value.__self__, depth + 1))
     if depth > 4 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
         return ("id", id(value))
     if type(value) in (list, tuple, set, frozenset):
-        return (type(value), tuple(_held(v, depth + 1) for v in value))
+        return (type(value), tuple(held(v, depth + 1) for v in value))
     if type(value) is dict:
-        return (dict, tuple((_held(k, depth + 1), _held(v, depth + 1)) for k, v in value.items()))
+        return (dict, tuple((held(k, depth + 1), held(v, depth + 1)) for k, v in value.items()))
     own = getattr(value, "__dict__", None) if not library_module(type(value).__module__) or \
         type(value) is types.SimpleNamespace else None
     if type(own) is dict:
-        return (type(value), id(value), tuple((k, _held(v, depth + 1)) for k, v in own.items()))
+        return (type(value), id(value), tuple((k, held(v, depth + 1)) for k, v in own.items()))
     return ("id", id(value))
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # (an empty cell: a name bound later)
+        return False
+    return True
 
 
 def refuse_ctx_rebinding(name: str, before: dict[str, Any], after: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root, StateWrite
 from ..library_state import library_module
 from .atoms import CONSTANTS, holds_tensor
+from .effects import held
 from .routes import state_named
 
 __all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "refusal", "restore", "setter", "taking",
@@ -218,6 +219,7 @@ class ReadWatch:
         self.cache_calls: list[tuple[str, Any, str, str, tuple[Any, ...], dict[str, Any], str]] = []
         # the tensors they returned, with their version counters then (a write into one: refused)
         self.cache_results: list[tuple[list[torch.Tensor], list[int], str, str]] = []
+        self.cache_objects: list[tuple[Any, Any, str, str]] = []  # (the object, what it held, ...)
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -246,6 +248,8 @@ class ReadWatch:
                     returned = [t for t in (result if isinstance(result, (tuple, list)) else (result,))
                                 if isinstance(t, torch.Tensor)]
                     self.cache_results.append((returned, [t._version for t in returned], what, where))
+                    if not isinstance(result, torch.Tensor):  # (a dict, a list, an object: what it holds)
+                        self.cache_objects.append((result, held(result), what, where))
                 return result
 
             self._install(home, name, fn, uncached)
@@ -301,6 +305,16 @@ class ReadWatch:
                     "graphs on every call, so the writes never add up.",
                     "Clone what the cached helper returns before writing into it (table(n).clone()), "
                     "or run it eagerly with minihop.function(F, fallback='eager').", where=where)
+        for result, before, what, where in self.cache_objects:
+            if held(result) != before:
+                raise SideEffectError(
+                    f"The Function changes an object {what} (an lru_cache helper) returned.",
+                    "Eager's cache keeps that very object: each call changes it again and the next "
+                    "call gets it back changed; while traced the helper's cache is bypassed, so a "
+                    "capture's change is made to a copy no later call sees.",
+                    "Keep such state outside the cached helper (or copy what it returns before "
+                    "changing it), or run it eagerly with minihop.function(F, fallback='eager').",
+                    where=where)
         writes = []
         for phase, home, name, what, args, kwargs, where in self.cache_calls:
             # A size symbol among the arguments is computed from each call's arguments (which
