@@ -28,7 +28,7 @@ own warnings: inside an op the graph records (``F.softmax`` without ``dim``,
 into the tensor an ``lru_cache`` helper returned; in round 15, an object of the user's class
 whose ``__del__`` writes, made and dropped by forward or backward, and an op inside the
 Function's own ``warnings.catch_warnings`` block, and an object forward keeps on ctx that
-backward changes.
+backward changes, and a dict a cached helper returned, changed.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -112,6 +112,8 @@ KINDS = {
     "caught_warn_op": ("fb", ""), "caught_quiet_op": ("fb", ""),
     # ... and an object forward makes and keeps on ctx, changed by backward.
     "ctx_object_backward": ("b", ""),
+    # ... and a dict a cached helper returned, changed (eager's cache keeps it).
+    "lru_object_write": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -157,6 +159,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [], "x * table(x.shape[0])"
     if kind == "lru_write":
         return [f"_tw{n} = table(x.shape[0])", f"_tw{n}.add_(0.5)"], f"x * _tw{n}"
+    if kind == "lru_object_write":
+        return ["cfg_cache()['calls'] += 1"], "x * float(cfg_cache()['calls'] % 3 + 1)"
     if kind == "ctx_object_backward":
         return ["ctx.box.n += 1"], "x * float(ctx.box.n)"
     if kind in ("caught_warn_op", "caught_quiet_op"):
@@ -302,6 +306,7 @@ def generate_source(r: random.Random) -> str:
         "    LOGGER.disabled = False", "",
         "    @functools.lru_cache(maxsize=None)", "    def table(n):",
         "        return torch.arange(n, dtype=torch.float32) + 1", "",
+        "    @functools.lru_cache(maxsize=None)", "    def cfg_cache():", "        return {'calls': 0}", "",
         "    DIED = [0]", "",
         "    class Dying:", "        def __del__(self):", "            DIED[0] += 1", "",
         "    class Holder:", "        pass", "",
@@ -395,7 +400,7 @@ def generate_source(r: random.Random) -> str:
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
-        f"DIED])",
+        f"DIED, cfg_cache()])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
