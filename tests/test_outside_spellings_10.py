@@ -43,7 +43,12 @@ Silent differences from eager (or failures inside minihop) before this round:
   backward (``cfg["calls"] += 1``, ``get_log().append(1)``): eager's cache keeps that object,
   so the changes add up call after call; while traced the cache is bypassed, so the trace
   changed a copy and every call answered as the first (strict and fallback alike). Refused
-  now (MH106, ``tracer.hidden.ReadWatch.call_writes``, as round 14 refused a tensor's).
+  now (MH106, ``tracer.hidden.ReadWatch.call_writes``, as round 14 refused a tensor's);
+- a capture's check of a place whose attribute is, since the capture, served by the user's
+  getter (a ``cached_property`` whose cached value the caller dropped): checking ran the
+  getter, which stored its value before forward where eager's backward computes it. A check
+  now never runs a user's getter (``place.walk_plain``: such a step reads as nothing
+  recorded, so the call is traced afresh).
 """
 
 from __future__ import annotations
@@ -532,3 +537,58 @@ def test_closure_counter_made_in_forward_kept_on_ctx_backward_twice():
         @staticmethod
         def backward(ctx, g): return g * ctx.bump()
     matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+# --- A check never runs the user's getter ------------------------------------------------------
+
+class _Lazy:
+    def __init__(self):
+        self.n = 2.0
+
+    @functools.cached_property
+    def scale(self):
+        return self.n * 2
+
+
+def test_cached_property_dropped_between_calls_is_not_computed_by_a_check():
+    """A capture made while ``G[0].scale`` was cached reads it as an attribute; after the
+    caller drops the cached value, checking that capture ran the ``cached_property`` (its
+    value stored, before forward, where eager's backward computes it)."""
+    G = [_Lazy()]
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * G[0].scale
+    def between(i):
+        G[0].n = 2.0 + i
+        if i == 2:
+            G[0].__dict__.pop("scale", None)
+    matches_eager(F, lambda i: (x_(i),), between=between, reset=lambda: G.__setitem__(0, _Lazy()),
+                  state=lambda: sorted(vars(G[0])))
+
+
+def test_property_shadowing_a_dropped_attribute_is_not_run_by_a_check():
+    calls = [0]
+    class Obj:
+        pass
+    class WithProp:
+        @property
+        def k(self):
+            calls[0] += 1
+            return 3.0
+    o = Obj()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o): return x * o.k
+        @staticmethod
+        def backward(ctx, g): return g, None
+    def between(i):
+        if i == 2:
+            o.__class__ = WithProp
+            o.__dict__.pop("k", None)
+    def reset():
+        o.__class__ = Obj
+        o.k = 2.0
+        calls[0] = 0
+    matches_eager(F, lambda i: (x_(i), o), between=between, reset=reset, state=lambda: calls[0])
