@@ -126,7 +126,8 @@ ABOUT = {
         "calls, and the methods written as a `functools.partial` or a callable object; in round "
         "14, a `dict`, `float` and `list` subclass whose `__missing__`, `__mul__`, `__getitem__` "
         "reads a global; in round 15, an object passed in whose class answers every attribute "
-        "by its own `__getattribute__`), the state changed between calls and before backward; run by "
+        "by its own `__getattribute__`, a `cached_property` whose cached value the caller drops), "
+        "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (
         "The red team's generator (issues 28/29): random `autograd.Function`s composed by "

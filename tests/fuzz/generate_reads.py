@@ -108,8 +108,9 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # list's ``__getitem__`` in a global).
            "dict_subclass_missing_arg", "float_subclass_mul_arg", "list_subclass_getitem_global",
            # Round 15: an object passed in whose class answers every attribute by its own
-           # ``__getattribute__``, reading a global.
-           "getattribute_arg")
+           # ``__getattribute__``, reading a global; a ``cached_property`` of a global object
+           # whose cached value the caller drops on some calls.
+           "getattribute_arg", "cached_property_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -497,6 +498,11 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["GETV = {'v': 2.0}", "", "", "class KList(list):", "    def __getitem__(self, i):",
                  "        return list.__getitem__(self, i) * GETV['v']", "", "", "KLIST = KList([1.0])"],
                 ["GETV['v'] = v"], "KLIST[0]", [], "")
+    if holder == "cached_property_global":
+        return (["LAZYV = {'v': 2.0}", "", "", "class KLazy:", "    @functools.cached_property",
+                 "    def scale(self):", "        return LAZYV['v']", "", "", "KLAZY = KLazy()"],
+                ["LAZYV['v'] = v", "KLAZY.__dict__.pop('scale', None) if v != 3.0 else None"],
+                "KLAZY.scale", [], "")
     if holder == "getattribute_arg":
         return (["GAV = {'v': 2.0}", "", "", "class KGa:", "    def __getattribute__(self, name):",
                  "        return GAV['v']", "", "", "KGA = KGa()"],
