@@ -10,6 +10,7 @@ pinned in tests and looked up in ``docs/unsupported.md``.
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 import warnings
 
@@ -55,6 +56,21 @@ class MinihopError(Exception, metaclass=_ErrorType):
         lines.append(f"Why: {why}")
         lines.append(f"What to do: {todo}")
         super().__init__("\n".join(lines))
+        MADE.last = self  # (one torch then swallows is found again: ``last_made``)
+
+
+MADE = threading.local()  # .last: the MinihopError made last in this thread
+
+
+def last_made() -> MinihopError | None:
+    """The MinihopError made last in this thread (cleared by ``forget_made``): a refusal raised
+    inside a tensor's binary operator, which torch turns into ``NotImplemented`` and Python then
+    into "unsupported operand type(s)", is found again by the trace."""
+    return getattr(MADE, "last", None)
+
+
+def forget_made() -> None:
+    MADE.last = None
 
 
 class UnsupportedArgumentError(MinihopError, TypeError):

@@ -48,7 +48,11 @@ Silent differences from eager (or failures inside minihop) before this round:
   getter (a ``cached_property`` whose cached value the caller dropped): checking ran the
   getter, which stored its value before forward where eager's backward computes it. A check
   now never runs a user's getter (``place.walk_plain``: such a step reads as nothing
-  recorded, so the call is traced afresh).
+  recorded, so the call is traced afresh);
+- a refusal raised inside a tensor's binary operator (``x * torch.range(...)``: MH101 for a
+  result minihop did not record) became, through torch's ``NotImplemented`` and Python's
+  "unsupported operand type(s)", a ``TypeError`` minihop took for the user's own: strict mode
+  ran the call eagerly without a word. The refusal is raised now (``errors.last_made``).
 """
 
 from __future__ import annotations
@@ -592,3 +596,35 @@ def test_property_shadowing_a_dropped_attribute_is_not_run_by_a_check():
         o.k = 2.0
         calls[0] = 0
     matches_eager(F, lambda i: (x_(i), o), between=between, reset=reset, state=lambda: calls[0])
+
+
+# --- A refusal inside a tensor's binary operator -----------------------------------------------
+
+def test_refusal_inside_a_binary_operator_is_raised_not_run_eagerly():
+    """``x * torch.range(...)``: minihop's MH101 for the result it did not record was raised
+    inside ``Tensor.__mul__``, which torch turns into ``NotImplemented`` and Python into
+    "unsupported operand type(s)"; minihop took that for the user's own error and ran the call
+    eagerly, silently, in strict mode."""
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (torch.range's own deprecation)
+                r = torch.range(1, x.shape[0])
+            return x * r
+        @staticmethod
+        def backward(ctx, g): return g
+    with pytest.raises(minihop.MinihopError, match="MH101"):
+        minihop.function(F)(x_(0))
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_the_users_own_unsupported_operand_error_is_eagers():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            return x * k
+        @staticmethod
+        def backward(ctx, g): return g, None
+    ks = [2.0, "a", 2.0, None]
+    matches_eager(F, lambda i: (x_(i), ks[i]))

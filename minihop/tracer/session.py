@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDependentSymNode, StatelessSymbolicContext
 
-from ..errors import UnsupportedArgumentError, UnsupportedOperationError
+from ..errors import UnsupportedArgumentError, UnsupportedOperationError, forget_made, last_made
 from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
 from ..spec import EFFECT, InputSource, arg_place
 from ..arguments import is_dynamo_mark
@@ -410,6 +410,7 @@ class Tracing:
         recorder.escape = self.unbacked.escape
         recorder.numbers = self.unbacked.numbers
         handlers.start()
+        forget_made()
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             # Backward traced for ``create_graph=True`` (it reads the grad mode) runs with it on.
@@ -427,6 +428,8 @@ class Tracing:
             refuse_generators(recorder.generators, self._describe())
             return result
         except Exception as e:
+            if type(e) is TypeError and last_made() is not None and str(e).startswith("unsupported operand"):
+                raise last_made() from None  # (a refusal inside ``x * y``: NotImplemented to torch)
             # Ops are translated where they run (RecordingMode); this catches torch-internal
             # errors from the user's Python between ops (a guard on a size, say).
             if isinstance(e, GuardOnDataDependentSymNode):
