@@ -628,3 +628,28 @@ def test_the_users_own_unsupported_operand_error_is_eagers():
         def backward(ctx, g): return g, None
     ks = [2.0, "a", 2.0, None]
     matches_eager(F, lambda i: (x_(i), ks[i]))
+
+
+_GLOBAL_CFG = None
+
+
+def test_a_global_object_kept_on_ctx_and_counted_in_backward_is_still_captured():
+    """What backward changes in an object forward found (a global's, kept on ctx) is the heap
+    watch's, replayed where it lives: ``ctx_objects`` tracks only what forward made (a first
+    cut of the change above refused this)."""
+    import types as _types
+    global _GLOBAL_CFG
+    _GLOBAL_CFG = _types.SimpleNamespace(calls=0)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.cfg = _GLOBAL_CFG
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.cfg.calls += 1
+            return g * float(ctx.cfg.calls)
+    matches_eager(F, lambda i: (x_(i),), state=lambda: _GLOBAL_CFG.calls,
+                  reset=lambda: setattr(_GLOBAL_CFG, "calls", 0), refusable=False)
+    matches_eager(F, lambda i: (x_(i),), state=lambda: _GLOBAL_CFG.calls,
+                  reset=lambda: setattr(_GLOBAL_CFG, "calls", 0), backwards=2)

@@ -164,39 +164,43 @@ def share_arguments(ctx: Any, args: tuple[Any, ...]) -> None:
     object.__setattr__(ctx, "_minihop_shared", frozenset(k for k, v in vars(ctx).items() if id(v) in ids))
 
 
-def ctx_objects(ctx: Any) -> dict[str, Any]:
+def ctx_objects(ctx: Any, existed: Callable[[Any], bool] = lambda value: False) -> dict[str, Any]:
     """Each value on ``ctx`` that ``ctx_values`` does not copy (a tensor, an object, a container
     holding one): its identity and what it holds (an object's attributes, a container's items,
     down to tensors, which count by identity). A backward that rebinds one (``ctx.k = ctx.k *
     0.5``) or changes what it holds (``ctx.info.n += 1``) leaves a value a second backward of
-    the call reads, and backward's case is keyed on plain values only."""
+    the call reads, and backward's case is keyed on plain values only. An object that
+    ``existed`` before the call (a global's) counts by identity: what backward changes in it
+    is the heap watch's, replayed where it lives."""
     shared = vars(ctx).get("_minihop_shared", ())
-    return {k: (id(v), held(v)) for k, v in vars(ctx).items()
+    return {k: (id(v), held(v, 0, existed)) for k, v in vars(ctx).items()
             if not k.startswith("_minihop") and k not in shared and _copied(v) is _OTHER}
 
 
-def held(value: Any, depth: int = 0) -> Any:
+def held(value: Any, depth: int = 0, existed: Callable[[Any], bool] = lambda value: False) -> Any:
     """What ``value`` holds, as comparable values: plain values copied, a container's items, a
     user object's attributes, a function's closure cells and a bound method's object, down to
     tensors, which count by identity (their writes are judged by their version counters)."""
     copied = _copied(value)
     if copied is not _OTHER:
         return copied
+    if existed(value):
+        return ("id", id(value))
     if isinstance(value, types.FunctionType) and depth <= 4:  # (a closure's counter: ``box[0] += 1``)
-        return ("fn", id(value), tuple(held(c.cell_contents, depth + 1) if _filled(c) else MISSING
+        return ("fn", id(value), tuple(held(c.cell_contents, depth + 1, existed) if _filled(c) else MISSING
                                        for c in value.__closure__ or ()))
     if isinstance(value, types.MethodType) and depth <= 4:
-        return ("method", id(value.__func__), held(value.__self__, depth + 1))
+        return ("method", id(value.__func__), held(value.__self__, depth + 1, existed))
     if depth > 4 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
         return ("id", id(value))
     if type(value) in (list, tuple, set, frozenset):
-        return (type(value), tuple(held(v, depth + 1) for v in value))
+        return (type(value), tuple(held(v, depth + 1, existed) for v in value))
     if type(value) is dict:
-        return (dict, tuple((held(k, depth + 1), held(v, depth + 1)) for k, v in value.items()))
+        return (dict, tuple((held(k, depth + 1, existed), held(v, depth + 1, existed)) for k, v in value.items()))
     own = getattr(value, "__dict__", None) if not library_module(type(value).__module__) or \
         type(value) is types.SimpleNamespace else None
     if type(own) is dict:
-        return (type(value), id(value), tuple((k, held(v, depth + 1)) for k, v in own.items()))
+        return (type(value), id(value), tuple((k, held(v, depth + 1, existed)) for k, v in own.items()))
     return ("id", id(value))
 
 

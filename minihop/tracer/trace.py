@@ -248,12 +248,12 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         refuse_unkeyed_ctx_holders(parts.name, ctx)
         forward_left = ctx_forward(ctx)  # what the caller sees on y.grad_fn, in eager
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
-        ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx)
+        ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx, state.existed_before)
         seen = seen_by_backward(state.reads, fake_args, t.key_of)  # forward's writes put back
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
         t.backward_reads.check_unbacked_memos()
         ctx_after = ctx_values(ctx)
-        refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx))
+        refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx, state.existed_before))
     # Backward's value reads have computed forward's values from the caller's arguments; a
     # capture holds none of the caller's tensors.
     t.values.real_args = None
