@@ -653,3 +653,4 @@ def test_a_global_object_kept_on_ctx_and_counted_in_backward_is_still_captured()
                   reset=lambda: setattr(_GLOBAL_CFG, "calls", 0), refusable=False)
     matches_eager(F, lambda i: (x_(i),), state=lambda: _GLOBAL_CFG.calls,
                   reset=lambda: setattr(_GLOBAL_CFG, "calls", 0), backwards=2)
+

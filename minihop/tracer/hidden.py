@@ -220,6 +220,7 @@ class ReadWatch:
         # the tensors they returned, with their version counters then (a write into one: refused)
         self.cache_results: list[tuple[list[torch.Tensor], list[int], str, str]] = []
         self.cache_objects: list[tuple[Any, Any, str, str]] = []  # (the object, what it held, ...)
+        self.existed: Callable[[Any], bool] = lambda value: False  # (pystate's: state forward found)
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -248,8 +249,8 @@ class ReadWatch:
                     returned = [t for t in (result if isinstance(result, (tuple, list)) else (result,))
                                 if isinstance(t, torch.Tensor)]
                     self.cache_results.append((returned, [t._version for t in returned], what, where))
-                    if not isinstance(result, torch.Tensor):  # (a dict, a list, an object: what it holds)
-                        self.cache_objects.append((result, held(result), what, where))
+                    if not isinstance(result, torch.Tensor) and not self.existed(result):  # (a dict, a list, an object)
+                        self.cache_objects.append((result, held(result, 0, self.existed), what, where))
                 return result
 
             self._install(home, name, fn, uncached)
@@ -306,7 +307,7 @@ class ReadWatch:
                     "Clone what the cached helper returns before writing into it (table(n).clone()), "
                     "or run it eagerly with minihop.function(F, fallback='eager').", where=where)
         for result, before, what, where in self.cache_objects:
-            if held(result) != before:
+            if held(result, 0, self.existed) != before:
                 raise SideEffectError(
                     f"The Function changes an object {what} (an lru_cache helper) returned.",
                     "Eager's cache keeps that very object: each call changes it again and the next "

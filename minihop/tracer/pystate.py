@@ -302,6 +302,7 @@ class StateTracker:
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)
+        self.hidden_reads.existed = self.existed_before  # (a cached helper's global: the heap watch's)
         self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
 
     def stop(self) -> None:
