@@ -654,3 +654,31 @@ def test_a_global_object_kept_on_ctx_and_counted_in_backward_is_still_captured()
     matches_eager(F, lambda i: (x_(i),), state=lambda: _GLOBAL_CFG.calls,
                   reset=lambda: setattr(_GLOBAL_CFG, "calls", 0), backwards=2)
 
+
+
+def test_ctx_list_of_tensors_appended_by_backward_twice():
+    """A list forward made on ctx holding tensors (so not one of the plain values a second
+    backward is keyed on), appended to by backward: the capture's second backward read the
+    list forward left. Found by ``ctx_objects``' comparison of what it holds."""
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.ts = [x.detach() * 2]
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.ts.append(g)
+            return g * float(len(ctx.ts))
+    matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+def test_ctx_list_of_tensors_read_only_by_backward_is_captured():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.ts = [x.detach() * 2, x.detach() + 1]
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.ts[0] + ctx.ts[1]
+    matches_eager(F, lambda i: (x_(i),), backwards=2, refusable=False)
