@@ -38,7 +38,8 @@ Silent differences from eager (or failures inside minihop) before this round:
   what forward left, in every mode. Refused now (MH106, ``tracer.effects.ctx_objects``
   compares what such objects hold, as it compared their identity); one backward only reads
   is captured. Likewise a closure forward made and kept on ctx whose cell backward changes
-  (``box[0] += 1``: ``tracer.effects.held`` reads a function's cells);
+  (``box[0] += 1``: ``tracer.effects.held`` reads a function's cells), an object with
+  ``__slots__``, a ``deque`` and a ``Counter`` (held by class, whoever defined it);
 - a dict or list an ``lru_cache``/``functools.cache`` helper returned, changed by forward or
   backward (``cfg["calls"] += 1``, ``get_log().append(1)``): eager's cache keeps that object,
   so the changes add up call after call; while traced the cache is bypassed, so the trace
@@ -682,3 +683,52 @@ def test_ctx_list_of_tensors_read_only_by_backward_is_captured():
         def backward(ctx, g):
             return g * ctx.ts[0] + ctx.ts[1]
     matches_eager(F, lambda i: (x_(i),), backwards=2, refusable=False)
+
+
+import collections  # noqa: E402
+
+
+class _Slot:
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+
+def test_ctx_slots_object_changed_by_backward_twice():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.s = _Slot()
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.s.n += 1
+            return g * float(ctx.s.n)
+    matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+def test_ctx_deque_changed_by_backward_twice():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.q = collections.deque([1.0])
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.q.append(2.0)
+            return g * float(len(ctx.q))
+    matches_eager(F, lambda i: (x_(i),), backwards=2)
+
+
+def test_ctx_counter_changed_by_backward_twice():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.c = collections.Counter()
+            return x * 2
+        @staticmethod
+        def backward(ctx, g):
+            ctx.c["k"] += 1
+            return g * float(ctx.c["k"])
+    matches_eager(F, lambda i: (x_(i),), backwards=2)

@@ -18,6 +18,7 @@ Invariant: no graph holds a ``torch.Generator``.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import types
@@ -29,6 +30,7 @@ import torch
 from ..errors import SideEffectError
 from ..library_state import library_module
 from ..spec import CTX_HELD, MISSING
+from ..structure import attributes
 from .atoms import CONSTANTS
 
 __all__ = ["constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
@@ -193,14 +195,15 @@ def held(value: Any, depth: int = 0, existed: Callable[[Any], bool] = lambda val
         return ("method", id(value.__func__), held(value.__self__, depth + 1, existed))
     if depth > 4 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
         return ("id", id(value))
-    if type(value) in (list, tuple, set, frozenset):
-        return (type(value), tuple(held(v, depth + 1, existed) for v in value))
-    if type(value) is dict:
-        return (dict, tuple((held(k, depth + 1, existed), held(v, depth + 1, existed)) for k, v in value.items()))
-    own = getattr(value, "__dict__", None) if not library_module(type(value).__module__) or \
-        type(value) is types.SimpleNamespace else None
-    if type(own) is dict:
-        return (type(value), id(value), tuple((k, held(v, depth + 1, existed)) for k, v in own.items()))
+    cls = type(value)
+    # (by class, whoever defined it: a deque, a Counter, an OrderedDict, a namedtuple hold items)
+    if issubclass(cls, (list, tuple, set, frozenset, collections.deque)):
+        return (cls, tuple(held(v, depth + 1, existed) for v in value))
+    if issubclass(cls, dict):
+        return (cls, tuple((held(k, depth + 1, existed), held(v, depth + 1, existed)) for k, v in value.items()))
+    if not library_module(cls.__module__) or cls is types.SimpleNamespace:
+        own = attributes(value)  # (its ``__dict__`` and its ``__slots__``)
+        return (cls, id(value), tuple((k, held(v, depth + 1, existed)) for k, v in own.items()))
     return ("id", id(value))
 
 
