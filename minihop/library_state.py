@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Callable, MutableMapping, MutableSequence, MutableSet
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "served_by_user_code", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
+__all__ = ["LIBRARY_PACKAGES", "item_served_by_code", "key_code", "served_by_user_code", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
            "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "subclass_attributes", "view_items"]
 
@@ -370,6 +370,41 @@ _PURE = (types.FunctionType, staticmethod, classmethod, types.BuiltinFunctionTyp
          types.MemberDescriptorType, types.ClassMethodDescriptorType, types.MethodWrapperType)
 
 
+_PLAIN_KEYS = (str, int, float, bool, type(None), bytes)
+
+
+def item_served_by_code(obj: Any, key: Any, library: Callable[[str], bool]) -> str | None:
+    """What code ``obj[key]`` would run besides a plain lookup (for a message), or None: the
+    user's ``__getitem__``, ``__missing__``, a key's ``__hash__``/``__eq__``, or a
+    ``defaultdict``'s factory (which also inserts the key)."""
+    cls = type(obj)
+    if cls is not dict and cls is not list and cls is not tuple:
+        getitem = getattr(cls, "__getitem__", None)
+        if getitem is not None and _user(getitem, library):
+            return f"{cls.__qualname__}.__getitem__"
+    if not isinstance(obj, dict):
+        return None
+    what = key_code(key, library)
+    if what is not None:
+        return what
+    if cls is not dict and not dict.__contains__(obj, key) and getattr(cls, "__missing__", None) is not None:
+        return f"{cls.__qualname__}.__missing__"
+    return None
+
+
+def key_code(key: Any, library: Callable[[str], bool]) -> str | None:
+    """The user's ``__hash__`` or ``__eq__`` a dict lookup of ``key`` would run, or None."""
+    kind = type(key)
+    if kind in _PLAIN_KEYS:
+        return None
+    if kind is tuple:
+        return next((w for w in (key_code(k, library) for k in key) if w is not None), None)
+    for name in ("__hash__", "__eq__"):
+        if _user(getattr(kind, name, None), library):
+            return f"{kind.__qualname__}.{name}"
+    return None
+
+
 def _user(fn: Any, library: Callable[[str], bool]) -> bool:
     fn = getattr(fn, "__func__", fn)
     return isinstance(fn, types.FunctionType) and not library(getattr(fn, "__module__", None) or "")
@@ -388,6 +423,11 @@ def _getter(found: Any) -> Any:
 
 def served_by_user_code(obj: Any, name: str, library: Callable[[str], bool]) -> str | None:
     """What user code ``getattr(obj, name)`` would run (for a message), or None if none."""
+    if isinstance(obj, types.ModuleType):
+        # A module's own ``__getattr__`` (PEP 562) serves the names its dict lacks.
+        space = obj.__dict__
+        hook = space.get("__getattr__") if name not in space else None
+        return f"{obj.__name__}.__getattr__" if hook is not None and _user(hook, library) else None
     cls = type(obj)
     hook = getattr(cls, "__getattribute__", None)
     if hook is not object.__getattribute__ and hook is not type.__getattribute__ and _user(hook, library):

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .library_state import del_attr, library_module, served_by_user_code, set_attr
+from .library_state import del_attr, item_served_by_code, library_module, served_by_user_code, set_attr
 from .structure import Path, Step, argname
 
 __all__ = ["MISSING", "UNMATCHED", "Place", "Root", "arg_place", "walk_plain"]
@@ -203,7 +202,7 @@ def walk_plain(value: Any, steps: Path) -> Any:
         if kind == "attr":
             if isinstance(value, torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
-            if not isinstance(value, types.ModuleType) and served_by_user_code(value, key, library_module):
+            if served_by_user_code(value, key, library_module):
                 # The user's getter (a property, a cached_property whose value was dropped):
                 # its code runs where the user's code reads it, never in a check, which sees
                 # a value nothing recorded.
@@ -213,6 +212,8 @@ def walk_plain(value: Any, steps: Path) -> Any:
             except Exception:
                 return MISSING
         else:
+            if item_served_by_code(value, key, library_module):
+                return UNREAD  # as for a getter: no code of the user's runs in a check
             try:
                 value = value[key]
             except Exception:

@@ -63,7 +63,7 @@ class Seen:
     obj: Any
     root: Root
     steps: tuple[tuple[str, Any], ...]
-    kind: str  # "attrs", "list", "dict", "set", "globals", "cell", "library", "process", "tensor" (its own
+    kind: str  # "attrs", "list", "dict", "pairs", "set", "globals", "cell", "library", "process", "tensor" (its own
     #            attributes); "module": walked as its dict; "through": a bound method, partial or
     #            tuple, walked to what it holds
     contents: Any
@@ -144,7 +144,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         found[id(value)] = Seen(value, root, steps, kind, contents, library)
         tensors += kind == "tensor"
         children = (contents.items() if kind in ("attrs", "dict", "library") else
-                    enumerate(contents) if kind == "list" else ())
+                    enumerate(contents) if kind == "list" else contents if kind == "pairs" else ())
         if isinstance(value, torch.nn.Module):
             children = [*children, *value._modules.items()]
         if reached is not None and kind == "dict":
@@ -169,6 +169,9 @@ def changes(old: dict[int, Seen], new: dict[int, Seen]) -> Iterator[Difference]:
     for key, was in old.items():
         later = new.get(key)
         if later is None or later.obj is not was.obj or was.kind in ("module", "through"):
+            continue
+        if later.kind != was.kind:  # (a dict given a key that hashes with the user's code)
+            yield (later if later.kind == "pairs" else was), ("whole", None), was.contents, later.contents
             continue
         if same(was.kind, was.contents, later.contents):
             continue
@@ -209,6 +212,8 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("a random generator or iterator moved", lambda c: c.kind == "hidden", "refuse-hidden"),
     Rule("a process setting changed", lambda c: c.kind == "process", "refuse", "changes the process-wide setting"),
+    Rule("a dict keyed by the user's hashable objects changed", lambda c: c.kind == "pairs", "refuse",
+         "changes, through keys whose __hash__ or __eq__ is the user's code,"),
     # What a library object keeps (a queue's items, a buffer's text) changes by its own code,
     # which the capture does not run again: refused, whatever the value.
     Rule("a library object's own state changed", lambda c: c.library, "refuse",
@@ -265,6 +270,8 @@ def same(kind: str, old: Any, new: Any) -> bool:
         return len(old) == len(new) and all(map(_identical, old, new)) and all(old[k] is new[k] for k in old)
     if kind == "list":
         return len(old) == len(new) and all(map(_identical, old, new))
+    if kind == "pairs":
+        return len(old) == len(new) and all(a[0] is b[0] and a[1] is b[1] for a, b in zip(old, new))
     return old == new
 
 
@@ -347,8 +354,19 @@ def put(seen: Seen, old: Any) -> None:
         elif seen.kind == "hidden":
             if hidden.fingerprint(obj) != old:
                 hidden.restore(obj, old)
+        elif seen.kind == "pairs":
+            if not same("pairs", old, contents_of(obj)[1]):
+                dict.clear(obj)
+                dict.update(obj, old)  # (hashes the keys again: the one place it is unavoidable)
         elif seen.kind in ("list", "dict", "set"):
-            if not same(seen.kind, old, contents_of(obj)[1]):
+            now_kind, now = contents_of(obj)
+            if now_kind != seen.kind or not same(seen.kind, old, now):
+                # (a builtin's subclass through the builtin's methods: no code of the user's)
+                base = next((b for b in (list, collections.deque, dict, set) if isinstance(obj, b)), None)
+                if base is not None:
+                    base.clear(obj)
+                    (base.extend if seen.kind == "list" else base.update)(obj, old)
+                    return
                 if hasattr(obj, "clear"):
                     obj.clear()
                 else:  # an ``array``

@@ -3,7 +3,7 @@
 Place in the pipeline: tracer, used by ``heap`` (its snapshot walks what ``contents_of`` and
 ``held_by`` give; its diff compares what ``contents_of`` copied). One function per question:
 ``contents_of``, a shallow copy of what an object holds and its kind (``attrs``, ``list``,
-``dict``, ``set``, ``library``, ``hidden``, ``tensor``; None: not watched); ``held_by``, the
+``dict``, ``pairs``, ``set``, ``library``, ``hidden``, ``tensor``; None: not watched); ``held_by``, the
 objects reached *through* one that is not itself watched (a tuple's items, a bound method's
 object, a partial's function and arguments, a builtin subclass's ``__dict__``).
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..library_state import (ITEMS_IN_DATA, c_method_owner, kept_by_library, module_attributes, native_state, plain_holder,
+from ..library_state import (ITEMS_IN_DATA, c_method_owner, kept_by_library, key_code, library_module, module_attributes, native_state, plain_holder,
                              state_of, subclass_attributes, tensor_attributes)
 from ..spec import MISSING
 from ..structure import attributes
@@ -50,6 +50,8 @@ def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
     return held
 
 
+
+_BUILTIN_ITEMS = ((list, "list"), (collections.deque, "list"), (dict, "dict"), (set, "set"))
 
 UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.ModuleType, types.FunctionType,
                        tuple, frozenset})
@@ -91,13 +93,23 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     # (by type: ``isinstance`` against an ABC asks ``value.__class__``, which a user's
     # ``__getattribute__`` answers)
     cls = type(value)
-    if issubclass(cls, (list, collections.deque, MutableSequence)) and not issubclass(cls, (str, bytes)):
+    for base, kind in _BUILTIN_ITEMS:
+        if issubclass(cls, base):
+            # Through the builtin's own iterator: a subclass's ``__iter__``, ``__len__`` or
+            # ``__getitem__`` is the user's code, run only where the user's code runs it.
+            if kind == "dict" and any(key_code(k, library_module) for k in dict.__iter__(value)):
+                # Keys whose ``__hash__``/``__eq__`` is the user's: kept as pairs, compared by
+                # identity, so watching never hashes them (any change is refused: ``heap.RULES``).
+                return "pairs", tuple(dict.items(value))
+            items = base.__iter__(value) if kind != "dict" else dict.items(value)
+            return kind, (list if kind == "list" else set if kind == "set" else dict)(items)
+    if issubclass(cls, (MutableSequence, MutableMapping, MutableSet)) and not is_library(cls):
+        return "attrs", attributes(value)  # the user's own container: what it holds is its state
+    if issubclass(cls, MutableSequence) and not issubclass(cls, (str, bytes)):
         return "list", list(value)
-    if issubclass(cls, dict):
-        return "dict", dict(value)
     if issubclass(cls, MutableMapping):  # (by its pairs: a weak dictionary's lookups compare keys)
         return "dict", dict(value.items())
-    if issubclass(cls, (set, MutableSet)):
+    if issubclass(cls, MutableSet):
         return "set", set(value)
     if isinstance(value, type):
         if is_library(value):  # (a class exec made is the user's: library.is_exec_class)

@@ -127,9 +127,9 @@ def _plain(value: Any, depth: int = 0) -> bool:
                           torch.device, torch.Size, types.ModuleType)):
         return _no_user_methods(type(value))
     if isinstance(value, (tuple, list, frozenset, set)) and depth < 2:
-        return len(value) < 64 and _no_user_methods(type(value)) and all(_plain(v, depth + 1) for v in value)
+        return _no_user_methods(type(value)) and len(value) < 64 and all(_plain(v, depth + 1) for v in value)
     if isinstance(value, dict) and depth < 2:
-        return len(value) < 64 and _no_user_methods(type(value)) and \
+        return _no_user_methods(type(value)) and len(value) < 64 and \
             all(_plain(v, depth + 1) for v in value.values())
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -303,7 +303,7 @@ class Finder:
         """A chain the code reads, from ``value`` (its root's) to ``end``."""
         self.reachable.append(end)
         if isinstance(end, UserAttribute):  # code pystate did not run (see userattr)
-            self.unknown(phase, f'{phase} reads .{end.name}, computed by {end.what}, code minihop did not '
+            self.unknown(phase, f'{phase} reads {end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
 

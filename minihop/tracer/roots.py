@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..library_state import global_module_hooks
+from ..library_state import global_module_hooks, item_served_by_code
 from ..spec import MISSING, Place, Root
 from ..place import walk_plain
 from . import opaque
@@ -157,7 +157,11 @@ def walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True)
         if kind == "attr" and not isinstance(value, torch.Tensor):
             what = served_by_user_code(value, key, library_module)
             if what is not None:  # never run the user's getter here (see userattr)
-                return UserAttribute(value, key, what)
+                return UserAttribute(value, f".{key}", what)
+        elif kind != "attr":
+            what = item_served_by_code(value, key, library_module)
+            if what is not None:  # nor the user's __getitem__, a key's __hash__, a factory
+                return UserAttribute(value, f"[{key!r}]", what)
         value = walk_plain(value, (step,))
     return value
 

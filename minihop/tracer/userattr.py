@@ -27,7 +27,8 @@ __all__ = ["UserAttribute", "served_by_user_code"]
 
 
 class UserAttribute:
-    """Where a chain stops: ``owner.name`` is computed by user code (``what``)."""
+    """Where a chain stops: ``owner`` then ``name`` (``.attr`` or ``[key]``) is computed by
+    code (``what``) minihop does not run outside the user's own reads."""
 
     __slots__ = ("owner", "name", "what")
 

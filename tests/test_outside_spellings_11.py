@@ -1,0 +1,362 @@
+"""Hostile spellings, round 11 (issue #28, round 16): the issue's classes written in ways the
+suite had not seen, tried from outside against eager in strict, apply and fallback mode
+(``eager_modes.matches_eager``).
+
+Silent differences from eager before this round (values equal, the user's own counters off):
+
+- a module with a module-level ``__getattr__`` (PEP 562: a lazy settings module), read as
+  ``settings.SCALE`` from a global or an argument: minihop's analysis and every check read
+  the name, so the user's ``__getattr__`` ran two to three extra times a call, in every mode.
+  A module's ``__getattr__`` is now user code serving the name, like a property
+  (``library_state.served_by_user_code``): never run outside the user's own read;
+- an item read from a ``dict`` or ``list`` subclass with its own ``__getitem__`` or
+  ``__missing__``, or a dict lookup whose key's class defines ``__hash__``/``__eq__``, or a
+  ``defaultdict``'s missing key (whose factory also inserts it): the analysis and the checks
+  indexed the container themselves. Such a step is now code minihop does not run
+  (``library_state.item_served_by_code``, in the analysis's ``roots.walk`` and in
+  ``place.walk_plain``), and the capture is single-use;
+- the heap watch copied a ``list``/``dict``/``set`` subclass with ``list(v)``/``dict(v)`` (the
+  user's ``__len__``, ``__iter__``, ``keys``) and put it back with its ``clear``/``extend``; it
+  copies through the builtin's own iterator and methods now, and keeps a dict whose keys hash
+  with the user's code as pairs compared by identity (``holders.contents_of``, kind ``pairs``;
+  any change to one is refused).
+
+The rest are spellings that matched already and stay as cases: a ``ContextVar``, the default
+dtype, a ``singledispatch`` registration, an ABC's ``register``, a global module hook, a dict's
+or a set's iteration order, a data-dependent ``LinAlgError`` caught.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import contextvars
+import functools
+
+import torch
+import torch.nn as nn
+
+import lazy_settings_module as settings
+from eager_modes import matches_eager
+
+
+def x_(i):
+    return (torch.linspace(-1, 1, 4) + i).requires_grad_()
+
+
+def _settings_reset():
+    settings.BASE[0] = 2.0
+    settings.READS[0] = 0
+
+
+def _settings_between(i):
+    settings.BASE[0] = 2.0 + i
+
+
+def test_module_getattr_read_from_a_global():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * settings.SCALE
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),), between=_settings_between, reset=_settings_reset,
+                  state=lambda: settings.READS[0])
+
+
+def test_module_getattr_read_from_an_argument():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, m): return x * m.SCALE
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), settings), between=_settings_between, reset=_settings_reset,
+                  state=lambda: settings.READS[0])
+
+
+def test_module_getattr_read_in_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * settings.SCALE
+    matches_eager(F, lambda i: (x_(i),), between=_settings_between, mid=lambda i: _settings_between(i + 5),
+                  reset=_settings_reset, state=lambda: settings.READS[0])
+
+
+CALLS = [0]
+
+
+def _calls():
+    return CALLS[0]
+
+
+class CountingDict(dict):
+    def __getitem__(self, k):
+        CALLS[0] += 1
+        return dict.__getitem__(self, k)
+
+
+class WithMissing(dict):
+    def __missing__(self, k):
+        CALLS[0] += 1
+        return 3.0
+
+
+class CountingList(list):
+    def __getitem__(self, k):
+        CALLS[0] += 1
+        return list.__getitem__(self, k)
+
+
+class CountingLen(list):
+    def __len__(self):
+        CALLS[0] += 1
+        return list.__len__(self)
+
+
+class Key:
+    def __init__(self, n): self.n = n
+    def __hash__(self):
+        CALLS[0] += 1
+        return hash(self.n)
+    def __eq__(self, other): return isinstance(other, Key) and other.n == self.n
+
+
+def test_dict_subclass_getitem_argument():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * c["k"]
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    box = [CountingDict(k=2.0)]
+    def reset(): CALLS[0] = 0; box[0] = CountingDict(k=2.0)
+    matches_eager(F, lambda i: (x_(i), box[0]), between=lambda i: dict.__setitem__(box[0], "k", 2.0 + i),
+                  reset=reset, state=_calls)
+
+
+def test_dict_subclass_getitem_global():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * TABLE["k"]
+        @staticmethod
+        def backward(ctx, g): return g * TABLE["k"]
+    def reset(): CALLS[0] = 0; globals()["TABLE"] = CountingDict(k=2.0)
+    matches_eager(F, lambda i: (x_(i),), between=lambda i: dict.__setitem__(TABLE, "k", 2.0 + i),
+                  reset=reset, state=_calls)
+
+
+def test_dict_subclass_missing():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * c["k"]
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    box = [WithMissing()]
+    def between(i):
+        if i % 2:
+            box[0]["k"] = 5.0
+        else:
+            box[0].pop("k", None)
+    def reset(): CALLS[0] = 0; box[0] = WithMissing()
+    matches_eager(F, lambda i: (x_(i), box[0]), between=between, reset=reset, state=_calls)
+
+
+def test_defaultdict_missing_key_is_inserted_each_call():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * (c["k"] + 1)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    box = [collections.defaultdict(float)]
+    def between(i):
+        if i % 2:
+            box[0].pop("k", None)
+        else:
+            box[0]["k"] = 2.0 + i
+    matches_eager(F, lambda i: (x_(i), box[0]), between=between,
+                  reset=lambda: box.__setitem__(0, collections.defaultdict(float)), state=lambda: dict(box[0]))
+
+
+def test_list_subclass_getitem():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * c[0]
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    box = [CountingList([2.0])]
+    def reset(): CALLS[0] = 0; box[0] = CountingList([2.0])
+    matches_eager(F, lambda i: (x_(i), box[0]), between=lambda i: list.__setitem__(box[0], 0, 2.0 + i),
+                  reset=reset, state=_calls)
+
+
+def test_list_subclass_len():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * len(c)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    box = [CountingLen([2.0])]
+    def reset(): CALLS[0] = 0; box[0] = CountingLen([2.0])
+    matches_eager(F, lambda i: (x_(i), box[0]), between=lambda i: list.append(box[0], 1.0),
+                  reset=reset, state=_calls)
+
+
+def test_list_subclass_len_appended_by_forward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c):
+            c.append(1.0)
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    box = [CountingLen([2.0])]
+    def reset(): CALLS[0] = 0; box[0] = CountingLen([2.0])
+    matches_eager(F, lambda i: (x_(i), box[0]), reset=reset, state=lambda: (CALLS[0], list.copy(box[0])))
+
+
+def test_lookup_by_a_key_with_its_own_hash():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k): return x * WEIGHTS[k]
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    key = Key(1)
+    def reset(): CALLS[0] = 0; globals()["WEIGHTS"] = {Key(1): 2.0}
+    matches_eager(F, lambda i: (x_(i), key), between=lambda i: WEIGHTS.__setitem__(Key(1), 2.0 + i),
+                  reset=reset, state=_calls)
+
+
+def test_forward_writes_a_dict_keyed_by_hashable_objects():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            SEEN[k] = SEEN.get(k, 0) + 1
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    key = Key(1)
+    def reset(): CALLS[0] = 0; globals()["SEEN"] = {}
+    matches_eager(F, lambda i: (x_(i), key), reset=reset, state=lambda: (CALLS[0], list(SEEN.values())))
+
+
+# --- Spellings that matched already -------------------------------------------------------
+
+SCALE_VAR = contextvars.ContextVar("scale", default=2.0)
+
+
+def test_context_variable_read_in_forward_and_backward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * SCALE_VAR.get()
+        @staticmethod
+        def backward(ctx, g): return g * SCALE_VAR.get()
+    matches_eager(F, lambda i: (x_(i),), between=lambda i: SCALE_VAR.set(2.0 + i),
+                  mid=lambda i: SCALE_VAR.set(7.0 + i), reset=lambda: SCALE_VAR.set(2.0))
+
+
+def test_default_dtype_changed_between_calls():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * torch.tensor(1.0).dtype.itemsize
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    try:
+        matches_eager(F, lambda i: (x_(i),),
+                      between=lambda i: torch.set_default_dtype(torch.float64 if i % 2 else torch.float32),
+                      reset=lambda: torch.set_default_dtype(torch.float32))
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+class Cfg:
+    pass
+
+
+def test_singledispatch_registration_between_calls():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * scale_of(c)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    def reset(): globals()["scale_of"] = functools.singledispatch(lambda o: 2.0)
+    def between(i):
+        if i == 2:
+            scale_of.register(Cfg, lambda o: 5.0)
+    matches_eager(F, lambda i: (x_(i), Cfg()), between=between, reset=reset)
+
+
+def test_abc_register_between_calls():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o): return x * (3 if isinstance(o, Registered) else 2)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    def reset():
+        class Registered(abc.ABC):
+            pass
+        globals()["Registered"] = Registered
+    def between(i):
+        if i == 2:
+            Registered.register(Cfg)
+    matches_eager(F, lambda i: (x_(i), Cfg()), between=between, reset=reset)
+
+
+def test_global_module_forward_hook_registered_between_calls():
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return lin(x)
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    handles = []
+    def between(i):
+        if i == 2:
+            handles.append(nn.modules.module.register_module_forward_hook(lambda m, a, out: out * 10))
+    def reset():
+        for h in handles:
+            h.remove()
+        handles.clear()
+    try:
+        matches_eager(F, lambda i: (x_(i),), between=between, reset=reset)
+    finally:
+        reset()
+
+
+def test_dict_iteration_order_changes_between_calls():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return torch.cat([x * v for v in ORDER.values()])
+        @staticmethod
+        def backward(ctx, g): return g[:4] + g[4:]
+    def between(i):
+        ORDER["a"] = ORDER.pop("a")
+    matches_eager(F, lambda i: (x_(i),), between=between,
+                  reset=lambda: globals().__setitem__("ORDER", {"a": 1.0, "b": 2.0}))
+
+
+def test_set_iteration_order_of_colliding_items():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s): return torch.cat([x * v for v in s])
+        @staticmethod
+        def backward(ctx, g): return g[:4] + g[4:], None
+    def make(i):
+        s = set()
+        for v in ((1, 9) if i % 2 else (9, 1)):  # (1 and 9 share a slot: insertion order shows)
+            s.add(v)
+        return (x_(i), s)
+    matches_eager(F, make)
+
+
+def test_linalg_error_caught_on_some_inputs():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            try:
+                return torch.linalg.cholesky(a)
+            except torch.linalg.LinAlgError:
+                return torch.zeros_like(a)
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: ((torch.eye(3) * (1.0 if i % 2 == 0 else -1.0)).requires_grad_(),))
