@@ -214,6 +214,25 @@ def test_list_subclass_len_appended_by_forward():
     matches_eager(F, lambda i: (x_(i), box[0]), reset=reset, state=lambda: (CALLS[0], list.copy(box[0])))
 
 
+class Recent(collections.OrderedDict):
+    def __iter__(self):
+        CALLS[0] += 1
+        return collections.OrderedDict.__iter__(self)
+
+
+def test_ordered_dict_subclass_reordered_by_forward():
+    # (watched through OrderedDict's own methods, which keep its order; dict's do not)
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            RECENT.move_to_end(next(iter(RECENT)))
+            return x * RECENT[next(iter(RECENT))]
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def reset(): CALLS[0] = 0; globals()["RECENT"] = Recent(a=1.0, b=2.0, c=3.0)
+    matches_eager(F, lambda i: (x_(i),), reset=reset, state=lambda: (CALLS[0], list(RECENT.items())))
+
+
 def test_lookup_by_a_key_with_its_own_hash():
     class F(torch.autograd.Function):
         @staticmethod

@@ -40,7 +40,7 @@ from .process_state import LOGGING, PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
 from ..library_state import STATE, del_attr, put_back, set_attr
-from .holders import class_state, contents_of, dunder, held_by
+from .holders import class_state, contents_of, dunder, held_by, library_base
 from .roots import cell_value
 
 __all__ = ["MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",
@@ -356,14 +356,14 @@ def put(seen: Seen, old: Any) -> None:
                 hidden.restore(obj, old)
         elif seen.kind == "pairs":
             if not same("pairs", old, contents_of(obj)[1]):
-                dict.clear(obj)
-                dict.update(obj, old)  # (hashes the keys again: the one place it is unavoidable)
+                library_base(type(obj)).clear(obj)
+                library_base(type(obj)).update(obj, old)  # (hashes the keys again: the one place it is unavoidable)
         elif seen.kind in ("list", "dict", "set"):
             now_kind, now = contents_of(obj)
             if now_kind != seen.kind or not same(seen.kind, old, now):
-                # (a builtin's subclass through the builtin's methods: no code of the user's)
-                base = next((b for b in (list, collections.deque, dict, set) if isinstance(obj, b)), None)
-                if base is not None:
+                # (a user's subclass through its library base's methods: no code of the user's)
+                base = library_base(type(obj))
+                if isinstance(obj, (list, collections.deque, dict, set)):
                     base.clear(obj)
                     (base.extend if seen.kind == "list" else base.update)(obj, old)
                     return

@@ -28,7 +28,7 @@ from . import hidden
 from .atoms import ATOMS, CONSTANTS
 from .library import is_library
 
-__all__ = ["UNWATCHED", "class_state", "contents_of", "dunder", "held_by"]
+__all__ = ["UNWATCHED", "class_state", "contents_of", "dunder", "held_by", "library_base"]
 
 
 def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
@@ -49,6 +49,11 @@ def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
         return [*held, (("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
     return held
 
+
+
+def library_base(cls: type) -> type:
+    """The first class of ``cls``'s MRO that is not the user's: whose methods run no user code."""
+    return next(c for c in cls.__mro__ if is_library(c))
 
 
 _BUILTIN_ITEMS = ((list, "list"), (collections.deque, "list"), (dict, "dict"), (set, "set"))
@@ -93,15 +98,17 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     # (by type: ``isinstance`` against an ABC asks ``value.__class__``, which a user's
     # ``__getattribute__`` answers)
     cls = type(value)
-    for base, kind in _BUILTIN_ITEMS:
-        if issubclass(cls, base):
-            # Through the builtin's own iterator: a subclass's ``__iter__``, ``__len__`` or
-            # ``__getitem__`` is the user's code, run only where the user's code runs it.
+    for builtin, kind in _BUILTIN_ITEMS:
+        if issubclass(cls, builtin):
+            # Through the nearest library class's methods (``dict``'s, ``OrderedDict``'s): a
+            # user subclass's ``__iter__``, ``__len__`` or ``__getitem__`` is the user's code,
+            # run only where the user's code runs it.
+            base = library_base(cls)
             if kind == "dict" and any(key_code(k, library_module) for k in dict.__iter__(value)):
                 # Keys whose ``__hash__``/``__eq__`` is the user's: kept as pairs, compared by
                 # identity, so watching never hashes them (any change is refused: ``heap.RULES``).
-                return "pairs", tuple(dict.items(value))
-            items = base.__iter__(value) if kind != "dict" else dict.items(value)
+                return "pairs", tuple(base.items(value))
+            items = base.__iter__(value) if kind != "dict" else base.items(value)
             return kind, (list if kind == "list" else set if kind == "set" else dict)(items)
     if issubclass(cls, (MutableSequence, MutableMapping, MutableSet)) and not is_library(cls):
         return "attrs", attributes(value)  # the user's own container: what it holds is its state
