@@ -21,6 +21,13 @@ Silent differences from eager before this round (values equal, the user's own co
   with the user's code as pairs compared by identity (``holders.contents_of``, kind ``pairs``;
   any change to one is refused).
 
+- ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
+  library code minihop lets a capture run, but these answer from files. While traced the
+  loaded tensor was fake and became a meta-device constant of the graph, so every call
+  raised a device error eager never raises, ``fallback="eager"`` included. Refused now
+  (MH104-torch-io, ``tracer.library.TORCH_IO``); a file read with ``open`` or ``pathlib``
+  was already single-use.
+
 The rest are spellings that matched already and stay as cases: a ``ContextVar``, the default
 dtype, a ``singledispatch`` registration, an ABC's ``register``, a global module hook, a dict's
 or a set's iteration order, a data-dependent ``LinAlgError`` caught.
@@ -32,6 +39,9 @@ import abc
 import collections
 import contextvars
 import functools
+import os
+import tempfile
+import uuid
 
 import torch
 import torch.nn as nn
@@ -379,3 +389,106 @@ def test_linalg_error_caught_on_some_inputs():
         @staticmethod
         def backward(ctx, g): return g
     matches_eager(F, lambda i: ((torch.eye(3) * (1.0 if i % 2 == 0 else -1.0)).requires_grad_(),))
+
+
+# --- Files: torch's readers and writers, and Python's -------------------------------------
+
+def _weights_file():
+    path = os.path.join(tempfile.mkdtemp(), "w.pt")
+    torch.save(torch.full((4,), 2.0), path)
+    return path
+
+
+def test_torch_load_in_forward():
+    path = _weights_file()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * torch.load(path)
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),), between=lambda i: torch.save(torch.full((4,), 2.0 + i), path))
+
+
+def _load_scale(path):
+    return torch.load(path, weights_only=True)
+
+
+def test_torch_load_in_a_helper_in_backward():
+    path = _weights_file()
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * _load_scale(path)
+    matches_eager(F, lambda i: (x_(i),), between=lambda i: torch.save(torch.full((4,), 2.0 + i), path))
+
+
+def test_torch_save_in_forward():
+    path = os.path.join(tempfile.mkdtemp(), "out.pt")
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            torch.save(x.detach() * 2, path)
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),), reset=lambda: os.path.exists(path) and os.remove(path),
+                  state=lambda: torch.load(path).tolist() if os.path.exists(path) else None)
+
+
+def test_from_file_in_forward():
+    path = os.path.join(tempfile.mkdtemp(), "raw.bin")
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * torch.from_file(path, size=4, dtype=torch.float32)
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def between(i):
+        with open(path, "wb") as f:
+            f.write(torch.full((4,), 2.0 + i).numpy().tobytes())
+    matches_eager(F, lambda i: (x_(i),), between=between)
+
+
+def test_scale_read_from_a_text_file():
+    path = os.path.join(tempfile.mkdtemp(), "scale.txt")
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            with open(path) as f:
+                return x * float(f.read())
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def between(i):
+        with open(path, "w") as f:
+            f.write(str(2.0 + i))
+    matches_eager(F, lambda i: (x_(i),), between=between)
+
+
+def test_flag_file_exists_toggled():
+    flag = os.path.join(tempfile.mkdtemp(), "flag")
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * (3 if os.path.exists(flag) else 2)
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def between(i):
+        if i % 2:
+            open(flag, "w").close()
+        elif os.path.exists(flag):
+            os.remove(flag)
+    matches_eager(F, lambda i: (x_(i),), between=between,
+                  reset=lambda: os.path.exists(flag) and os.remove(flag))
+
+
+RUN_IDS: list = []
+
+
+def test_uuid_logged_each_call():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            RUN_IDS.append(uuid.uuid4().hex)
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),), reset=RUN_IDS.clear, state=lambda: len(set(RUN_IDS)))

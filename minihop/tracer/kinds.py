@@ -36,6 +36,7 @@ import torch
 from ..errors import UnsupportedOperationError
 from .bytecode import instructions
 from .identity import _FAKE_ONLY, _SYMBOLIC
+from .library import torch_io
 
 __all__ = ["numpy_value", "reads_stack", "refuse_class_reads", "symbolic"]
 
@@ -140,3 +141,18 @@ def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tu
         "is int). type() and isinstance() are answered as eager's; this read is not.",
         "Use type(x) or isinstance(x, ...), or run it eagerly with minihop.function(F, fallback='eager').",
         where=where)
+
+
+def refuse_torch_io(function: str, phase: str, code: types.CodeType, line: int | None, fn: Any) -> None:
+    """Where ``fn`` is one of torch's file or process readers and writers (``library.torch_io``:
+    ``torch.load``, ``torch.save``, ``torch.from_file``): refused (MH104)."""
+    if not torch_io(fn):
+        return
+    what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    raise UnsupportedOperationError(
+        f"{function}.{phase} calls torch's {what}, which reads or writes files "
+        f'(File "{code.co_filename}", line {line}).',
+        "While it is traced, tensors are fake: what torch.load or from_file reads is data no trace "
+        "holds, and a file torch.save writes would be written once, never on the calls the graphs run.",
+        "Load or save outside the Function and pass the tensors in, or run it eagerly with "
+        "minihop.function(F, fallback='eager').")

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..library_state import LIBRARY_PACKAGES, library_module
 
-__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "bounded", "is_exec_class", "is_library", "is_user_function",
+__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "TORCH_IO", "bounded", "torch_io", "is_exec_class", "is_library", "is_user_function",
            "library_module"]
 
 
@@ -110,6 +110,24 @@ ONLY: dict[str, frozenset[str]] = {
 }
 
 
+# torch's own readers and writers of files and processes (``torch.load``, ``torch.save``,
+# ``torch.from_file``, ``torch.hub``): what they read becomes tensors no trace holds (fake while
+# traced), what they write would be written once. Never bounded, and refused where the code
+# names them (``pystate``); the rest of torch answers from its arguments and guarded state.
+TORCH_IO = ("torch.serialization", "torch.hub", "torch.package", "torch.jit._serialization",
+            "torch.utils.tensorboard", "torch.utils.cpp_extension", "torch.onnx",
+            "torch.distributed.checkpoint", "torch.profiler", "torch.multiprocessing")
+
+
+def torch_io(fn: Any) -> bool:
+    """Whether ``fn`` is one of torch's file or process readers and writers (``TORCH_IO``)."""
+    module = getattr(fn, "__module__", None) or ""
+    if not isinstance(module, str):
+        return False
+    return module.startswith(TORCH_IO) or getattr(fn, "__name__", None) == "from_file" \
+        and (module or "torch").split(".")[0] == "torch"
+
+
 def bounded(fn: Any) -> bool:
     """Whether calling the library function or class ``fn`` answers from what minihop bounds
     (``BOUNDED``, ``ONLY``; ``time``'s clocks are watched where the code names them:
@@ -117,6 +135,8 @@ def bounded(fn: Any) -> bool:
     bounded where its module is (``pathlib.Path`` is not), and exceptions are, unless its
     objects answer from the system (``random.SystemRandom``). A method answers from its
     object or class: bounded where that class is (``secrets.randbits``: a SystemRandom's)."""
+    if torch_io(fn):
+        return False
     if isinstance(fn, type):
         return fn is not random.SystemRandom and (issubclass(fn, BaseException) or _in_bounded(fn))
     owner = getattr(fn, "__self__", None)

@@ -158,6 +158,7 @@ class StateTracker:
                 environment = reads_environment(value, named)  # (``os.environ.get``: guarded whole)
                 if setting is None and not environment and callable(named_end) \
                         and is_library(named_end) and hidden.watched(named_end) is None and not bounded(named_end):
+                    kinds.refuse_torch_io(self.name, phase, code, chain.line, named_end)
                     self.opaque.unknown(phase,  # unknown: right for the call it is traced for
                         f"{phase} calls {getattr(named_end, '__qualname__', repr(named_end))}, library code that "
                         f'may answer from files, the system or the network (File "{code.co_filename}", '
