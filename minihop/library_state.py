@@ -39,10 +39,10 @@ import sysconfig
 import threading
 import types
 import weakref
-from collections.abc import Callable, MutableMapping, MutableSequence, MutableSet
+from collections.abc import MutableMapping, MutableSequence, MutableSet
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "item_served_by_code", "key_code", "served_by_user_code", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
+__all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
            "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "subclass_attributes", "view_items"]
 
@@ -362,94 +362,3 @@ def _module_slot(obj: Any, name: str) -> dict[str, Any] | None:
             if name in held:
                 return held
     return None
-
-
-# Descriptors whose __get__ runs no Python code of anyone's.
-_PURE = (types.FunctionType, staticmethod, classmethod, types.BuiltinFunctionType,
-         types.MethodDescriptorType, types.WrapperDescriptorType, types.GetSetDescriptorType,
-         types.MemberDescriptorType, types.ClassMethodDescriptorType, types.MethodWrapperType)
-
-
-_PLAIN_KEYS = (str, int, float, bool, type(None), bytes)
-
-
-def item_served_by_code(obj: Any, key: Any, library: Callable[[str], bool]) -> str | None:
-    """What code ``obj[key]`` would run besides a plain lookup (for a message), or None: the
-    user's ``__getitem__``, ``__missing__``, a key's ``__hash__``/``__eq__``, or a
-    ``defaultdict``'s factory (which also inserts the key)."""
-    cls = type(obj)
-    if cls is not dict and cls is not list and cls is not tuple:
-        getitem = getattr(cls, "__getitem__", None)
-        if getitem is not None and _user(getitem, library):
-            return f"{cls.__qualname__}.__getitem__"
-    if not isinstance(obj, dict):
-        return None
-    what = key_code(key, library)
-    if what is not None:
-        return what
-    if cls is not dict and not dict.__contains__(obj, key) and getattr(cls, "__missing__", None) is not None:
-        return f"{cls.__qualname__}.__missing__"
-    return None
-
-
-def key_code(key: Any, library: Callable[[str], bool]) -> str | None:
-    """The user's ``__hash__`` or ``__eq__`` a dict lookup of ``key`` would run, or None."""
-    kind = type(key)
-    if kind in _PLAIN_KEYS:
-        return None
-    if kind is tuple:
-        return next((w for w in (key_code(k, library) for k in key) if w is not None), None)
-    for name in ("__hash__", "__eq__"):
-        if _user(getattr(kind, name, None), library):
-            return f"{kind.__qualname__}.{name}"
-    return None
-
-
-def _user(fn: Any, library: Callable[[str], bool]) -> bool:
-    fn = getattr(fn, "__func__", fn)
-    return isinstance(fn, types.FunctionType) and not library(getattr(fn, "__module__", None) or "")
-
-
-def _getter(found: Any) -> Any:
-    """The Python function reading ``found`` (a class attribute) runs, or None."""
-    if isinstance(found, _PURE):
-        return None
-    if isinstance(found, property):
-        return found.fget
-    if isinstance(found, functools.cached_property):
-        return found.func
-    return getattr(type(found), "__get__", None)
-
-
-def served_by_user_code(obj: Any, name: str, library: Callable[[str], bool]) -> str | None:
-    """What user code ``getattr(obj, name)`` would run (for a message), or None if none."""
-    if isinstance(obj, types.ModuleType):
-        # A module's own ``__getattr__`` (PEP 562) serves the names its dict lacks.
-        space = obj.__dict__
-        hook = space.get("__getattr__") if name not in space else None
-        return f"{obj.__name__}.__getattr__" if hook is not None and _user(hook, library) else None
-    cls = type(obj)
-    hook = getattr(cls, "__getattribute__", None)
-    if hook is not object.__getattribute__ and hook is not type.__getattribute__ and _user(hook, library):
-        return f"{cls.__qualname__}.__getattribute__"
-    owners = obj.__mro__ if isinstance(obj, type) else ()
-    for klass in (*owners, *cls.__mro__):
-        found = klass.__dict__.get(name, _NOTHING)
-        if found is _NOTHING:
-            continue
-        if not owners and klass is not None and name in getattr(obj, "__dict__", {}) and \
-                not hasattr(type(found), "__set__"):
-            return None  # the instance's own value shadows a non-data descriptor
-        getter = _getter(found)
-        if getter is not None and _user(getter, library):
-            return f"{type(found).__qualname__} {klass.__qualname__}.{name}"
-        return None
-    if name in getattr(obj, "__dict__", {}):
-        return None
-    hook = getattr(cls, "__getattr__", None)
-    if hook is not None and _user(hook, library):
-        return f"{cls.__qualname__}.__getattr__"
-    return None
-
-
-_NOTHING = object()

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from .library_state import del_attr, item_served_by_code, library_module, served_by_user_code, set_attr
+from .library_state import del_attr, library_module, set_attr
+from .user_code import item_served_by_code, served_by_user_code
 from .structure import Path, Step, argname
 
 __all__ = ["MISSING", "UNMATCHED", "Place", "Root", "arg_place", "walk_plain"]

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .library_state import library_module
+from .user_code import plain_items, plain_pairs
 
 __all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
            "path_expression", "object_paths", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
@@ -208,10 +209,10 @@ def held_values(value: Any) -> list[tuple[Step, Any]] | None:
     made of); None for a leaf (a tensor or another atom)."""
     if isinstance(value, torch.Tensor):
         return None
-    if isinstance(value, (tuple, list)):
-        return [(("item", i), item) for i, item in enumerate(value)]
+    if isinstance(value, (tuple, list)):  # (past a subclass's own methods: user_code)
+        return [(("item", i), item) for i, item in enumerate(plain_items(value))]
     if isinstance(value, dict):
-        return [(("key", k), item) for k, item in value.items()]
+        return [(("key", k), item) for k, item in plain_pairs(value)]
     if _is_object_container(value):
         return [(("attr", k), item) for k, item in attributes(value).items()]
     return None
@@ -242,9 +243,9 @@ def _holds_object(value: Any, depth: int = 0) -> bool:
     if _is_object_container(value):
         return True
     if depth < 8 and isinstance(value, (tuple, list, set, frozenset)):
-        return any(_holds_object(v, depth + 1) for v in value)
+        return any(_holds_object(v, depth + 1) for v in plain_items(value))
     if depth < 8 and isinstance(value, dict):
-        return any(_holds_object(v, depth + 1) for v in value.values())
+        return any(_holds_object(v, depth + 1) for _, v in plain_pairs(value))
     return False
 
 
@@ -270,18 +271,20 @@ def _replace(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path,
         return made[id(value)]  # met again below itself: the copy being built
     if not _contains_tensor(value):
         return value
-    if isinstance(value, tuple):
-        items = [_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(value)]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, tuple):  # (iterated past a subclass's own methods: user_code)
+        items = [_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(plain_items(value))]
+        if hasattr(value, "_fields"):
+            return type(value)(*items)
+        return tuple(items) if type(value) is tuple else _same_class(value, tuple.__new__(type(value), items))
     if isinstance(value, list):
-        new_list: list[Any] = []
+        new_list: list[Any] = [] if type(value) is list else _same_class(value, list.__new__(type(value)))
         made[id(value)] = new_list
-        new_list.extend(_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(value))
+        list.extend(new_list, (_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(plain_items(value))))
         return new_list
     if isinstance(value, dict):
         new = copy.copy(value)
         made[id(value)] = new
-        for k, v in value.items():
+        for k, v in plain_pairs(value):
             new[k] = _replace(v, fn, path + (("key", k),), made)
         return new
     new_obj = copy.copy(value)
@@ -290,6 +293,15 @@ def _replace(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path,
         # object.__setattr__ also works for frozen dataclasses.
         object.__setattr__(new_obj, k, _replace(v, fn, path + (("attr", k),), made))
     return new_obj
+
+
+def _same_class(value: Any, new: Any) -> Any:
+    """``new``, a copy of builtin subclass ``value`` made by the builtin (its class's own
+    ``__new__``/``__init__`` are the user's code), given ``value``'s own attributes: the code
+    sees the class it was passed (``isinstance(p, Pair)``)."""
+    for k, v in attributes(value).items():
+        object.__setattr__(new, k, v)
+    return new
 
 
 def make_getter(path: Path) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:

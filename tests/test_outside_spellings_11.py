@@ -21,6 +21,18 @@ Silent differences from eager before this round (values equal, the user's own co
   with the user's code as pairs compared by identity (``holders.contents_of``, kind ``pairs``;
   any change to one is refused).
 
+- an argument of a builtin's subclass with methods of its own (``class Mode(str)`` with
+  ``__eq__``, a ``float`` subclass, a ``tuple`` subclass with ``__iter__``): a call's key
+  compared it with its ``__eq__``, and the walks over a call's arguments (its leaves, the
+  tensors it shares, the iterators in it, the heap watch) iterated it with its ``__iter__``,
+  up to twelve extra runs a call. Keys hold the builtin's value now
+  (``user_code.plain_atom``) and every walk iterates as the builtin does
+  (``user_code.plain_items``/``plain_pairs``);
+- a ``tuple`` or ``list`` subclass holding tensors (``class Pair(tuple)``): the trace was
+  handed a plain tuple or list of fakes, so ``isinstance(p, Pair)`` answered False while
+  traced and True in eager, a silently different graph in every mode. The trace's copy keeps
+  the class and its attributes now (``structure._same_class``, made by the builtin: the
+  class's own ``__new__``/``__init__`` are not run);
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -492,3 +504,93 @@ def test_uuid_logged_each_call():
         @staticmethod
         def backward(ctx, g): return g * 2
     matches_eager(F, lambda i: (x_(i),), reset=RUN_IDS.clear, state=lambda: len(set(RUN_IDS)))
+
+
+# --- Arguments of a builtin's subclass with methods of its own -----------------------------
+
+class Scale(float):
+    def __eq__(self, other):
+        CALLS[0] += 1
+        return float.__eq__(self, other)
+    __hash__ = float.__hash__
+
+
+class Mode(str):
+    def __eq__(self, other):
+        CALLS[0] += 1
+        return str.__eq__(self, other)
+    __hash__ = str.__hash__
+
+
+class Pair(tuple):
+    def __iter__(self):
+        CALLS[0] += 1
+        return tuple.__iter__(self)
+
+
+def _calls_reset():
+    CALLS[0] = 0
+
+
+def test_float_subclass_argument():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k): return x * k
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), Scale(2.0)), reset=_calls_reset, state=_calls)
+
+
+def test_str_subclass_mode_argument():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, mode): return x * (2 if mode == "a" else 3)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), Mode("ab"[i % 2])), reset=_calls_reset, state=_calls)
+
+
+def test_tuple_subclass_unpacked_by_forward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, p):
+            a, b = p
+            return x * a + b
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), Pair((2.0, 1.0 + i % 2))), reset=_calls_reset, state=_calls)
+
+
+def test_tuple_subclass_of_tensors():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, p): return x * p[0]
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), Pair((torch.full((4,), 2.0 + i),))), reset=_calls_reset, state=_calls)
+
+
+class Batch(list):
+    pass
+
+
+def test_tuple_subclass_of_tensors_keeps_its_class_while_traced():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, p): return x * p[0] * (2 if isinstance(p, Pair) else 3)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), Pair((torch.full((4,), 2.0 + i),))), reset=_calls_reset)
+
+
+def test_list_subclass_of_tensors_keeps_its_class_and_attributes_while_traced():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, b): return x * b[0] * (b.scale if isinstance(b, Batch) else 3)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    def make(i):
+        b = Batch([torch.full((4,), 2.0 + i)])
+        b.scale = 5.0
+        return (x_(i), b)
+    matches_eager(F, make)

@@ -29,6 +29,7 @@ from ..arguments import is_dynamo_mark, marks
 from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, native_state, state_of, subclass_attributes, torch_tensor_entries, view_items)
 from ..structure import PLAIN_CALLABLES, attributes
+from ..user_code import plain_atom, plain_items, plain_pairs
 from .function_keys import function_key
 
 __all__ = ["argument_key", "autocast_key", "call_key", "masked_key", "describe_autocast", "class_attributes", "function_class_state", "library_name",
@@ -53,10 +54,10 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     if isinstance(value, torch.Tensor):
         return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
                 value.requires_grad, python_attributes(value))
-    if isinstance(value, float) and (value == 0.0 or value != value):
+    if isinstance(value, float) and ((plain := plain_atom(value)) == 0.0 or plain != plain):
         # 0.0 == -0.0 and nan != nan in Python: keyed by their bits, so -0.0 never hits a
         # 0.0 capture (copysign, 1/x tell them apart) and a NaN capture is ever hit again.
-        return ("F", type(value), value.hex())
+        return ("F", type(value), plain.hex())
     if isinstance(value, complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
         return ("F", type(value), value.real.hex(), value.imag.hex())
     if isinstance(value, type) and issubclass(value, torch.autograd.Function) and value.__module__ != "torch.autograd.function":
@@ -72,23 +73,27 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # is its class attributes, keyed whole.
         return ("C", id(value), _class_state(value, _open | {id(value)}))
     if isinstance(value, _HASHABLE_ATOMS):
-        return ("V", type(value), value, *_own(value, _open))
+        # (a ``str`` or ``float`` subclass's value as the builtin's: keys compare it without the
+        # subclass's ``__eq__``, the user's code, which runs only where the user's code runs it)
+        return ("V", type(value), plain_atom(value), *_own(value, _open))
     if id(value) in _open:
         return ("cycle", type(value), id(value))  # an object that contains itself
     if isinstance(value, (tuple, list)):
         inner = _open | {id(value)}
-        return (type(value), tuple(value_key(v, inner) for v in value), *_of_class(value, _open), *_own(value, _open))
+        items = plain_items(value)  # (not a subclass's own ``__iter__``)
+        return (type(value), tuple(value_key(v, inner) for v in items), *_of_class(value, _open), *_own(value, _open))
     if isinstance(value, dict):
         inner = _open | {id(value)}
         # Keys by their own keys too: {-0.0: v} is not {0.0: v}, nor (0.0,) (-0.0,).
-        return (type(value), tuple((value_key(k, inner), value_key(v, inner)) for k, v in value.items()),
+        return (type(value), tuple((value_key(k, inner), value_key(v, inner))
+                                   for k, v in plain_pairs(value)),
                 *_of_class(value, _open), *_own(value, _open))
     if isinstance(value, (set, frozenset)):
         # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each,
         # in its iteration order: equal sets built in another order iterate in another order
         # ({9, 1} and {1, 9} collide in an 8-slot table), and code that loops over one does too.
         inner = _open | {id(value)}
-        return (type(value), tuple(value_key(v, inner) for v in value), *_own(value, _open))
+        return (type(value), tuple(value_key(v, inner) for v in plain_items(value)), *_own(value, _open))
     if isinstance(value, torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         # What its forward (torch's own, in library code) reads is the rest of its state: each

@@ -31,6 +31,7 @@ import torch
 from ..spec import MISSING, Place, PythonState
 from ..place import walk_plain
 from ..structure import argname, attributes
+from ..user_code import plain_items, plain_pairs
 
 __all__ = ["sharing_of"]
 
@@ -105,10 +106,10 @@ def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, tor
             if depth:
                 found.append((name, value))
         elif isinstance(value, (list, tuple)) and depth < 8:
-            for k, v in enumerate(value):
+            for k, v in enumerate(plain_items(value)):
                 walk(v, f"{name}[{k}]", depth + 1)
         elif isinstance(value, dict) and depth < 8:
-            for k, v in value.items():
+            for k, v in plain_pairs(value):
                 walk(v, f"{name}[{k!r}]", depth + 1)
         elif isinstance(value, torch.nn.Module):
             found.extend(_module_tensors(value, name))

@@ -40,7 +40,8 @@ from .process_state import LOGGING, PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
 from ..library_state import STATE, del_attr, put_back, set_attr
-from .holders import class_state, contents_of, dunder, held_by, library_base
+from .holders import class_state, contents_of, dunder, held_by
+from ..user_code import library_base
 from .roots import cell_value
 
 __all__ = ["MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",

@@ -20,15 +20,16 @@ from typing import Any
 
 import torch
 
-from ..library_state import (ITEMS_IN_DATA, c_method_owner, kept_by_library, key_code, library_module, module_attributes, native_state, plain_holder,
+from ..library_state import (ITEMS_IN_DATA, c_method_owner, kept_by_library, library_module, module_attributes, native_state, plain_holder,
                              state_of, subclass_attributes, tensor_attributes)
 from ..spec import MISSING
 from ..structure import attributes
+from ..user_code import key_code, library_base, plain_items
 from . import hidden
 from .atoms import ATOMS, CONSTANTS
 from .library import is_library
 
-__all__ = ["UNWATCHED", "class_state", "contents_of", "dunder", "held_by", "library_base"]
+__all__ = ["UNWATCHED", "class_state", "contents_of", "dunder", "held_by"]
 
 
 def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
@@ -36,7 +37,7 @@ def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
     Q.put``, ``pop = DQ.popleft``) or a ``functools.partial`` (its function and arguments): the
     way to state the code changes (``cb(1)`` puts into ``Q``); a random generator's is ``hidden``'s.
     And a ``class Pair(tuple)``'s attributes (``p.seen += 1``), as its ``__dict__``."""
-    held = [(("item", i), v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+    held = [(("item", i), v) for i, v in enumerate(plain_items(value))] if isinstance(value, tuple) else []
     own = subclass_attributes(value)
     if own is not None and not isinstance(value, ITEMS_IN_DATA):
         held.append((("attr", "__dict__"), own))
@@ -49,11 +50,6 @@ def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
         return [*held, (("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
     return held
 
-
-
-def library_base(cls: type) -> type:
-    """The first class of ``cls``'s MRO that is not the user's: whose methods run no user code."""
-    return next(c for c in cls.__mro__ if is_library(c))
 
 
 _BUILTIN_ITEMS = ((list, "list"), (collections.deque, "list"), (dict, "dict"), (set, "set"))

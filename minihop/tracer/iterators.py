@@ -29,6 +29,7 @@ import torch
 from ..errors import SideEffectError
 from ..library_state import unseen
 from ..structure import attributes
+from ..user_code import plain_items, plain_pairs
 from .atoms import LEAVES
 from .hidden import fingerprint
 from .library import is_user_module, module_data
@@ -100,12 +101,12 @@ def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] 
         items: Any = ((f"{name}.{k}", v) for k, v in module_data(value).items())
     elif _iterator(value) or unseen(value):  # (an iterator is named as one)
         return name, value
-    elif isinstance(value, (list, tuple)):
-        items = ((f"{name}[{k}]", v) for k, v in enumerate(value))
+    elif isinstance(value, (list, tuple)):  # (past a subclass's own methods: user_code)
+        items = ((f"{name}[{k}]", v) for k, v in enumerate(plain_items(value)))
     elif isinstance(value, dict):
-        items = ((f"{name}[{k!r}]", v) for k, v in value.items())
+        items = ((f"{name}[{k!r}]", v) for k, v in plain_pairs(value))
     elif isinstance(value, (set, frozenset)):
-        items = ((f"an item of {name}", v) for v in value)
+        items = ((f"an item of {name}", v) for v in plain_items(value))
     elif isinstance(value, torch.nn.Module):
         return None  # its state is keyed whole (runtime.guards.value_key)
     else:

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from ..library_state import global_module_hooks, item_served_by_code
+from ..library_state import global_module_hooks
+from ..user_code import item_served_by_code
 from ..spec import MISSING, Place, Root
 from ..place import walk_plain
 from . import opaque

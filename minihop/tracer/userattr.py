@@ -14,14 +14,14 @@ in eager. Library descriptors (torch's ``Module.__getattr__``, a tensor's proper
 slots, functions becoming bound methods) run no code of the user's and are followed.
 
 Invariant: pystate never runs a user-defined attribute getter itself, and neither does a
-check (``place.walk_plain``): ``served_by_user_code`` lives in ``library_state`` for both.
+check (``place.walk_plain``): ``served_by_user_code`` lives in ``user_code`` for both.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..library_state import served_by_user_code
+from ..user_code import served_by_user_code
 
 __all__ = ["UserAttribute", "served_by_user_code"]
 

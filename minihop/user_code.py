@@ -1,0 +1,150 @@
+"""Which Python code of the user's a read would run: what minihop must never run itself.
+
+Place in the pipeline: the structure layer, asked by the tracer's analysis (``roots.walk``,
+``userattr``), its heap watch (``holders``), every check (``place.walk_plain``) and the keys
+of a call's values (``runtime.guards``). Reading ``obj.name`` or ``obj[key]`` is not always a
+lookup: a property, a module's ``__getattr__``, a subclass's ``__getitem__``/``__missing__``,
+a key's ``__hash__``/``__eq__``, a ``defaultdict``'s factory run code, which may count calls,
+draw numbers or write state. Eager runs it once per read of the user's code; minihop's own
+reads (finding what the code reads, snapshots, checks, keys) must run it never, so they read
+such a step as unknown, or go through the nearest library class's methods
+(``library_base``, ``plain_atom``).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .library_state import library_module
+
+__all__ = ["item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items", "plain_pairs",
+           "served_by_user_code"]
+
+
+def library_base(cls: type) -> type:
+    """The first class of ``cls``'s MRO that is not the user's: whose methods run no user code."""
+    return next(c for c in cls.__mro__ if library_module(getattr(c, "__module__", None) or "builtins"))
+
+
+_EXACT = frozenset({tuple, list, dict, set, frozenset})
+
+
+def plain_items(value: Any) -> Any:
+    """A tuple's, list's or set's items (a dict's keys), iterated as the builtin does: past a
+    subclass's own ``__iter__``."""
+    cls = type(value)
+    return value if cls in _EXACT else library_base(cls).__iter__(value)
+
+
+def plain_pairs(value: Any) -> Any:
+    """A dict's ``(key, value)`` pairs, past a subclass's own ``items``."""
+    return value.items() if type(value) is dict else library_base(type(value)).items(value)
+
+
+# A builtin scalar's own value, read past a subclass's methods (``class Mode(str)`` with its own
+# ``__eq__``): the C slot of the builtin copies the value and calls nothing.
+_UNWRAP = ((bool, bool), (int, int.__int__), (float, float.__float__), (complex, complex.__complex__),
+           (str, str.__str__), (bytes, bytes.__bytes__))
+
+
+def plain_atom(value: Any) -> Any:
+    """``value`` if its type is a builtin scalar's, else the builtin value it holds (for keys:
+    comparing and hashing those runs no ``__eq__``/``__hash__`` of the user's)."""
+    for base, unwrap in _UNWRAP:
+        if isinstance(value, base):
+            return value if type(value) is base else unwrap(value)
+    return value
+
+
+# Descriptors whose __get__ runs no Python code of anyone's.
+_PURE = (types.FunctionType, staticmethod, classmethod, types.BuiltinFunctionType,
+         types.MethodDescriptorType, types.WrapperDescriptorType, types.GetSetDescriptorType,
+         types.MemberDescriptorType, types.ClassMethodDescriptorType, types.MethodWrapperType)
+
+
+_PLAIN_KEYS = (str, int, float, bool, type(None), bytes)
+
+
+def item_served_by_code(obj: Any, key: Any, library: Callable[[str], bool]) -> str | None:
+    """What code ``obj[key]`` would run besides a plain lookup (for a message), or None: the
+    user's ``__getitem__``, ``__missing__``, a key's ``__hash__``/``__eq__``, or a
+    ``defaultdict``'s factory (which also inserts the key)."""
+    cls = type(obj)
+    if cls is not dict and cls is not list and cls is not tuple:
+        getitem = getattr(cls, "__getitem__", None)
+        if getitem is not None and _user(getitem, library):
+            return f"{cls.__qualname__}.__getitem__"
+    if not isinstance(obj, dict):
+        return None
+    what = key_code(key, library)
+    if what is not None:
+        return what
+    if cls is not dict and not dict.__contains__(obj, key) and getattr(cls, "__missing__", None) is not None:
+        return f"{cls.__qualname__}.__missing__"
+    return None
+
+
+def key_code(key: Any, library: Callable[[str], bool]) -> str | None:
+    """The user's ``__hash__`` or ``__eq__`` a dict lookup of ``key`` would run, or None."""
+    kind = type(key)
+    if kind in _PLAIN_KEYS:
+        return None
+    if kind is tuple:
+        return next((w for w in (key_code(k, library) for k in key) if w is not None), None)
+    for name in ("__hash__", "__eq__"):
+        if _user(getattr(kind, name, None), library):
+            return f"{kind.__qualname__}.{name}"
+    return None
+
+
+def _user(fn: Any, library: Callable[[str], bool]) -> bool:
+    fn = getattr(fn, "__func__", fn)
+    return isinstance(fn, types.FunctionType) and not library(getattr(fn, "__module__", None) or "")
+
+
+def _getter(found: Any) -> Any:
+    """The Python function reading ``found`` (a class attribute) runs, or None."""
+    if isinstance(found, _PURE):
+        return None
+    if isinstance(found, property):
+        return found.fget
+    if isinstance(found, functools.cached_property):
+        return found.func
+    return getattr(type(found), "__get__", None)
+
+
+def served_by_user_code(obj: Any, name: str, library: Callable[[str], bool]) -> str | None:
+    """What user code ``getattr(obj, name)`` would run (for a message), or None if none."""
+    if isinstance(obj, types.ModuleType):
+        # A module's own ``__getattr__`` (PEP 562) serves the names its dict lacks.
+        space = obj.__dict__
+        hook = space.get("__getattr__") if name not in space else None
+        return f"{obj.__name__}.__getattr__" if hook is not None and _user(hook, library) else None
+    cls = type(obj)
+    hook = getattr(cls, "__getattribute__", None)
+    if hook is not object.__getattribute__ and hook is not type.__getattribute__ and _user(hook, library):
+        return f"{cls.__qualname__}.__getattribute__"
+    owners = obj.__mro__ if isinstance(obj, type) else ()
+    for klass in (*owners, *cls.__mro__):
+        found = klass.__dict__.get(name, _NOTHING)
+        if found is _NOTHING:
+            continue
+        if not owners and klass is not None and name in getattr(obj, "__dict__", {}) and \
+                not hasattr(type(found), "__set__"):
+            return None  # the instance's own value shadows a non-data descriptor
+        getter = _getter(found)
+        if getter is not None and _user(getter, library):
+            return f"{type(found).__qualname__} {klass.__qualname__}.{name}"
+        return None
+    if name in getattr(obj, "__dict__", {}):
+        return None
+    hook = getattr(cls, "__getattr__", None)
+    if hook is not None and _user(hook, library):
+        return f"{cls.__qualname__}.__getattr__"
+    return None
+
+
+_NOTHING = object()
