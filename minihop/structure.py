@@ -11,6 +11,7 @@ order, dict items in insertion order, object attributes in ``vars()`` order).
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import enum
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from .library_state import library_module
-from .user_code import plain_items, plain_pairs
+from .user_code import library_base, plain_items, plain_pairs
 
 __all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
            "path_expression", "object_paths", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
@@ -282,10 +283,16 @@ def _replace(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path,
         list.extend(new_list, (_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(plain_items(value))))
         return new_list
     if isinstance(value, dict):
-        new = copy.copy(value)
+        base = library_base(type(value))
+        if base is type(value):
+            new = copy.copy(value)
+        else:  # a user's subclass: made by its library base (its own methods are the user's code)
+            new = _same_class(value, base.__new__(type(value)))
+            if isinstance(value, collections.defaultdict):
+                new.default_factory = value.default_factory
         made[id(value)] = new
         for k, v in plain_pairs(value):
-            new[k] = _replace(v, fn, path + (("key", k),), made)
+            base.__setitem__(new, k, _replace(v, fn, path + (("key", k),), made))
         return new
     new_obj = copy.copy(value)
     made[id(value)] = new_obj

@@ -33,6 +33,14 @@ Silent differences from eager before this round (values equal, the user's own co
   traced and True in eager, a silently different graph in every mode. The trace's copy keeps
   the class and its attributes now (``structure._same_class``, made by the builtin: the
   class's own ``__new__``/``__init__`` are not run);
+- a ``dict`` subclass holding tensors: the trace's copy was made by ``copy.copy``, which ran
+  the class's own ``__setitem__`` for each entry; it is made by the library base now, keeping
+  the class, its attributes and a ``defaultdict``'s factory;
+- a module argument's parameter or buffer registered or replaced by forward
+  (``m.register_buffer(...)``, ``m.double()``): the capture set it again with ``setattr``, so
+  the buffer became a plain attribute (silently), and ``m.double()``'s new parameter, which
+  eager never makes (it swaps the data in place), failed on every call. Refused now (MH106,
+  ``tracer.outside._refuse_registration``);
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -594,3 +602,115 @@ def test_list_subclass_of_tensors_keeps_its_class_and_attributes_while_traced():
         b.scale = 5.0
         return (x_(i), b)
     matches_eager(F, make)
+
+
+class Weights(dict):
+    def __setitem__(self, k, v):
+        CALLS[0] += 1
+        dict.__setitem__(self, k, v)
+
+
+class OrderedWeights(collections.OrderedDict):
+    pass
+
+
+class DefaultWeights(collections.defaultdict):
+    pass
+
+
+def _dict_case(make_dict):
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, d):
+            same = type(d) is type(make_dict(0)) and getattr(d, "tag", None) == "w"
+            return x * d["w"] * (2 if same else 3)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), make_dict(i)), reset=_calls_reset, state=_calls)
+
+
+def _filled(d, i):
+    dict.__setitem__(d, "w", torch.full((4,), 2.0 + i))
+    d.tag = "w"
+    return d
+
+
+def test_dict_subclass_of_tensors_with_its_own_setitem():
+    _dict_case(lambda i: _filled(Weights(), i))
+
+
+def test_ordered_dict_subclass_of_tensors():
+    _dict_case(lambda i: _filled(OrderedWeights(), i))
+
+
+def test_defaultdict_subclass_of_tensors_keeps_its_factory():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, d): return x * d["w"] * (d["missing"] + 2)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), _filled(DefaultWeights(float), i)))
+
+
+# --- A module argument changed by forward ---------------------------------------------------
+
+def _linear():
+    torch.manual_seed(0)
+    return nn.Linear(4, 4)
+
+
+def test_register_buffer_inside_forward():
+    box = [None]
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, m):
+            m.register_buffer(f"b{len(m._buffers)}", x.detach() * 2)
+            return x * len(m._buffers)
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), box[0]), reset=lambda: box.__setitem__(0, nn.Module()),
+                  state=lambda: sorted(box[0]._buffers))
+
+
+def test_module_double_inside_forward():
+    box = [None]
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, m):
+            m.double()
+            return m(x.double()).float()
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), box[0]), reset=lambda: box.__setitem__(0, _linear()),
+                  state=lambda: box[0].weight.dtype)
+
+
+def test_optimizer_step_inside_forward():
+    box = [None, None]
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            w, opt = box
+            with torch.enable_grad():
+                opt.zero_grad()
+                (w * x.detach()).sum().backward()
+                opt.step()
+            return x * w.detach()
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    def reset():
+        w = nn.Parameter(torch.linspace(0, 1, 4))
+        box[:] = [w, torch.optim.SGD([w], lr=0.1, momentum=0.9)]
+    matches_eager(F, lambda i: (x_(i),), reset=reset, state=lambda: box[0].detach().clone())
+
+
+def test_running_statistic_in_a_global_tensor():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            RUNNING.mul_(0.9).add_(x.detach().mean() * 0.1)
+            return x - RUNNING
+        @staticmethod
+        def backward(ctx, g): return g
+    matches_eager(F, lambda i: (x_(i),), reset=lambda: globals().__setitem__("RUNNING", torch.zeros(())),
+                  state=lambda: RUNNING.clone())

@@ -159,6 +159,8 @@ def claim(differences: list[Difference], before: dict[int, Seen], after: dict[in
         taken = group if seen.kind in ("list", "tensor") else [
             d for d in group if d[1][0] == "whole" or d[3] is MISSING or _holds_traced(d[3], is_traced)]
         rest += [d for d in group if not any(d is t for t in taken)]
+        if isinstance(seen.obj, torch.nn.Module):
+            _refuse_registration(seen, taken, who)
         claimed.append(_Claimed(seen, after[key].contents))
         put_back = _without(seen, after[key].contents, taken)
         heap.put(seen, put_back)  # no fake tensor stays in the caller's object
@@ -175,6 +177,17 @@ def claim(differences: list[Difference], before: dict[int, Seen], after: dict[in
             _check_value(value, place, is_traced, who)
             found.append(OutsideTensor(place, value))
     return OutsideWrites(tuple(found), claimed), rest
+
+
+def _refuse_registration(seen: Seen, taken: list[Difference], who: _Who) -> None:
+    """A module's parameter replaced (``m.double()``: eager swaps its data in place, keeping the
+    Parameter; a fake one cannot) or a parameter or buffer registered (``register_buffer``) by
+    forward: set again by ``setattr`` each call, it would be a plain tensor or attribute."""
+    module = seen.obj
+    for _, (_, name), before, _ in taken:
+        if name in module._parameters or (before is MISSING and name in module._buffers):
+            raise _refusal(who, location(seen, ("attr", name)), "registers or replaces a parameter or "
+                           "buffer of that module (register_buffer, register_parameter, m.double(), m.to())")
 
 
 def _without(seen: Seen, now: Any, taken: list[Difference]) -> Any:
