@@ -41,6 +41,10 @@ Silent differences from eager before this round (values equal, the user's own co
   the buffer became a plain attribute (silently), and ``m.double()``'s new parameter, which
   eager never makes (it swaps the data in place), failed on every call. Refused now (MH106,
   ``tracer.outside._refuse_registration``);
+- ``Tensor.apply_``/``map_`` (a Python callable run on each value of a CPU tensor) or
+  ``__dlpack__`` inside forward: called on a fake tensor's missing data, they crashed the
+  process (a segmentation fault, no error at all). Refused now as the value reads they are
+  (MH103, ``tracer.recorder._VALUE_READS``);
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -714,3 +718,42 @@ def test_running_statistic_in_a_global_tensor():
         def backward(ctx, g): return g
     matches_eager(F, lambda i: (x_(i),), reset=lambda: globals().__setitem__("RUNNING", torch.zeros(())),
                   state=lambda: RUNNING.clone())
+
+
+# --- Tensor methods that touch the data directly ----------------------------------------------
+
+FACTOR = [2.0]
+
+
+def test_apply_underscore_with_a_python_callable():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.detach().clone()
+            y.apply_(lambda v: v * FACTOR[0])
+            return y
+        @staticmethod
+        def backward(ctx, g): return g * FACTOR[0]
+    matches_eager(F, lambda i: (x_(i),), between=lambda i: FACTOR.__setitem__(0, 2.0 + i),
+                  reset=lambda: FACTOR.__setitem__(0, 2.0))
+
+
+def test_map_underscore_with_a_python_callable():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.detach().clone()
+            y.map_(x.detach(), lambda a, b: a * b)
+            return y
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),))
+
+
+def test_dlpack_round_trip_in_forward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * torch.from_dlpack(x.detach().clone().__dlpack__())
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    matches_eager(F, lambda i: (x_(i),))

@@ -70,13 +70,16 @@ _SYMPY_OPS: dict[type, Callable[..., Any]] = {
 # Calls that take values out of a tensor into Python; a fake tensor has none to give.
 _VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
                           "__index__", "__complex__", "__array__",
+                          # CPU methods that run a Python callable on each value, and DLPack's
+                          # export of the data (on a fake tensor's missing data they crash).
+                          "apply_", "map_", "map2_", "__dlpack__",
                           # torch.save, pickle and copy.deepcopy copy the values too.
                           "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
 # Value reads that give unbacked symbols when the tensor depends on the call (see unbacked).
 _SCALAR_READS = frozenset({"item", "tolist"})
 # Value reads whose result leaves torch (an array, a pickle): refused, never answered.
 _COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
-                         "__getstate__"})
+                         "__getstate__", "apply_", "map_", "map2_", "__dlpack__"})
 
 
 class GraphRecorder:
