@@ -45,6 +45,12 @@ Silent differences from eager before this round (values equal, the user's own co
   ``__dlpack__`` inside forward: called on a fake tensor's missing data, they crashed the
   process (a segmentation fault, no error at all). Refused now as the value reads they are
   (MH103, ``tracer.recorder._VALUE_READS``);
+- a dict keyed by objects whose ``__hash__`` is the user's, read by forward, in a Function
+  refused later in its trace (its backward calls ``apply_``): putting back what the failed
+  trace might have changed rebuilt the dict, hashing every key once more, so
+  ``fallback="eager"`` counted one call too many (``call_watch._refill`` leaves an unchanged
+  dict alone now; ``opaque._plain`` looks at a dict's keys too). Found by the effects
+  generator's new ``user_dunder_read`` kind;
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -757,3 +763,16 @@ def test_dlpack_round_trip_in_forward():
         @staticmethod
         def backward(ctx, g): return g * 2
     matches_eager(F, lambda i: (x_(i),))
+
+
+def test_user_hash_key_lookup_in_a_function_refused_later():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * WEIGHTS[Key(1)]
+        @staticmethod
+        def backward(ctx, g):
+            y = g.detach().clone()
+            y.apply_(lambda v: v * 2)
+            return y
+    def reset(): CALLS[0] = 0; globals()["WEIGHTS"] = {Key(1): 2.0}
+    matches_eager(F, lambda i: (x_(i),), reset=reset, state=_calls)

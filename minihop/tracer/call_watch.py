@@ -169,5 +169,8 @@ class CallWatch:
 
 
 def _refill(container: Any, contents: Any) -> None:
+    if type(contents) is dict and len(container) == len(contents) and all(
+            a is c and b is d for (a, b), (c, d) in zip(dict.items(container), contents.items())):
+        return  # unchanged (and refilling would hash its keys again: a key's __hash__ may be the user's)
     container.clear()
     container.update({k: v for k, v in contents.items() if not stand_in(v)} if type(contents) is dict else contents)

@@ -130,7 +130,7 @@ def _plain(value: Any, depth: int = 0) -> bool:
         return _no_user_methods(type(value)) and len(value) < 64 and all(_plain(v, depth + 1) for v in value)
     if isinstance(value, dict) and depth < 2:
         return _no_user_methods(type(value)) and len(value) < 64 and \
-            all(_plain(v, depth + 1) for v in value.values())
+            all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in dict.items(value))  # (a key's __hash__)
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         return True  # C code (``x.sin``, ``len``): a callback it calls is a value of its own

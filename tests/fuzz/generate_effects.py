@@ -114,6 +114,11 @@ KINDS = {
     "ctx_object_backward": ("b", ""),
     # ... and a dict a cached helper returned, changed (eager's cache keeps it).
     "lru_object_write": ("fb", ""),
+    # Round 16: a read the user's own dunder serves, counted (a dict subclass's __getitem__,
+    # a list subclass's __len__, a key's __hash__, a str subclass's __eq__, a module's
+    # __getattr__): minihop's own reads must never run them; and a Python callable run on
+    # each value of a tensor (Tensor.apply_), which on a fake tensor's data crashed.
+    "user_dunder_read": ("fb", ""), "apply_callback": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -168,6 +173,11 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [f"with warnings.catch_warnings(record=True) as _cw{n}:",
                 f"    warnings.simplefilter({r.choice(['always', 'ignore'])!r})",
                 f"    _y{n} = torch.nn.functional.softmax(x{dim})"], f"_y{n} * float(len(_cw{n}) + 1)"
+    if kind == "user_dunder_read":
+        return [], r.choice(["x * CD['k']", "x * float(len(CL))", "x * CK[CKey(1)]",
+                             "x * (2.0 if CM == 'a' else 3.0)", "x * LAZY.SCALE"])
+    if kind == "apply_callback":
+        return [f"_ap{n} = x.detach().clone()", f"_ap{n}.apply_(lambda v: v * 2)"], f"_ap{n}"
     if kind == "del_write":
         return [r.choice([f"_dying{n} = Dying()", "Dying()"])], f"x * float(DIED[0] % 3 + 1)"
     if kind == "generator":
@@ -309,6 +319,20 @@ def generate_source(r: random.Random) -> str:
         "    @functools.lru_cache(maxsize=None)", "    def cfg_cache():", "        return {'calls': 0}", "",
         "    DIED = [0]", "",
         "    class Dying:", "        def __del__(self):", "            DIED[0] += 1", "",
+        "    DUNDER = [0]", "",
+        "    class CDict(dict):", "        def __getitem__(self, k):", "            DUNDER[0] += 1",
+        "            return dict.__getitem__(self, k)", "",
+        "    class CList(list):", "        def __len__(self):", "            DUNDER[0] += 1",
+        "            return list.__len__(self)", "",
+        "    class CKey:", "        def __init__(self, n):", "            self.n = n",
+        "        def __hash__(self):", "            DUNDER[0] += 1", "            return hash(self.n)",
+        "        def __eq__(self, o):", "            return isinstance(o, CKey) and o.n == self.n", "",
+        "    class CMode(str):", "        def __eq__(self, o):", "            DUNDER[0] += 1",
+        "            return str.__eq__(self, o)", "        __hash__ = str.__hash__", "",
+        "    CD, CL, CK, CM = CDict(k=2.0), CList([1.0, 2.0]), {CKey(1): 2.0}, CMode('a')",
+        "    LAZY = types.ModuleType('fuzz_effects_lazy')", "    LAZY.DUNDER, LAZY.BASE = DUNDER, [2.0]",
+        "    exec('def __getattr__(name):\\n    if name != \\'SCALE\\':\\n        raise AttributeError(name)\\n'",
+        "         '    DUNDER[0] += 1\\n    return BASE[0]\\n', LAZY.__dict__)", "",
         "    class Holder:", "        pass", "",
         "    class Rec:", "        pass", "",
         "    class Node:", "        def __init__(self, w, parent=None):",
@@ -352,6 +376,8 @@ def generate_source(r: random.Random) -> str:
         "        if i == 1:", "            EVT.set(); OD.move_to_end('a'); BA.extend(b'c'); UL.append(-1); SQ.put(0)",
         "        ALIAS_CFG['s'] = ALIAS_CFG['s'] + 0.5 * (i + 1)",
         "        vars(CONF)['s'] = CONF.s * 2.0",
+        "        dict.__setitem__(CD, 'k', 2.0 + i); LAZY.BASE[0] = 1.0 + i",
+        "        if i == 1:", "            list.append(CL, 0.5); dict.__setitem__(CK, CKey(1), 3.0)",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
           "replace": ["        if i == 2:", "            for k in list(STASH):",
                       "                STASH[k] = torch.full(STASH[k].shape, 7.0)",
@@ -400,7 +426,7 @@ def generate_source(r: random.Random) -> str:
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
-        f"DIED, cfg_cache()])",
+        f"DIED, cfg_cache(), DUNDER])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
