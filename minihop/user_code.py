@@ -13,6 +13,7 @@ such a step as unknown, or go through the nearest library class's methods
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 from collections.abc import Callable
@@ -82,7 +83,9 @@ def item_served_by_code(obj: Any, key: Any, library: Callable[[str], bool]) -> s
     what = key_code(key, library)
     if what is not None:
         return what
-    if cls is not dict and not dict.__contains__(obj, key) and getattr(cls, "__missing__", None) is not None:
+    missing = getattr(cls, "__missing__", None) if cls is not dict else None
+    if missing is not None and not dict.__contains__(obj, key) and (
+            _user(missing, library) or isinstance(obj, collections.defaultdict)):  # (which inserts the key)
         return f"{cls.__qualname__}.__missing__"
     return None
 

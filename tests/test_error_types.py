@@ -542,9 +542,20 @@ def test_backward_call_inside_traced_code_is_mh106() -> None:
         minihop.apply(F, torch.randn(3, requires_grad=True))
 
 
-@pytest.mark.parametrize("case", ["torch.save", "pickle", "copy.deepcopy"])
+def test_torch_save_in_forward_is_mh104_torch_io() -> None:
+    """torch.save in forward is refused where the code names it, a buffer or a file alike
+    (docs/unsupported.md MH104-torch-io): what torch's writers and readers touch, a capture
+    cannot repeat."""
+    F = HOSTILE["torch.save"]
+    x = torch.randn(3, requires_grad=True)
+    F.apply(x)
+    with pytest.raises(minihop.UnsupportedOperationError, match=r"\[MH104\] F\.forward calls torch's save, which reads or writes files"):
+        minihop.apply(F, x)
+
+
+@pytest.mark.parametrize("case", ["pickle", "copy.deepcopy"])
 def test_serialising_a_tensor_is_mh103(case: str) -> None:
-    """torch.save, pickle and deepcopy of a tensor in forward need its values: MH103, not pickle's AttributeError on a fake."""
+    """pickle and deepcopy of a tensor in forward need its values: MH103, not pickle's AttributeError on a fake."""
     F = HOSTILE[case]
     x = torch.randn(3, requires_grad=True)
     F.apply(x)

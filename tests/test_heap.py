@@ -20,6 +20,7 @@ class _Thing:
 SAMPLES = {
     "a random generator or iterator moved": Change("hidden", ("whole", None), 1, 2),
     "a process setting changed": Change("process", ("attr", "sys.getrecursionlimit()"), 1000, 1001),
+    "a dict keyed by the user's hashable objects changed": Change("pairs", ("whole", None), (), ((object(), 1),)),
     "a library object's own state changed": Change("list", ("extend", None), None, [1], library=True),
     "an entry keyed by a tensor": Change("dict", ("item", torch.zeros(1)), MISSING, 3),
     "Python values appended": Change("list", ("extend", None), None, [1, "a", (2, 3.0)]),
