@@ -41,7 +41,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import MinihopError, UnsupportedOperationError, notice, release_frames
-from .pipeline import (Capture, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
+from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
 
@@ -118,7 +118,8 @@ class CapturedFunction:
         self.dynamic = dynamic
         self.cache_limit = cache_limit
         self.stats = CacheStats()
-        self._eager_apply = eager_apply or fn_cls.apply
+        # (called as from the user's frames: a warning's stacklevel names eager's frame)
+        self._eager_apply = as_called(eager_apply or fn_cls.apply)
         # The class whose ``.apply`` the compiler is given (it recognises only a Function
         # class's own apply): fn_cls, or for @captured an undecorated twin of it.
         self._compile_cls = compile_cls or fn_cls

@@ -38,7 +38,7 @@ from .runtime.op import autograd_function_apply
 from .runtime.function_keys import methods_held, methods_key
 from .runtime.assumptions import layout_key
 from .runtime.display import show_value_key
-from .runtime.located import real_run_shows
+from .runtime.located import as_called, real_run_shows
 from .runtime.guards import call_key, describe_autocast, value_key
 from .runtime.single_use import spending
 from .runtime.streams import run_on_stream
@@ -56,7 +56,7 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
-           "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
+           "as_called", "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""

@@ -51,6 +51,11 @@ Silent differences from eager before this round (values equal, the user's own co
   ``fallback="eager"`` counted one call too many (``call_watch._refill`` leaves an unchanged
   dict alone now; ``opaque._plain`` looks at a dict's keys too). Found by the effects
   generator's new ``user_dunder_read`` kind;
+- ``warnings.warn(..., stacklevel=3)`` in forward (a library's idiom for "the caller of
+  ``apply``"), under ``fallback="eager"``: eager names the user's call line; the fallback's
+  run named minihop's own ``cache.py``, and the ``default`` filter's memory was minihop's
+  module's. An eager run is now called from stand-ins of the caller's frames
+  (``runtime.located.as_called``);
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -70,11 +75,16 @@ import collections
 import contextvars
 import functools
 import os
+import sys
 import tempfile
 import uuid
+import warnings
 
+import pytest
 import torch
 import torch.nn as nn
+
+import minihop
 
 import lazy_settings_module as settings
 from eager_modes import matches_eager
@@ -776,3 +786,43 @@ def test_user_hash_key_lookup_in_a_function_refused_later():
             return y
     def reset(): CALLS[0] = 0; globals()["WEIGHTS"] = {Key(1): 2.0}
     matches_eager(F, lambda i: (x_(i),), reset=reset, state=_calls)
+
+
+# --- Where a warning with a stacklevel points, under fallback="eager" ------------------------
+
+class CallerWarns(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        warnings.warn("deprecated spelling", stacklevel=STACKLEVEL[0])
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g): return g * 2
+
+
+STACKLEVEL = [3]
+
+
+def _warned_at(call, action):
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__warningregistry__", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.simplefilter(action)
+        for _ in range(3):
+            call(x_(0)).sum().backward()  # (one line: the call every warning names)
+    return [(w.filename, w.lineno) for w in caught if str(w.message) == "deprecated spelling"]
+
+
+@pytest.mark.parametrize("level", [2, 3, 4])
+@pytest.mark.parametrize("action", ["always", "default"])
+def test_warning_stacklevel_names_eager_frame_under_fallback(level, action):
+    STACKLEVEL[0] = level
+    minihop.reset()
+    try:  # (both from one line: a stacklevel of 4 names this frame)
+        eager, fallback = [_warned_at(c, action) for c in (CallerWarns.apply, minihop.function(CallerWarns, fallback="eager"))]
+    finally:
+        STACKLEVEL[0] = 3
+    assert fallback == eager and eager

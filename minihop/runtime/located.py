@@ -10,6 +10,10 @@ frame the op is called from: code compiled as the user's file at the user's line
 user's module's namespace (``codegen.emit`` calls such an op through it, from the node's
 ``"minihop_warns"`` that ``tracer.messages`` noted).
 
+``as_called`` runs a Function eagerly (a refused call, ``fallback="eager"``) as if called
+from the user's own frames: minihop's frames between the user's call and ``F.apply`` would
+otherwise be what ``warnings.warn(..., stacklevel=3)`` names (eager names the user's call).
+
 ``real_run_shows`` wraps the real run (graph or eager) of the call whose forward was just
 traced: a warning the trace held back that the run does not give itself (a library's
 warn-once flag the trace used up) is given after it, from eager's location and registry.
@@ -24,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["at_user_line", "real_run_shows"]
+__all__ = ["as_called", "at_user_line", "real_run_shows"]
 
 _CALL = compile("def call(f, *args, **kwargs): return f(*args, **kwargs)", "<minihop>", "exec").co_consts[0]
 _NAMESPACES: dict[tuple[str, str], dict[str, Any]] = {}  # a module not in sys.modules: one per file
@@ -45,6 +49,29 @@ def at_user_line(filename: str, line: int, module: Any) -> Callable[..., Any]:
     as eager's."""
     code = _CALL.replace(co_filename=filename, co_firstlineno=max(int(line or 1), 1))
     return types.FunctionType(code, _namespace(module, filename), "call")
+
+
+# How many of the caller's frames an eager run stands in (a warning's ``stacklevel`` up to 2 + this).
+_LEVELS = 3
+
+
+def as_called(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (``F.apply``), called from stand-ins of the first frames outside minihop (each
+    an ``at_user_line`` frame at that frame's line, in its module): a warning forward or a
+    helper gives with ``stacklevel`` 3 to 5 is located at the user's frame it names in eager."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("minihop"):
+            frame = frame.f_back
+        run = fn
+        for _ in range(_LEVELS):
+            if frame is None:
+                break
+            run = functools.partial(at_user_line(frame.f_code.co_filename, frame.f_lineno,
+                                                 frame.f_globals.get("__name__")), run)
+            frame = frame.f_back
+        return run(*args, **kwargs)
+    return call
 
 
 class real_run_shows:  # noqa: N801  (a context manager, named as one)
