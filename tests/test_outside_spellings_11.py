@@ -77,6 +77,7 @@ import functools
 import os
 import sys
 import tempfile
+import logging
 import uuid
 import warnings
 
@@ -826,3 +827,24 @@ def test_warning_stacklevel_names_eager_frame_under_fallback(level, action):
     finally:
         STACKLEVEL[0] = 3
     assert fallback == eager and eager
+
+
+def test_log_record_stacklevel_names_eager_frame_under_fallback():
+    records = []
+    class Heard(logging.Handler):
+        def emit(self, record): records.append((record.getMessage(), record.filename, record.lineno, record.funcName))
+    log = logging.getLogger("minihop.tests.stacklevel")
+    log.handlers[:] = [Heard()]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            log.info("caller", stacklevel=3)
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * 2
+    minihop.reset()
+    for call in (F.apply, minihop.function(F, fallback="eager")):  # (one line: the record names it)
+        call(x_(0))
+    assert records[0] == records[1] and records[0][3] == "test_log_record_stacklevel_names_eager_frame_under_fallback"

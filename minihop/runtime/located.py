@@ -43,11 +43,11 @@ def _namespace(module: Any, filename: str) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1024)
-def at_user_line(filename: str, line: int, module: Any) -> Callable[..., Any]:
+def at_user_line(filename: str, line: int, module: Any, name: str = "call") -> Callable[..., Any]:
     """``call(f, *args, **kwargs)``: ``f(*args, **kwargs)`` from a frame at ``filename``'s
-    ``line`` in ``module``: what a warning ``f`` gives (at its caller's frame) is located there,
-    as eager's."""
-    code = _CALL.replace(co_filename=filename, co_firstlineno=max(int(line or 1), 1))
+    ``line`` in ``module`` (its code named ``name``, as a log record's ``funcName``): what a
+    warning ``f`` gives (at its caller's frame) is located there, as eager's."""
+    code = _CALL.replace(co_filename=filename, co_firstlineno=max(int(line or 1), 1), co_name=name, co_qualname=name)
     return types.FunctionType(code, _namespace(module, filename), "call")
 
 
@@ -67,8 +67,9 @@ def as_called(fn: Callable[..., Any]) -> Callable[..., Any]:
         for _ in range(_LEVELS):
             if frame is None:
                 break
-            run = functools.partial(at_user_line(frame.f_code.co_filename, frame.f_lineno,
-                                                 frame.f_globals.get("__name__")), run)
+            code = frame.f_code
+            run = functools.partial(at_user_line(code.co_filename, frame.f_lineno, frame.f_globals.get("__name__"),
+                                                 code.co_name), run)
             frame = frame.f_back
         return run(*args, **kwargs)
     return call
