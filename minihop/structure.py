@@ -344,7 +344,8 @@ class OutputSpec:
     at path ``value``; ``template`` the traced call's), ``"const"`` (``value``; a
     ``Computed`` value is computed from each call's arguments), ``"tuple"``, ``"size"`` (a
     ``torch.Size``), ``"list"``, ``"namedtuple"``, ``"dict"`` or ``"object"`` (``children``,
-    with ``keys`` for dicts/objects and ``template`` for namedtuples/objects).
+    with ``keys`` for dicts/objects and ``template`` for namedtuples/objects, and for a
+    subclass of tuple, list or dict an empty one of its class: ``_rebuilt``).
     """
 
     kind: str
@@ -376,6 +377,8 @@ class OutputSpec:
             # the call is refused: ``outputs.refuse_returned_state``).
             return fresh(copy.deepcopy(value) if _holds_object(value) else value, args)
         items = [c.rebuild(flat, args) for c in self.children]
+        if kind in ("tuple", "list", "dict") and self.template is not None:  # a subclass, as forward made it
+            return _rebuilt(self.template, list(zip(self.keys, items, strict=True)) if kind == "dict" else items)
         if kind == "tuple":
             return tuple(items)
         if kind == "size":
@@ -390,6 +393,29 @@ class OutputSpec:
         for k, v in zip(self.keys, items, strict=True):
             object.__setattr__(obj, k, v)
         return obj
+
+
+def _rebuilt(template: Any, items: list[Any]) -> Any:
+    """A new tuple, list or dict (``(key, value)`` items) of ``template``'s own class (a
+    subclass forward returned, not at the top: eager hands it back as it is), made by its
+    library base, with the template's attributes that hold no tensor."""
+    cls = type(template)
+    base = library_base(cls)
+    if isinstance(template, tuple):
+        new = tuple.__new__(cls, items)
+    else:
+        new = base.__new__(cls)
+        if isinstance(template, list):
+            list.extend(new, items)
+        else:
+            if isinstance(template, collections.defaultdict):
+                new.default_factory = template.default_factory
+            for k, v in items:
+                base.__setitem__(new, k, v)
+    for k, v in attributes(template).items():
+        if not _contains_tensor(v):
+            object.__setattr__(new, k, v)
+    return new
 
 
 def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
@@ -414,12 +440,15 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
         if hasattr(value, "_fields") and level > 0:
             # A returned namedtuple comes back from Function.apply as a plain tuple (eager).
             return OutputSpec("namedtuple", children=children, template=value)
-        return OutputSpec("tuple", children=children)
+        # (a subclass below the top keeps its class: the template; at the top eager's is a tuple)
+        return OutputSpec("tuple", children=children, template=_rebuilt(value, []) if level > 0 and type(value) is not tuple else None)
     if isinstance(value, list):
-        return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in value))
+        return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in plain_items(value)),
+                          template=None if type(value) is list else _rebuilt(value, []))
     if isinstance(value, dict):
-        return OutputSpec("dict", keys=tuple(value), children=tuple(
-            describe_output(v, on_tensor, 2, from_args) for v in value.values()))
+        pairs = list(plain_pairs(value))
+        return OutputSpec("dict", keys=tuple(k for k, _ in pairs), children=tuple(
+            describe_output(v, on_tensor, 2, from_args) for _, v in pairs), template=None if type(value) is dict else _rebuilt(value, []))
     if _is_object_container(value) and _contains_tensor(value):
         attrs = attributes(value)
         return OutputSpec("object", keys=tuple(attrs), template=value, children=tuple(

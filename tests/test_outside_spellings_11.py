@@ -56,6 +56,12 @@ Silent differences from eager before this round (values equal, the user's own co
   run named minihop's own ``cache.py``, and the ``default`` filter's memory was minihop's
   module's. An eager run is now called from stand-ins of the caller's frames
   (``runtime.located.as_called``);
+- a ``list`` or ``dict`` subclass (an ``OrderedDict``, a ``defaultdict``, the user's) or a
+  nested ``tuple`` subclass that forward returns: eager hands back the object forward made;
+  the capture rebuilt a plain ``list``/``dict``/``tuple`` (an ``OrderedDict`` came back a
+  ``dict``, a ``defaultdict`` lost its factory). The output's spec keeps an empty one of the
+  class as its template now (``structure._rebuilt``; an artifact refuses to save it, as it
+  refuses objects);
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -848,3 +854,54 @@ def test_log_record_stacklevel_names_eager_frame_under_fallback():
     for call in (F.apply, minihop.function(F, fallback="eager")):  # (one line: the record names it)
         call(x_(0))
     assert records[0] == records[1] and records[0][3] == "test_log_record_stacklevel_names_eager_frame_under_fallback"
+
+
+# --- Containers forward returns, of a subclass ------------------------------------------------
+
+class Outs(list):
+    pass
+
+
+class Named(collections.OrderedDict):
+    pass
+
+
+OUTPUTS = {
+    "list subclass": lambda y: (y, Outs([y * 3])),
+    "OrderedDict subclass with an attribute": lambda y: (y, _tagged(Named(a=y * 3))),
+    "defaultdict": lambda y: (y, collections.defaultdict(int, a=y * 3)),
+    "nested tuple subclass": lambda y: (y, Pair((y * 3, 1))),
+    "OrderedDict alone": lambda y: collections.OrderedDict(a=y, b=y * 3),
+}
+
+
+def _tagged(d):
+    d.tag = "named"
+    return d
+
+
+def _shape_of(out):
+    if isinstance(out, torch.Tensor):
+        return "T"
+    kind = type(out).__name__
+    if isinstance(out, dict):
+        return (kind, getattr(out, "tag", None), getattr(out, "default_factory", None),
+                [(k, _shape_of(v)) for k, v in out.items()])
+    if isinstance(out, (list, tuple)):
+        return (kind, [_shape_of(v) for v in out])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_returned_container_keeps_its_class(name):
+    make = OUTPUTS[name]
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return make(x * 2)
+        @staticmethod
+        def backward(ctx, *gs): return gs[0] * 2
+    eager = _shape_of(F.apply(x_(0)))
+    minihop.reset()
+    call = minihop.function(F)
+    for i in range(3):  # (the first call traces, the next reuse the capture)
+        assert _shape_of(call(x_(i))) == eager

@@ -49,7 +49,7 @@ VERSION = 1
 
 
 def _spec_to_json(spec: OutputSpec, name: str) -> dict[str, Any]:
-    if spec.kind in ("object", "namedtuple"):
+    if spec.kind in ("object", "namedtuple") or spec.template is not None and spec.kind in ("tuple", "list", "dict"):
         raise UnsupportedOutputError(
             f"Cannot save the capture of {name}: its output holds a "
             f"{type(spec.template).__name__} ({spec.kind}).",
