@@ -294,12 +294,29 @@ def _replace(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path,
         for k, v in plain_pairs(value):
             base.__setitem__(new, k, _replace(v, fn, path + (("key", k),), made))
         return new
-    new_obj = copy.copy(value)
+    new_obj = _shallow(value)
     made[id(value)] = new_obj
     for k, v in attributes(value).items():
         # object.__setattr__ also works for frozen dataclasses.
         object.__setattr__(new_obj, k, _replace(v, fn, path + (("attr", k),), made))
     return new_obj
+
+
+def _shallow(value: Any) -> Any:
+    """A shallow copy of the user's object ``value`` made without its code: ``copy.copy`` asks
+    it for ``__reduce_ex__``, ``__copy__`` and ``__setstate__``, which a class's ``__getattr__``
+    answers (counting, or reading its own ``__dict__`` on the new object: recursing forever).
+    ``object.__new__`` and its ``__dict__``; a class over a C type that needs its own
+    ``__new__`` is copied by ``copy.copy``."""
+    try:
+        new = object.__new__(type(value))
+    except TypeError:
+        return copy.copy(value)
+    try:
+        object.__getattribute__(new, "__dict__").update(object.__getattribute__(value, "__dict__"))
+    except AttributeError:
+        pass  # (``__slots__`` only: set from ``attributes`` by the caller)
+    return new
 
 
 def _same_class(value: Any, new: Any) -> Any:

@@ -62,6 +62,14 @@ Silent differences from eager before this round (values equal, the user's own co
   ``dict``, a ``defaultdict`` lost its factory). The output's spec keeps an empty one of the
   class as its template now (``structure._rebuilt``; an artifact refuses to save it, as it
   refuses objects);
+- an argument object whose class answers missing attributes from its own dict
+  (``def __getattr__(self, name): return self._d[name]``, a common config class): the trace's
+  copy of it (to hold fake tensors) was made by ``copy.copy``, which asked the new, empty
+  object for ``__setstate__``, and its ``__getattr__`` recursed forever (a ``RecursionError``
+  inside minihop); and a check of whether an object kept on ctx is a library's setter asked it
+  for ``__name__`` (one extra call of the user's ``__getattr__``, a ``KeyError`` where it
+  raises one). The copy is made by ``object.__new__`` and the object's ``__dict__``
+  (``structure._shallow``); the setter check asks nothing the user's code answers;
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -905,3 +913,47 @@ def test_returned_container_keeps_its_class(name):
     call = minihop.function(F)
     for i in range(3):  # (the first call traces, the next reuse the capture)
         assert _shape_of(call(x_(i))) == eager
+
+
+# --- An object whose class answers missing attributes from its own dict ----------------------
+
+ASKED: list = []
+
+
+class DictConfig:
+    def __init__(self, **values):
+        self.__dict__["_d"] = dict(values)
+
+    def __getattr__(self, name):
+        ASKED.append(name)
+        return self._d[name]  # (KeyError, not AttributeError, for a name it lacks)
+
+
+def test_dict_config_holding_a_tensor():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * c.w
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), DictConfig(w=torch.full((4,), 2.0 + i))), reset=ASKED.clear,
+                  state=lambda: list(ASKED))
+
+
+def test_dict_config_kept_on_ctx():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c):
+            ctx.c = c
+            return x * 2
+        @staticmethod
+        def backward(ctx, g): return g * ctx.c.scale, None
+    matches_eager(F, lambda i: (x_(i), DictConfig(scale=2.0 + i)), reset=ASKED.clear, state=lambda: list(ASKED))
+
+
+def test_dict_config_read_in_forward():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, c): return x * c.scale
+        @staticmethod
+        def backward(ctx, g): return g * 2, None
+    matches_eager(F, lambda i: (x_(i), DictConfig(scale=2.0 + i)), reset=ASKED.clear, state=lambda: list(ASKED))

@@ -33,6 +33,7 @@ import torch
 from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root, StateWrite
 from ..library_state import library_module
+from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
 from .effects import held
 from .routes import state_named
@@ -157,6 +158,8 @@ def setter(value: Any) -> bool:
 
 
 def _setter(value: Any) -> bool:
+    if served_by_user_code(value, "__name__", library_module):
+        return False  # (the user's object, answering by its own ``__getattr__``: not a library's setter)
     name = getattr(value, "__name__", None)
     if not isinstance(name, str) or not _SETTER.match(name) or id(value) in _MODELLED or not callable(value):
         return False
