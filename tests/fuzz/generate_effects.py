@@ -175,7 +175,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
                 f"    _y{n} = torch.nn.functional.softmax(x{dim})"], f"_y{n} * float(len(_cw{n}) + 1)"
     if kind == "user_dunder_read":
         return [], r.choice(["x * CD['k']", "x * float(len(CL))", "x * CK[CKey(1)]",
-                             "x * (2.0 if CM == 'a' else 3.0)", "x * LAZY.SCALE"])
+                             "x * (2.0 if CM == 'a' else 3.0)", "x * LAZY.SCALE", "x * DCFG.scale",
+                             "x * DCFG.w.sum()"])
     if kind == "apply_callback":
         return [f"_ap{n} = x.detach().clone()", f"_ap{n}.apply_(lambda v: v * 2)"], f"_ap{n}"
     if kind == "del_write":
@@ -329,7 +330,10 @@ def generate_source(r: random.Random) -> str:
         "        def __eq__(self, o):", "            return isinstance(o, CKey) and o.n == self.n", "",
         "    class CMode(str):", "        def __eq__(self, o):", "            DUNDER[0] += 1",
         "            return str.__eq__(self, o)", "        __hash__ = str.__hash__", "",
+        "    class DictConfig:", "        def __init__(self, **kw):", "            self.__dict__['_d'] = dict(kw)",
+        "        def __getattr__(self, name):", "            DUNDER[0] += 1", "            return self._d[name]", "",
         "    CD, CL, CK, CM = CDict(k=2.0), CList([1.0, 2.0]), {CKey(1): 2.0}, CMode('a')",
+        "    DCFG = DictConfig(scale=2.0, w=torch.full((3,), 1.5))",
         "    LAZY = types.ModuleType('fuzz_effects_lazy')", "    LAZY.DUNDER, LAZY.BASE = DUNDER, [2.0]",
         "    exec('def __getattr__(name):\\n    if name != \\'SCALE\\':\\n        raise AttributeError(name)\\n'",
         "         '    DUNDER[0] += 1\\n    return BASE[0]\\n', LAZY.__dict__)", "",
@@ -376,7 +380,7 @@ def generate_source(r: random.Random) -> str:
         "        if i == 1:", "            EVT.set(); OD.move_to_end('a'); BA.extend(b'c'); UL.append(-1); SQ.put(0)",
         "        ALIAS_CFG['s'] = ALIAS_CFG['s'] + 0.5 * (i + 1)",
         "        vars(CONF)['s'] = CONF.s * 2.0",
-        "        dict.__setitem__(CD, 'k', 2.0 + i); LAZY.BASE[0] = 1.0 + i",
+        "        dict.__setitem__(CD, 'k', 2.0 + i); LAZY.BASE[0] = 1.0 + i; DCFG._d['scale'] = 1.0 + i",
         "        if i == 1:", "            list.append(CL, 0.5); dict.__setitem__(CK, CKey(1), 3.0)",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
           "replace": ["        if i == 2:", "            for k in list(STASH):",
