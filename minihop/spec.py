@@ -20,7 +20,8 @@ import torch
 import torch.fx as fx
 
 from .place import MISSING, UNMATCHED, Place, Root, arg_place
-from .structure import OutputSpec, Path, fresh
+from .structure import Path
+from .returned import OutputSpec, fresh
 
 __all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "CTX_HELD", "MISSING", "UNMATCHED",
            "NO_STATE", "NO_WORLD", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import enum
 import functools
 import math
@@ -27,7 +26,7 @@ from .library_state import library_module
 from .user_code import library_base, plain_items, plain_pairs
 
 __all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
-           "path_expression", "object_paths", "Computed", "fresh", "has_computed", "spec_has_computed", "OutputSpec", "describe_output", "attributes",
+           "path_expression", "object_paths", "Computed", "attributes",
            "PLAIN_CALLABLES"]
 
 # One step from a container to a part of it: ("arg", i), ("kw", name), ("item", i),
@@ -67,46 +66,6 @@ class Computed:
         return (Computed, (self.code,))
 
 
-def has_computed(value: Any) -> bool:
-    """Whether a ``Computed`` is anywhere in the plain containers of ``value``."""
-    if isinstance(value, Computed):
-        return True
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return any(has_computed(v) for v in value)
-    if isinstance(value, dict):
-        return any(has_computed(v) for v in value.values())
-    return False
-
-
-def fresh(value: Any, args: tuple[Any, ...], copy_containers: bool = True) -> Any:
-    """``value`` for one call: each ``Computed`` evaluated on ``args``; plain containers
-    (dict, list, set, tuple, ``torch.Size``) rebuilt, as forward builds them anew on each eager
-    call (a caller's edit to one call's dict must not show in the next); other objects as they
-    are. With ``copy_containers=False`` only containers holding a ``Computed`` are rebuilt."""
-    if isinstance(value, Computed):
-        return value(args)
-    if not copy_containers and not has_computed(value):
-        return value
-    if isinstance(value, dict):
-        new = copy.copy(value)  # keeps a dict subclass (OrderedDict, defaultdict)
-        for k, v in value.items():
-            new[k] = fresh(v, args, copy_containers)
-        return new
-    if isinstance(value, torch.Size):
-        return torch.Size([fresh(v, args, copy_containers) for v in value])
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(fresh(v, args, copy_containers) for v in value)
-    if isinstance(value, list):
-        return [fresh(v, args, copy_containers) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return type(value)(fresh(v, args, copy_containers) for v in value)
-    return value
-
-
-# Constants rebuild returns as they are (immutable, no Computed inside).
-_PLAIN_CONSTS = frozenset({int, float, bool, str, bytes, complex, type(None)})
-
-# Values that are leaves even though they may have a __dict__.
 _ATOMIC = (str, bytes, int, float, bool, complex, type(None), enum.Enum, torch.dtype,
            torch.device, torch.layout, torch.memory_format, type, torch.nn.Module,
            torch.SymInt, torch.SymFloat, torch.SymBool, Computed)
@@ -351,128 +310,3 @@ def path_expression(path: Path) -> str:
         else:  # a module's child named by its index (nn.Sequential's "0"): not Python syntax
             expr = f"getattr({expr}, {str(key)!r})"
     return expr
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputSpec:
-    """The shape of what forward returned, with tensors replaced by flat output indices.
-
-    ``kind`` is ``"tensor"`` (``index`` into the flat outputs), ``"arg"`` (the call's own object
-    at path ``value``; ``template`` the traced call's), ``"const"`` (``value``; a
-    ``Computed`` value is computed from each call's arguments), ``"tuple"``, ``"size"`` (a
-    ``torch.Size``), ``"list"``, ``"namedtuple"``, ``"dict"`` or ``"object"`` (``children``,
-    with ``keys`` for dicts/objects and ``template`` for namedtuples/objects, and for a
-    subclass of tuple, list or dict an empty one of its class: ``_rebuilt``).
-    """
-
-    kind: str
-    index: int = -1
-    value: Any = None
-    keys: tuple[Any, ...] = ()
-    children: tuple["OutputSpec", ...] = ()
-    template: Any = None
-
-    def rebuild(self, flat: tuple[Any, ...] | list[Any], args: tuple[Any, ...] = ()) -> Any:
-        """Rebuild the user's structure from the flat tensor outputs (and, for ``Computed``
-        values, the call's bound arguments)."""
-        kind = self.kind
-        if kind == "tensor":
-            return flat[self.index]
-        if kind == "arg":  # the caller's own object, as eager returns it
-            if not args:
-                return self.template
-            getter = _GETTERS.get(self.value)
-            if getter is None:
-                getter = _GETTERS[self.value] = make_getter(self.value)
-            return getter(args, {})
-        if kind == "const":
-            value = self.value
-            if type(value) in _PLAIN_CONSTS:
-                return value
-            # An object forward made (``Info(n)``): eager makes a new one on every call, so a
-            # caller's edit to one call's must not show in the next (one that existed before
-            # the call is refused: ``outputs.refuse_returned_state``).
-            return fresh(copy.deepcopy(value) if _holds_object(value) else value, args)
-        items = [c.rebuild(flat, args) for c in self.children]
-        if kind in ("tuple", "list", "dict") and self.template is not None:  # a subclass, as forward made it
-            return _rebuilt(self.template, list(zip(self.keys, items, strict=True)) if kind == "dict" else items)
-        if kind == "tuple":
-            return tuple(items)
-        if kind == "size":
-            return torch.Size(items)
-        if kind == "list":
-            return items
-        if kind == "namedtuple":
-            return type(self.template)(*items)
-        if kind == "dict":
-            return dict(zip(self.keys, items, strict=True))
-        obj = copy.copy(self.template)
-        for k, v in zip(self.keys, items, strict=True):
-            object.__setattr__(obj, k, v)
-        return obj
-
-
-def _rebuilt(template: Any, items: list[Any]) -> Any:
-    """A new tuple, list or dict (``(key, value)`` items) of ``template``'s own class (a
-    subclass forward returned, not at the top: eager hands it back as it is), made by its
-    library base, with the template's attributes that hold no tensor."""
-    cls = type(template)
-    base = library_base(cls)
-    if isinstance(template, tuple):
-        new = tuple.__new__(cls, items)
-    else:
-        new = base.__new__(cls)
-        if isinstance(template, list):
-            list.extend(new, items)
-        else:
-            if isinstance(template, collections.defaultdict):
-                new.default_factory = template.default_factory
-            for k, v in items:
-                base.__setitem__(new, k, v)
-    for k, v in attributes(template).items():
-        if not _contains_tensor(v):
-            object.__setattr__(new, k, v)
-    return new
-
-
-def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
-                    level: int = 0, from_args: dict[int, Path] | None = None) -> OutputSpec:
-    """Build the ``OutputSpec`` of ``value``; ``on_tensor(t, top_level)`` returns t's flat index.
-
-    ``top_level`` is True for a tensor returned directly or as an item of a returned tuple
-    (``level`` 0 or 1): the only tensors eager autograd treats as outputs of the Function.
-    ``from_args`` (``object_paths``): a container or object of the arguments is returned as
-    the call's own ("arg").
-    """
-    if isinstance(value, torch.Tensor):
-        return OutputSpec("tensor", index=on_tensor(value, level <= 1))
-    if from_args and id(value) in from_args and not isinstance(value, tuple):
-        return OutputSpec("arg", value=from_args[id(value)], template=value)
-    if isinstance(value, torch.Size) and level > 0:
-        return OutputSpec("size", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in value))
-    if isinstance(value, tuple):
-        # Only the returned tuple itself spreads into outputs; deeper tuples are plain values.
-        child_level = 1 if level == 0 else 2
-        children = tuple(describe_output(v, on_tensor, child_level, from_args) for v in value)
-        if hasattr(value, "_fields") and level > 0:
-            # A returned namedtuple comes back from Function.apply as a plain tuple (eager).
-            return OutputSpec("namedtuple", children=children, template=value)
-        # (a subclass below the top keeps its class: the template; at the top eager's is a tuple)
-        return OutputSpec("tuple", children=children, template=_rebuilt(value, []) if level > 0 and type(value) is not tuple else None)
-    if isinstance(value, list):
-        return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in plain_items(value)),
-                          template=None if type(value) is list else _rebuilt(value, []))
-    if isinstance(value, dict):
-        pairs = list(plain_pairs(value))
-        return OutputSpec("dict", keys=tuple(k for k, _ in pairs), children=tuple(
-            describe_output(v, on_tensor, 2, from_args) for _, v in pairs), template=None if type(value) is dict else _rebuilt(value, []))
-    if _is_object_container(value) and _contains_tensor(value):
-        attrs = attributes(value)
-        return OutputSpec("object", keys=tuple(attrs), template=value, children=tuple(
-            describe_output(v, on_tensor, 2, from_args) for v in attrs.values()))
-    return OutputSpec("const", value=value)
-
-
-def spec_has_computed(spec: OutputSpec) -> bool:
-    """Whether rebuilding ``spec`` needs the call's arguments."""
-    return has_computed(spec.value) or any(spec_has_computed(c) for c in spec.children)

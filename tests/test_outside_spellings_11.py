@@ -70,6 +70,15 @@ Silent differences from eager before this round (values equal, the user's own co
   for ``__name__`` (one extra call of the user's ``__getattr__``, a ``KeyError`` where it
   raises one). The copy is made by ``object.__new__`` and the object's ``__dict__``
   (``structure._shallow``); the setter check asks nothing the user's code answers;
+- an object of the user's class that forward makes and returns beside its tensor (an
+  ``Info``): eager makes a new one each call with the user's ``__init__``; the capture handed
+  back a ``copy.deepcopy`` of the traced one, running the class's ``__deepcopy__`` (or
+  ``__reduce_ex__``, ``__getattr__``) each call, and a tuple or list subclass among the
+  constants came back a plain one. Copied without the user's code now, classes kept
+  (``returned._deep``, ``returned.fresh``; what forward returned moved out of ``structure``
+  into ``returned``, which was over 450 lines). A list that holds itself, returned beside the
+  tensor, made minihop recurse without end (a ``RecursionError`` inside minihop): it is a
+  constant now, copied per call with its cycle; one holding tensors is refused (MH102);
 - ``torch.load`` (or ``torch.save``, ``torch.from_file``) inside forward or backward: torch is
   library code minihop lets a capture run, but these answer from files. While traced the
   loaded tensor was fake and became a meta-device constant of the graph, so every call
@@ -957,3 +966,68 @@ def test_dict_config_read_in_forward():
         @staticmethod
         def backward(ctx, g): return g * 2, None
     matches_eager(F, lambda i: (x_(i), DictConfig(scale=2.0 + i)), reset=ASKED.clear, state=lambda: list(ASKED))
+
+
+class Info:
+    def __init__(self, n):
+        self.n = n
+        self.parts = Pair((n, n + 1))
+
+    def __deepcopy__(self, memo):
+        ASKED.append("deepcopy")
+        return Info(self.n)
+
+    def __reduce_ex__(self, protocol):
+        ASKED.append("reduce")
+        return object.__reduce_ex__(self, protocol)
+
+
+def test_object_made_and_returned_is_copied_without_its_code():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2, Info(3)
+        @staticmethod
+        def backward(ctx, g, _): return g * 2
+    minihop.reset()
+    ASKED.clear()
+    call = minihop.function(F)
+    outs = [call(x_(i))[1] for i in range(3)]
+    assert ASKED == [] and len({id(o) for o in outs}) == 3
+    assert all(type(o) is Info and o.n == 3 and type(o.parts) is Pair and o.parts == (3, 4) for o in outs)
+
+
+def test_constant_containers_returned_keep_their_class_and_cycles():
+    def make():
+        loop = Outs([1])
+        loop.append(loop)
+        return {"pair": Pair((1, 2)), "loop": loop, "named": Named(a=1)}
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x): return x * 2, make()
+        @staticmethod
+        def backward(ctx, g, _): return g * 2
+    minihop.reset()
+    call = minihop.function(F)
+    for i in range(3):
+        out = call(x_(i))[1]
+        assert type(out["pair"]) is Pair and type(out["loop"]) is Outs and out["loop"][1] is out["loop"]
+        assert type(out["named"]) is Named
+
+
+def test_returned_list_holding_itself_and_a_tensor():
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            loop = [x * 3]
+            loop.append(loop)
+            return x * 2, loop
+        @staticmethod
+        def backward(ctx, g, _): return g * 2
+    eager = F.apply(x_(0))
+    assert eager[1][1] is eager[1]
+    with pytest.raises(minihop.UnsupportedOutputError, match="contains itself"):
+        minihop.function(F)(x_(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", minihop.MinihopWarning)
+        out = minihop.function(F, fallback="eager")(x_(0))
+    assert out[1][1] is out[1] and torch.equal(out[1][0], eager[1][0])

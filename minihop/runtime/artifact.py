@@ -40,7 +40,8 @@ from torch.fx.node import _get_qualified_name
 
 from ..errors import UnsupportedOutputError
 from ..spec import GRAD_TOGGLE, NO_WORLD, InputSource, Pair, arg_place
-from ..structure import Computed, OutputSpec, has_computed
+from ..structure import Computed
+from ..returned import OutputSpec, has_computed
 
 __all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
 

@@ -17,7 +17,7 @@ import torch.fx as fx
 from ..errors import GuardMismatchError
 from ..spec import NO_STATE, Pair, DataRead, InputSource, PythonState
 from ..arguments import bind_arguments, uses_setup_context
-from ..structure import OutputSpec
+from ..returned import OutputSpec
 from .assumptions import Assumption, assumptions_of, backward_values, compile_fits
 from .backwards import keeps_arguments
 from .eager_runs import EagerRunner

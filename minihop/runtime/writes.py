@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..spec import OutsideWrite, Place
-from ..structure import fresh, has_computed, make_getter
+from ..structure import make_getter
+from ..returned import fresh, has_computed
 
 __all__ = ["make_writer"]
 

@@ -25,7 +25,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import BackwardOutputError, MinihopError
 from ..spec import READS_GRAD_MODE, PythonState, RawCapture
-from ..structure import describe_output, iter_leaves
+from ..structure import iter_leaves
+from ..returned import describe_output
 from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx

@@ -29,7 +29,8 @@ import torch.fx as fx
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ..errors import MinihopError, UnsupportedOperationError
-from ..structure import attributes, describe_output, iter_leaves, make_getter, replace_tensors
+from ..structure import attributes, iter_leaves, make_getter, replace_tensors
+from ..returned import describe_output
 from .function_parts import FunctionParts
 from .session import Tracing
 

@@ -40,7 +40,8 @@ from torch.utils._pytree import is_structseq
 from ..errors import SideEffectError, UnsupportedArgumentError, UnsupportedOperationError, UnsupportedOutputError
 from ..spec import Pair
 from ..arguments import bind_arguments, marks
-from ..structure import OutputSpec, Path, attributes, format_path, iter_leaves, make_getter, replace_tensors
+from ..structure import Path, attributes, format_path, iter_leaves, make_getter, replace_tensors
+from ..returned import OutputSpec
 from ..graph_names import body_names, constant_name, input_name, outer_input_name
 from .frames import format_frame, user_frame, user_frame_of
 from .recorder import GraphRecorder, RecordingMode

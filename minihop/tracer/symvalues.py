@@ -29,7 +29,8 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from ..errors import UnsupportedOutputError
 from ..spec import OutsideWrite, PythonState
-from ..structure import Computed, OutputSpec, attributes, path_expression
+from ..structure import Computed, attributes, path_expression
+from ..returned import OutputSpec
 
 __all__ = ["resolve_symbolic"]
 

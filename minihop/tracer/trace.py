@@ -29,7 +29,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..errors import release_frames
 from ..spec import MISSING, RawCapture
 from ..arguments import bind_arguments
-from ..structure import describe_output, object_paths, replace_tensors
+from ..structure import object_paths, replace_tensors
+from ..returned import describe_output
 from .backward import GradSpec, may_trace_backward_again, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .eager_backward import EagerBackward
 from .ctx import ProxyCtx, check_ctx_arguments
