@@ -126,7 +126,10 @@ ABOUT = {
         "calls, and the methods written as a `functools.partial` or a callable object; in round "
         "14, a `dict`, `float` and `list` subclass whose `__missing__`, `__mul__`, `__getitem__` "
         "reads a global; in round 15, an object passed in whose class answers every attribute "
-        "by its own `__getattribute__`, a `cached_property` whose cached value the caller drops), "
+        "by its own `__getattribute__`, a `cached_property` whose cached value the caller drops; "
+        "in round 16, a config object whose `__getattr__` answers from its own dict, a module's "
+        "`__getattr__`, a tuple subclass of tensors whose class the code checks, a `defaultdict` "
+        "whose key is missing on some calls), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -110,7 +110,12 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 15: an object passed in whose class answers every attribute by its own
            # ``__getattribute__``, reading a global; a ``cached_property`` of a global object
            # whose cached value the caller drops on some calls.
-           "getattribute_arg", "cached_property_global")
+           "getattribute_arg", "cached_property_global",
+           # Round 16: a config object passed in whose ``__getattr__`` answers from its own dict
+           # (``self._d[name]``: KeyError, not AttributeError, for what it lacks), a module with a
+           # ``__getattr__`` (PEP 562), a tuple subclass of tensors whose class the code checks,
+           # and a ``defaultdict`` passed in whose key is missing on some calls.
+           "dict_config_arg", "lazy_module_global", "tuple_subclass_tensor_arg", "defaultdict_missing_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -503,6 +508,22 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
                  "    def scale(self):", "        return LAZYV['v']", "", "", "KLAZY = KLazy()"],
                 ["LAZYV['v'] = v", "KLAZY.__dict__.pop('scale', None) if v != 3.0 else None"],
                 "KLAZY.scale", [], "")
+    if holder == "dict_config_arg":
+        return (["class KDictCfg:", "    def __init__(self, **kw):", "        self.__dict__['_d'] = dict(kw)", "",
+                 "    def __getattr__(self, name):", "        return self._d[name]", "", "",
+                 "KDC = KDictCfg(scale=2.0)"], ["KDC._d['scale'] = v"], "kdc.scale", ["KDC"], "kdc")
+    if holder == "lazy_module_global":
+        return (["KLAZYM = types.ModuleType('fuzz_reads_lazy')", "KLAZYM.BASE = [2.0]",
+                 "exec('def __getattr__(name):\\n    if name != \\'SCALE\\':\\n        raise AttributeError(name)\\n'",
+                 "     '    return BASE[0]\\n', KLAZYM.__dict__)"], ["KLAZYM.BASE[0] = v"], "KLAZYM.SCALE", [], "")
+    if holder == "tuple_subclass_tensor_arg":
+        return (["KTUPV = [2.0]", "", "", "class KTup(tuple):", "    pass", "", "",
+                 "def _ktup():", "    return KTup((torch.ones(()),))"], ["KTUPV[0] = v"],
+                "(ktup[0] * (KTUPV[0] if isinstance(ktup, KTup) else -7.0))", ["_ktup()"], "ktup")
+    if holder == "defaultdict_missing_arg":
+        return (["KDDV = [2.0]", "KDD = collections.defaultdict(lambda: KDDV[0])"],
+                ["KDD.pop('s', None) if v > 1 else KDD.__setitem__('s', v)", "KDDV[0] = v + 1"],
+                "kdd['s']", ["KDD"], "kdd")
     if holder == "getattribute_arg":
         return (["GAV = {'v': 2.0}", "", "", "class KGa:", "    def __getattribute__(self, name):",
                  "        return GAV['v']", "", "", "KGA = KGa()"],
