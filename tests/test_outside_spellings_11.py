@@ -1031,3 +1031,22 @@ def test_returned_list_holding_itself_and_a_tensor():
         warnings.simplefilter("ignore", minihop.MinihopWarning)
         out = minihop.function(F, fallback="eager")(x_(0))
     assert out[1][1] is out[1] and torch.equal(out[1][0], eager[1][0])
+
+
+def test_fallback_traceback_shows_the_users_frames_once():
+    import traceback
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            print("refused: a capture would print once")
+            raise ValueError("boom")
+        @staticmethod
+        def backward(ctx, g): return g
+    def user_call():
+        minihop.function(F, fallback="eager")(x_(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", minihop.MinihopWarning)
+        with pytest.raises(ValueError, match="boom") as info:
+            user_call()
+    names = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert names.count("user_call") == 1 and names[-1] == "forward"

@@ -63,16 +63,31 @@ def as_called(fn: Callable[..., Any]) -> Callable[..., Any]:
         frame = sys._getframe(1)
         while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("minihop"):
             frame = frame.f_back
-        run = fn
+        run, stand_ins = fn, set()
         for _ in range(_LEVELS):
             if frame is None:
                 break
             code = frame.f_code
-            run = functools.partial(at_user_line(code.co_filename, frame.f_lineno, frame.f_globals.get("__name__"),
-                                                 code.co_name), run)
+            stand_in = at_user_line(code.co_filename, frame.f_lineno, frame.f_globals.get("__name__"), code.co_name)
+            stand_ins.add(stand_in.__code__)
+            run = functools.partial(stand_in, run)
             frame = frame.f_back
-        return run(*args, **kwargs)
+        try:
+            return run(*args, **kwargs)
+        except BaseException as e:
+            _without_stand_ins(e.__traceback__, stand_ins)  # (a traceback shows the user's frames once)
+            raise
     return call
+
+
+def _without_stand_ins(tb: Any, codes: set[types.CodeType]) -> None:
+    """Unlink the stand-in frames from a traceback that passed through them."""
+    while tb is not None:
+        after = tb.tb_next
+        while after is not None and after.tb_frame.f_code in codes:
+            after = after.tb_next
+        tb.tb_next = after
+        tb = after
 
 
 class real_run_shows:  # noqa: N801  (a context manager, named as one)
