@@ -118,8 +118,10 @@ class CapturedFunction:
         self.dynamic = dynamic
         self.cache_limit = cache_limit
         self.stats = CacheStats()
-        # (called as from the user's frames: a warning's stacklevel names eager's frame)
-        self._eager_apply = as_called(eager_apply or fn_cls.apply)
+        # (called as from the user's frames: a warning's stacklevel names eager's frame; inside
+        # another Function's trace, inlined as it is: stand-ins there would be code no analysis reached)
+        self._inline_apply = eager_apply or fn_cls.apply
+        self._eager_apply = as_called(self._inline_apply)
         # The class whose ``.apply`` the compiler is given (it recognises only a Function
         # class's own apply): fn_cls, or for @captured an undecorated twin of it.
         self._compile_cls = compile_cls or fn_cls
@@ -220,7 +222,7 @@ class CapturedFunction:
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
-            return self._eager_apply(*args, **kwargs)
+            return self._inline_apply(*args, **kwargs)
         args = bind_arguments(self.fn_cls, args, kwargs)
         dims = self._dims(args)
         key = self._key(args, dims)
