@@ -74,7 +74,7 @@ def marks(value: Any) -> tuple[frozenset[int], frozenset[int], frozenset[int]] |
     """The dimensions Dynamo's ``mark_dynamic``, ``maybe_mark_dynamic`` and ``mark_static``
     marked on a tensor (plain attributes it carries; read without importing Dynamo), as
     non-negative indices; None for an unmarked value."""
-    if not isinstance(value, torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
+    if not issubclass(type(value), torch.Tensor) or not hasattr(value, "_has_dynamo_dim_marking"):
         return None
     n = value.dim()
     return tuple(frozenset(int(d) % n for d in getattr(value, attr, ()) if -n <= int(d) < n)  # type: ignore[return-value]

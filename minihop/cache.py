@@ -44,6 +44,7 @@ from .errors import MinihopError, UnsupportedOperationError, notice, release_fra
 from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
+from .user_code import class_answering_refusal
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
 
@@ -87,7 +88,7 @@ def capture(fn_cls: type, /, *args: Any, dynamic: Any = None, eager_backward: bo
 
 def _tangent_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a tensor among the arguments carries a forward-mode tangent."""
-    return any(isinstance(t, torch.Tensor) and _fw_ad.unpack_dual(t).tangent is not None
+    return any(issubclass(type(t), torch.Tensor) and _fw_ad.unpack_dual(t).tangent is not None
                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
@@ -97,7 +98,7 @@ _modes_active = (torch._C._len_torch_function_stack, torch._C._len_torch_dispatc
 def _slot(i: int, value: Any) -> tuple[int, Any] | None:
     """Where the automatic policy records argument ``i``'s sizes: per rank for a tensor, once
     for an int (not a bool); None for anything else (keyed by value)."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return (i, value.dim())
     return (i, "int") if type(value) is int else None
 
@@ -149,7 +150,7 @@ class CapturedFunction:
     @property
     def captures(self) -> list[Capture]:
         """The captures currently cached."""
-        return [e for entries in self._entries.values() for e in entries if isinstance(e, Capture)]
+        return [e for entries in self._entries.values() for e in entries if issubclass(type(e), Capture)]
 
     def clear(self) -> None:
         with self._lock:
@@ -160,7 +161,7 @@ class CapturedFunction:
 
     def _find(self, key: Any, args: tuple[Any, ...]) -> Capture | _Refused | None:
         for entry in self._entries.get(key, ()):
-            if isinstance(entry, _Refused):
+            if issubclass(type(entry), _Refused):
                 return entry
             if entry.fits(args):
                 # Anything else is a miss (a closure value, a value forward read from tensor
@@ -192,7 +193,7 @@ class CapturedFunction:
         return self._refused_call("modes", args, kwargs, modes_refusal(self.fn_cls.__qualname__, modes))
 
     def _refused_call(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      error: UnsupportedOperationError) -> Any:
+                      error: MinihopError) -> Any:
         if self.fallback == "raise":
             raise error
         self._warn_once(kind, f"minihop: running {self.fn_cls.__qualname__} eagerly (fallback='eager'): {error}")
@@ -219,6 +220,9 @@ class CapturedFunction:
                         self.stats.hits += 1
                         TOTALS["cache_hits"] += 1
                     return cap.run(args)
+        refusal = class_answering_refusal(self.fn_cls.__qualname__, (*args, *kwargs.values()), "argument")
+        if refusal is not None:
+            return self._refused_call("class", args, kwargs, refusal)
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
@@ -248,10 +252,10 @@ class CapturedFunction:
             else:
                 self.stats.hits += 1
                 TOTALS["cache_hits"] += 1
-            if isinstance(entry, _Refused):
+            if issubclass(type(entry), _Refused):
                 self.stats.eager_calls += 1
                 TOTALS["fallbacks"] += 1
-        if isinstance(entry, _Refused):
+        if issubclass(type(entry), _Refused):
             with shows:
                 out = self._eager_apply(*args)
             if entry.suspect is not None:
@@ -295,7 +299,7 @@ class CapturedFunction:
                 continue
             # An int argument is recorded as a shape of no dimensions: a changed value makes it
             # a SymInt (dims ``()``), as Dynamo makes an int that changes.
-            shape = tuple(a.shape) if isinstance(a, torch.Tensor) else (a,)
+            shape = tuple(a.shape) if issubclass(type(a), torch.Tensor) else (a,)
             seen = self._seen.setdefault(slot, shape)
             merged = tuple(s if s == n else None for s, n in zip(seen, shape, strict=True))
             if merged != seen:
@@ -305,7 +309,7 @@ class CapturedFunction:
 
     def _any_hit(self, methods: Any, args: tuple[Any, ...]) -> Capture | None:
         return next((e for key, entries in self._entries.items() if key[0] == methods
-                     for e in entries if isinstance(e, Capture) and e.fits(args)), None)
+                     for e in entries if issubclass(type(e), Capture) and e.fits(args)), None)
 
     def _count(self) -> int:
         return sum(len(entries) for entries in self._entries.values())
@@ -355,7 +359,7 @@ class CapturedFunction:
             release_frames(e)
             return _Refused(MinihopError(f"{type(e).__name__} while tracing: {e}", "", ""),
                             None if where is None else f"{type(e).__name__} at {where}: {e}")
-        if isinstance(entry, Capture) and entry.python_state.single_use:
+        if issubclass(type(entry), Capture) and entry.python_state.single_use:
             # Its code read or ran what minihop cannot bound (tracer.opaque): right for the call
             # it was traced for, unknown for any other. Not filed: strict mode captures again
             # on the next call; fallback="eager" runs the next calls of this key eagerly.

@@ -155,7 +155,7 @@ def _describe_grads(args: tuple[Any, ...], argnames: tuple[str, ...]) -> str:
     parts = []
     for i, arg in enumerate(args):
         for path, leaf in iter_leaves(arg, (("arg", i),)):
-            if isinstance(leaf, torch.Tensor):
+            if issubclass(type(leaf), torch.Tensor):
                 name = format_path(path, argnames)
                 parts.append(name if leaf.grad is not None else f"{name}: None")
     return ", ".join(parts)

@@ -33,7 +33,7 @@ _default_lock = threading.Lock()
 def _default_for(fn_cls: type) -> CapturedFunction:
     # Kept on the class itself (not in a registry keyed by it): the two then form a cycle the
     # garbage collector frees when the user drops the class, captures included.
-    if not isinstance(fn_cls, type):
+    if not issubclass(type(fn_cls), type):
         function_parts(fn_cls)  # raises minihop's error for a non-Function
     found = fn_cls.__dict__.get("_minihop_default")
     if found is None:
@@ -117,7 +117,7 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
     """
 
     def decorate(cls: type) -> type:
-        if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        if not (issubclass(type(cls), type) and issubclass(cls, torch.autograd.Function)):
             raise TypeError(f"@minihop.captured decorates autograd.Function subclasses, not {cls!r}")
         # The class as written, for torch.compile: same methods, torch's own apply.
         twin = type(cls.__name__, (cls,), {"apply": torch.autograd.Function.__dict__["apply"],

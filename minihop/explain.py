@@ -133,7 +133,7 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
         raw, cap = run_pipeline(fn_cls, args, kwargs, dynamic)
     except MinihopError as e:
         refused = ()
-        if isinstance(e, DataDependentError):
+        if issubclass(type(e), DataDependentError):
             refused = (f"refused: {e.found}" + (f"  [{e.where}]" if e.where else ""),)
         report = Explanation(name, False, str(e), data_values=refused)
     else:
@@ -182,8 +182,8 @@ def _describe_read(read: Any) -> str:
 
 
 def _describe_value(val: Any) -> str:
-    if isinstance(val, torch.Tensor):
-        size = val.numel() * val.element_size() if not any(isinstance(d, torch.SymInt) for d in val.shape) else None
+    if issubclass(type(val), torch.Tensor):
+        size = val.numel() * val.element_size() if not any(issubclass(type(d), torch.SymInt) for d in val.shape) else None
         return (f"{str(val.dtype).removeprefix('torch.')}{list(val.shape)}"
                 + (f" ({size} bytes)" if size is not None else ""))
     return f"{type(val).__name__} {val}"

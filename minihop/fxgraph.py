@@ -71,11 +71,11 @@ def append_node(graph: fx.Graph, op: str, target: Any, args: tuple[Any, ...], kw
     if graph.owning_module is not None:
         return graph.create_node(op, target, args, kwargs, name)
     if name is None:
-        text = target if isinstance(target, str) else getattr(target, "__name__", None)
-        key = (text, isinstance(target, str))  # a method's "__add__" reads "add", a function's not
-        name = _NODE_NAMES.get(key) if isinstance(text, str) else None
+        text = target if issubclass(type(target), str) else getattr(target, "__name__", None)
+        key = (text, issubclass(type(target), str))  # a method's "__add__" reads "add", a function's not
+        name = _NODE_NAMES.get(key) if issubclass(type(text), str) else None
         if name is None:
             name = default_name(graph, target)
-            if isinstance(text, str):
+            if issubclass(type(text), str):
                 _NODE_NAMES[key] = name
     return insert_node(graph, name, op, target, args, kwargs)

@@ -44,7 +44,7 @@ from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
-           "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "subclass_attributes", "view_items"]
+           "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "own_attr", "own_dict", "subclass_attributes", "view_items"]
 
 # Which code is a library's (torch, the standard library, minihop, installed packages, the
 # test runner), by a module's name and where its file is installed: its module state is not
@@ -119,7 +119,7 @@ def plain_holder(value: Any) -> bool:
     ``argparse.Namespace``, ``threading.local``): watched like the user's own objects. Other
     library objects keep their own bookkeeping (a logger's cache), which is not the user's."""
     cls = type(value)
-    return isinstance(value, (types.SimpleNamespace, threading.local)) or \
+    return issubclass(type(value), (types.SimpleNamespace, threading.local)) or \
         (cls.__module__ == "argparse" and cls.__name__ == "Namespace")
 
 
@@ -127,7 +127,7 @@ def library_object(value: Any) -> bool:
     """An object of a library class whose state is its own: watched and keyed by ``state_of``
     (minihop's own values, such as a symbolic size's marker, are keyed where they are made)."""
     module = type(value).__module__
-    return isinstance(module, str) and library_module(module) and module.split(".")[0] != "minihop" \
+    return issubclass(type(module), str) and library_module(module) and module.split(".")[0] != "minihop" \
         and not plain_holder(value) and not kept_by_library(value)
 
 
@@ -158,15 +158,15 @@ def subclass_attributes(value: Any) -> dict[str, Any] | None:
     attributes its value, items or pairs do not show (``k.extra``), keyed and watched beside
     them."""
     cls = type(value)
-    if isinstance(value, enum.Enum):
+    if issubclass(type(value), enum.Enum):
         # An enum's member holds its own entries (``_value_``, ``_name_``): what the user set on
         # it besides (``Mode.A.scale = 2.0``) is state like an object's.
-        own = vars(value)
+        own = own_dict(value) or {}
         return own if any(not (k.startswith("_") and k.endswith("_")) for k in own) else None
-    if cls in _BUILTIN_VALUES or not isinstance(value, _ITEMS) or library_module(cls.__module__ or ""):
+    if cls in _BUILTIN_VALUES or not issubclass(type(value), _ITEMS) or library_module(cls.__module__ or ""):
         return None
-    own = getattr(value, "__dict__", None)
-    return own if isinstance(own, dict) and own else None
+    own = own_dict(value)
+    return own if issubclass(type(own), dict) and own else None
 
 
 # Values keyed and watched by their value or items (``array``, ``deque``, ``UserDict`` too):
@@ -193,12 +193,12 @@ def _in_c(cls: type) -> bool:
     module = sys.modules.get(cls.__module__ or "")
     file = getattr(module, "__file__", None)
     # (a C extension module's class, ``_random.Random``: its module is no Python file)
-    return library_module(cls.__module__ or "") and not (isinstance(file, str) and file.endswith(".py"))
+    return library_module(cls.__module__ or "") and not (issubclass(type(file), str) and file.endswith(".py"))
 
 
 def view_items(view: Any) -> tuple[tuple[Any, Any], ...]:
     """The items of the dict behind a read-only view (``MappingProxyType(d)``, ``d.keys()``)."""
-    mapping = view if isinstance(view, types.MappingProxyType) else view.mapping
+    mapping = view if issubclass(type(view), types.MappingProxyType) else view.mapping
     return tuple(mapping.items())
 
 
@@ -206,10 +206,10 @@ def minihops(value: Any) -> bool:
     """A value of minihop's own on a user's class or object (``minihop.function(F)``, the
     ``apply`` ``@minihop.captured`` puts on a class): not the user's state."""
     # (by the classes' own dicts: a user's ``__getattr__`` must not run)
-    if isinstance(value, staticmethod):
+    if issubclass(type(value), staticmethod):
         value = value.__func__
-    cls = type(value.__self__) if isinstance(value, types.MethodType) else type(value)
-    return any(vars(k).get("_minihop_own") is True for k in cls.__mro__)
+    cls = type(value.__self__) if issubclass(type(value), types.MethodType) else type(value)
+    return any(own_dict(k).get("_minihop_own") is True for k in cls.__mro__)
 
 
 def c_method_owner(method: Any) -> Any:
@@ -217,10 +217,10 @@ def c_method_owner(method: Any) -> Any:
     ``dq.popleft``'s ``dq``, ``w.mul``'s ``w``), or None: a module's function (``math.sin``),
     a class's (``dict.fromkeys``), a random generator's draw (``random.random``: its stream
     is modelled on its own, ``tracer.hidden``)."""
-    if not isinstance(method, types.BuiltinMethodType):
+    if not issubclass(type(method), types.BuiltinMethodType):
         return None
     owner = method.__self__
-    if owner is None or isinstance(owner, (types.ModuleType, type, random.Random)) or \
+    if owner is None or issubclass(type(owner), (types.ModuleType, type, random.Random)) or \
             (type(owner).__module__ or "").startswith("numpy"):
         return None
     return owner
@@ -232,7 +232,7 @@ def unseen(value: Any) -> bool:
     Code that reaches one is refused before it is traced (``tracer.iterators``): what the trace
     did to it would stay done, once, where eager does it on every call. torch's own objects
     (streams, process groups) are minihop's to model, and are not."""
-    if callable(value) or isinstance(value, (type, types.ModuleType, _NO_STATE_LEFT)) or \
+    if callable(value) or issubclass(type(value), (type, types.ModuleType, _NO_STATE_LEFT)) or \
             not (library_object(value) or native_state(type(value))):
         return False
     if (type(value).__module__ or "").split(".")[0] == "torch":
@@ -257,7 +257,7 @@ class LibraryState:
     raw: Any
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LibraryState) and self.frozen == other.frozen
+        return issubclass(type(other), LibraryState) and self.frozen == other.frozen
 
     def __hash__(self) -> int:
         return 0
@@ -276,7 +276,7 @@ class Same:
         self.obj = obj
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Same) and other.obj is self.obj
+        return issubclass(type(other), Same) and other.obj is self.obj
 
     def __hash__(self) -> int:
         return id(self.obj)
@@ -291,11 +291,11 @@ _OWN_DICT = ("the object's attributes",)  # stands for its __dict__, compared as
 def _frozen(value: Any, own: Any, depth: int = 0) -> Any:
     if value is own and own is not None:
         return _OWN_DICT
-    if isinstance(value, float):
+    if issubclass(type(value), float):
         return ("float", value.hex())  # -0.0 and 0.0 differ; a NaN equals itself
-    if value is None or isinstance(value, (bool, int, str, bytes, complex)):
+    if value is None or issubclass(type(value), (bool, int, str, bytes, complex)):
         return (type(value), value)
-    if depth < 4 and isinstance(value, (tuple, list)):
+    if depth < 4 and issubclass(type(value), (tuple, list)):
         return (type(value), tuple(_frozen(v, own, depth + 1) for v in value))
     if depth < 4 and type(value) is dict:
         return (dict, tuple((_frozen(k, own, depth + 1), _frozen(v, own, depth + 1)) for k, v in value.items()))
@@ -305,14 +305,14 @@ def _frozen(value: Any, own: Any, depth: int = 0) -> Any:
 def state_of(value: Any) -> dict[str, Any]:
     """``value``'s attributes (dunders left out) and, under ``STATE``, what ``__reduce_ex__``
     shows beyond them; an object pickle cannot reduce shows its attributes only."""
-    own = getattr(value, "__dict__", None)
+    own = own_dict(value)
     found = {k: v for k, v in own.items() if not (k.startswith("__") and k.endswith("__"))} \
-        if isinstance(own, dict) else {}
+        if issubclass(type(own), dict) else {}
     try:
         reduced = value.__reduce_ex__(4)
     except Exception:  # a lock, a C object of a package: its attributes are what can be seen
         return found
-    if isinstance(reduced, tuple) and len(reduced) >= 2:
+    if issubclass(type(reduced), tuple) and len(reduced) >= 2:
         raw = reduced[1:3]
         found[STATE] = LibraryState(_frozen(raw, own), raw)
     return found
@@ -324,12 +324,34 @@ def put_back(value: Any, state: LibraryState) -> None:
     if not callable(setstate):
         return
     held = state.raw[1] if len(state.raw) == 2 else None
-    if held is not None and held is not getattr(value, "__dict__", None):
+    if held is not None and held is not own_dict(value):
         setstate(held)
-    elif len(state.raw) == 1 and isinstance(state.raw[0], tuple) and len(state.raw[0]) == 2 \
-            and state.raw[0][0] is type(value) and isinstance(state.raw[0][1], tuple):
+    elif len(state.raw) == 1 and issubclass(type(state.raw[0]), tuple) and len(state.raw[0]) == 2 \
+            and state.raw[0][0] is type(value) and issubclass(type(state.raw[0][1]), tuple):
         # (``_unpickle(cls, state)``'s protocol, ctypes' objects': ``__setstate__(*state)``)
         setstate(*state.raw[0][1])
+
+
+def own_dict(value: Any) -> dict[str, Any] | None:
+    """``value``'s instance dict (a class's or module's namespace), or None if it has none:
+    read as ``object.__getattribute__`` reads it, past a ``__getattribute__`` of the user's
+    (``getattr(value, "__dict__")`` would run it, and count, log or answer what it likes)."""
+    try:
+        found = object.__getattribute__(value, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return found if issubclass(type(found), (dict, types.MappingProxyType)) else None
+
+
+def own_attr(value: Any, name: str, default: Any = None) -> Any:
+    """``getattr(value, name, default)`` for what Python itself keeps of an object (a class's
+    or function's ``__module__``, ``__qualname__``, ``__mro__``), read as
+    ``object.__getattribute__`` reads it: past a ``__getattribute__`` of the user's class or
+    metaclass, and past a ``__getattr__`` (which runs for a name an object lacks)."""
+    try:
+        return object.__getattribute__(value, name)
+    except AttributeError:
+        return default
 
 
 def set_attr(obj: Any, name: str, value: Any) -> None:
@@ -340,7 +362,7 @@ def set_attr(obj: Any, name: str, value: Any) -> None:
     if held is not None:
         held[name] = value
         return
-    setter = type.__setattr__ if isinstance(obj, type) else setattr if plain_holder(obj) else object.__setattr__
+    setter = type.__setattr__ if issubclass(type(obj), type) else setattr if plain_holder(obj) else object.__setattr__
     setter(obj, name, value)
 
 
@@ -349,7 +371,7 @@ def del_attr(obj: Any, name: str) -> None:
     if held is not None:
         del held[name]
         return
-    deleter = type.__delattr__ if isinstance(obj, type) else delattr if plain_holder(obj) else object.__delattr__
+    deleter = type.__delattr__ if issubclass(type(obj), type) else delattr if plain_holder(obj) else object.__delattr__
     deleter(obj, name)
 
 
@@ -357,7 +379,7 @@ def _module_slot(obj: Any, name: str) -> dict[str, Any] | None:
     """The ``_parameters`` or ``_buffers`` dict of module ``obj`` that holds ``name``, if any."""
     import torch
 
-    if isinstance(obj, torch.nn.Module):
+    if issubclass(type(obj), torch.nn.Module):
         for held in (obj._parameters, obj._buffers):
             if name in held:
                 return held

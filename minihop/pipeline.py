@@ -340,7 +340,7 @@ def _unwrapped(value: Any) -> Any:
     """A backward's grad or saved value as a plain tensor with its values (under
     torch.func.grad it is wrapped; a vmap-batched one has no single value)."""
     functorch = torch._C._functorch
-    while isinstance(value, torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
+    while issubclass(type(value), torch.Tensor) and functorch.is_functorch_wrapped_tensor(value):
         if functorch.is_batchedtensor(value):
             raise UnsupportedOperationError(
                 "A Function's backward is traced again for a call under torch.func.vmap (it takes "
@@ -397,8 +397,8 @@ def _policy_dims(fn_cls: type, args: tuple[Any, ...],
         return {}
     if dynamic is True:
         return {i: tuple(range(a.dim())) for i, a in enumerate(args)
-                if isinstance(a, torch.Tensor) and a.dim() > 0}
-    if not isinstance(dynamic, Mapping):
+                if issubclass(type(a), torch.Tensor) and a.dim() > 0}
+    if not issubclass(type(dynamic), Mapping):
         raise UnsupportedArgumentError(
             f"dynamic={dynamic!r} for {fn_cls.__qualname__}: a {type(dynamic).__name__}.",
             "dynamic= is True, False, None, or a mapping from an argument (name or position) to "
@@ -407,11 +407,11 @@ def _policy_dims(fn_cls: type, args: tuple[Any, ...],
     argnames = function_parts(fn_cls).argnames
     dims: dict[int, tuple[int, ...]] = {}
     for name, which in dynamic.items():
-        index = argnames.index(name) if isinstance(name, str) and name in argnames else name
-        if isinstance(index, int) and 0 <= index < len(args) and type(args[index]) is int and not which:
+        index = argnames.index(name) if issubclass(type(name), str) and name in argnames else name
+        if issubclass(type(index), int) and 0 <= index < len(args) and type(args[index]) is int and not which:
             dims[index] = ()  # an int argument traced as a SymInt
             continue
-        if not isinstance(index, int) or not (0 <= index < len(args)) or not isinstance(args[index], torch.Tensor):
+        if not issubclass(type(index), int) or not (0 <= index < len(args)) or not issubclass(type(args[index]), torch.Tensor):
             raise UnsupportedArgumentError(
                 f"dynamic names {name!r}, which is not a tensor argument of {fn_cls.__qualname__} "
                 f"(arguments: {', '.join(argnames)}).",
@@ -436,7 +436,7 @@ def _checked_dims(fn_cls: type, name: str, tensor: torch.Tensor, which: Any) -> 
             f"Name dimensions of {name} that exist"
             + (", or leave the 0-d tensor out of dynamic=." if rank == 0 else f", 0..{rank - 1}."))
 
-    if isinstance(which, (str, bytes)) or not isinstance(which, (Sequence, Mapping, set, frozenset)):
+    if issubclass(type(which), (str, bytes)) or not issubclass(type(which), (Sequence, Mapping, set, frozenset)):
         raise refuse(f"{which!r} (not a list of dimensions)")
     found = []
     for d in which:

@@ -201,7 +201,7 @@ def walk_plain(value: Any, steps: Path) -> Any:
         if value is MISSING:
             return MISSING
         if kind == "attr":
-            if isinstance(value, torch.Tensor) and key not in value.__dict__:
+            if issubclass(type(value), torch.Tensor) and key not in value.__dict__:
                 return MISSING  # a tensor's own attributes are its properties, keyed elsewhere
             if served_by_user_code(value, key, library_module):
                 # The user's getter (a property, a cached_property whose value was dropped):

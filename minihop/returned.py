@@ -27,18 +27,18 @@ from .library_state import library_module
 from .errors import UnsupportedOutputError
 from .structure import (_GETTERS, Computed, Path, held_values, _contains_tensor, _holds_object, _is_object_container, _shallow,
                         attributes, make_getter)
-from .user_code import library_base, plain_items, plain_pairs
+from .user_code import class_answering_refusal, library_base, plain_items, plain_pairs
 
 __all__ = ["OutputSpec", "describe_output", "fresh", "has_computed", "spec_has_computed"]
 
 
 def has_computed(value: Any) -> bool:
     """Whether a ``Computed`` is anywhere in the plain containers of ``value``."""
-    if isinstance(value, Computed):
+    if issubclass(type(value), Computed):
         return True
-    if isinstance(value, (tuple, list, set, frozenset)):
+    if issubclass(type(value), (tuple, list, set, frozenset)):
         return any(has_computed(v) for v in plain_items(value))
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         return any(has_computed(v) for _, v in plain_pairs(value))
     return False
 
@@ -49,24 +49,24 @@ def fresh(value: Any, args: tuple[Any, ...], copy_containers: bool = True,
     (dict, list, set, tuple, ``torch.Size``) rebuilt, as forward builds them anew on each eager
     call (a caller's edit to one call's dict must not show in the next); other objects as they
     are. With ``copy_containers=False`` only containers holding a ``Computed`` are rebuilt."""
-    if isinstance(value, Computed):
+    if issubclass(type(value), Computed):
         return value(args)
     if not copy_containers and not has_computed(value):
         return value
     memo = {} if _memo is None else _memo
     if id(value) in memo:
         return memo[id(value)]  # (a list that holds itself: its copy)
-    if isinstance(value, torch.Size):
+    if issubclass(type(value), torch.Size):
         return torch.Size([fresh(v, args, copy_containers, memo) for v in value])
-    if isinstance(value, (list, dict)):  # (a subclass, OrderedDict or the user's, keeps its class: _rebuilt)
+    if issubclass(type(value), (list, dict)):  # (a subclass, OrderedDict or the user's, keeps its class: _rebuilt)
         new = memo[id(value)] = _rebuilt(value, [])
-        if isinstance(value, list):
+        if issubclass(type(value), list):
             list.extend(new, [fresh(v, args, copy_containers, memo) for v in plain_items(value)])
         else:
             for k, v in plain_pairs(value):
                 library_base(type(value)).__setitem__(new, k, fresh(v, args, copy_containers, memo))
         return new
-    if isinstance(value, (tuple, set, frozenset)) and not hasattr(value, "_fields"):
+    if issubclass(type(value), (tuple, set, frozenset)) and not hasattr(value, "_fields"):
         return _rebuilt(value, [fresh(v, args, copy_containers, memo) for v in plain_items(value)])
     return value
 
@@ -81,15 +81,15 @@ def _deep(value: Any, memo: dict[int, Any]) -> Any:
     ``copy.deepcopy`` (its own code); numbers, strings, functions and classes as they are."""
     if id(value) in memo:
         return memo[id(value)]
-    if isinstance(value, (list, dict)):  # (made empty first: one may hold itself)
+    if issubclass(type(value), (list, dict)):  # (made empty first: one may hold itself)
         new = memo[id(value)] = _rebuilt(value, [])
-        if isinstance(value, list):
+        if issubclass(type(value), list):
             list.extend(new, [_deep(v, memo) for v in plain_items(value)])
         else:
             for k, v in plain_pairs(value):
                 library_base(type(value)).__setitem__(new, k, _deep(v, memo))
         return new
-    if isinstance(value, (tuple, set, frozenset)) and not hasattr(value, "_fields"):
+    if issubclass(type(value), (tuple, set, frozenset)) and not hasattr(value, "_fields"):
         return _rebuilt(value, [_deep(v, memo) for v in plain_items(value)])
     if _is_object_container(value) and not library_module(type(value).__module__ or ""):
         new = memo[id(value)] = _shallow(value)
@@ -170,17 +170,17 @@ def _rebuilt(template: Any, items: list[Any]) -> Any:
     base = library_base(cls)
     if cls in _BUILTIN_CONTAINERS or cls is dict:
         return cls(items)
-    if isinstance(template, (tuple, frozenset)):
-        new = (tuple if isinstance(template, tuple) else frozenset).__new__(cls, items)
-    elif isinstance(template, set):
+    if issubclass(type(template), (tuple, frozenset)):
+        new = (tuple if issubclass(type(template), tuple) else frozenset).__new__(cls, items)
+    elif issubclass(type(template), set):
         new = base.__new__(cls)
         set.update(new, items)
     else:
         new = base.__new__(cls)
-        if isinstance(template, list):
+        if issubclass(type(template), list):
             list.extend(new, items)
         else:
-            if isinstance(template, collections.defaultdict):
+            if issubclass(type(template), collections.defaultdict):
                 new.default_factory = template.default_factory
             for k, v in items:
                 base.__setitem__(new, k, v)
@@ -199,13 +199,16 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
     ``from_args`` (``object_paths``): a container or object of the arguments is returned as
     the call's own ("arg").
     """
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return OutputSpec("tensor", index=on_tensor(value, level <= 1))
-    if from_args and id(value) in from_args and not isinstance(value, tuple):
+    refusal = class_answering_refusal("forward", (value,), "returned value") if level <= 1 else None
+    if refusal is not None:
+        raise refusal
+    if from_args and id(value) in from_args and not issubclass(type(value), tuple):
         return OutputSpec("arg", value=from_args[id(value)], template=value)
-    if isinstance(value, torch.Size) and level > 0:
+    if issubclass(type(value), torch.Size) and level > 0:
         return OutputSpec("size", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in value))
-    if level > 0 and isinstance(value, (tuple, list, dict)) and _cyclic(value, set()):
+    if level > 0 and issubclass(type(value), (tuple, list, dict)) and _cyclic(value, set()):
         # A list, dict or tuple that holds itself (``loop.append(loop)``): a constant, copied
         # per call as a whole (``fresh``); one holding tensors too has no flat outputs to point at.
         if _contains_tensor(value):
@@ -216,7 +219,7 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
                 "Return the tensors in a structure without cycles, or run the Function eagerly "
                 "with minihop.function(F, fallback='eager').")
         return OutputSpec("const", value=value)
-    if isinstance(value, tuple):
+    if issubclass(type(value), tuple):
         # Only the returned tuple itself spreads into outputs; deeper tuples are plain values.
         child_level = 1 if level == 0 else 2
         children = tuple(describe_output(v, on_tensor, child_level, from_args) for v in value)
@@ -225,10 +228,10 @@ def describe_output(value: Any, on_tensor: Callable[[torch.Tensor, bool], int],
             return OutputSpec("namedtuple", children=children, template=value)
         # (a subclass below the top keeps its class: the template; at the top eager's is a tuple)
         return OutputSpec("tuple", children=children, template=_rebuilt(value, []) if level > 0 and type(value) is not tuple else None)
-    if isinstance(value, list):
+    if issubclass(type(value), list):
         return OutputSpec("list", children=tuple(describe_output(v, on_tensor, 2, from_args) for v in plain_items(value)),
                           template=None if type(value) is list else _rebuilt(value, []))
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         pairs = list(plain_pairs(value))
         return OutputSpec("dict", keys=tuple(k for k, _ in pairs), children=tuple(
             describe_output(v, on_tensor, 2, from_args) for _, v in pairs), template=None if type(value) is dict else _rebuilt(value, []))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .library_state import library_module
+from .library_state import library_module, own_dict
 from .user_code import library_base, plain_items, plain_pairs
 
 __all__ = ["Step", "Path", "argname", "format_path", "held_values", "iter_leaves", "replace_tensors", "make_getter",
@@ -57,7 +57,7 @@ class Computed:
         return f"Computed({self.code!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Computed) and other.code == self.code
+        return issubclass(type(other), Computed) and other.code == self.code
 
     def __hash__(self) -> int:
         return hash(self.code)
@@ -79,16 +79,16 @@ PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodTy
 def _is_object_container(value: Any) -> bool:
     """A user object whose attributes we look into (dataclasses, plain and __slots__ classes,
     callable instances too)."""
-    if isinstance(value, (*_ATOMIC, *PLAIN_CALLABLES)) or isinstance(value, torch.Tensor):
+    if issubclass(type(value), (*_ATOMIC, *PLAIN_CALLABLES)) or issubclass(type(value), torch.Tensor):
         return False
-    return (hasattr(value, "__dict__") or bool(_slot_names(type(value)))) and not isinstance(value, type)
+    return (own_dict(value) is not None or bool(_slot_names(type(value)))) and not issubclass(type(value), type)
 
 
 def _slot_names(cls: type) -> tuple[str, ...]:
     names: list[str] = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
+        for name in (slots,) if issubclass(type(slots), str) else slots:
             if name not in ("__dict__", "__weakref__") and name not in names:
                 names.append(name)
     return tuple(names)
@@ -98,7 +98,7 @@ def attributes(value: Any) -> dict[str, Any]:
     """An object's attributes: its ``__dict__`` and its set ``__slots__``. Read past a user's
     ``__getattribute__`` (what the object holds; what that method answers is its code's read)."""
     own = type(value).__getattribute__  # (a C class's own, as ``threading.local``'s, answers as it should)
-    get = _raw_get if isinstance(own, types.FunctionType) and not library_module(own.__module__) else getattr
+    get = _raw_get if issubclass(type(own), types.FunctionType) and not library_module(own.__module__) else getattr
     found = dict(get(value, "__dict__", {}))
     for name in _slot_names(type(value)):
         got = get(value, name, _UNSET)
@@ -147,7 +147,7 @@ def iter_leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
 
 
 def _iter_leaves(value: Any, path: Path, open_: set[int]) -> Iterator[tuple[Path, Any]]:
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         yield path, value
         return
     children = held_values(value)
@@ -167,11 +167,11 @@ def _iter_leaves(value: Any, path: Path, open_: set[int]) -> Iterator[tuple[Path
 def held_values(value: Any) -> list[tuple[Step, Any]] | None:
     """What a container or user object holds, as (step, value) pairs (the steps paths are
     made of); None for a leaf (a tensor or another atom)."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return None
-    if isinstance(value, (tuple, list)):  # (past a subclass's own methods: user_code)
+    if issubclass(type(value), (tuple, list)):  # (past a subclass's own methods: user_code)
         return [(("item", i), item) for i, item in enumerate(plain_items(value))]
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         return [(("key", k), item) for k, item in plain_pairs(value)]
     if _is_object_container(value):
         return [(("attr", k), item) for k, item in attributes(value).items()]
@@ -202,15 +202,15 @@ def _holds_object(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` is, or a plain container in it holds, a user object."""
     if _is_object_container(value):
         return True
-    if depth < 8 and isinstance(value, (tuple, list, set, frozenset)):
+    if depth < 8 and issubclass(type(value), (tuple, list, set, frozenset)):
         return any(_holds_object(v, depth + 1) for v in plain_items(value))
-    if depth < 8 and isinstance(value, dict):
+    if depth < 8 and issubclass(type(value), dict):
         return any(_holds_object(v, depth + 1) for _, v in plain_pairs(value))
     return False
 
 
 def _contains_tensor(value: Any) -> bool:
-    return any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value))
+    return any(issubclass(type(leaf), torch.Tensor) for _, leaf in iter_leaves(value))
 
 
 def replace_tensors(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path = ()) -> Any:
@@ -225,29 +225,29 @@ def replace_tensors(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: P
 
 def _replace(value: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path,
              made: dict[int, Any]) -> Any:
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return fn(path, value)
     if id(value) in made:
         return made[id(value)]  # met again below itself: the copy being built
     if not _contains_tensor(value):
         return value
-    if isinstance(value, tuple):  # (iterated past a subclass's own methods: user_code)
+    if issubclass(type(value), tuple):  # (iterated past a subclass's own methods: user_code)
         items = [_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(plain_items(value))]
         if hasattr(value, "_fields"):
             return type(value)(*items)
         return tuple(items) if type(value) is tuple else _same_class(value, tuple.__new__(type(value), items))
-    if isinstance(value, list):
+    if issubclass(type(value), list):
         new_list: list[Any] = [] if type(value) is list else _same_class(value, list.__new__(type(value)))
         made[id(value)] = new_list
         list.extend(new_list, (_replace(v, fn, path + (("item", i),), made) for i, v in enumerate(plain_items(value))))
         return new_list
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         base = library_base(type(value))
         if base is type(value):
             new = copy.copy(value)
         else:  # a user's subclass: made by its library base (its own methods are the user's code)
             new = _same_class(value, base.__new__(type(value)))
-            if isinstance(value, collections.defaultdict):
+            if issubclass(type(value), collections.defaultdict):
                 new.default_factory = value.default_factory
         made[id(value)] = new
         for k, v in plain_pairs(value):

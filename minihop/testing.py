@@ -75,7 +75,7 @@ def _loss(output: Any, seed: int) -> torch.Tensor | None:
     gen = torch.Generator().manual_seed(seed)
     total: torch.Tensor | None = None
     for _, leaf in iter_leaves(output):
-        if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.is_floating_point():
+        if issubclass(type(leaf), torch.Tensor) and leaf.requires_grad and leaf.is_floating_point():
             w = torch.randn(leaf.shape, generator=gen, dtype=leaf.dtype).to(leaf.device)
             term = (leaf * w).sum()
             total = term if total is None else total + term
@@ -127,14 +127,14 @@ def assert_matches_eager(fn_cls: type, *args: Any, rtol: float | None = UNSET,
 def _rng_devices(args: Any) -> list[Any]:
     """The CUDA devices whose generators a call on ``args`` may draw from (fork_rng saves them)."""
     return sorted({t.device for _, t in iter_leaves(args)
-                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"}, key=str)
+                   if issubclass(type(t), torch.Tensor) and t.device.type == "cuda"}, key=str)
 
 
 def _compare_outputs(eager_out: Any, mine_out: Any, eager_args: Any, eager_kwargs: Any,
                      mine_args: Any, mine_kwargs: Any, rtol: float | None, atol: float | None) -> None:
     __tracebackhide__ = True
-    eager_inputs = {id(t): p for p, t in iter_leaves((eager_args, eager_kwargs)) if isinstance(t, torch.Tensor)}
-    mine_inputs = {id(t): p for p, t in iter_leaves((mine_args, mine_kwargs)) if isinstance(t, torch.Tensor)}
+    eager_inputs = {id(t): p for p, t in iter_leaves((eager_args, eager_kwargs)) if issubclass(type(t), torch.Tensor)}
+    mine_inputs = {id(t): p for p, t in iter_leaves((mine_args, mine_kwargs)) if issubclass(type(t), torch.Tensor)}
     eager_leaves = list(iter_leaves(eager_out))
     mine_leaves = list(iter_leaves(mine_out))
     _check(type(eager_out) is type(mine_out),
@@ -144,8 +144,8 @@ def _compare_outputs(eager_out: Any, mine_out: Any, eager_args: Any, eager_kwarg
            f"  minihop: {[format_path(p) for p, _ in mine_leaves]}")
     for (path, e), (_, m) in zip(eager_leaves, mine_leaves, strict=True):
         where = f"output{format_path(path)}"
-        if isinstance(e, torch.Tensor):
-            _check(isinstance(m, torch.Tensor),
+        if issubclass(type(e), torch.Tensor):
+            _check(issubclass(type(m), torch.Tensor),
                    f"{where}: eager gives a tensor, minihop {type(m).__name__}")
             torch.testing.assert_close(m, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda s: f"{where}: {s}")
             _check(m.requires_grad == e.requires_grad,
@@ -172,8 +172,8 @@ def _compare_grads(eager_out: Any, mine_out: Any, eager_inputs: Any, mine_inputs
         eager_loss.backward()
         torch.manual_seed(seed + 1)
         mine_loss.backward()
-    eager_grads = [(p, t.grad) for p, t in iter_leaves(eager_inputs) if isinstance(t, torch.Tensor)]
-    mine_grads = [(p, t.grad) for p, t in iter_leaves(mine_inputs) if isinstance(t, torch.Tensor)]
+    eager_grads = [(p, t.grad) for p, t in iter_leaves(eager_inputs) if issubclass(type(t), torch.Tensor)]
+    mine_grads = [(p, t.grad) for p, t in iter_leaves(mine_inputs) if issubclass(type(t), torch.Tensor)]
     for (path, eg), (_, mg) in zip(eager_grads, mine_grads, strict=True):
         where = f"grad of {format_path(path)}"
         _check((eg is None) == (mg is None),
@@ -222,7 +222,7 @@ def assert_pair_matches_eager(fn_cls: type, args: tuple[Any, ...], fwd: fx.Graph
     inputs = cap.fwd_inputs(*pair_args, **pair_kwargs)
     for i, (node, src, value) in enumerate(zip(placeholders, cap.inputs, inputs, strict=True)):
         val = node.meta.get("val", node.meta.get("example_value"))
-        if isinstance(val, torch.Tensor) and isinstance(value, torch.Tensor) and (
+        if issubclass(type(val), torch.Tensor) and issubclass(type(value), torch.Tensor) and (
                 val.shape != value.shape or val.dtype != value.dtype):
             raise AssertionError(
                 f"fwd input {i}: the pair's placeholder {node.name} is {_describe(val)}, but the "
@@ -234,7 +234,7 @@ def assert_pair_matches_eager(fn_cls: type, args: tuple[Any, ...], fwd: fx.Graph
         pair_out = autograd_function_apply(fwd_gm, bwd_gm, *inputs,
                                            non_differentiable_idx=cap.non_differentiable_idx,
                                            dirty_idx=cap.dirty_idx)
-        eager_tensors = [(p, t) for p, t in iter_leaves(eager_out) if isinstance(t, torch.Tensor)]
+        eager_tensors = [(p, t) for p, t in iter_leaves(eager_out) if issubclass(type(t), torch.Tensor)]
         if len(eager_tensors) != len(pair_out):
             raise AssertionError(f"the pair's fwd returns {len(pair_out)} outputs; eager's output holds "
                                  f"{len(eager_tensors)} tensors: {[format_path(p) for p, _ in eager_tensors]}")
@@ -251,7 +251,7 @@ def assert_pair_matches_eager(fn_cls: type, args: tuple[Any, ...], fwd: fx.Graph
 
 
 def _as_module(g: fx.GraphModule | fx.Graph) -> fx.GraphModule:
-    return g if isinstance(g, fx.GraphModule) else fx.GraphModule(torch.nn.Module(), g)
+    return g if issubclass(type(g), fx.GraphModule) else fx.GraphModule(torch.nn.Module(), g)
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -301,7 +301,7 @@ def _canonical(graph: fx.Graph, check_meta: bool, normalize: bool) -> tuple[list
         named = f"{node.name} = {op}{_operands(node, {n: n.name for n in index})}"
         if check_meta:
             val = node.meta.get("val", node.meta.get("example_value"))
-            if isinstance(val, torch.Tensor):
+            if issubclass(type(val), torch.Tensor):
                 meta = f"  # {str(val.dtype).removeprefix('torch.')}{list(val.shape)}"
                 line, named = line + meta, named + meta
         lines.append(line)
@@ -311,7 +311,7 @@ def _canonical(graph: fx.Graph, check_meta: bool, normalize: bool) -> tuple[list
 
 def _operands(node: fx.Node, names: dict[fx.Node, str]) -> str:
     def show(a: Any) -> str:
-        return names[a] if isinstance(a, fx.Node) else repr(a)
+        return names[a] if issubclass(type(a), fx.Node) else repr(a)
 
     args = fx.node.map_aggregate(node.args, show)
     kwargs = {k: fx.node.map_aggregate(v, show) for k, v in node.kwargs.items()}
@@ -371,8 +371,8 @@ def assert_same_graph(a: fx.GraphModule | fx.Graph, b: fx.GraphModule | fx.Graph
     >>> assert_same_graph(f, g.graph)   # names differ; the programs are the same
     """
     __tracebackhide__ = True
-    ga = a if isinstance(a, fx.Graph) else a.graph
-    gb = b if isinstance(b, fx.Graph) else b.graph
+    ga = a if issubclass(type(a), fx.Graph) else a.graph
+    gb = b if issubclass(type(b), fx.Graph) else b.graph
     left, shown_a = _canonical(ga, check_meta, normalize)
     right, shown_b = _canonical(gb, check_meta, normalize)
     if left != right:

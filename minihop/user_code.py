@@ -16,13 +16,49 @@ from __future__ import annotations
 import collections
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from .library_state import library_module
+from .errors import MinihopError, UnsupportedArgumentError, UnsupportedOutputError
+from .library_state import library_module, own_dict
 
-__all__ = ["item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items", "plain_pairs",
-           "served_by_user_code"]
+__all__ = ["answers_own_class", "class_answering_refusal", "item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items",
+           "plain_pairs", "served_by_user_code"]
+
+
+def answers_own_class(value: Any) -> str | None:
+    """The code of the user's (or of a proxy library's) that asking ``value`` its class runs,
+    or None: a ``__getattribute__`` of the user's, or a ``__class__`` its class overrides (a
+    forwarding proxy's property). ``isinstance(value, C)`` asks it whenever ``type(value)`` is
+    not a ``C``: eager's ``Function.apply`` does so for each argument and returned value, a
+    capture's calls never do, and minihop's own code asks only ``type(value)``."""
+    cls = type(value)
+    hook = getattr(cls, "__getattribute__", object.__getattribute__)
+    if hook is not object.__getattribute__ and _user(hook, library_module):
+        return f"{cls.__qualname__}.__getattribute__"
+    return next((f"{klass.__qualname__}.__class__" for klass in cls.__mro__[:-1] if "__class__" in klass.__dict__),
+                None)
+
+
+def class_answering_refusal(function: str, values: Iterable[Any], what: str) -> MinihopError | None:
+    """The refusal of a call whose argument (``what``: "argument") or of a forward whose
+    returned value (``what``: "returned value") answers its class with its own code, or None.
+    Eager's ``Function.apply`` asks each one ``isinstance(v, torch.Tensor)``, running that code
+    (a count, a lazy object's set-up, a log line) on every call; a capture's run never asks."""
+    for value in values:
+        code = answers_own_class(value)
+        if code is not None:
+            error = UnsupportedOutputError if what == "returned value" else UnsupportedArgumentError
+            return error(
+                f"{function} got an {what} of class {type(value).__qualname__}, which answers "
+                f"Python's question of its class with its own code ({code}): a forwarding proxy, "
+                "a lazy object, a mock, or an object that counts what is read of it.",
+                "Eager's Function.apply asks every argument and returned value its class "
+                "(isinstance), running that code each call; a capture's graphs never do, so what "
+                "the code counts or sets up would differ from eager.",
+                "Pass the object it stands for (or the values forward reads of it), or run the "
+                "Function eagerly with minihop.function(F, fallback='eager').")
+    return None
 
 
 def library_base(cls: type) -> type:
@@ -55,7 +91,7 @@ def plain_atom(value: Any) -> Any:
     """``value`` if its type is a builtin scalar's, else the builtin value it holds (for keys:
     comparing and hashing those runs no ``__eq__``/``__hash__`` of the user's)."""
     for base, unwrap in _UNWRAP:
-        if isinstance(value, base):
+        if issubclass(type(value), base):
             return value if type(value) is base else unwrap(value)
     return value
 
@@ -78,14 +114,14 @@ def item_served_by_code(obj: Any, key: Any, library: Callable[[str], bool]) -> s
         getitem = getattr(cls, "__getitem__", None)
         if getitem is not None and _user(getitem, library):
             return f"{cls.__qualname__}.__getitem__"
-    if not isinstance(obj, dict):
+    if not issubclass(type(obj), dict):
         return None
     what = key_code(key, library)
     if what is not None:
         return what
     missing = getattr(cls, "__missing__", None) if cls is not dict else None
     if missing is not None and not dict.__contains__(obj, key) and (
-            _user(missing, library) or isinstance(obj, collections.defaultdict)):  # (which inserts the key)
+            _user(missing, library) or issubclass(type(obj), collections.defaultdict)):  # (which inserts the key)
         return f"{cls.__qualname__}.__missing__"
     return None
 
@@ -105,23 +141,23 @@ def key_code(key: Any, library: Callable[[str], bool]) -> str | None:
 
 def _user(fn: Any, library: Callable[[str], bool]) -> bool:
     fn = getattr(fn, "__func__", fn)
-    return isinstance(fn, types.FunctionType) and not library(getattr(fn, "__module__", None) or "")
+    return issubclass(type(fn), types.FunctionType) and not library(getattr(fn, "__module__", None) or "")
 
 
 def _getter(found: Any) -> Any:
     """The Python function reading ``found`` (a class attribute) runs, or None."""
-    if isinstance(found, _PURE):
+    if issubclass(type(found), _PURE):
         return None
-    if isinstance(found, property):
+    if issubclass(type(found), property):
         return found.fget
-    if isinstance(found, functools.cached_property):
+    if issubclass(type(found), functools.cached_property):
         return found.func
     return getattr(type(found), "__get__", None)
 
 
 def served_by_user_code(obj: Any, name: str, library: Callable[[str], bool]) -> str | None:
     """What user code ``getattr(obj, name)`` would run (for a message), or None if none."""
-    if isinstance(obj, types.ModuleType):
+    if issubclass(type(obj), types.ModuleType):
         # A module's own ``__getattr__`` (PEP 562) serves the names its dict lacks.
         space = obj.__dict__
         hook = space.get("__getattr__") if name not in space else None
@@ -130,19 +166,19 @@ def served_by_user_code(obj: Any, name: str, library: Callable[[str], bool]) -> 
     hook = getattr(cls, "__getattribute__", None)
     if hook is not object.__getattribute__ and hook is not type.__getattribute__ and _user(hook, library):
         return f"{cls.__qualname__}.__getattribute__"
-    owners = obj.__mro__ if isinstance(obj, type) else ()
+    owners = obj.__mro__ if issubclass(type(obj), type) else ()
     for klass in (*owners, *cls.__mro__):
         found = klass.__dict__.get(name, _NOTHING)
         if found is _NOTHING:
             continue
-        if not owners and klass is not None and name in getattr(obj, "__dict__", {}) and \
+        if not owners and klass is not None and name in (own_dict(obj) or {}) and \
                 not hasattr(type(found), "__set__"):
             return None  # the instance's own value shadows a non-data descriptor
         getter = _getter(found)
         if getter is not None and _user(getter, library):
             return f"{type(found).__qualname__} {klass.__qualname__}.{name}"
         return None
-    if name in getattr(obj, "__dict__", {}):
+    if name in (own_dict(obj) or {}):
         return None
     hook = getattr(cls, "__getattr__", None)
     if hook is not None and _user(hook, library):

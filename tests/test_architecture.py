@@ -165,6 +165,27 @@ def test_no_module_imports_dynamo() -> None:
     assert not found, found
 
 
+# Where minihop calls ``isinstance`` itself: only to answer the user's own question as eager
+# does (``identity.ISINSTANCE`` and ``TYPE``, stand-ins bound in the user's code while traced).
+ASKS_AS_EAGER = {("minihop/tracer/identity.py", "ISINSTANCE"), ("minihop/tracer/identity.py", "__instancecheck__")}
+
+
+def test_minihop_asks_a_value_its_type_never_its_class() -> None:
+    """minihop's own code classifies a value by ``type(v)`` (``issubclass(type(v), C)``), never
+    by ``isinstance(v, C)``: that asks ``v.__class__`` whenever ``type(v)`` is not a ``C``,
+    running a forwarding proxy's or a counting object's own code (issue 28, round 17;
+    ``tests/test_outside_spellings_12.py``)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        allowed = {id(node) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and (where, fn.name) in ASKS_AS_EAGER
+                   for node in ast.walk(fn)}
+        found += [f"{where}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and id(node) not in allowed]
+    assert not found, found
+
+
 MAX_MODULE_LINES = 450
 # Modules still over the limit (issue 28, "shape of the code"). Remove a module from this list
 # when it is split; when the list is empty, remove the xfail mark below (strict: it fails then).

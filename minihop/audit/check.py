@@ -70,8 +70,8 @@ class _Run:
 
 def _targets(output: Any) -> list[torch.Tensor]:
     """The outputs a loss can weigh: top-level floating tensors that require grad."""
-    items = output if isinstance(output, tuple) else (output,)
-    return [t for t in items if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    items = output if issubclass(type(output), tuple) else (output,)
+    return [t for t in items if issubclass(type(t), torch.Tensor) and t.requires_grad and t.is_floating_point()]
 
 
 def _loss(targets: list[torch.Tensor], alone: int | None) -> torch.Tensor | None:
@@ -123,7 +123,7 @@ def _run(call_fn: Callable[..., Any], call: Call, alone: int | None, restore: Ca
             loss.backward()
         except Exception as e:
             return dataclasses.replace(run, stage="backward", error=e)
-    run.grads = [(p, t.grad) for p, t in _arg_leaves(args, kwargs) if isinstance(t, torch.Tensor)]
+    run.grads = [(p, t.grad) for p, t in _arg_leaves(args, kwargs) if issubclass(type(t), torch.Tensor)]
     return run
 
 
@@ -142,9 +142,9 @@ def _first_difference(eager: _Run, other: _Run, names: tuple[str, ...]) -> str |
                 f"this {[format_path(p) for p, _ in other.outputs]}")
     for (path, e), (_, o) in zip(eager.outputs, other.outputs, strict=True):
         where = f"output{format_path(path)}"
-        if isinstance(e, torch.Tensor) != isinstance(o, torch.Tensor):
+        if issubclass(type(e), torch.Tensor) != issubclass(type(o), torch.Tensor):
             return f"{where}: eager {type(e).__name__}, this {type(o).__name__}"
-        if isinstance(e, torch.Tensor):
+        if issubclass(type(e), torch.Tensor):
             problem = _close(o, e)
             if problem:
                 return f"{where}: {problem}"
@@ -264,9 +264,9 @@ class _Reference:
 
 
 def _minihop(cap: Capture | None, refusal: Exception | None, eager: _Reference) -> Verdict:
-    if isinstance(refusal, SideEffectError):  # writes nobody described: not run again, eager included
+    if issubclass(type(refusal), SideEffectError):  # writes nobody described: not run again, eager included
         return Verdict("refused", refusal.found.splitlines()[0][:200], refusal.code)
-    if isinstance(refusal, MinihopError):
+    if issubclass(type(refusal), MinihopError):
         if eager.runs[0].error is not None:
             return Verdict("agrees", f"eager raises too ({type(eager.runs[0].error).__name__})", refusal.code)
         return Verdict("refused", refusal.found.splitlines()[0][:200], refusal.code)
@@ -310,7 +310,7 @@ def _dynamo(fn_cls: type, call: Call, cap: Capture | None, eager: _Reference) ->
     graphs_equal: bool | None = None
     note = ""
     needs_grad = call.grad_enabled and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for _, t in _arg_leaves(call.args, call.kwargs))
+        issubclass(type(t), torch.Tensor) and t.requires_grad for _, t in _arg_leaves(call.args, call.kwargs))
     if not needs_grad:
         note = "; inlined by Dynamo (no input needs a grad)" if not hops else ""
     elif len(hops) != 1:
@@ -343,7 +343,7 @@ def audit_call(fn_cls: type, call: Call, dynamo: bool) -> CallResult:
         mine = _minihop(cap, refusal, eager)
         if not dynamo:
             return CallResult(mine, None, None)
-        if isinstance(refusal, SideEffectError):
+        if issubclass(type(refusal), SideEffectError):
             return CallResult(mine, Verdict("not audited", "minihop could not describe the Python state "
                                             "this Function writes, so it cannot be put back between runs"), None)
         try:

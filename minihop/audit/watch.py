@@ -69,7 +69,7 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any], grad_enabled: bool)
     a scalar's value; any other leaf's type (its value is the capture's guard's business)."""
     parts: list[Any] = [grad_enabled]
     for path, leaf in iter_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor):
+        if issubclass(type(leaf), torch.Tensor):
             parts.append((path, tuple(leaf.shape), leaf.stride() if leaf.layout == torch.strided else None,
                           leaf.dtype, leaf.device, leaf.requires_grad))
         elif type(leaf) in _SCALARS:
@@ -82,15 +82,15 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any], grad_enabled: bool)
 def _requires_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a tensor argument requires grad: the top level first (cheap, the usual case)."""
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if issubclass(type(a), torch.Tensor):
             if a.requires_grad:
                 return True
-        elif not isinstance(a, _SCALARS):
+        elif not issubclass(type(a), _SCALARS):
             break  # a container or object: walk everything
     else:
         if not kwargs:
             return False
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for _, t in iter_leaves((args, kwargs)))
+    return any(issubclass(type(t), torch.Tensor) and t.requires_grad for _, t in iter_leaves((args, kwargs)))
 
 
 def uncopyable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -104,7 +104,7 @@ def uncopyable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     if torch.is_inference_mode_enabled():
         return "called under inference_mode"
     for _, leaf in iter_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor) and type(leaf) not in _PLAIN:
+        if issubclass(type(leaf), torch.Tensor) and type(leaf) not in _PLAIN:
             return f"a {type(leaf).__name__} argument (tensor subclass)"
     return None
 

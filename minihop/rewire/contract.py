@@ -35,7 +35,7 @@ class PairShape:
 
 
 def _graph(gm: fx.GraphModule | fx.Graph) -> fx.Graph:
-    return gm if isinstance(gm, fx.Graph) else gm.graph
+    return gm if issubclass(type(gm), fx.Graph) else gm.graph
 
 
 def _placeholders(gm: fx.GraphModule | fx.Graph) -> list[fx.Node]:
@@ -48,11 +48,11 @@ def _output_value(gm: fx.GraphModule | fx.Graph) -> Any:
 
 
 def _val(node: Any) -> Any:
-    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, fx.Node) else None
+    return node.meta.get("val", node.meta.get("example_value")) if issubclass(type(node), fx.Node) else None
 
 
 def _same_meta(a: Any, b: Any) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    if not (issubclass(type(a), torch.Tensor) and issubclass(type(b), torch.Tensor)):
         return True
     return a.shape == b.shape and a.dtype == b.dtype
 
@@ -74,8 +74,8 @@ def check_consistent(fwd: fx.GraphModule | fx.Graph, bwd: fx.GraphModule | fx.Gr
     fwd_inputs = _placeholders(fwd)
     bwd_inputs = _placeholders(bwd)
     out = _output_value(fwd)
-    if not (isinstance(out, (tuple, list)) and len(out) == 2
-            and all(isinstance(part, (tuple, list)) for part in out)):
+    if not (issubclass(type(out), (tuple, list)) and len(out) == 2
+            and all(issubclass(type(part), (tuple, list)) for part in out)):
         raise InconsistentGraphsError(
             f"fwd returns {out!r}.",
             "(c) fwd must return ((outputs...), (saved...)): a pair of tuples.",
@@ -87,7 +87,7 @@ def check_consistent(fwd: fx.GraphModule | fx.Graph, bwd: fx.GraphModule | fx.Gr
             f"(b)/(c) bwd takes {len(bwd_inputs)} inputs, expected {len(outs)} grads + "
             f"{len(saved)} saved = {grads_expected}")
     bwd_out = _output_value(bwd)
-    if not isinstance(bwd_out, (tuple, list)):
+    if not issubclass(type(bwd_out), (tuple, list)):
         bwd_out = (bwd_out,)
     if len(bwd_out) != len(fwd_inputs):
         problems.append(
@@ -103,15 +103,15 @@ def check_consistent(fwd: fx.GraphModule | fx.Graph, bwd: fx.GraphModule | fx.Gr
                             f"fwd saves {_describe(_val(s))}")
     for i, (x, g) in enumerate(zip(fwd_inputs, bwd_out)):
         xv, gv = _val(x), _val(g)
-        if g is None or not isinstance(xv, torch.Tensor):
-            if g is not None and xv is not None and not isinstance(xv, torch.Tensor):
+        if g is None or not issubclass(type(xv), torch.Tensor):
+            if g is not None and xv is not None and not issubclass(type(xv), torch.Tensor):
                 problems.append(f"(a) bwd output {i} is a gradient for fwd input {x.name}, "
                                 f"which is a {type(xv).__name__}, not a tensor")
             continue
         if not (xv.dtype.is_floating_point or xv.dtype.is_complex):
             problems.append(f"(a) bwd output {i} is a gradient for {x.name}, an integer "
                             f"tensor ({xv.dtype}); it must be None")
-        elif isinstance(gv, torch.Tensor) and gv.shape != xv.shape and gv.dim() < xv.dim():
+        elif issubclass(type(gv), torch.Tensor) and gv.shape != xv.shape and gv.dim() < xv.dim():
             problems.append(f"(a) bwd output {i} has shape {list(gv.shape)}, fwd input "
                             f"{x.name} has {list(xv.shape)}")
     if problems:
@@ -124,6 +124,6 @@ def check_consistent(fwd: fx.GraphModule | fx.Graph, bwd: fx.GraphModule | fx.Gr
 
 
 def _describe(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
+    if issubclass(type(v), torch.Tensor):
         return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
     return type(v).__name__

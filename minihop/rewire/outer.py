@@ -52,7 +52,7 @@ def with_value_guards(bwd: fx.GraphModule, reads: Sequence[DataRead], num_output
         inputs = [ref if kind == "const" else env[placeholders[ref if kind == "grad" else num_outputs + ref]]
                   for kind, ref in read.bwd_inputs]
         if read.clone_inputs:  # the value's graph writes in place: never into backward's values
-            inputs = [graph.call_method("clone", (v,)) if isinstance(v, fx.Node) else v for v in inputs]
+            inputs = [graph.call_method("clone", (v,)) if issubclass(type(v), fx.Node) else v for v in inputs]
         inner: dict[fx.Node, Any] = {}
         params = iter(inputs)
         for node in read.graph.graph.nodes:
@@ -98,7 +98,7 @@ def make_outer_graph(pair: Pair, bwd_reads: Sequence[DataRead] = ()) -> fx.Graph
     items = []
     for i, out in enumerate(outputs):
         item = graph.call_function(operator.getitem, (call, i))
-        item.meta = {"val": out.meta.get("val")} if isinstance(out, fx.Node) else {}
+        item.meta = {"val": out.meta.get("val")} if issubclass(type(out), fx.Node) else {}
         items.append(item)
     graph.output(tuple(items))
     return fx.GraphModule(root, graph, class_name="GraphModule")

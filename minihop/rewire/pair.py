@@ -60,7 +60,7 @@ def _grad_toggle(graph: fx.Graph, enabled: bool) -> None:
 def _sum_to_input(graph: fx.Graph, grad: fx.Node, input_val: object) -> fx.Node:
     """``grad.sum_to_size(input's shape)`` where the shapes differ (a broadcast gradient)."""
     val = grad.meta.get("val")
-    if not (isinstance(val, torch.Tensor) and isinstance(input_val, torch.Tensor)) or val.shape == input_val.shape:
+    if not (issubclass(type(val), torch.Tensor) and issubclass(type(input_val), torch.Tensor)) or val.shape == input_val.shape:
         return grad
     reduced = append_node(graph, "call_method", "sum_to_size", (grad, tuple(input_val.shape)), {})
     reduced.meta = {"val": input_val}
@@ -154,7 +154,7 @@ def make_pair(raw: RawCapture) -> Pair:
     for node, _source in raw.fwd_inputs:
         parts = grads_by_input.get(node)
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and not (val.dtype.is_floating_point or val.dtype.is_complex):
+        if issubclass(type(val), torch.Tensor) and not (val.dtype.is_floating_point or val.dtype.is_complex):
             parts = None  # an integer input has no gradient; eager drops one returned for it
         if not parts:
             results.append(None)

@@ -75,10 +75,10 @@ def _spec_to_json(spec: OutputSpec, name: str) -> dict[str, Any]:
 
 def _computed_to_json(value: Any) -> Any:
     """A number computed per call from sizes (``structure.Computed``): its code, in JSON."""
-    if isinstance(value, Computed):
+    if issubclass(type(value), Computed):
         return {"code": value.code}
-    if isinstance(value, (tuple, list)):
-        return {"items": [_computed_to_json(v) for v in value], "list": isinstance(value, list)}
+    if issubclass(type(value), (tuple, list)):
+        return {"items": [_computed_to_json(v) for v in value], "list": issubclass(type(value), list)}
     json.dumps(value)  # raises for values JSON cannot hold
     return {"value": value}
 
@@ -209,7 +209,7 @@ def _resolved_in_graphs(place: Any, argnames: tuple[str, ...]) -> bool:
     if place.uses_args:
         return False
     try:
-        return isinstance(place.get(()), _CODE)
+        return issubclass(type(place.get(())), _CODE)
     except Exception:  # gone since the capture: nothing to carry
         return False
 
@@ -242,23 +242,23 @@ def _resolve(qualified: str) -> Any:
 
 
 def _arg_to_json(arg: Any) -> Any:
-    if isinstance(arg, fx.Node):
+    if issubclass(type(arg), fx.Node):
         return {"node": arg.name}
-    if isinstance(arg, (tuple, list)):
-        return {"tuple" if isinstance(arg, tuple) else "list": [_arg_to_json(a) for a in arg]}
-    if isinstance(arg, dict):
+    if issubclass(type(arg), (tuple, list)):
+        return {"tuple" if issubclass(type(arg), tuple) else "list": [_arg_to_json(a) for a in arg]}
+    if issubclass(type(arg), dict):
         return {"dict": [[k, _arg_to_json(v)] for k, v in arg.items()]}
-    if isinstance(arg, slice):
+    if issubclass(type(arg), slice):
         return {"slice": [_arg_to_json(arg.start), _arg_to_json(arg.stop), _arg_to_json(arg.step)]}
-    if isinstance(arg, torch.dtype):
+    if issubclass(type(arg), torch.dtype):
         return {"dtype": str(arg).removeprefix("torch.")}
-    if isinstance(arg, torch.device):
+    if issubclass(type(arg), torch.device):
         return {"device": str(arg)}
-    if isinstance(arg, (torch.memory_format, torch.layout)):
+    if issubclass(type(arg), (torch.memory_format, torch.layout)):
         return {"torch": str(arg).removeprefix("torch.")}
     if arg is Ellipsis:
         return {"ellipsis": True}
-    if arg is None or isinstance(arg, (bool, int, float, str)):
+    if arg is None or issubclass(type(arg), (bool, int, float, str)):
         return arg
     raise UnsupportedOutputError(
         f"Cannot save a graph argument of type {type(arg).__name__} ({arg!r}).",
@@ -267,7 +267,7 @@ def _arg_to_json(arg: Any) -> Any:
 
 
 def _arg_from_json(data: Any, env: dict[str, fx.Node]) -> Any:
-    if not isinstance(data, dict):
+    if not issubclass(type(data), dict):
         return data
     kind, value = next(iter(data.items()))
     if kind == "node":
@@ -292,7 +292,7 @@ def graph_to_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         meta = None
-        if isinstance(val, torch.Tensor) and not any(isinstance(d, torch.SymInt) for d in val.shape):
+        if issubclass(type(val), torch.Tensor) and not any(issubclass(type(d), torch.SymInt) for d in val.shape):
             meta = [str(val.dtype).removeprefix("torch."), list(val.shape), str(val.device)]
         nodes.append({"name": node.name, "op": node.op,
                       "target": _qualified_name(node.target) if node.op == "call_function" else node.target,
@@ -381,5 +381,5 @@ def _key_of_v1(key: tuple[Any, ...]) -> tuple[Any, ...]:
     """Keys written before the autocast state was part of them: made without autocast; and
     before tensors' Python attributes were: tensors without any."""
     key = key if len(key) > 2 else (*key, None)
-    args = tuple((*k, ()) if isinstance(k, tuple) and len(k) == 7 and k[0] == "T" else k for k in key[1])
+    args = tuple((*k, ()) if issubclass(type(k), tuple) and len(k) == 7 and k[0] == "T" else k for k in key[1])
     return (key[0], args, *key[2:])

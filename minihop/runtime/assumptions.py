@@ -306,7 +306,7 @@ def _data_assumption(name: str, read: DataRead) -> Assumption:
         inputs = fetch(args, {})
         with torch.no_grad():  # as ``DataRead.holds`` computes it: recording nothing
             inputs = [(v.detach().clone() if read.clone_inputs else v.detach())
-                      if isinstance(v, torch.Tensor) else v for v in inputs]
+                      if issubclass(type(v), torch.Tensor) else v for v in inputs]
             new = read.graph(*inputs)
         return _error(
             f"Capture of {name}: a value its forward read from tensor data changed: "
@@ -335,7 +335,7 @@ def layout_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
     (``tracer.identity.KEY_HELD``). A fake copy keeps them, and so do the views and
     results forward makes of it."""
     return tuple((a.stride(), a.storage_offset(), a._is_view(), a.is_conj(), a.is_neg(), a.is_inference())
-                 if isinstance(a, torch.Tensor) and a.layout == torch.strided else None for a in args)
+                 if issubclass(type(a), torch.Tensor) and a.layout == torch.strided else None for a in args)
 
 
 def _layout_assumptions(name: str, argnames: tuple[str, ...], layout: Args) -> list[Assumption]:
@@ -383,7 +383,7 @@ def _shape_assumption(name: str, argnames: tuple[str, ...], shape_guards: Any, a
                                       {"math": math, "torch": torch})
 
     def sizes(call: Args) -> list[Any]:
-        return [tuple(call[i].shape) if isinstance(call[i], torch.Tensor) else call[i] for i in indices]
+        return [tuple(call[i].shape) if issubclass(type(call[i]), torch.Tensor) else call[i] for i in indices]
 
     seen = sizes(args) if len(args) > max(indices, default=-1) else "?"
 

@@ -87,9 +87,9 @@ _NEVER = _Never()
 
 
 def _symbolic(value: Any) -> bool:
-    if isinstance(value, (tuple, list)):
+    if issubclass(type(value), (tuple, list)):
         return any(_symbolic(v) for v in value)
-    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 class Backwards:
@@ -329,14 +329,14 @@ class Fetched:
 
     def fits(self, call_args: tuple[Any, ...]) -> bool:
         value = fetch_now(self.fetch, call_args)
-        return isinstance(value, torch.Tensor) and self.same(value)
+        return issubclass(type(value), torch.Tensor) and self.same(value)
 
 
 def live_key(value: Any) -> Any:
     """A live slot's key when backward runs: the fetched tensor's ``tensor_key``, or a key of
     its own for what is not a tensor there (gone, or a list's position moved), so that it is
     never the traced one and never stands for a tensor."""
-    return tensor_key(value) if isinstance(value, torch.Tensor) else ("absent", type(value).__name__)
+    return tensor_key(value) if issubclass(type(value), torch.Tensor) else ("absent", type(value).__name__)
 
 
 def fetch_now(fetch: Callable[[tuple[Any, ...]], Any], call_args: tuple[Any, ...]) -> Any:
@@ -396,7 +396,7 @@ def reads_argument_tensors(pair: Pair) -> bool:
 def tensor_key(value: Any) -> Any:
     """What a bwd traced for a tensor relies on: its type, shape, dtype, device, layout,
     requires_grad (symbolic sizes: never equal, so a changed tensor is traced again)."""
-    if not isinstance(value, torch.Tensor):
+    if not issubclass(type(value), torch.Tensor):
         return _NEVER
     if _symbolic(tuple(value.shape)):
         return _NEVER

@@ -67,9 +67,9 @@ class _Emitter:
             return value.name
         if kind is tuple:
             return "(" + "".join(f"{self.fmt(v)}, " for v in value) + ")"
-        if isinstance(value, list):  # fx stores lists as its immutable_list
+        if issubclass(type(value), list):  # fx stores lists as its immutable_list
             return "[" + ", ".join(self.fmt(v) for v in value) + "]"
-        if isinstance(value, dict) and all(type(k) is str for k in value):
+        if issubclass(type(value), dict) and all(type(k) is str for k in value):
             return "{" + ", ".join(f"{k!r}: {self.fmt(v)}" for k, v in value.items()) + "}"
         if value is None or kind in (bool, int, str):
             return repr(value)

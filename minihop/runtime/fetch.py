@@ -58,7 +58,7 @@ def fetcher(inputs: tuple[InputSource, ...],
 
 
 def _detached(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.requires_grad:
+    if issubclass(type(value), torch.Tensor) and value.requires_grad:
         detached = value.detach()
         setattr(detached, LIFTED_FROM, value)  # for backward() in backward (tracer.recompute)
         return detached

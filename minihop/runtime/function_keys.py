@@ -42,7 +42,7 @@ _CONSTANTS = (str, bytes, int, bool, complex, type(None))
 def _default_key(value: Any) -> Any:
     if type(value) is float:
         return ("F", value.hex())
-    if type(value) in _CONSTANTS or isinstance(value, type):
+    if type(value) in _CONSTANTS or issubclass(type(value), type):
         return ("V", type(value), value)
     return ("id", _Same(value))
 
@@ -63,7 +63,7 @@ def same_function(key: Any) -> bool:
     defaults (a dict changed in place): then its function, code and defaults tuple being the
     very same objects, its names the same strings and no attributes set is a match
     (``guard_checks.compile_live_check``'s fast path)."""
-    if not (isinstance(key, tuple) and key and key[0] == "fn" and key[5] is None):
+    if not (issubclass(type(key), tuple) and key and key[0] == "fn" and key[5] is None):
         return False
     fn = key[2].obj
     return fn.__kwdefaults__ is None and not fn.__dict__ and function_key(fn) == key

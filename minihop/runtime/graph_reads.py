@@ -38,11 +38,11 @@ def _reads(graph: fx.Graph, dtype: torch.dtype) -> bool:
     for node in graph.nodes:
         if node.op == "placeholder" or node.op == "output":
             continue
-        if isinstance(node.target, torch._ops.HigherOrderOperator):
+        if issubclass(type(node.target), torch._ops.HigherOrderOperator):
             return True
         val = node.meta.get("val")
-        outs = (val,) if isinstance(val, torch.Tensor) else tree_leaves(val) if isinstance(val, (tuple, list)) else ()
-        if any(isinstance(v, torch.Tensor) and v.dtype in made for v in outs) and not any(
+        outs = (val,) if issubclass(type(val), torch.Tensor) else tree_leaves(val) if issubclass(type(val), (tuple, list)) else ()
+        if any(issubclass(type(v), torch.Tensor) and v.dtype in made for v in outs) and not any(
                 getattr(a.meta.get("val"), "dtype", None) in made for a in node.all_input_nodes):
             return True
     return False
@@ -59,4 +59,4 @@ def applied_functions(graph: fx.Graph) -> list[str]:
     """The other Functions the user's backward applied (``tracer.grad_modes.watching_applies``:
     their forward's nodes are marked): under ``create_graph`` eager's double backward calls
     their backward, where this graph's ops would be differentiated."""
-    return sorted({m for node in graph.nodes if isinstance(m := node.meta.get(READS_GRAD_MODE), str)})
+    return sorted({m for node in graph.nodes if issubclass(type(m := node.meta.get(READS_GRAD_MODE)), str)})

@@ -71,7 +71,7 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
             consts[f"m{i}"] = masks[i]
             lines += [f"    if masked_key({a}, m{i}) != k{i}:", "        return False"]
             continue
-        if isinstance(k, tuple) and k and k[0] == "T":
+        if issubclass(type(k), tuple) and k and k[0] == "T":
             _, cls, shape, dtype, device, layout, rg, attrs = k
             consts.update({f"c{i}": cls, f"d{i}": dtype, f"v{i}": device, f"l{i}": layout,
                            f"a{i}": attrs, "attrs_of": python_attributes})
@@ -92,9 +92,9 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
                 consts[f"s{i}"] = torch.Size(shape)
                 checks.append(f"{a}.shape == s{i}")
             lines.append(f"    if not ({' and '.join(checks)}):")
-        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] is int and k[2] is None:
+        elif issubclass(type(k), tuple) and k and k[0] == "V" and k[1] is int and k[2] is None:
             lines.append(f"    if type({a}) is not int:")  # a dynamic int (shape guards check it)
-        elif isinstance(k, tuple) and k and k[0] == "V" and k[1] in PLAIN:
+        elif issubclass(type(k), tuple) and k and k[0] == "V" and k[1] in PLAIN:
             consts[f"t{i}"] = k[1]
             lines.append(f"    if not (type({a}) is t{i} and {a} == k{i}[2]):")
         elif k == EMPTY_TUPLE:  # (what a tensor argument holds of the names backward reads: usually nothing)
@@ -115,7 +115,7 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
     for i, (fetch, key) in enumerate(zip(fetchers, captured, strict=True)):
         consts[f"f{i}"] = fetch
         consts[f"k{i}"] = key
-        if isinstance(key, tuple) and len(key) == 3 and key[0] == "V" and key[1] in PLAIN:
+        if issubclass(type(key), tuple) and len(key) == 3 and key[0] == "V" and key[1] in PLAIN:
             consts[f"t{i}"], consts[f"v{i}"] = key[1], key[2]
             lines += [f"    v = f{i}(args)", f"    if type(v) is not t{i} or v != v{i}:", "        return False"]
         elif key == EMPTY_TUPLE:
@@ -129,7 +129,7 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
                       f"    if not (v is o{i} and v.__code__ is c{i} and v.__defaults__ is d{i} and v.__kwdefaults__ is None"
                       f" and v.__name__ is n{i} and v.__qualname__ is q{i} and not v.__dict__)"
                       f" and key_of(v) != k{i}:", "        return False"]
-        elif isinstance(key, tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:-1]):
+        elif issubclass(type(key), tuple) and key[:1] == ("Fn",) and all(same_function(k) for k in key[3:-1]):
             # another Function, its methods the keyed ones, its other attributes the same
             consts[f"o{i}"], consts[f"s{i}"], consts["fn_state"] = key[2].obj, key[-1], function_class_state
             consts[f"w{i}"] = class_watch(key[2].obj, key[-1], FN_OWN) or (lambda cls, s=key[-1]: function_class_state(cls) == s)
@@ -138,7 +138,7 @@ def compile_live_check(fetchers: tuple[Callable[[tuple[Any, ...]], Any], ...],
                 fn = consts[f"m{i}{m}"] = method_key[2].obj
                 consts[f"c{i}{m}"], consts[f"d{i}{m}"] = fn.__code__, fn.__defaults__
                 consts[f"n{i}{m}"], consts[f"q{i}{m}"] = fn.__name__, fn.__qualname__
-                got = f"v.{m}.__func__" if isinstance(getattr(key[2].obj, m), types.MethodType) else f"v.{m}"  # a classmethod
+                got = f"v.{m}.__func__" if issubclass(type(getattr(key[2].obj, m)), types.MethodType) else f"v.{m}"  # a classmethod
                 test.append(f"{got} is m{i}{m} and m{i}{m}.__code__ is c{i}{m} and m{i}{m}.__defaults__ is d{i}{m}"
                             f" and m{i}{m}.__name__ is n{i}{m} and m{i}{m}.__qualname__ is q{i}{m}")
             lines += [f"    v = f{i}(args)", f"    if not ({' and '.join(test)}) and key_of(v) != k{i}:", "        return False"]
@@ -157,7 +157,7 @@ def class_watch(cls: type, state: tuple[Any, ...], skip: frozenset[str]) -> Call
     what can change in place (a list, a function's code) is keyed again. None where ``state``
     is not the class's state now, or for an ABC or a class of a user metaclass (its registry,
     the metaclass's attributes are part of the key)."""
-    if isinstance(cls, abc.ABCMeta) or user_metaclass(cls) or function_class_state(cls) != state:
+    if issubclass(type(cls), abc.ABCMeta) or user_metaclass(cls) or function_class_state(cls) != state:
         return None
     inner, mro, name, qualname = frozenset({id(cls)}), cls.__mro__, cls.__name__, cls.__qualname__
     keyed = dict(state)
@@ -172,5 +172,5 @@ def class_watch(cls: type, state: tuple[Any, ...], skip: frozenset[str]) -> Call
         return klass.__mro__ is mro and klass.__name__ is name and klass.__qualname__ is qualname and all_(
             len_(names) == n and all_(map_(is_, names, ks)) and all_(map_(is_, names.values(), vs))
             for names, n, ks, vs in held) and (not changeable or all_(
-                (code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) == k for v, k in changeable))
+                (code_key(v, inner) if issubclass(type(v), CODE) else value_key(v, inner)) == k for v, k in changeable))
     return unchanged

@@ -27,7 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import is_dynamo_mark, marks
 from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
-                             module_attributes, native_state, state_of, subclass_attributes, torch_tensor_entries, view_items)
+                             module_attributes, native_state, own_attr, own_dict, state_of, subclass_attributes, torch_tensor_entries,
+                             view_items)
 from ..structure import PLAIN_CALLABLES, attributes
 from ..user_code import plain_atom, plain_items, plain_pairs
 from .function_keys import function_key
@@ -45,56 +46,56 @@ def python_attributes(tensor: torch.Tensor) -> tuple[tuple[str, Any], ...]:
     found = tensor.__dict__
     if not found:
         return ()
-    own = torch_tensor_entries() if isinstance(tensor, FakeTensor) else ()  # (a trace's value: what the user set)
+    own = torch_tensor_entries() if issubclass(type(tensor), FakeTensor) else ()  # (a trace's value: what the user set)
     return tuple(sorted((k, value_key(v)) for k, v in found.items() if not is_dynamo_mark(k) and k not in own))
 
 
 def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     """The key of one value (a tensor's properties, a constant's value, ...)."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return ("T", type(value), tuple(value.shape), value.dtype, value.device, value.layout,
                 value.requires_grad, python_attributes(value))
-    if isinstance(value, float) and ((plain := plain_atom(value)) == 0.0 or plain != plain):
+    if issubclass(type(value), float) and ((plain := plain_atom(value)) == 0.0 or plain != plain):
         # 0.0 == -0.0 and nan != nan in Python: keyed by their bits, so -0.0 never hits a
         # 0.0 capture (copysign, 1/x tell them apart) and a NaN capture is ever hit again.
         return ("F", type(value), plain.hex())
-    if isinstance(value, complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
+    if issubclass(type(value), complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
         return ("F", type(value), value.real.hex(), value.imag.hex())
-    if isinstance(value, type) and issubclass(value, torch.autograd.Function) and value.__module__ != "torch.autograd.function":
+    if issubclass(type(value), type) and issubclass(value, torch.autograd.Function) and value.__module__ != "torch.autograd.function":
         # Another Function (``Inner.apply`` inside forward, one passed in): which forward,
         # backward and setup_context it runs, with their code and defaults, and its other class
         # attributes, as a user class's (read through it where no chain names them too).
         return ("Fn", id(value), Same(value), *(_callee_key(getattr(getattr(value, m), "__func__", getattr(value, m)))
                                                 for m in FN_METHODS),
                 (("cycle", id(value)),) if id(value) in _open else function_class_state(value, _open))
-    if isinstance(value, type) and not issubclass(value, torch.autograd.Function) and \
-            not library_name(value.__module__) and id(value) not in _open:
+    if issubclass(type(value), type) and not issubclass(value, torch.autograd.Function) and \
+            not library_name(own_attr(value, "__module__")) and id(value) not in _open:
         # A user's class: what its code reads of it (``cls.scale``, ``getattr(cls, name)``)
         # is its class attributes, keyed whole.
         return ("C", id(value), _class_state(value, _open | {id(value)}))
-    if isinstance(value, _HASHABLE_ATOMS):
+    if issubclass(type(value), _HASHABLE_ATOMS):
         # (a ``str`` or ``float`` subclass's value as the builtin's: keys compare it without the
         # subclass's ``__eq__``, the user's code, which runs only where the user's code runs it)
         return ("V", type(value), plain_atom(value), *_own(value, _open))
     if id(value) in _open:
         return ("cycle", type(value), id(value))  # an object that contains itself
-    if isinstance(value, (tuple, list)):
+    if issubclass(type(value), (tuple, list)):
         inner = _open | {id(value)}
         items = plain_items(value)  # (not a subclass's own ``__iter__``)
         return (type(value), tuple(value_key(v, inner) for v in items), *_of_class(value, _open), *_own(value, _open))
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         inner = _open | {id(value)}
         # Keys by their own keys too: {-0.0: v} is not {0.0: v}, nor (0.0,) (-0.0,).
         return (type(value), tuple((value_key(k, inner), value_key(v, inner))
                                    for k, v in plain_pairs(value)),
                 *_of_class(value, _open), *_own(value, _open))
-    if isinstance(value, (set, frozenset)):
+    if issubclass(type(value), (set, frozenset)):
         # A set's members compare by ==, so frozenset({-0.0}) == frozenset({0.0}): keyed each,
         # in its iteration order: equal sets built in another order iterate in another order
         # ({9, 1} and {1, 9} collide in an 8-slot table), and code that loops over one does too.
         inner = _open | {id(value)}
         return (type(value), tuple(value_key(v, inner) for v in plain_items(value)), *_own(value, _open))
-    if isinstance(value, torch.nn.Module):
+    if issubclass(type(value), torch.nn.Module):
         # Its tensors are graph inputs: a replaced parameter of another shape needs a new capture.
         # What its forward (torch's own, in library code) reads is the rest of its state: each
         # submodule's identity, training flag, plain attributes (eps, p, momentum, ...) and hooks.
@@ -103,7 +104,7 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
             (name, value_key(t)) for name, t in (*value.named_parameters(), *value.named_buffers())),
             tuple(_module_state(name, m, inner) for name, m in value.named_modules()),
             global_module_hooks())
-    if isinstance(value, types.MethodType):
+    if issubclass(type(value), types.MethodType):
         # A bound method computes with its object: keyed by its function and that object.
         inner = _open | {id(value)}
         return ("bound", _callee_key(value.__func__), value_key(value.__self__, inner))
@@ -111,28 +112,28 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         # A C method bound to an object (``GET = CFG.get``, ``pop = queue.popleft``) computes
         # with that object as a bound method does: keyed by it.
         return ("bound C", value.__name__, value_key(value.__self__, _open | {id(value)}))
-    if isinstance(value, functools.partial):
+    if issubclass(type(value), functools.partial):
         # What it is called with is part of what it computes (``partial(surrogate, alpha=2.0)``).
         inner = _open | {id(value)}
         return ("partial", _callee_key(value.func), value_key(value.args, inner), value_key(value.keywords, inner))
-    if isinstance(value, types.FunctionType):
+    if issubclass(type(value), types.FunctionType):
         # Its defaults, code and names too: the caller may replace them; and what the user set
         # on it (``act.scale = 2.0``, read as ``fn.scale``), by value.
-        own = {k: v for k, v in value.__dict__.items() if not k.startswith("_minihop")}
+        own = {k: v for k, v in own_dict(value).items() if not k.startswith("_minihop")}
         return function_key(value) if not own else (*function_key(value), ("attributes", tuple(
             (k, value_key(v, _open | {id(value)})) for k, v in own.items())))
-    if isinstance(value, (*PLAIN_CALLABLES, type)):
+    if issubclass(type(value), (*PLAIN_CALLABLES, type)):
         return ("id", type(value), id(value))
-    if isinstance(value, logging.Logger):
+    if issubclass(type(value), logging.Logger):
         # What code can take from a logger is whether it logs (``isEnabledFor``): its level as
         # its parents set it, and the process-wide ``logging.disable(level)`` (its manager's).
         # Its handlers are not the graphs' business: messages are replayed or refused on their own.
         return ("logger", id(value), value.getEffectiveLevel(), value.disabled,
                 getattr(getattr(value, "manager", None), "disable", 0), Same(value))
-    if isinstance(value, weakref.ref):
+    if issubclass(type(value), weakref.ref):
         # What code gets by calling it (a WeakValueDictionary's entries are these): its object.
         return ("weak", type(value), value_key(value(), _open | {id(value)}))
-    if isinstance(value, READ_ONLY_VIEWS):
+    if issubclass(type(value), READ_ONLY_VIEWS):
         # ``MappingProxyType(d)``, ``d.keys()``: what they show is their dict's items now.
         return ("view", type(value), value_key(view_items(value), _open | {id(value)}))
     # (by its type: ``isinstance`` against an ABC asks ``value.__class__``, which a user's
@@ -191,7 +192,7 @@ FN_METHODS = ("forward", "backward", "setup_context")  # what another Function's
 
 def _callee_key(fn: Any) -> Any:
     """What a bound method or a partial calls: a function by ``function_key``, else by id."""
-    return function_key(fn) if isinstance(fn, types.FunctionType) else id(fn)
+    return function_key(fn) if issubclass(type(fn), types.FunctionType) else id(fn)
 
 
 def library_name(module: Any) -> bool:
@@ -206,12 +207,12 @@ def _class_state(cls: type, inner: frozenset[int], skip: frozenset[str] = frozen
     ``Ops.act = staticmethod(torch.tanh)`` rebinding one is a different key (the class's
     identity does not change). The key holds those objects, so their ids are never reused."""
     found = class_attributes(cls, skip)
-    state = (*((k, code_key(v, inner) if isinstance(v, CODE) else value_key(v, inner)) for k, v in found.items()),
+    state = (*((k, code_key(v, inner) if issubclass(type(v), CODE) else value_key(v, inner)) for k, v in found.items()),
              # (and its names: code dispatches on ``type(cfg).__name__``, which its dict lacks)
-             ("__name__", ("V", str, cls.__name__)), ("__qualname__", ("V", str, cls.__qualname__)),
+             ("__name__", ("V", str, own_attr(cls, "__name__"))), ("__qualname__", ("V", str, own_attr(cls, "__qualname__"))),
              # (and a user metaclass's: ``Cls.k`` finds ``Meta.k`` where no class in the MRO has k)
              *((("metaclass", value_key(type(cls), inner)),) if user_metaclass(cls) else ()))
-    if isinstance(cls, abc.ABCMeta):
+    if issubclass(type(cls), abc.ABCMeta):
         # ``Kind.register(Other)`` changes what ``isinstance(x, Kind)`` answers, in place.
         registered = frozenset(id(r()) for r in abc._get_dump(cls)[0])  # type: ignore[attr-defined]
         return (*state, ("abc registry", registered))
@@ -222,12 +223,12 @@ def class_attributes(cls: type, skip: frozenset[str] = frozenset()) -> dict[str,
     """The attributes a user class's key holds, by name (a base's overridden by its subclass's)."""
     found: dict[str, Any] = {}
     for klass in user_bases(cls):
-        for k, v in vars(klass).items():
+        for k, v in own_dict(klass).items():
             # Its dunder methods too: ``Act.__call__``, ``__getitem__``, ``__float__`` rebound
             # change what ``act(x)``, ``cfg[k]``, ``float(knob)`` compute (the class's identity
             # does not change); its data dunders (``__dict__``, ``__doc__``, a dataclass's
             # fields) do not; nor does what minihop put there (``@captured``'s apply, a cache).
-            if (not (k.startswith("__") and k.endswith("__")) or v is None or isinstance(v, CODE) or callable(v)) \
+            if (not (k.startswith("__") and k.endswith("__")) or v is None or issubclass(type(v), CODE) or callable(v)) \
                     and k not in skip and not (k.startswith("_minihop") or type(v) not in PLAIN and minihops(v)):
                 found[k] = v
     return found
@@ -245,10 +246,10 @@ _BASES: weakref.WeakKeyDictionary[type, tuple[Any, tuple[type, ...]]] = weakref.
 def user_bases(cls: type) -> tuple[type, ...]:
     """``cls``'s MRO, base first, without library classes: found once per MRO (a guard asks on
     every call; ``__bases__`` assigned makes a new one)."""
-    mro = cls.__mro__
+    mro = own_attr(cls, "__mro__")  # (past a metaclass's own __getattribute__, as every read of a class here)
     held = _BASES.get(cls)
     if held is None or held[0] is not mro:
-        held = _BASES[cls] = (mro, tuple(k for k in reversed(mro) if not library_name(k.__module__)))
+        held = _BASES[cls] = (mro, tuple(k for k in reversed(mro) if not library_name(own_attr(k, "__module__"))))
     return held[1]
 
 FN_OWN = frozenset({*FN_METHODS, "_backward_cls"})  # (keyed above; the node class torch made)
@@ -263,15 +264,15 @@ def code_key(v: Any, inner: frozenset[int]) -> tuple[Any, ...]:
     """A method kept on a class, by what runs when it is called or read (a
     ``staticmethod(partial(...))`` by its partial's function, arguments and keywords too: they
     change in place)."""
-    if isinstance(v, property):
+    if issubclass(type(v), property):
         return ("code", *(None if f is None else _callee_key(f) for f in (v.fget, v.fset, v.fdel)))
     called = getattr(v, "__func__", v)
-    return ("code", _callee_key(called) if isinstance(called, types.FunctionType) else value_key(called, inner))
+    return ("code", _callee_key(called) if issubclass(type(called), types.FunctionType) else value_key(called, inner))
 
 
 def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> tuple[Any, ...]:
     plain = tuple((k, value_key(v, inner)) for k, v in module_attributes(module).items()
-                  if not isinstance(v, torch.Tensor))
+                  if not issubclass(type(v), torch.Tensor))
     hooks = tuple(id(h) for d in (module._forward_pre_hooks, module._forward_hooks) for h in d.values())
     # A user module's class: its methods (``MyMod.forward`` rebound) and class attributes; any
     # class's forward, the code the trace analysed (a library class's, set by the user too).
@@ -309,7 +310,7 @@ def masked_key(value: Any, masked: frozenset[str]) -> Any:
     increments on an argument object: every call changes them, and the replayed write keeps
     them as eager does; see ``tracer.roots.arg_masks``)."""
     attrs = attributes(value)
-    if not attrs or isinstance(value, (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
+    if not attrs or issubclass(type(value), (torch.Tensor, *_HASHABLE_ATOMS, tuple, list, dict, torch.nn.Module)):
         return value_key(value)
     return ("O", type(value), tuple((k, value_key(v)) for k, v in attrs.items() if k not in masked),
             *_of_class(value, frozenset()))

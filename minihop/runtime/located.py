@@ -36,8 +36,8 @@ _NAMESPACES: dict[tuple[str, str], dict[str, Any]] = {}  # a module not in sys.m
 
 def _namespace(module: Any, filename: str) -> dict[str, Any]:
     """The user's module's globals (where ``warnings`` keeps its ``__warningregistry__``)."""
-    home = sys.modules.get(module) if isinstance(module, str) else None
-    if home is not None and isinstance(getattr(home, "__dict__", None), dict):
+    home = sys.modules.get(module) if issubclass(type(module), str) else None
+    if home is not None and issubclass(type(getattr(home, "__dict__", None)), dict):
         return vars(home)
     return _NAMESPACES.setdefault((str(module), filename), {"__name__": module or "<string>"})
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GuardMismatchError
-from ..library_state import Same
+from ..library_state import Same, own_attr
 from ..spec import MISSING, Place, PythonState, StateRead
 from .guards import library_name, value_key
 
@@ -46,17 +46,18 @@ def holds_modules(state: PythonState, args: Args) -> frozenset[str]:
             owner = r.place.owner(args) if r.place.steps else None
         except Exception:
             continue
-        if isinstance(value, types.ModuleType) or (value is MISSING and not r.place.steps and r.place.root.kind == "global") or (
-                isinstance(owner, types.ModuleType) and library_name(owner.__name__) and callable(value)) or (
-                isinstance(owner, type) and library_name(owner.__module__) and isinstance(value, types.FunctionType)):
+        if issubclass(type(value), types.ModuleType) or (value is MISSING and not r.place.steps and r.place.root.kind == "global") or (
+                issubclass(type(owner), types.ModuleType) and library_name(owner.__name__) and callable(value)) or (
+                issubclass(type(owner), type) and library_name(own_attr(owner, "__module__"))
+                and issubclass(type(value), types.FunctionType)):
             found.add(r.place.description)
     return frozenset(found)
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, types.ModuleType):
+    if issubclass(type(value), types.ModuleType):
         return f"module {value.__name__}"
-    if callable(value) and isinstance(getattr(value, "__module__", None), str) and hasattr(value, "__name__"):
+    if callable(value) and issubclass(type(getattr(value, "__module__", None)), str) and hasattr(value, "__name__"):
         return f"{value.__module__}.{value.__name__}"  # torch.sin (its qualname is a C class's)
     return "nothing" if value is MISSING else f"{type(value).__name__} {getattr(value, '__qualname__', value)!r}"
 
@@ -66,11 +67,11 @@ def _reader(place: Place, i: int, consts: dict[str, Any]) -> str:
     global or cell read directly (most of these are ``torch``, ``F``: the hot path), any other
     place by its reader."""
     root = place.root
-    if not place.steps and root.kind == "global" and isinstance(root.home, dict):
+    if not place.steps and root.kind == "global" and issubclass(type(root.home), dict):
         consts[f"h{i}"], consts[f"k{i}"], consts["MISSING"] = root.home, root.key, MISSING
         return f"h{i}.get(k{i}, MISSING)"  # (a builtin's name: no global of that name)
-    if root.kind == "global" and isinstance(root.home, dict) and place.steps and all(
-            kind == "attr" and isinstance(name, str) and name.isidentifier() for kind, name in place.steps):
+    if root.kind == "global" and issubclass(type(root.home), dict) and place.steps and all(
+            kind == "attr" and issubclass(type(name), str) and name.isidentifier() for kind, name in place.steps):
         consts[f"h{i}"], consts[f"k{i}"] = root.home, root.key  # torch.sin, F.gelu: attribute loads
         return f"h{i}[k{i}]" + "".join(f".{name}" for _, name in place.steps)
     if root.kind == "value" and root.home is not None and len(place.steps) == 1 and place.steps[0][0] == "attr" \

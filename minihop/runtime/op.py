@@ -37,7 +37,7 @@ def _make(fwd: Callable[..., Any], bwd: Callable[..., Any], non_differentiable_i
         finally:
             _set_grad(grad_mode)
         outs = tuple(outs)
-        via_ctx = [i for i, v in enumerate(saved) if isinstance(v, torch.Tensor)
+        via_ctx = [i for i, v in enumerate(saved) if issubclass(type(v), torch.Tensor)
                    and (saved_for_backward_idx is None or i in saved_for_backward_idx)]
         ctx.save_for_backward(*[saved[i] for i in via_ctx])
         # Non-tensors (sizes) and tensors not from save_for_backward: plain ctx attributes.
@@ -60,7 +60,7 @@ def _make(fwd: Callable[..., Any], bwd: Callable[..., Any], non_differentiable_i
             result = bwd(*grads, *saved)
         finally:
             _set_grad(grad_mode)
-        return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+        return tuple(result) if issubclass(type(result), (tuple, list)) else (result,)
 
     return type("AutogradFunctionApply", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -84,4 +84,4 @@ def autograd_function_apply(fwd: Callable[..., Any], bwd: Callable[..., Any], *a
         if len(_classes) > _MAX_CLASSES:
             _classes.popitem(last=False)
     out = fn_cls.apply(*args)
-    return out if isinstance(out, tuple) else (out,)
+    return out if issubclass(type(out), tuple) else (out,)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..library_state import own_dict
 from ..spec import MISSING, Place, PythonState
 from ..place import walk_plain
 from ..structure import argname, attributes
@@ -47,7 +48,7 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
     can be shared (fewer than two argument objects, tensors and objects along the places read,
     and no tensor the code reached outside its arguments). A sharing is, per object, the first
     one it is, and which of them are one of ``state.outside_tensors``."""
-    arg_idx = tuple(i for i, a in enumerate(args) if _holder(a) or isinstance(a, torch.Tensor))
+    arg_idx = tuple(i for i, a in enumerate(args) if _holder(a) or issubclass(type(a), torch.Tensor))
     along = {p: f for p, f in _along(state, held).items() if _holder(_fetched(f, args))}
     inner = _inner_tensors(args, argnames)
     outside = {id(t): r for r in state.outside_tensors if (t := r()) is not None}
@@ -80,7 +81,7 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
 def _distinct_check(args: Args, arg_idx: tuple[int, ...], at_capture: tuple[Any, ...]) -> Callable[[Args], bool] | None:
     """For top-level tensor arguments only, all distinct at capture (the usual case, checked on
     every call's hot path): one generated ``is not`` per pair (a set of ids past four)."""
-    if not all(isinstance(args[i], torch.Tensor) for i in arg_idx) or at_capture != (tuple(range(len(arg_idx))), ()):
+    if not all(issubclass(type(args[i]), torch.Tensor) for i in arg_idx) or at_capture != (tuple(range(len(arg_idx))), ()):
         return None
     if len(arg_idx) <= 4:
         test = " and ".join(f"args[{i}] is not args[{j}]" for k, i in enumerate(arg_idx) for j in arg_idx[k + 1:])
@@ -98,22 +99,22 @@ def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, tor
     seen: set[int] = set()  # (each container once: a tree with parent links is walked once)
 
     def walk(value: Any, name: str, depth: int) -> None:
-        if not isinstance(value, torch.Tensor):
+        if not issubclass(type(value), torch.Tensor):
             if id(value) in seen:
                 return
             seen.add(id(value))
-        if isinstance(value, torch.Tensor):
+        if issubclass(type(value), torch.Tensor):
             if depth:
                 found.append((name, value))
-        elif isinstance(value, (list, tuple)) and depth < 8:
+        elif issubclass(type(value), (list, tuple)) and depth < 8:
             for k, v in enumerate(plain_items(value)):
                 walk(v, f"{name}[{k}]", depth + 1)
-        elif isinstance(value, dict) and depth < 8:
+        elif issubclass(type(value), dict) and depth < 8:
             for k, v in plain_pairs(value):
                 walk(v, f"{name}[{k!r}]", depth + 1)
-        elif isinstance(value, torch.nn.Module):
+        elif issubclass(type(value), torch.nn.Module):
             found.extend(_module_tensors(value, name))
-        elif _holder(value) and depth < 8 and not isinstance(value, types.ModuleType):
+        elif _holder(value) and depth < 8 and not issubclass(type(value), types.ModuleType):
             for k, v in attributes(value).items():  # (a user's object: keyed by its contents)
                 walk(v, f"{name}.{k}", depth + 1)
 
@@ -159,9 +160,9 @@ def _along(state: PythonState, held: frozenset[str]) -> dict[str, Callable[[Args
 
 def _holder(value: Any) -> bool:
     """An object whose state a write changes in place (a list, a dict, a user's object)."""
-    if isinstance(value, (list, dict, set, bytearray, torch.nn.Module)):
+    if issubclass(type(value), (list, dict, set, bytearray, torch.nn.Module)):
         return True
-    return hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, *_CODE_LIKE))
+    return own_dict(value) is not None and not issubclass(type(value), (torch.Tensor, type, *_CODE_LIKE))
 
 
 def _fetched(fetch: Callable[[Args], Any], args: Args) -> Any:

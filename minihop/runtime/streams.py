@@ -59,7 +59,7 @@ CUDA_OPS = StreamOps(
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     for _, leaf in iter_leaves(value):
-        if isinstance(leaf, torch.Tensor):
+        if issubclass(type(leaf), torch.Tensor):
             yield leaf
 
 

@@ -98,14 +98,14 @@ def make_transformable(pair: Pair, call_bwd: Callable[..., tuple[tuple[Any, ...]
         saved = [inputs[j] if kind == "input" else output[j] for kind, j in where]
         # Python numbers bwd reads (size symbols, with symbolic sizes) are kept on ctx, as a
         # user keeps ``ctx.n = x.shape[0]``: save_for_backward takes tensors only.
-        ctx.minihop_numbers = [(i, v) for i, v in enumerate(saved) if not isinstance(v, torch.Tensor)]
+        ctx.minihop_numbers = [(i, v) for i, v in enumerate(saved) if not issubclass(type(v), torch.Tensor)]
         # Eager's backward under a transform gets its tensors back as the transform's wrappers,
         # which carry none of the user's attributes (``getattr(w, "k", 1.0)`` reads 1.0 there):
         # backward's places see each tensor argument as a fresh tensor without any.
-        ctx.minihop_args = tuple(torch.empty(0) if isinstance(a, torch.Tensor) else a
+        ctx.minihop_args = tuple(torch.empty(0) if issubclass(type(a), torch.Tensor) else a
                                  for a in getattr(_CALLING, "args", ()))
-        ctx.save_for_backward(*[v for v in saved if isinstance(v, torch.Tensor)])
-        ctx.mark_non_differentiable(*[v for v in output[n_top:] if isinstance(v, torch.Tensor)],
+        ctx.save_for_backward(*[v for v in saved if issubclass(type(v), torch.Tensor)])
+        ctx.mark_non_differentiable(*[v for v in output[n_top:] if issubclass(type(v), torch.Tensor)],
                                     *[output[p] for p in nondiff_pos])
 
     def backward(ctx: Any, *grads: Any) -> Any:

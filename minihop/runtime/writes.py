@@ -36,7 +36,7 @@ def make_writer(writes: tuple[OutsideWrite, ...]) -> Writer | None:
     # eager call (an edit to one call's must not show in the next), and a number computed from
     # symbolic sizes is this call's.
     steps = tuple((_container(w.location), w.location.step, w.output, w.value,
-                   w.output is None and (has_computed(w.value) or isinstance(w.value, _REBUILT)))
+                   w.output is None and (has_computed(w.value) or issubclass(type(w.value), _REBUILT)))
                   for w in writes)
 
     def write(args: tuple[Any, ...], outs: Any) -> None:

@@ -25,12 +25,12 @@ LEAVES = (*CONSTANTS, torch.Tensor, type)
 
 def atom_tuple(value: Any) -> bool:
     """A tuple of atoms (however nested): a value, as an atom is."""
-    return isinstance(value, tuple) and all(isinstance(v, ATOMS) or atom_tuple(v) for v in value)
+    return issubclass(type(value), tuple) and all(issubclass(type(v), ATOMS) or atom_tuple(v) for v in value)
 
 
 def holds_tensor(value: Any) -> bool:
     """A tensor, or a list, tuple or dict holding one (however nested)."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return True
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    items = value.values() if issubclass(type(value), dict) else value if issubclass(type(value), (list, tuple)) else ()
     return any(holds_tensor(v) for v in items)

@@ -67,7 +67,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
     """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``
     (``real_args``: the caller's arguments, whose containers' tensors backward reads anew)."""
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
-    top_items = list(out) if isinstance(out, tuple) else [out]
+    top_items = list(out) if issubclass(type(out), tuple) else [out]
     grads: list[Any] = []
     grad_names: list[str | None] = [None] * num_outputs
     grad_handed = [False] * num_outputs
@@ -75,7 +75,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
         flat_index = 0
         for item_index, item in enumerate(top_items):
             g = None
-            if isinstance(item, torch.Tensor):
+            if issubclass(type(item), torch.Tensor):
                 if parts.gradnames is not None and item_index < len(parts.gradnames):
                     grad_names[flat_index] = parts.gradnames[item_index]
                 grad_spec = _CONTIGUOUS if grad_specs is None else grad_specs[flat_index]
@@ -93,7 +93,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
             t.lift_shape_symbols(t.bwd, g)
     bwd_frame = FrameSnapshot()
     t.backward_reads.begin()  # where each tensor lives as backward starts (read, then deleted)
-    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+    grad_can_flow = grad_on and any(issubclass(type(a), torch.Tensor) and a.requires_grad for a in fake_args)
     try:
         # forward's values, not the places'; an argument container's tensors: the places' (backward_reads.py)
         with forward_values_on_ctx(t, ctx), argument_tensors_on_ctx(t, ctx, fake_args, real_args), \
@@ -103,7 +103,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
         t.unbacked.flush(t.bwd)
         t.unbacked.check_ranges(t.bwd)
     except Exception:
-        if grad_can_flow and any(isinstance(item, torch.Tensor) for item in top_items):
+        if grad_can_flow and any(issubclass(type(item), torch.Tensor) for item in top_items):
             raise
         # No gradient can flow (grad mode off, no argument requires grad, no tensor output autograd
         # sees: only tensors nested in a dict, say): eager never calls this backward, so its
@@ -111,7 +111,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
         t.reset_backward()
         bwd_frame = FrameSnapshot()
         arg_grads = (None,) * len(fake_args)
-    names = name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None,
+    names = name_hints(bwd_frame.locals, lambda v: t.bwd.node_of.get(id(v)) if issubclass(type(v), torch.Tensor) else None,
                        t.bwd.stored)
     return BackwardRun(arg_grads, names, tuple(grad_names), tuple(grad_handed))
 
@@ -125,7 +125,7 @@ def save_everything(t: Tracing, ctx: ProxyCtx) -> None:
                                           if not name.startswith("_minihop")
                                           for _, leaf in iter_leaves(value))]
     for value in reachable:
-        if isinstance(value, torch.Tensor) and not t.is_traced(value):
+        if issubclass(type(value), torch.Tensor) and not t.is_traced(value):
             value = t.real_to_fake.get(id(value), value)  # a real tensor put on ctx: its lifted input
         if t.is_traced(value):
             t.bwd.node_for(value)  # a bwd placeholder, paired with its fwd node (bwd_saved)
@@ -149,7 +149,7 @@ def reads_data_in_backward(state: PythonState, args: tuple[Any, ...]) -> bool:
             value = read.place.get(args)
         except Exception:
             return True
-        if not (callable(value) or isinstance(value, types.ModuleType)):
+        if not (callable(value) or issubclass(type(value), types.ModuleType)):
             return True
     return False
 
@@ -178,7 +178,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         if call_args:
             for name, value in vars(ctx).items():
                 for fake, real in zip(fake_args, call_args):
-                    if value is fake and not isinstance(fake, torch.Tensor):
+                    if value is fake and not issubclass(type(fake), torch.Tensor):
                         swapped[name] = value
                         object.__setattr__(ctx, name, real)
         if ctx_state is not None:
@@ -258,7 +258,7 @@ def _tensor_leaves(value: Any) -> list[torch.Tensor]:
 def _arg_grads(t: Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node | None, ...]:
     """Check what backward returned against forward's arguments, as eager does."""
     name = t.parts.name
-    grads = result if isinstance(result, tuple) else (result,)
+    grads = result if issubclass(type(result), tuple) else (result,)
     if len(grads) > len(args) and all(g is None for g in grads[len(args):]):
         grads = grads[: len(args)]  # eager drops trailing Nones
     if len(grads) != len(args):
@@ -275,14 +275,14 @@ def _arg_grads(t: Tracing, args: tuple[Any, ...], result: Any) -> tuple[fx.Node 
         if g is None:
             nodes.append(None)
             continue
-        if not isinstance(g, torch.Tensor):
+        if not issubclass(type(g), torch.Tensor):
             raise BackwardOutputError(
                 f"{name}.backward returned a {type(g).__name__} as the gradient for "
                 f"argument {i} ({argname}).",
                 "A gradient must be a tensor or None.",
                 f"Return a tensor shaped like {argname}, or None.",
             )
-        if not isinstance(arg, torch.Tensor):
+        if not issubclass(type(arg), torch.Tensor):
             raise BackwardOutputError(
                 f"{name}.backward returned a tensor as the gradient for argument {i} "
                 f"({argname}), which is a {type(arg).__name__}, not a tensor.",
@@ -312,7 +312,7 @@ def _same_shape(expected: tuple[Any, ...], found: tuple[Any, ...]) -> bool:
     if len(expected) != len(found):
         return False
     for e, f in zip(expected, found, strict=True):
-        if isinstance(f, torch.SymInt) and free_unbacked_symbols(f):
+        if issubclass(type(f), torch.SymInt) and free_unbacked_symbols(f):
             torch._check(f == e)
         elif f != e:
             return False

@@ -65,14 +65,14 @@ class BackwardReads:
         self.again = True
         self.paths.clear()
         for i, a in enumerate(call_args):
-            if isinstance(a, torch.nn.Module):
+            if issubclass(type(a), torch.nn.Module):
                 for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
                     self.register(tensor, (("arg", i), *(("attr", p) for p in pname.split("."))))
-            elif not isinstance(a, torch.Tensor):
+            elif not issubclass(type(a), torch.Tensor):
                 # A container or object argument the rerun's ctx holds (``ctx.s = s``): the
                 # tensors backward reaches in it are read from there (argument_tensors_on_ctx).
                 for path, leaf in iter_leaves(a, (("arg", i),)):
-                    if isinstance(leaf, torch.Tensor):
+                    if issubclass(type(leaf), torch.Tensor):
                         self.register(leaf, path)
 
     def register(self, tensor: torch.Tensor, path: Path) -> None:
@@ -103,7 +103,7 @@ class BackwardReads:
                 value = route[1].get(())
             except Exception:
                 continue
-            if isinstance(value, torch.Tensor) and id(value) == key:
+            if issubclass(type(value), torch.Tensor) and id(value) == key:
                 self.at_start[key] = (value, route)
 
     def stand_in(self, value: Any) -> Any:
@@ -115,7 +115,7 @@ class BackwardReads:
         no route leads to it, ``lift`` gives forward's fake back (its value, saved). One of
         symbolic sizes (dynamic shapes) stands in with its sizes' hints, and a route to it is
         refused (``lift``): its read would need sizes of its own, which the graphs cannot take."""
-        if not (isinstance(value, FakeTensor) and type(value) is FakeTensor and self.t.is_traced(value)):
+        if not (issubclass(type(value), FakeTensor) and type(value) is FakeTensor and self.t.is_traced(value)):
             return value
         try:
             shape, stride = (tuple(_hint(d) for d in sizes) for sizes in (value.shape, value.stride()))
@@ -256,7 +256,7 @@ class BackwardReads:
                     real = place.get(())
                 except Exception:
                     continue
-                if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):
+                if issubclass(type(real), torch.Tensor) and not issubclass(type(real), FakeTensor):
                     self.lift(real)
         for _source, fake in list(self.by_route.values()):
             self.t.bwd.node_for(fake)
@@ -270,7 +270,7 @@ def forward_values_on_ctx(t: Any, ctx: Any) -> Iterator[None]:
     replaced by forward's fake of it (``save_for_backward``'s for good: it is then saved as the
     fwd input it is; an attribute until backward ends, unless backward rebinds it)."""
     def forward_fake(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+        if not issubclass(type(value), torch.Tensor) or issubclass(type(value), FakeTensor):
             return value
         phase, t.phase = t.phase, "forward"
         try:
@@ -285,7 +285,7 @@ def forward_values_on_ctx(t: Any, ctx: Any) -> Iterator[None]:
     for name, value in list(vars(ctx).items()):
         if name.startswith("_minihop"):
             continue
-        if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        if issubclass(type(value), tuple) and any(issubclass(type(v), torch.Tensor) for v in value):
             new = type(value)(forward_fake(v) for v in value) if type(value) is tuple else value
         else:
             new = forward_fake(value)
@@ -321,7 +321,7 @@ def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
         return
     copies: dict[int, tuple[Any, Any, Path]] = {}  # id(forward's copy) -> (copy, caller's, path)
     for i, (fake, real) in enumerate(zip(fake_args, real_args)):
-        if not isinstance(fake, (torch.Tensor, torch.nn.Module)):
+        if not issubclass(type(fake), (torch.Tensor, torch.nn.Module)):
             _index(fake, real, (("arg", i),), copies, 0)
     undo: list[tuple[Any, tuple[str, Any], Any, Any]] = []
     done: set[int] = set()
@@ -368,11 +368,11 @@ def _put(owner: Any, step: tuple[str, Any], value: Any) -> None:
 def _index(fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, Path]], depth: int) -> None:
     """Record forward's copies of the caller's containers and objects (``replace_tensors``
     copied exactly those that hold a tensor) with their paths."""
-    if fake is real or id(fake) in copies or depth > _ARG_DEPTH or isinstance(fake, torch.Tensor):
+    if fake is real or id(fake) in copies or depth > _ARG_DEPTH or issubclass(type(fake), torch.Tensor):
         return
     copies[id(fake)] = (fake, real, path)
     for step, child in _children(fake):
-        if not isinstance(child, torch.Tensor):
+        if not issubclass(type(child), torch.Tensor):
             _index(child, _child(real, step), path + (step,), copies, depth + 1)
 
 
@@ -382,13 +382,13 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], 
         return
     done.add(id(fake))
     for step, child in _children(fake):
-        if isinstance(child, FakeTensor) and not isinstance(fake, tuple):
+        if issubclass(type(child), FakeTensor) and not issubclass(type(fake), tuple):
             original = _child(real, step)
             source = t.sources.get(id(child))
-            if isinstance(original, torch.Tensor) and not isinstance(original, FakeTensor) and source is not None \
+            if issubclass(type(original), torch.Tensor) and not issubclass(type(original), FakeTensor) and source is not None \
                     and source.path is not None and make_getter(source.path)(real_args, {}) is original:
                 pass  # the caller's tensor (also when it is another argument too: ``{"w": x}``)
-            elif not isinstance(original, torch.Tensor) and t.is_traced(child) and not _symbolic(child):
+            elif not issubclass(type(original), torch.Tensor) and t.is_traced(child) and not _symbolic(child):
                 # Forward put it there (replayed into the caller's container on every call):
                 # backward reads what is there when it runs, forward's or the caller's since.
                 with unset_fake_temporarily(), torch._C.DisableTorchFunction():
@@ -407,7 +407,7 @@ def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], 
 
 def _hint(size: Any) -> int:
     """A size's concrete value (a symbolic one's hint; none for an unbacked one: ValueError)."""
-    if isinstance(size, torch.SymInt):
+    if issubclass(type(size), torch.SymInt):
         hint = size.node.hint
         if hint is None:
             raise ValueError("an unbacked size")
@@ -416,7 +416,7 @@ def _hint(size: Any) -> int:
 
 
 def _symbolic(value: torch.Tensor) -> bool:
-    return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride()))
+    return any(issubclass(type(d), torch.SymInt) for d in (*value.shape, *value.stride()))
 
 
 def _leads_to(place: Any, real: torch.Tensor) -> bool:

@@ -58,5 +58,5 @@ def passed_kwargs(func: types.FunctionType, kwargs: dict[str, Any]) -> dict[str,
     defaults = _defaults(func)
     return {k: v for k, v in kwargs.items()
             if not (k in defaults and type(v) is type(defaults[k])
-                    and isinstance(v, (bool, int, float, str, type(None))) and v == defaults[k])}
+                    and issubclass(type(v), (bool, int, float, str, type(None))) and v == defaults[k])}
 

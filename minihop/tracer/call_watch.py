@@ -17,6 +17,7 @@ put back by ``stop``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 import types
@@ -27,6 +28,7 @@ import torch
 
 from ..errors import UnsupportedOperationError
 from . import kinds
+from ..library_state import own_dict
 from .identity import stand_in
 
 __all__ = ["CallWatch", "library_module_name"]
@@ -150,27 +152,38 @@ class CallWatch:
     def _keep_value(self, value: Any) -> None:
         if id(value) in self.kept:
             return
-        if type(value) is list:
+        cls = type(value)
+        if issubclass(cls, (list, dict, set, collections.deque)):
+            # (a subclass too, the library's ``Counter``/``defaultdict``/``OrderedDict`` or the
+            # user's: kept and put back through the builtin's own methods, past its overrides)
             self.kept.add(id(value))
-            self.undo.append(functools.partial(value.__setitem__, slice(None), list(value)))
-        elif type(value) in (dict, set):
+            base = next(b for b in (list, dict, set, collections.deque) if issubclass(cls, b))
+            self.undo.append(functools.partial(_refill, value, base.copy(value), base))
+        if cls not in (list, dict, set) \
+                and not issubclass(cls, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
+                and type(own_dict(value)) is dict \
+                and not library_module_name(cls.__module__):
             self.kept.add(id(value))
-            contents = value.copy()
-            self.undo.append(functools.partial(_refill, value, contents))
-        elif not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
-                and type(getattr(value, "__dict__", None)) is dict \
-                and not library_module_name(type(value).__module__):
-            self.kept.add(id(value))
-            self.undo.append(functools.partial(_refill, value.__dict__, dict(value.__dict__)))
+            space = own_dict(value)
+            self.undo.append(functools.partial(_refill, space, dict(space), dict))
 
     def stop(self) -> None:
         if sys.gettrace() == self._trace:
             sys.settrace(self.previous)
 
 
-def _refill(container: Any, contents: Any) -> None:
-    if type(contents) is dict and len(container) == len(contents) and all(
+def _refill(container: Any, contents: Any, base: type) -> None:
+    """Put ``contents`` back into ``container`` (of class ``base`` or a subclass of it)."""
+    if base is dict and dict.__len__(container) == len(contents) and all(
             a is c and b is d for (a, b), (c, d) in zip(dict.items(container), contents.items())):
         return  # unchanged (and refilling would hash its keys again: a key's __hash__ may be the user's)
-    container.clear()
-    container.update({k: v for k, v in contents.items() if not stand_in(v)} if type(contents) is dict else contents)
+    if base is list:
+        list.__setitem__(container, slice(None), contents)
+        return
+    base.clear(container)
+    if base is dict:
+        dict.update(container, {k: v for k, v in contents.items() if not stand_in(v)})
+    elif base is set:
+        set.update(container, contents)
+    else:
+        collections.deque.extend(container, contents)

@@ -121,7 +121,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                 break
             elif (nxt.opname == "LOAD_CONST" and j + 3 < len(ins) and ins[j + 1].opname == "COPY"
                   and ins[j + 2].opname == "COPY" and ins[j + 3].opname == "BINARY_SUBSCR"
-                  and isinstance(nxt.argval, (int, str))):
+                  and issubclass(type(nxt.argval), (int, str))):
                 # ``root[k] += expr``: LOAD_CONST k; COPY 2; COPY 2; BINARY_SUBSCR; <expr>;
                 # BINARY_OP +=; SWAP 3; SWAP 2; STORE_SUBSCR
                 end = _subscript_augmented_end(ins, j + 4)
@@ -133,7 +133,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
                     use = "done"
                 break
             elif (nxt.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname == "BINARY_SUBSCR"
-                  and isinstance(nxt.argval, (int, str, bool, type(None), tuple))):
+                  and issubclass(type(nxt.argval), (int, str, bool, type(None), tuple))):
                 steps.append(("item", nxt.argval))
                 j += 2
             elif nxt.opname == "COPY" and nxt.arg == 1 and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_ATTR":
@@ -188,7 +188,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
     # def) runs as part of it: what it reads of globals and closures is read here too. Its
     # own parameters and locals are not the Function's, so its chains from those are left out.
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):
+        if issubclass(type(const), types.CodeType):
             inner = code_facts(const)
             later = const.co_name not in _INLINE  # (a comprehension runs where it is written)
             chains += [dataclasses.replace(r, deferred=True) if later and not r.deferred else r
@@ -204,7 +204,7 @@ def constant_global(ins: tuple[Instruction, ...], k: int) -> bool:
     """``PRECALL 0; CALL 0; LOAD_CONST name; BINARY_SUBSCR`` at ``k``: ``globals()[name]``."""
     return (k + 3 < len(ins) and ins[k].opname == "PRECALL" and ins[k + 1].opname == "CALL"
             and ins[k + 1].arg == 0 and ins[k + 2].opname == "LOAD_CONST"
-            and isinstance(ins[k + 2].argval, str) and ins[k + 3].opname == "BINARY_SUBSCR")
+            and issubclass(type(ins[k + 2].argval), str) and ins[k + 3].opname == "BINARY_SUBSCR")
 
 
 def _augmented_end(ins: tuple[Instruction, ...], start: int, attr: str) -> int | None:

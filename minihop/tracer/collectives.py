@@ -55,7 +55,7 @@ def is_collective(func: Any) -> bool:
     kind = type(func)
     if kind is types.FunctionType:
         return func.__module__ == _C10D
-    return isinstance(func, torch._ops.OpOverload) and func.namespace == "c10d"
+    return issubclass(type(func), torch._ops.OpOverload) and func.namespace == "c10d"
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,9 +104,9 @@ def record(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     from torch.distributed._functional_collectives import REDUCE_OP_TO_STR
 
     name = getattr(func, "__name__", None) or str(func)
-    if isinstance(func, types.FunctionType) and not dist.is_initialized():
+    if issubclass(type(func), types.FunctionType) and not dist.is_initialized():
         return func(*args, **kwargs)  # eager's own error: no process group (touches no tensor)
-    if not isinstance(func, types.FunctionType):
+    if not issubclass(type(func), types.FunctionType):
         raise _refuse(describe, name, "a c10d operator with no functional form.",
                       "Call it outside the Function, " + _EAGER, where)
     if func.__name__ in _P2P:
@@ -125,7 +125,7 @@ def record(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                       "Call it with async_op=False (the default): a work handle waited on "
                       "later is not a value a graph can hold; " + _EAGER, where)
     group = bound.get("group")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
+    if group is not None and not issubclass(type(group), dist.ProcessGroup):
         raise _refuse(describe, name, f"with a group of type {type(group).__name__}.",
                       "Pass a torch.distributed.ProcessGroup (or none, the default group), "
                       + _EAGER, where)
@@ -140,8 +140,8 @@ def record(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                           + _EAGER, where)
         bound["op"] = REDUCE_OP_TO_STR[op]
     for value in bound.values():
-        for t in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(t, torch.Tensor) and t.is_complex():
+        for t in value if issubclass(type(value), (list, tuple)) else (value,):
+            if issubclass(type(t), torch.Tensor) and t.is_complex():
                 raise _refuse(describe, name, "on a complex tensor.",
                               "Communicate torch.view_as_real(t), " + _EAGER, where)
     recorder = mode.recorder

@@ -101,7 +101,7 @@ class ProxyCtx:
         self._minihop_record.materialize_grads = bool(value)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        kind = "tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+        kind = "tensor" if issubclass(type(value), torch.Tensor) else type(value).__name__
         self._minihop_record.use(f"ctx.{name} ({kind})")
         object.__setattr__(self, name, value)
 
@@ -128,7 +128,7 @@ _EAGER_SAYS = {
 
 def _refuse_non_tensors(method: str, values: Any, none_ok: bool, record: CtxRecord) -> None:
     for i, value in enumerate(values):
-        if isinstance(value, torch.Tensor) or (none_ok and value is None):
+        if issubclass(type(value), torch.Tensor) or (none_ok and value is None):
             continue
         kind = type(value).__name__
         raise CtxArgumentError(

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import SideEffectError
 from .hidden import fingerprint
+from ..library_state import own_dict
 from .library import is_library
 
 __all__ = ["UNKEYED", "refuse_unkeyed_ctx_holders"]
@@ -37,24 +38,24 @@ MAX_DEPTH = 3
 
 def _unkeyed(value: Any, depth: int, seen: set[int]) -> str | None:
     """The type name of the first unkeyed holder inside ``value``, or None."""
-    if isinstance(value, UNKEYED):  # (isinstance on a proxy is its referent's: test the type)
+    if issubclass(type(value), UNKEYED):  # (isinstance on a proxy is its referent's: test the type)
         return type(value).__name__
     if type(value) in UNKEYED:
         return type(value).__name__
-    if not isinstance(value, (list, tuple, dict)) and fingerprint(value) is not None:
+    if not issubclass(type(value), (list, tuple, dict)) and fingerprint(value) is not None:
         # An iterator, a generator, a random generator: each backward (a second one with
         # retain_graph=True) takes the next value; the trace took one, once.
         return type(value).__name__
     if depth >= MAX_DEPTH or id(value) in seen:
         return None
     seen.add(id(value))
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         items = list(value.values())
-    elif isinstance(value, (list, tuple, collections.deque)):
+    elif issubclass(type(value), (list, tuple, collections.deque)):
         items = list(value)
-    elif not is_library(type(value)) and hasattr(value, "__dict__") and not isinstance(value, type):
+    elif not is_library(type(value)) and own_dict(value) is not None and not issubclass(type(value), type):
         # (the user's own object; a library object's internals, a module's hooks, are its own)
-        items = [v for k, v in vars(value).items() if not k.startswith("_minihop")]
+        items = [v for k, v in own_dict(value).items() if not k.startswith("_minihop")]
     else:
         return None
     for item in items:

@@ -29,6 +29,7 @@ import torch.fx as fx
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ..errors import MinihopError, UnsupportedOperationError
+from ..library_state import own_dict
 from ..structure import attributes, iter_leaves, make_getter, replace_tensors
 from ..returned import describe_output
 from .function_parts import FunctionParts
@@ -83,7 +84,7 @@ class EagerBackward:
             if name.startswith("_minihop"):
                 continue
             for _, leaf in iter_leaves(value):
-                if not isinstance(leaf, torch.Tensor):
+                if not issubclass(type(leaf), torch.Tensor):
                     continue
                 fake = leaf if t.is_traced(leaf) else t.real_to_fake.get(id(leaf))
                 if fake is None or (t.input_nodes.get(id(fake)) or t.fwd.node_of.get(id(fake))) is None:
@@ -101,7 +102,7 @@ class EagerBackward:
         per forward argument (trailing Nones past them dropped, as eager's autograd does)."""
         n = len(self.fake_args)
         result = self.backward(real_ctx, *_user_grads(self.out, grads))
-        result = result if isinstance(result, tuple) else (result,)
+        result = result if issubclass(type(result), tuple) else (result,)
         if len(result) > n and all(g is None for g in result[n:]):
             result = result[:n]
         if len(result) != n:
@@ -115,8 +116,8 @@ def _user_grads(out: Any, grads: Sequence[Any]) -> list[Any]:
     an item that is not a tensor)."""
     found: list[Any] = []
     flat = 0
-    for item in (list(out) if isinstance(out, tuple) else [out]):
-        found.append(grads[flat] if isinstance(item, torch.Tensor) else None)
+    for item in (list(out) if issubclass(type(out), tuple) else [out]):
+        found.append(grads[flat] if issubclass(type(item), torch.Tensor) else None)
         leaves: list[Any] = []
         describe_output(item, lambda v, _top: leaves.append(v) or 0, level=2)
         flat += len(leaves)
@@ -132,21 +133,21 @@ class _Rebuild:
         self.saved = saved
         self.call_args = call_args
         # A non-tensor argument object (or its copy with fake tensors) -> the call's own.
-        self.args = {id(f): c for f, c in zip(fake_args, call_args) if not isinstance(f, torch.Tensor)}
+        self.args = {id(f): c for f, c in zip(fake_args, call_args) if not issubclass(type(f), torch.Tensor)}
         self.made: dict[int, Any] = {}
 
     def __call__(self, value: Any) -> Any:
         if id(value) in self.args:
             return self.args[id(value)]
-        if isinstance(value, torch.Tensor):
+        if issubclass(type(value), torch.Tensor):
             return self.tensor(value)
-        if isinstance(value, _SYMBOLIC):
+        if issubclass(type(value), _SYMBOLIC):
             return self.number(value)
         if id(value) in self.made:
             return self.made[id(value)]
         if type(value) is torch.Size:
             return torch.Size(self(v) for v in value)
-        if type(value) is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        if type(value) is tuple or (issubclass(type(value), tuple) and hasattr(value, "_fields")):
             items = [self(v) for v in value]
             return value if all(a is b for a, b in zip(items, value)) else (
                 type(value)(*items) if hasattr(value, "_fields") else tuple(items))
@@ -221,13 +222,13 @@ class _Rebuild:
 
 def _holds_symbolic(value: Any, depth: int = 3) -> bool:
     """Whether ``value``'s attributes or items, a few levels down, hold a symbolic number."""
-    if isinstance(value, _SYMBOLIC):
+    if issubclass(type(value), _SYMBOLIC):
         return True
-    if depth == 0 or isinstance(value, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+    if depth == 0 or issubclass(type(value), (torch.Tensor, str, bytes, int, float, bool, type(None))):
         return False
-    if isinstance(value, (tuple, list, set, frozenset)):
+    if issubclass(type(value), (tuple, list, set, frozenset)):
         return any(_holds_symbolic(v, depth - 1) for v in value)
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         return any(_holds_symbolic(v, depth - 1) for v in value.values())
-    held = getattr(value, "__dict__", None)
-    return isinstance(held, dict) and any(_holds_symbolic(v, depth - 1) for v in held.values())
+    held = own_dict(value)
+    return issubclass(type(held), dict) and any(_holds_symbolic(v, depth - 1) for v in held.values())

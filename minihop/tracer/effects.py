@@ -41,7 +41,7 @@ __all__ = ["constant_container", "refuse_generators", "ctx_as_forward_left_it", 
 def constant_container(value: Any, depth: int = 0) -> bool:
     """A list, dict, tuple or set built only of constants (nested, at most a few levels): a
     value a write can replay by setting a fresh copy of it on each call."""
-    if isinstance(value, CONSTANTS):
+    if issubclass(type(value), CONSTANTS):
         return depth > 0
     if depth > 4 or type(value) not in (list, dict, tuple, set, frozenset):
         return False
@@ -124,7 +124,7 @@ def _copied(value: Any) -> Any:
     number as ``_Symbolic``; else ``_OTHER``."""
     if type(value) in _PLAIN:
         return value
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return _Symbolic(str(value))
     if type(value) in (list, tuple, set):
         items = [_copied(v) for v in value]
@@ -162,7 +162,7 @@ def ctx_forward(ctx: Any) -> tuple[tuple[str, Any], ...]:
 def share_arguments(ctx: Any, args: tuple[Any, ...]) -> None:
     """Name the ctx attributes that hold one of the call's mutable arguments (see ``ctx_values``;
     a number is a value: ``ctx.left = k`` is ctx's own)."""
-    ids = {id(a) for a in args if not isinstance(a, (int, float, complex, str, bytes, bool, tuple, type(None)))}
+    ids = {id(a) for a in args if not issubclass(type(a), (int, float, complex, str, bytes, bool, tuple, type(None)))}
     object.__setattr__(ctx, "_minihop_shared", frozenset(k for k, v in vars(ctx).items() if id(v) in ids))
 
 
@@ -188,12 +188,12 @@ def held(value: Any, depth: int = 0, existed: Callable[[Any], bool] = lambda val
         return copied
     if existed(value):
         return ("id", id(value))
-    if isinstance(value, types.FunctionType) and depth <= 4:  # (a closure's counter: ``box[0] += 1``)
+    if issubclass(type(value), types.FunctionType) and depth <= 4:  # (a closure's counter: ``box[0] += 1``)
         return ("fn", id(value), tuple(held(c.cell_contents, depth + 1, existed) if _filled(c) else MISSING
                                        for c in value.__closure__ or ()))
-    if isinstance(value, types.MethodType) and depth <= 4:
+    if issubclass(type(value), types.MethodType) and depth <= 4:
         return ("method", id(value.__func__), held(value.__self__, depth + 1, existed))
-    if depth > 4 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
+    if depth > 4 or issubclass(type(value), (torch.Tensor, type, types.ModuleType, types.FunctionType)):
         return ("id", id(value))
     cls = type(value)
     # (by class, whoever defined it: a deque, a Counter, an OrderedDict, a namedtuple hold items)

@@ -50,7 +50,7 @@ def function_parts(fn_cls: type) -> FunctionParts:
 
     Remembered per class while its methods stay the same objects (signatures are slow to read).
     """
-    if isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function):
+    if issubclass(type(fn_cls), type) and issubclass(fn_cls, torch.autograd.Function):
         methods = (fn_cls.forward, fn_cls.backward, fn_cls.vjp, fn_cls.setup_context)
         found = _parts_memo.get(fn_cls)
         if found is not None and all(a is b for a, b in zip(found[0], methods, strict=True)):
@@ -62,7 +62,7 @@ def function_parts(fn_cls: type) -> FunctionParts:
 
 
 def _function_parts(fn_cls: type) -> FunctionParts:
-    if not (isinstance(fn_cls, type) and issubclass(fn_cls, torch.autograd.Function)):
+    if not (issubclass(type(fn_cls), type) and issubclass(fn_cls, torch.autograd.Function)):
         raise UnsupportedArgumentError(
             f"minihop.capture got {fn_cls!r}, which is not a torch.autograd.Function subclass.",
             "minihop captures the forward and backward of an autograd.Function.",

@@ -198,5 +198,5 @@ def refuse_through_applied(mode: Any, applied: list[type], result: Any, describe
     from .tensor_state import refuse_inner_function_nodes  # (it imports this module's neighbours)
 
     if torch._C.is_grad_enabled():
-        outputs = tuple(t for t in (result if isinstance(result, tuple) else (result,)) if isinstance(t, torch.Tensor))
+        outputs = tuple(t for t in (result if issubclass(type(result), tuple) else (result,)) if issubclass(type(t), torch.Tensor))
         refuse_inner_function_nodes(outputs, f"{describe} (run with create_graph=True)", mode.where())

@@ -170,16 +170,16 @@ def _passes_through(frame: Any, what: str) -> bool:
     value = getattr(value, "__func__", value)  # (a staticmethod found statically)
     if value is contextlib.nullcontext:
         return True
-    owner = value if isinstance(value, (type, types.FunctionType)) else type(value)
+    owner = value if issubclass(type(value), (type, types.FunctionType)) else type(value)
     module = getattr(value, "__module__", None) or getattr(owner, "__module__", None) or ""
     if module.split(".")[0] in _PASSING_MODULES:
         return True
     wrapped = getattr(value, "__wrapped__", None)
-    if isinstance(value, types.FunctionType) and isinstance(wrapped, types.FunctionType) \
+    if issubclass(type(value), types.FunctionType) and issubclass(type(wrapped), types.FunctionType) \
             and wrapped.__code__.co_flags & inspect.CO_GENERATOR:
         return not _guarded(wrapped.__code__)  # (``@contextmanager``: no except around its yield)
-    exit_ = getattr(owner, "__exit__", None) if isinstance(owner, type) else None
-    return isinstance(exit_, types.FunctionType) and _returns_none(exit_.__code__)
+    exit_ = getattr(owner, "__exit__", None) if issubclass(type(owner), type) else None
+    return issubclass(type(exit_), types.FunctionType) and _returns_none(exit_.__code__)
 
 
 def _returns_none(code: types.CodeType) -> bool:

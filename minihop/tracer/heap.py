@@ -109,7 +109,7 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
     tensors = 0  # (a tensor's attributes are watched too; the bound is on other objects)
     while queue:
         value, root, steps, depth, below_library, through = queue.popleft()
-        if reached is not None and isinstance(value, torch.Tensor):
+        if reached is not None and issubclass(type(value), torch.Tensor):
             note_tensor(reached, value, Place(root, steps))
         if id(value) in found:
             continue
@@ -146,11 +146,11 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         tensors += kind == "tensor"
         children = (contents.items() if kind in ("attrs", "dict", "library") else
                     enumerate(contents) if kind == "list" else contents if kind == "pairs" else ())
-        if isinstance(value, torch.nn.Module):
+        if issubclass(type(value), torch.nn.Module):
             children = [*children, *value._modules.items()]
         if reached is not None and kind == "dict":
             for key in contents:  # (a dict keyed by tensors: its lookups compare identities)
-                if isinstance(key, torch.Tensor):
+                if issubclass(type(key), torch.Tensor):
                     note_tensor(reached, key, Place(root, steps), "a key of ")
         for key, child in children:
             if kind == "library" and key == STATE:
@@ -194,7 +194,7 @@ class Change:
 
 
 def _atomic(value: Any) -> bool:
-    return isinstance(value, ATOMS) and not isinstance(value, torch.Tensor) or atom_tuple(value)
+    return issubclass(type(value), ATOMS) and not issubclass(type(value), torch.Tensor) or atom_tuple(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,10 +221,10 @@ RULES: tuple[Rule, ...] = (
          "changes, through library code minihop does not run again on later calls,"),
     # An entry keyed by a tensor (a ``WeakKeyDictionary`` memo keyed by the input): the trace's
     # key is its fake tensor, which no later call holds.
-    Rule("an entry keyed by a tensor", lambda c: isinstance(c.step[1], torch.Tensor), "refuse",
+    Rule("an entry keyed by a tensor", lambda c: issubclass(type(c.step[1]), torch.Tensor), "refuse",
          "puts an entry keyed by a tensor into", tensor=True),
     Rule("Python values appended", lambda c: c.step == ("extend", None)
-         and all(isinstance(v, ATOMS) or atom_tuple(v) for v in c.after), "extend"),
+         and all(issubclass(type(v), ATOMS) or atom_tuple(v) for v in c.after), "extend"),
     Rule("objects appended", lambda c: c.step == ("extend", None), "refuse",
          "appends objects minihop cannot repeat to"),
     # An unguarded counter is replayed as its increment, exact for ints only.
@@ -239,7 +239,7 @@ RULES: tuple[Rule, ...] = (
     Rule("deleted", lambda c: c.step[0] != "whole" and c.after is MISSING, "set"),
     Rule("a fresh container of constants set", lambda c: c.step[0] != "whole"
          and effects.constant_container(c.after), "copy"),
-    Rule("a tensor put", lambda c: isinstance(c.after, torch.Tensor) or holds_tensor(c.after), "refuse",
+    Rule("a tensor put", lambda c: issubclass(type(c.after), torch.Tensor) or holds_tensor(c.after), "refuse",
          "puts a tensor into", tensor=True),
     Rule("anything else", lambda c: True, "refuse", "changes"),
 )
@@ -261,7 +261,7 @@ def argument_seen(value: Any, args: tuple[Any, ...], argnames: tuple[str, ...]) 
 
 def same(kind: str, old: Any, new: Any) -> bool:
     if kind == "cell":
-        return old is new or (isinstance(old, ATOMS) and type(old) is type(new) and old == new)
+        return old is new or (issubclass(type(old), ATOMS) and type(old) is type(new) and old == new)
     if kind == "process":
         return old == new  # (by value: an environment variable's str is made anew on each read)
     if kind == "library":
@@ -364,7 +364,7 @@ def put(seen: Seen, old: Any) -> None:
             if now_kind != seen.kind or not same(seen.kind, old, now):
                 # (a user's subclass through its library base's methods: no code of the user's)
                 base = library_base(type(obj))
-                if isinstance(obj, (list, collections.deque, dict, set)):
+                if issubclass(type(obj), (list, collections.deque, dict, set)):
                     base.clear(obj)
                     (base.extend if seen.kind == "list" else base.update)(obj, old)
                     return

@@ -90,7 +90,7 @@ def fingerprint(value: Any) -> Any:
         frame = value.gi_frame
         if frame is None:
             return ()  # finished: it cannot change any more
-        return (frame.f_lasti, tuple((k, id(v), v if isinstance(v, CONSTANTS) else None)
+        return (frame.f_lasti, tuple((k, id(v), v if issubclass(type(v), CONSTANTS) else None)
                                      for k, v in frame.f_locals.items()))
     if cls.__module__ in ("itertools", "builtins") and hasattr(cls, "__next__"):
         try:
@@ -102,14 +102,14 @@ def fingerprint(value: Any) -> Any:
 
 def taking(value: Any) -> str:
     """How code takes a value out of ``value``, for an error: a draw or an iterator's next."""
-    if isinstance(value, random.Random) or _numpy_generator(value) is not None:
+    if issubclass(type(value), random.Random) or _numpy_generator(value) is not None:
         return "draws from"
     return "takes the next value of"
 
 
 def restore(value: Any, state: Any) -> None:
     """Put a random generator back to a ``fingerprint`` taken of it (iterators cannot be)."""
-    if isinstance(value, random.Random):
+    if issubclass(type(value), random.Random):
         value.setstate(state)
         return
     holder = _numpy_generator(value)
@@ -132,7 +132,7 @@ def watched(value: Any) -> tuple[str, str] | None:
     ``functools.lru_cache`` helper ("uncached": its cache would keep the trace's fake tensors
     and hand them to the user's code later, so tracing calls the function it wraps)."""
     if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__") or \
-            isinstance(value, types.MethodType) and type(value.__func__) is _LRU_WRAPPER:
+            issubclass(type(value), types.MethodType) and type(value.__func__) is _LRU_WRAPPER:
         # An lru_cache'd method (``self.table(n)``) too: its cache is shared by the class.
         return ("uncached", getattr(value, "__qualname__", "an lru_cache function"))
     found = _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
@@ -154,27 +154,27 @@ _OWNED = (torch.Tensor, torch.nn.Module, torch.Generator, random.Random, type, t
 
 def setter(value: Any) -> bool:
     """Whether calling ``value`` (a partial's function too) is a library's setter."""
-    return _setter(value.func if isinstance(value, functools.partial) else value)
+    return _setter(value.func if issubclass(type(value), functools.partial) else value)
 
 
 def _setter(value: Any) -> bool:
     if served_by_user_code(value, "__name__", library_module):
         return False  # (the user's object, answering by its own ``__getattr__``: not a library's setter)
     name = getattr(value, "__name__", None)
-    if not isinstance(name, str) or not _SETTER.match(name) or id(value) in _MODELLED or not callable(value):
+    if not issubclass(type(name), str) or not _SETTER.match(name) or id(value) in _MODELLED or not callable(value):
         return False
     owner = getattr(value, "__self__", None)
-    if owner is not None and not isinstance(owner, types.ModuleType) and (
-            isinstance(owner, _OWNED) or not library_module(type(owner).__module__ or "")
+    if owner is not None and not issubclass(type(owner), types.ModuleType) and (
+            issubclass(type(owner), _OWNED) or not library_module(type(owner).__module__ or "")
             or type(owner).__module__.split(".")[0] == "minihop"):
         return False
     module = getattr(value, "__module__", None) or (type(owner).__module__ if owner is not None else None)
-    return isinstance(module, str) and library_module(module) and module.split(".")[0] != "minihop"
+    return issubclass(type(module), str) and library_module(module) and module.split(".")[0] != "minihop"
 
 
 def _named(value: Any) -> str:
     owner = getattr(value, "__self__", None)
-    if owner is not None and not isinstance(owner, types.ModuleType):
+    if owner is not None and not issubclass(type(owner), types.ModuleType):
         return f"{type(owner).__qualname__}.{value.__name__}"
     return f"{getattr(value, '__module__', None) or ''}.{value.__name__}".lstrip(".")
 
@@ -238,7 +238,7 @@ class ReadWatch:
             # and made again, for real, on every call (``call_writes``): the cache's entries,
             # hits and misses are then eager's.
             unwrapped = functools.partial(fn.__func__.__wrapped__, fn.__self__) \
-                if isinstance(fn, types.MethodType) else fn.__wrapped__
+                if issubclass(type(fn), types.MethodType) else fn.__wrapped__
 
             def uncached(*args: Any, **kwargs: Any) -> Any:
                 where = None
@@ -249,10 +249,10 @@ class ReadWatch:
                 result = unwrapped(*args, **kwargs)
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
                     stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")
-                    returned = [t for t in (result if isinstance(result, (tuple, list)) else (result,))
-                                if isinstance(t, torch.Tensor)]
+                    returned = [t for t in (result if issubclass(type(result), (tuple, list)) else (result,))
+                                if issubclass(type(t), torch.Tensor)]
                     self.cache_results.append((returned, [t._version for t in returned], what, where))
-                    if not isinstance(result, torch.Tensor) and not self.existed(result):  # (a dict, a list, an object)
+                    if not issubclass(type(result), torch.Tensor) and not self.existed(result):  # (a dict, a list, an object)
                         self.cache_objects.append((result, held(result, 0, self.existed), what, where))
                 return result
 
@@ -282,7 +282,7 @@ class ReadWatch:
             # The stand-in shares the function's attributes: ``memo.k = t`` on an lru_cache
             # helper while it is swapped is the user's write to the helper, seen by the heap watch.
             stand_in.__dict__ = own
-        if isinstance(home, dict):
+        if issubclass(type(home), dict):
             self.swapped.append((home, name, fn))
             home[name] = stand_in
             return
@@ -290,9 +290,9 @@ class ReadWatch:
         # ``staticmethod`` (reading it unwraps it) or a name it inherits (nothing of its own).
         # ``stop`` puts back exactly that, so the class is left as it was.
         own = getattr(home, "__dict__", None)
-        stored = own.get(name, MISSING) if isinstance(own, Mapping) else fn
+        stored = own.get(name, MISSING) if issubclass(type(own), Mapping) else fn
         self.swapped.append((home, name, stored))
-        if isinstance(stored, staticmethod):
+        if issubclass(type(stored), staticmethod):
             stand_in = staticmethod(stand_in)
         setattr(home, name, stand_in)  # a cell's ``cell_contents`` too
 
@@ -323,8 +323,8 @@ class ReadWatch:
         for phase, home, name, what, args, kwargs, where in self.cache_calls:
             # A size symbol among the arguments is computed from each call's arguments (which
             # backward then needs: its place "uses" them).
-            sized = any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in (*args, *kwargs.values()))
-            if isinstance(home, dict):
+            sized = any(issubclass(type(v), (torch.SymInt, torch.SymFloat)) for v in (*args, *kwargs.values()))
+            if issubclass(type(home), dict):
                 root = Root("global", name, f"global {name}", lambda a, h=home, n=name: h.get(n, MISSING), home=home)
             elif name == "cell_contents":
                 root = Root("cell", what, f"closure variable {what}", lambda a, h=home: h.cell_contents, home=home)
@@ -358,7 +358,7 @@ class ReadWatch:
     def stop(self) -> None:
         """Every function back, and each drawn-from generator as it was before tracing drew."""
         for home, name, fn in reversed(self.swapped):
-            if isinstance(home, dict):
+            if issubclass(type(home), dict):
                 home[name] = fn
             elif fn is MISSING:
                 delattr(home, name)  # it was inherited: the holder had none of its own

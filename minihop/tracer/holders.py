@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..library_state import (ITEMS_IN_DATA, c_method_owner, kept_by_library, library_module, module_attributes, native_state, plain_holder,
-                             state_of, subclass_attributes, tensor_attributes)
+                             own_dict, state_of, subclass_attributes, tensor_attributes)
 from ..spec import MISSING
 from ..structure import attributes
 from ..user_code import key_code, library_base, plain_items
@@ -37,16 +37,16 @@ def held_by(value: Any, callables: bool) -> list[tuple[tuple[str, Any], Any]]:
     Q.put``, ``pop = DQ.popleft``) or a ``functools.partial`` (its function and arguments): the
     way to state the code changes (``cb(1)`` puts into ``Q``); a random generator's is ``hidden``'s.
     And a ``class Pair(tuple)``'s attributes (``p.seen += 1``), as its ``__dict__``."""
-    held = [(("item", i), v) for i, v in enumerate(plain_items(value))] if isinstance(value, tuple) else []
+    held = [(("item", i), v) for i, v in enumerate(plain_items(value))] if issubclass(type(value), tuple) else []
     own = subclass_attributes(value)
-    if own is not None and not isinstance(value, ITEMS_IN_DATA):
+    if own is not None and not issubclass(type(value), ITEMS_IN_DATA):
         held.append((("attr", "__dict__"), own))
     if not callables:
         return held
-    owner = value.__self__ if isinstance(value, types.MethodType) else c_method_owner(value)
+    owner = value.__self__ if issubclass(type(value), types.MethodType) else c_method_owner(value)
     if owner is not None:
         return held if hidden.fingerprint(owner) is not None else [*held, (("attr", "__self__"), owner)]
-    if isinstance(value, functools.partial):
+    if issubclass(type(value), functools.partial):
         return [*held, (("attr", "func"), value.func), (("attr", "args"), value.args), (("attr", "keywords"), value.keywords)]
     return held
 
@@ -60,23 +60,23 @@ UNWATCHED = frozenset({*CONSTANTS, torch.Tensor, torch.nn.Parameter, types.Modul
 
 def contents_of(value: Any) -> tuple[str | None, Any]:
     """A shallow copy of what an object holds, for a later comparison (None: not watched)."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         # The attributes the user set on it (``x.scale = 2.0``, ``out._soft = soft``): its data is
         # the graphs', its properties are keyed with the call.
         return "tensor", tensor_attributes(value)
-    if isinstance(value, (functools.partial, functools._lru_cache_wrapper)) or (
+    if issubclass(type(value), (functools.partial, functools._lru_cache_wrapper)) or (
             type(value) is types.FunctionType and not is_library(value)):
         # Attributes set on the user's function or a wrapper of it (``helper.calls += 1``,
         # ``memo.last = t``): Python's static-variable idiom, state like an object's.
-        return "attrs", {k: v for k, v in vars(value).items() if not dunder(k) and not k.startswith("_minihop")}
+        return "attrs", {k: v for k, v in own_dict(value).items() if not dunder(k) and not k.startswith("_minihop")}
     if type(value) in UNWATCHED:
         return None, None
-    if isinstance(value, torch.nn.Module):
+    if issubclass(type(value), torch.nn.Module):
         # Its plain attributes (``training``, ``self.steps``), and its parameters and buffers
         # by name (``mod.k = t`` rebinds a registered buffer in ``_buffers``); submodules are
         # walked as children.
         return "attrs", {**module_attributes(value), **value._parameters, **value._buffers}
-    if isinstance(value, ATOMS) or isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+    if issubclass(type(value), ATOMS) or issubclass(type(value), (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
                                                       types.ModuleType, types.FunctionType,
                                                       types.BuiltinFunctionType, types.MethodType,
                                                       staticmethod, classmethod, property, tuple,
@@ -85,7 +85,7 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
     state = hidden.fingerprint(value)
     if state is not None:
         return "hidden", state  # a random generator or an iterator: refused if it moves
-    if isinstance(value, ITEMS_IN_DATA) and subclass_attributes(value) is not None:
+    if issubclass(type(value), ITEMS_IN_DATA) and subclass_attributes(value) is not None:
         # A user's ``class Cfg(UserDict)`` with attributes of its own: its items are its
         # ``.data``, so its attributes, that one among them, are what it holds.
         return "attrs", attributes(value)
@@ -114,7 +114,7 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
         return "dict", dict(value.items())
     if issubclass(cls, MutableSet):
         return "set", set(value)
-    if isinstance(value, type):
+    if issubclass(type(value), type):
         if is_library(value):  # (a class exec made is the user's: library.is_exec_class)
             return None, None
         return "attrs", class_state(value)
@@ -128,8 +128,8 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
 
 def class_state(cls: type) -> dict[str, Any]:
     """A class's own data attributes: its methods, dunders and minihop's own entries are not state."""
-    return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_minihop")
-            and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))}
+    return {k: v for k, v in own_dict(cls).items() if not k.startswith("__") and not k.startswith("_minihop")
+            and not issubclass(type(v), (types.FunctionType, staticmethod, classmethod, property))}
 
 
 def dunder(name: str) -> bool:

@@ -78,7 +78,7 @@ def names_identity(code: types.CodeType) -> frozenset[str]:
     stack = [code]
     while stack:
         inner = stack.pop()
-        stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
+        stack += [c for c in inner.co_consts if issubclass(type(c), types.CodeType)]
         found |= {op.argval for op in instructions(inner)[0]
                   if op.opname in ("LOAD_GLOBAL", "LOAD_NAME") and op.argval in _NAMES}
     return frozenset(found)
@@ -106,7 +106,7 @@ class _TypeAsEager(type):
     ``issubclass`` against it answer as against ``type``."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if len(args) == 1 and not kwargs and isinstance(args[0], FakeTensor):
+        if len(args) == 1 and not kwargs and issubclass(type(args[0]), FakeTensor):
             # What the caller's tensor is: an argument's type is in the call key (a subclass
             # is refused), a Parameter's fake carries ``_is_param``; what ops make is a Tensor.
             return torch.nn.Parameter if getattr(args[0], "_is_param", False) else torch.Tensor
@@ -116,7 +116,7 @@ class _TypeAsEager(type):
         return cls if made is type else made  # (``type(C) is type``: the name the code compares with)
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, type)
+        return isinstance(obj, type)  # (the user's question, answered as eager's)
 
     def __subclasscheck__(cls, sub: type) -> bool:
         return issubclass(sub, type)
@@ -138,8 +138,9 @@ def ISINSTANCE(obj: Any, classinfo: Any) -> bool:
     the plain one eager holds (``isinstance(x.shape[0], int)``, an automatic dynamic ``k``), a
     fake tensor as the caller's tensor (``isinstance(x, FakeTensor)`` is eager's False)."""
     eager = _SYMBOLIC.get(type(obj))
-    if eager is None and isinstance(obj, FakeTensor):
+    if eager is None and issubclass(type(obj), FakeTensor):
         eager = torch.nn.Parameter if getattr(obj, "_is_param", False) else torch.Tensor
+    # (the user's own question: eager's isinstance, which may ask ``obj.__class__``)
     return isinstance(obj, classinfo) if eager is None else issubclass(eager, classinfo)
 
 
@@ -202,7 +203,7 @@ def VARS(*args: Any) -> Any:
     ``vars()`` is the caller's locals, as eager's."""
     if not args:
         return sys._getframe(1).f_locals
-    if len(args) == 1 and isinstance(args[0], FakeTensor):
+    if len(args) == 1 and issubclass(type(args[0]), FakeTensor):
         raise _refuse_listing("vars")
     return vars(*args)
 
@@ -212,7 +213,7 @@ def DIR(*args: Any) -> Any:
     ``dir()`` is the caller's local names, as eager's."""
     if not args:
         return sorted(sys._getframe(1).f_locals)
-    if len(args) == 1 and isinstance(args[0], FakeTensor):
+    if len(args) == 1 and issubclass(type(args[0]), FakeTensor):
         raise _refuse_listing("dir")
     return dir(*args)
 
@@ -289,9 +290,9 @@ def outside_aliases(function: str, reached: dict[int, list[Any]], real_args: tup
     if real_args is None:
         return
     caller_s = {id(t): outside or inside.describe(argnames) for t, inside, outside in reached.values()
-                if not isinstance(t, FakeTensor)}
+                if not issubclass(type(t), FakeTensor)}
     for fake, inside, _ in reached.values():
-        if inside is None or not isinstance(fake, FakeTensor) or not caller_s:
+        if inside is None or not issubclass(type(fake), FakeTensor) or not caller_s:
             continue
         try:
             real = inside.get(real_args)
@@ -363,24 +364,24 @@ def refuse_tensor_state(function: str, phase: str, name: str, attr: str, where: 
 
 def _by_contents(obj: Any) -> bool:
     """Whether ``hash(obj)`` is computed from what the object holds, not from its identity."""
-    if isinstance(obj, ATOMS):
+    if issubclass(type(obj), ATOMS):
         return True
-    if isinstance(obj, (tuple, frozenset)):
+    if issubclass(type(obj), (tuple, frozenset)):
         return all(_by_contents(v) for v in obj)
-    return not isinstance(obj, torch.Tensor) and type(obj).__hash__ is not object.__hash__ \
-        and not isinstance(obj, (type, types.FunctionType, types.ModuleType))
+    return not issubclass(type(obj), torch.Tensor) and type(obj).__hash__ is not object.__hash__ \
+        and not issubclass(type(obj), (type, types.FunctionType, types.ModuleType))
 
 
 def _holds_fake(obj: Any) -> bool:
     """A fake tensor, or a tuple or frozenset holding one (``hash((w, 1))``)."""
-    if isinstance(obj, FakeTensor):
+    if issubclass(type(obj), FakeTensor):
         return True
-    return isinstance(obj, (tuple, frozenset)) and any(_holds_fake(v) for v in obj)
+    return issubclass(type(obj), (tuple, frozenset)) and any(_holds_fake(v) for v in obj)
 
 
 def _keyed_by_identity(obj: Any) -> bool:
     """An object whose identity the call key holds already (a class, a module, a value)."""
-    return obj is None or isinstance(obj, (bool, type, torch.nn.Module, types.ModuleType))
+    return obj is None or issubclass(type(obj), (bool, type, torch.nn.Module, types.ModuleType))
 
 
 class IdentityWatch:

@@ -56,7 +56,7 @@ def bindings(ins: tuple[Any, ...], first_line: int | None) -> list[Binding]:
             line = op.lineno
         if op.opname == "IMPORT_NAME" and k >= 2:
             found += _statement(ins, k, line)
-        elif op.opname == "LOAD_CONST" and isinstance(op.argval, str) and k + 3 < len(ins) \
+        elif op.opname == "LOAD_CONST" and issubclass(type(op.argval), str) and k + 3 < len(ins) \
                 and ins[k + 1].opname == "PRECALL" and ins[k + 1].arg == 1 and ins[k + 2].opname == "CALL" \
                 and ins[k + 2].arg == 1 and ins[k + 3].opname in _STORES:
             callee = _callee(ins, k)
@@ -70,7 +70,7 @@ def _statement(ins: tuple[Any, ...], k: int, line: int | None) -> list[Binding]:
     stores: the top package (``import a.b``), the module (``from m import ...``), or
     attributes taken with ``IMPORT_FROM`` (``import a.b as c`` takes ``b`` of ``a``)."""
     level, fromlist = ins[k - 2].argval, ins[k - 1].argval
-    if not isinstance(level, int):
+    if not issubclass(type(level), int):
         return []
     name = "." * level + str(ins[k].argval)
     module = name if fromlist is not None or level else name.split(".")[0]

@@ -61,7 +61,7 @@ def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> No
     """Raise MH106 if ``value``, which the code names at ``place`` (a global, a closure
     cell, ``COUNTER[0]``), is an iterator: the same, before the trace takes from it. The same
     for an object whose state minihop cannot see (``library_state.unseen``: a file)."""
-    if not isinstance(value, LEAVES) and _iterator(value):
+    if not issubclass(type(value), LEAVES) and _iterator(value):
         raise SideEffectError(
             f"{fn_name}.{phase} takes the next value of {place} (a {type(value).__name__}, an "
             "iterator the code reads).",
@@ -92,22 +92,22 @@ def _iterator(value: Any) -> bool:
 
 
 def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] | None:
-    if isinstance(value, LEAVES) or id(value) in seen or depth > _DEPTH:
+    if issubclass(type(value), LEAVES) or id(value) in seen or depth > _DEPTH:
         return None
     seen.add(id(value))
-    if isinstance(value, types.ModuleType):
+    if issubclass(type(value), types.ModuleType):
         if not is_user_module(value):
             return None  # a library's (``torch`` passed in): not the user's state, and not walked
         items: Any = ((f"{name}.{k}", v) for k, v in module_data(value).items())
     elif _iterator(value) or unseen(value):  # (an iterator is named as one)
         return name, value
-    elif isinstance(value, (list, tuple)):  # (past a subclass's own methods: user_code)
+    elif issubclass(type(value), (list, tuple)):  # (past a subclass's own methods: user_code)
         items = ((f"{name}[{k}]", v) for k, v in enumerate(plain_items(value)))
-    elif isinstance(value, dict):
+    elif issubclass(type(value), dict):
         items = ((f"{name}[{k!r}]", v) for k, v in plain_pairs(value))
-    elif isinstance(value, (set, frozenset)):
+    elif issubclass(type(value), (set, frozenset)):
         items = ((f"an item of {name}", v) for v in plain_items(value))
-    elif isinstance(value, torch.nn.Module):
+    elif issubclass(type(value), torch.nn.Module):
         return None  # its state is keyed whole (runtime.guards.value_key)
     else:
         try:

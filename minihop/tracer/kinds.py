@@ -52,7 +52,7 @@ def _class_reads(code: types.CodeType) -> tuple[tuple[str, str, int | None], ...
     stack = [code]
     while stack:
         inner = stack.pop()
-        stack += [c for c in inner.co_consts if isinstance(c, types.CodeType)]
+        stack += [c for c in inner.co_consts if issubclass(type(c), types.CodeType)]
         ops = instructions(inner)[0]
         for k, op in enumerate(ops):
             if op.opname == "MATCH_CLASS":
@@ -97,13 +97,13 @@ def reads_stack(end: Any) -> bool:
 def numpy_value(end: Any) -> bool:
     """Whether ``end`` (what the code names) is numpy's: it takes a symbolic size for an object
     (``np.array([n]).dtype`` is ``object`` where eager's is ``int64``)."""
-    module = end.__name__ if isinstance(end, types.ModuleType) else getattr(end, "__module__", None)
-    return isinstance(module, str) and (module == "numpy" or module.startswith("numpy."))
+    module = end.__name__ if issubclass(type(end), types.ModuleType) else getattr(end, "__module__", None)
+    return issubclass(type(module), str) and (module == "numpy" or module.startswith("numpy."))
 
 
 def symbolic(args: tuple[Any, ...]) -> bool:
     """Whether a trace on ``args`` (fake) holds symbolic values: sizes, numbers."""
-    return any(type(a) in _SYMBOLIC or isinstance(a, torch.Tensor) and any(type(d) in _SYMBOLIC for d in a.shape)
+    return any(type(a) in _SYMBOLIC or issubclass(type(a), torch.Tensor) and any(type(d) in _SYMBOLIC for d in a.shape)
                for a in args)
 
 

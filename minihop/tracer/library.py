@@ -14,7 +14,7 @@ import random
 import types
 from typing import Any
 
-from ..library_state import LIBRARY_PACKAGES, library_module
+from ..library_state import LIBRARY_PACKAGES, library_module, own_attr, own_dict
 
 __all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "TORCH_IO", "bounded", "torch_io", "is_exec_class", "is_library", "is_user_function",
            "library_module"]
@@ -25,13 +25,13 @@ def is_library(value: Any) -> bool:
     minihop or the test runner: its module state is not the user's to change, so chains
     through it are neither guarded nor watched. (Functions the user's code reaches through
     its own globals are analysed wherever they are defined.)"""
-    if isinstance(value, types.ModuleType):
+    if issubclass(type(value), types.ModuleType):
         name = value.__name__
     elif is_exec_class(value):
         return False
     else:
-        name = getattr(value, "__module__", None) or _owner_module(value)
-    return library_module(name) if isinstance(name, str) else False
+        name = own_attr(value, "__module__") or _owner_module(value)
+    return library_module(name) if issubclass(type(name), str) else False
 
 
 def _owner_module(fn: Any) -> str:
@@ -40,21 +40,21 @@ def _owner_module(fn: Any) -> str:
     owner = getattr(fn, "__self__", None)
     if owner is None:
         return ""
-    if isinstance(owner, types.ModuleType):
+    if issubclass(type(owner), types.ModuleType):
         return owner.__name__
-    return getattr(owner if isinstance(owner, type) else type(owner), "__module__", None) or ""
+    return getattr(owner if issubclass(type(owner), type) else type(owner), "__module__", None) or ""
 
 
 def is_exec_class(value: Any) -> bool:
     """Whether ``value`` is a class made by ``exec`` in a namespace without ``__name__`` (code
     generated at run time, a notebook cell runner): Python names its module "builtins", yet
     its methods are Python functions, never a builtin class's. It is the user's."""
-    return isinstance(value, type) and value.__module__ == "builtins" and any(
-        isinstance(getattr(v, "__func__", v), types.FunctionType) for v in vars(value).values())
+    return issubclass(type(value), type) and own_attr(value, "__module__") == "builtins" and any(
+        issubclass(type(getattr(v, "__func__", v)), types.FunctionType) for v in own_dict(value).values())
 
 
 def is_user_function(value: Any) -> bool:
-    return isinstance(value, types.FunctionType) and not is_library(value)
+    return issubclass(type(value), types.FunctionType) and not is_library(value)
 
 
 # Library packages whose functions never draw from Python's random generator.
@@ -72,7 +72,7 @@ def module_data(module: types.ModuleType) -> dict[str, Any]:
     """A user module's data attributes: not its dunders, functions, classes or modules."""
     return {k: v for k, v in vars(module).items()
             if not (k.startswith("__") and k.endswith("__"))
-            and not isinstance(v, (types.ModuleType, types.FunctionType, type, types.BuiltinFunctionType))}
+            and not issubclass(type(v), (types.ModuleType, types.FunctionType, type, types.BuiltinFunctionType))}
 
 # Libraries whose functions answer from their arguments and from state minihop models: torch
 # (its process-wide reads are guarded or watched: settings, hidden), Python's pure modules, and
@@ -122,7 +122,7 @@ TORCH_IO = ("torch.serialization", "torch.hub", "torch.package", "torch.jit._ser
 def torch_io(fn: Any) -> bool:
     """Whether ``fn`` is one of torch's file or process readers and writers (``TORCH_IO``)."""
     module = getattr(fn, "__module__", None) or ""
-    if not isinstance(module, str):
+    if not issubclass(type(module), str):
         return False
     return module.startswith(TORCH_IO) or getattr(fn, "__name__", None) == "from_file" \
         and (module or "torch").split(".")[0] == "torch"
@@ -137,19 +137,19 @@ def bounded(fn: Any) -> bool:
     object or class: bounded where that class is (``secrets.randbits``: a SystemRandom's)."""
     if torch_io(fn):
         return False
-    if isinstance(fn, type):
+    if issubclass(type(fn), type):
         return fn is not random.SystemRandom and (issubclass(fn, BaseException) or _in_bounded(fn))
     owner = getattr(fn, "__self__", None)
-    if isinstance(owner, type) and getattr(fn, "__module__", None):
+    if issubclass(type(owner), type) and getattr(fn, "__module__", None):
         return _in_bounded(fn)  # a classmethod answers from its own code (torch's ``Function.apply``)
-    if owner is not None and not isinstance(owner, types.ModuleType):
-        return bounded(owner if isinstance(owner, type) else type(owner))
+    if owner is not None and not issubclass(type(owner), types.ModuleType):
+        return bounded(owner if issubclass(type(owner), type) else type(owner))
     return _in_bounded(fn)
 
 
 def _in_bounded(fn: Any) -> bool:
     module = getattr(fn, "__module__", None) or _owner_module(fn)
-    if not isinstance(module, str):
+    if not issubclass(type(module), str):
         return False
     top = module.split(".")[0]
     names = ONLY.get(top)

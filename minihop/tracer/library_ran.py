@@ -77,7 +77,7 @@ def _places(code: types.CodeType, g: dict[str, Any]) -> tuple[Place, ...]:
     places = _homes(code, g)
     for chain in code_facts(code).chains:
         value = g.get(chain.root) if chain.root_kind == "global" else None
-        if isinstance(value, types.ModuleType):
+        if issubclass(type(value), types.ModuleType):
             steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
             root = global_place(g, chain.root, f"{g.get('__name__')}:{chain.root}").root  # (its global)
             places += [p for p in library_binding(root, value, steps, 0) if _stored(value, p.steps)]
@@ -90,7 +90,7 @@ def _stored(module: types.ModuleType, steps: tuple[tuple[str, Any], ...]) -> boo
     read (``torch._VF.dropout``, its ``__getattr__``) binds nothing anyone could rebind there."""
     current: Any = module
     for _, name in steps:
-        if isinstance(current, types.ModuleType) and name not in vars(current):
+        if issubclass(type(current), types.ModuleType) and name not in vars(current):
             return False
         current = getattr(current, name, None)
     return True
@@ -107,11 +107,11 @@ def _homes(code: types.CodeType, g: dict[str, Any]) -> list[Place]:
         return []
     holder: Any = module
     for part in parts[:-1]:
-        holder = vars(holder).get(part) if isinstance(holder, (type, types.ModuleType)) else None
-        if not isinstance(holder, type):
+        holder = vars(holder).get(part) if issubclass(type(holder), (type, types.ModuleType)) else None
+        if not issubclass(type(holder), type):
             return []
     found = vars(holder).get(parts[-1])
-    if not isinstance(found, types.FunctionType) or found.__code__ is not code:
+    if not issubclass(type(found), types.FunctionType) or found.__code__ is not code:
         return []  # (a staticmethod, a property, a decorated function: its wrapper ran too)
     owner = module.__name__ if holder is module else f"{module.__name__}:{code.co_qualname.rsplit('.', 1)[0]}"
     # (``home``: the holder itself, read directly by the record's generated check)

@@ -224,7 +224,7 @@ class MessageWatch:
                     frame = frame.f_back
                 if frame is not None and args:
                     message, category = args[0], args[1] if len(args) > 1 else UserWarning
-                    self.op_located.append((str(message), type(message) if isinstance(message, Warning) else category,
+                    self.op_located.append((str(message), type(message) if issubclass(type(message), Warning) else category,
                                             frame.f_code.co_filename, frame.f_lineno,
                                             frame.f_globals.get("__name__", "<string>")))
             return None  # (C++'s, while an op is traced: the graphs give it when they run)
@@ -322,9 +322,9 @@ def _message_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tup
     """``warnings.warn``'s (or ``warn_explicit``'s) message text and category."""
     message = args[0] if args else kwargs.get("message", "")
     category = args[1] if len(args) > 1 else kwargs.get("category")
-    if isinstance(message, Warning):
+    if issubclass(type(message), Warning):
         return str(message), type(message)
-    return str(message), category if isinstance(category, type) else UserWarning
+    return str(message), category if issubclass(type(category), type) else UserWarning
 
 
 def _eager_location(frame: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],

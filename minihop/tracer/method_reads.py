@@ -46,12 +46,12 @@ def called_places(root: Root, value: Any, steps: tuple[tuple[str, Any], ...], me
     if method is None or root.uses_args:
         return []
     holder = walk(value, steps)
-    if not isinstance(holder, type):
+    if not issubclass(type(holder), type):
         return []  # an object: keyed with its class's methods; a module: module_reads
     called = walk(holder, (("attr", method),))
-    if isinstance(called, UserAttribute):
+    if issubclass(type(called), UserAttribute):
         return []  # computed by the user's code: single-use already (userattr)
-    fn = called.__func__ if isinstance(called, types.MethodType) else called
+    fn = called.__func__ if issubclass(type(called), types.MethodType) else called
     if not is_user_function(fn):
         return []
     return [place_at(root, (*steps, ("attr", method)))]

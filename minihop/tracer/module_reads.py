@@ -43,7 +43,7 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
     items, and the method it calls), that hold a module or that are a user module's attribute
     read last: each is guarded like any read place."""
     found: list[Place] = []
-    if isinstance(value, types.ModuleType) and not root.uses_args:
+    if issubclass(type(value), types.ModuleType) and not root.uses_args:
         found.append(place_at(root, ()))  # MATHLIB, F, m: which module the name holds
     if not steps and is_user_module(value):
         # The user's module read whole (``getattr(cfg, "debug", False)``, passed to a helper):
@@ -52,17 +52,17 @@ def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> l
                                 lambda args, m=value: module_data(m)), ()))
     current = value
     for k, step in enumerate(steps):
-        if isinstance(current, types.ModuleType) and is_library(current):
+        if issubclass(type(current), types.ModuleType) and is_library(current):
             # Below a library module its state is not the user's, but which function or
             # constant a name of it is bound to can be rebound by anyone (``F.gelu =
             # fast_gelu``, ``torch.tanh = ...``): the binding the chain ends on is read.
             found += library_binding(root, current, steps, k, user=True)
             break
-        if current is MISSING or isinstance(current, UserAttribute):
+        if current is MISSING or issubclass(type(current), UserAttribute):
             break
         following = walk(current, (step,))
-        in_user_module = isinstance(current, types.ModuleType)
-        holds_module = isinstance(following, types.ModuleType)
+        in_user_module = issubclass(type(current), types.ModuleType)
+        holds_module = issubclass(type(following), types.ModuleType)
         if (holds_module and (in_user_module or not root.uses_args)) or (in_user_module and k == len(steps) - 1):
             # Cfg.lib, usermod.sub (an identity), usermod.scale_fn (the value read there);
             # an argument's own attributes are in the call key (but for a module's, keyed by identity).
@@ -93,12 +93,12 @@ def library_binding(root: Root, module: types.ModuleType, steps: tuple[tuple[str
         if steps[j][0] != "attr":
             return []
         following = walk(current, (steps[j],))
-        if isinstance(following, types.ModuleType):
+        if issubclass(type(following), types.ModuleType):
             if not is_library(following):
                 return []  # the user's module under a library's: ``_through_library``
             current = following
             continue
-        bound = isinstance(following, _BOUND) or type(following).__name__ in _C_CALLABLES or \
+        bound = issubclass(type(following), _BOUND) or type(following).__name__ in _C_CALLABLES or \
             user and type(following) in _CONTAINERS and following is not sys.modules
         if not bound and user and j + 1 < len(steps) and following is not MISSING and not callable(following):
             current = following  # (an object of the library's: what the chain reads of it)

@@ -31,7 +31,7 @@ __all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hin
 def code_of(fn: Any) -> CodeType | None:
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     code = getattr(fn, "__code__", None)
-    return code if isinstance(code, CodeType) else None
+    return code if issubclass(type(code), CodeType) else None
 
 
 def free_values(fn: Any) -> Iterator[tuple[str, str, Any, Callable[[], Any]]]:
@@ -56,7 +56,7 @@ def free_values(fn: Any) -> Iterator[tuple[str, str, Any, Callable[[], Any]]]:
 def _nested(code: CodeType) -> Iterator[CodeType]:
     yield code
     for const in code.co_consts:
-        if isinstance(const, CodeType):
+        if issubclass(type(const), CodeType):
             yield from _nested(const)
 
 
@@ -104,7 +104,7 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
             # Only tensors are named; holding any other local past the call would run its
             # ``__del__`` after the watches stop, where eager runs it as the call returns.
             found = frame.f_locals  # (a snapshot the frame keeps, past its own clearing: emptied below)
-            sink.locals.update((k, v) for k, v in found.items() if k not in params and isinstance(v, torch.Tensor))
+            sink.locals.update((k, v) for k, v in found.items() if k not in params and issubclass(type(v), torch.Tensor))
             found.clear()
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)
             sink.stack_trace = "".join(traceback.format_list([summary]))

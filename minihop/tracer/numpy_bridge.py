@@ -41,9 +41,9 @@ def _wrap(value: Any) -> Any:
     """``torch._numpy`` results as ``TracedArray`` (so NumPy's functions keep reaching them)."""
     if type(value) is tnp.ndarray:
         return TracedArray(value.tensor)
-    if isinstance(value, tuple):
+    if issubclass(type(value), tuple):
         return tuple(_wrap(v) for v in value)
-    if isinstance(value, list):
+    if issubclass(type(value), list):
         return [_wrap(v) for v in value]
     return value
 
@@ -113,7 +113,7 @@ def to_array(tensor: torch.Tensor, where: str | None) -> TracedArray:
 
 def from_array(array: Any) -> torch.Tensor | None:
     """``torch.from_numpy(array)``: the traced array's tensor; None for anything else."""
-    return array.tensor if isinstance(array, tnp.ndarray) else None
+    return array.tensor if issubclass(type(array), tnp.ndarray) else None
 
 
 _FROM_NUMPY = torch.from_numpy

@@ -23,7 +23,7 @@ _PLAIN = (tuple, list, dict)
 
 
 def is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
+    return issubclass(type(value), torch.Tensor)
 
 
 def version_of(t: torch.Tensor) -> int:
@@ -44,10 +44,10 @@ def tensors_in(value: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
     elif kind is dict:
         for v in value.values():
             tensors_in(v, found)
-    elif isinstance(value, torch.Tensor):
+    elif issubclass(type(value), torch.Tensor):
         found.append(value)
-    elif isinstance(value, _PLAIN):
-        found.extend(v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor))
+    elif issubclass(type(value), _PLAIN):
+        found.extend(v for v in tree_flatten(value)[0] if issubclass(type(v), torch.Tensor))
     return found
 
 
@@ -57,7 +57,7 @@ def any_leaf(test: Callable[[Any], bool], value: Any) -> bool:
         return any(any_leaf(test, v) for v in value)
     if kind is dict:
         return any(any_leaf(test, v) for v in value.values())
-    if isinstance(value, _PLAIN):  # a subclass: namedtuple, OrderedDict, ...
+    if issubclass(type(value), _PLAIN):  # a subclass: namedtuple, OrderedDict, ...
         return any(test(v) for v in tree_flatten(value)[0])
     return test(value)
 
@@ -74,7 +74,7 @@ def map_plain(fn: Callable[[Any], Any], value: Any) -> Any:
         # x[:n] with a symbolic n: the bound must be the size's node, not the SymInt itself
         # (which would be replayed as the size it had while tracing).
         return slice(map_plain(fn, value.start), map_plain(fn, value.stop), map_plain(fn, value.step))
-    if isinstance(value, _PLAIN):
+    if issubclass(type(value), _PLAIN):
         return tree_map(fn, value)
     return fn(value)
 

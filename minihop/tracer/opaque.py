@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
-from ..library_state import global_module_hooks
+from ..library_state import global_module_hooks, own_dict
 from ..spec import MISSING
 from .bytecode import instructions
 from .call_watch import CallWatch, library_module_name as _library_name
@@ -54,7 +54,7 @@ def nested_codes(code: types.CodeType) -> Iterable[types.CodeType]:
     finder reads them as part of it, so they are analysed with it."""
     yield code
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):
+        if issubclass(type(const), types.CodeType):
             yield from nested_codes(const)
 
 
@@ -96,7 +96,7 @@ def constant_getattrs(code: types.CodeType) -> tuple[Chain, ...]:
             line = op.lineno if op.lineno is not None else line
             if op.opname in _LOADS and op.argval == "getattr" and i + 3 < len(ins) \
                     and ins[i + 1].opname in ("LOAD_GLOBAL", "LOAD_DEREF") and ins[i + 2].opname == "LOAD_CONST" \
-                    and isinstance(ins[i + 2].argval, str) and ins[i + 3].opname in _CALLS and ins[i + 3].arg == 2:
+                    and issubclass(type(ins[i + 2].argval), str) and ins[i + 3].opname in _CALLS and ins[i + 3].arg == 2:
                 kind = "global" if ins[i + 1].opname == "LOAD_GLOBAL" else "deref"
                 found.append(Chain(kind, ins[i + 1].argval, (("attr", ins[i + 2].argval),), "value", line))
     return tuple(found)
@@ -106,7 +106,7 @@ def _constant_name(lookup: str, window: list[Any], argc: int | None) -> bool:
     """Whether the call's name argument(s) are string constants: ``getattr(obj, "k")``,
     ``getattr(obj, "k", <one load>)``, ``attrgetter("a", "b")``."""
     def const(x: Any) -> bool:
-        return x.opname == "LOAD_CONST" and isinstance(x.argval, str)
+        return x.opname == "LOAD_CONST" and issubclass(type(x.argval), str)
     if lookup == "getattr" and argc == 2:
         return bool(window) and const(window[-1])
     if lookup == "getattr" and argc == 3:
@@ -123,18 +123,18 @@ def _plain(value: Any, depth: int = 0) -> bool:
     where the code indexes or multiplies it: not plain."""
     if value is None or value is MISSING:
         return True
-    if isinstance(value, (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+    if issubclass(type(value), (int, float, complex, str, bytes, torch.Tensor, torch.dtype,
                           torch.device, torch.Size, types.ModuleType)):
         return _no_user_methods(type(value))
-    if isinstance(value, (tuple, list, frozenset, set)) and depth < 2:
+    if issubclass(type(value), (tuple, list, frozenset, set)) and depth < 2:
         return _no_user_methods(type(value)) and len(value) < 64 and all(_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict) and depth < 2:
+    if issubclass(type(value), dict) and depth < 2:
         return _no_user_methods(type(value)) and len(value) < 64 and \
             all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in dict.items(value))  # (a key's __hash__)
-    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+    if issubclass(type(value), (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         return True  # C code (``x.sin``, ``len``): a callback it calls is a value of its own
-    if isinstance(value, (types.FunctionType, type)):
+    if issubclass(type(value), (types.FunctionType, type)):
         return _library_name(getattr(value, "__module__", None))
     return False
 
@@ -151,9 +151,9 @@ def _no_user_methods(cls: type) -> bool:
     for c in cls.__mro__:
         if c in _BUILTIN_BASES or c is object or _library_name(c.__module__):
             continue
-        for v in vars(c).values():
+        for v in own_dict(c).values():
             f = getattr(v, "__func__", getattr(v, "fget", v))
-            if callable(f) and not isinstance(f, type) and not _library_name(getattr(f, "__module__", None)) \
+            if callable(f) and not issubclass(type(f), type) and not _library_name(getattr(f, "__module__", None)) \
                     and not str(getattr(f, "__module__", "")).startswith("namedtuple_"):
                 return False
     return True
@@ -176,7 +176,7 @@ def tensor_patched() -> bool:
     last, answer = _PATCHED
     if len(last) == len(values) and all(a is b for a, b in zip(last, values, strict=True)):
         return answer
-    answer = any(isinstance(v, (types.FunctionType, staticmethod, classmethod, property))
+    answer = any(issubclass(type(v), (types.FunctionType, staticmethod, classmethod, property))
                  and not _library_name(getattr(getattr(v, "__func__", getattr(v, "fget", v)), "__module__", None))
                  for v in values)
     _PATCHED[:] = [values, answer]  # (holding the values: no id in it is reused)
@@ -193,34 +193,34 @@ def entry_points(value: Any) -> list[tuple[Any, Any]]:
     object's ``__call__``, a bound method's function."""
     found: list[tuple[Any, Any]] = []
     # Only a method has a __self__; probing any object would run a user __getattr__ (userattr).
-    owner = value.__self__ if isinstance(value, (types.MethodType, types.BuiltinMethodType)) else None
+    owner = value.__self__ if issubclass(type(value), (types.MethodType, types.BuiltinMethodType)) else None
     owner = getattr(owner, "fn_cls", owner)  # @minihop.captured's apply: its CapturedFunction's
-    if isinstance(value, type) and issubclass(value, torch.autograd.Function):
+    if issubclass(type(value), type) and issubclass(value, torch.autograd.Function):
         owner = value  # minihop.apply(Inner, x), Inner.apply(x)
-    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+    if issubclass(type(owner), type) and issubclass(owner, torch.autograd.Function):
         for name in ("forward", "setup_context", "backward", "vjp"):
             fn = getattr(owner, name, None)
-            if isinstance(fn, types.FunctionType) and not _library_name(fn.__module__):
+            if issubclass(type(fn), types.FunctionType) and not _library_name(fn.__module__):
                 found.append((fn, None))
-    elif isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType) \
+    elif issubclass(type(value), types.MethodType) and issubclass(type(value.__func__), types.FunctionType) \
             and not _library_name(value.__func__.__module__):
         found.append((value.__func__, owner))
-    elif isinstance(value, functools.partial):
-        found += entry_points(value.func) if not isinstance(value.func, types.FunctionType) else \
+    elif issubclass(type(value), functools.partial):
+        found += entry_points(value.func) if not issubclass(type(value.func), types.FunctionType) else \
             [(value.func, None)] if not _library_name(value.func.__module__) else []
-    elif isinstance(value, type) and not _library_name(value.__module__):
+    elif issubclass(type(value), type) and not _library_name(value.__module__):
         # A user class called to make an object (an output ``Box(...)``, a dataclass, a
         # namedtuple): its constructors run.
-        found += [(fn, None) for fn in (getattr(vars(value).get(k), "__func__", vars(value).get(k))
-                                        for k in ("__init__", "__new__")) if isinstance(fn, types.FunctionType)]
-    elif isinstance(value, torch.nn.Module):
+        found += [(fn, None) for fn in (getattr(own_dict(value).get(k), "__func__", own_dict(value).get(k))
+                                        for k in ("__init__", "__new__")) if issubclass(type(fn), types.FunctionType)]
+    elif issubclass(type(value), torch.nn.Module):
         for module in value.modules():
             fn = getattr(type(module), "forward", None)
-            if isinstance(fn, types.FunctionType) and not _library_name(fn.__module__):
+            if issubclass(type(fn), types.FunctionType) and not _library_name(fn.__module__):
                 found.append((fn, module))
-    elif not isinstance(value, type) and not _library_name(type(value).__module__):
+    elif not issubclass(type(value), type) and not _library_name(type(value).__module__):
         fn = getattr(type(value), "__call__", None)
-        if isinstance(fn, types.FunctionType):
+        if issubclass(type(fn), types.FunctionType):
             found.append((fn, value))
     return found
 
@@ -242,8 +242,8 @@ class GetattrWatch:
     def __call__(self, obj: Any, name: str, *default: Any) -> Any:
         frame = sys._getframe(1)
         if frame.f_code in self.codes and self.thread == threading.get_ident():
-            bounded = (isinstance(obj, torch.Tensor) and name not in TENSOR_STATE) or id(obj) in self.keyed \
-                or _plain(obj) and not isinstance(obj, (types.ModuleType, type))
+            bounded = (issubclass(type(obj), torch.Tensor) and name not in TENSOR_STATE) or id(obj) in self.keyed \
+                or _plain(obj) and not issubclass(type(obj), (types.ModuleType, type))
             if not bounded and len(self.found) < 8:
                 self.found.append(f"getattr({type(obj).__name__} object, {name!r}) with a name chosen at run time "
                                   f'(File "{frame.f_code.co_filename}", line {frame.f_lineno})')
@@ -302,7 +302,7 @@ class Finder:
     def note_chain(self, phase: str, code: types.CodeType, chain: Any, value: Any, end: Any, on_args: bool) -> None:
         """A chain the code reads, from ``value`` (its root's) to ``end``."""
         self.reachable.append(end)
-        if isinstance(end, UserAttribute):  # code pystate did not run (see userattr)
+        if issubclass(type(end), UserAttribute):  # code pystate did not run (see userattr)
             self.unknown(phase, f'{phase} reads {end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')

@@ -23,6 +23,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import InplaceInputError, UnsupportedArgumentError, UnsupportedOutputError
 from ..spec import OutsideWrite
+from ..library_state import own_dict
 from ..structure import format_path, iter_leaves
 from .function_parts import FunctionParts
 from .outside import OutsideTensor
@@ -37,7 +38,7 @@ def hidden_outputs(t: Tracing, found: tuple[OutsideTensor, ...],
                    top: list[bool], fake_args: tuple[Any, ...]) -> tuple[OutsideWrite, ...]:
     """Each tensor forward put outside its return value becomes a hidden fwd output (appended
     to ``flat``, not top-level); returns the writes the runtime repeats on every call."""
-    arg_ids = {id(a) for a in fake_args if isinstance(a, torch.Tensor)}
+    arg_ids = {id(a) for a in fake_args if issubclass(type(a), torch.Tensor)}
     index = {id(v): i for i, v in enumerate(flat)
              if not (top[i] and id(v) in arg_ids)}  # an input returned as is comes back as a view
     writes: list[OutsideWrite] = []
@@ -67,20 +68,20 @@ def refuse_returned_state(name: str, out: Any, before: dict[int, Any], argnames:
     stack = [v for k, v in vars(ctx).items() if not k.startswith("_minihop")] if ctx is not None else []
     while stack:
         v = stack.pop()
-        if isinstance(v, (list, dict, set)) or hasattr(v, "__dict__") and not isinstance(v, (type, torch.nn.Module, *_IMMUTABLE)):
+        if issubclass(type(v), (list, dict, set)) or own_dict(v) is not None and not issubclass(type(v), (type, torch.nn.Module, *_IMMUTABLE)):
             if id(v) not in on_ctx and len(on_ctx) < 1000:
                 on_ctx.add(id(v))
-                stack += list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, set)) else []
-        elif isinstance(v, tuple):
+                stack += list(v.values()) if issubclass(type(v), dict) else list(v) if issubclass(type(v), (list, set)) else []
+        elif issubclass(type(v), tuple):
             stack += list(v)
     todo, seen = [((), out)], set()
     while todo:
         path, value = todo.pop()
-        if id(value) in seen or isinstance(value, (torch.Tensor, *_IMMUTABLE)) or \
-                id(value) in from_args and not isinstance(value, tuple):
+        if id(value) in seen or issubclass(type(value), (torch.Tensor, *_IMMUTABLE)) or \
+                id(value) in from_args and not issubclass(type(value), tuple):
             continue  # (an argument's own object is returned as the call's: OutputSpec "arg")
         seen.add(id(value))
-        if id(value) in on_ctx and not isinstance(value, tuple):
+        if id(value) in on_ctx and not issubclass(type(value), tuple):
             raise UnsupportedOutputError(
                 f"{name}.forward returns, at output{format_path(path, argnames)}, a {type(value).__name__} "
                 "it also keeps on ctx.",
@@ -89,7 +90,7 @@ def refuse_returned_state(name: str, out: Any, before: dict[int, Any], argnames:
                 "Keep a copy on ctx (ctx.info = dict(info)), or run it eagerly with "
                 "minihop.function(F, fallback='eager').")
         entry = before.get(id(value))
-        if entry is not None and entry.obj is value and not isinstance(value, tuple):
+        if entry is not None and entry.obj is value and not issubclass(type(value), tuple):
             raise UnsupportedOutputError(
                 f"{name}.forward returns, at output{format_path(path, argnames)}, a {type(value).__name__} "
                 "that existed before the call (a global's, or one the caller holds).",
@@ -97,12 +98,12 @@ def refuse_returned_state(name: str, out: Any, before: dict[int, Any], argnames:
                 "original; a capture rebuilds its outputs on every call and would hand out another.",
                 "Return a copy made in forward (list(opts), dict(cfg)), return only tensors and "
                 "values made in forward, or run it eagerly with minihop.function(F, fallback='eager').")
-        if isinstance(value, (tuple, list, set, frozenset)):
+        if issubclass(type(value), (tuple, list, set, frozenset)):
             todo += [((*path, ("item", i)), v) for i, v in enumerate(value)]
-        elif isinstance(value, dict):
+        elif issubclass(type(value), dict):
             todo += [((*path, ("key", k)), v) for k, v in value.items()]
-        elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
-            todo += [((*path, ("attr", k)), v) for k, v in vars(value).items()]
+        elif own_dict(value) is not None and not issubclass(type(value), (type, torch.nn.Module)):
+            todo += [((*path, ("attr", k)), v) for k, v in own_dict(value).items()]
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), type, torch.dtype, torch.device,
@@ -114,13 +115,13 @@ def refuse_unbacked_numbers(t: Tracing, out: Any) -> None:
     """A number read from data returned as a Python value would be replayed as its symbol:
     its read becomes a value read (``Retrace``), or the trace is refused."""
     for _path, leaf in iter_leaves((out,)):
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(leaf):
+        if issubclass(type(leaf), (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(leaf):
             raise t.unbacked.escape(leaf.node.expr, None, "forward returns it as a Python number")
 
 
 def saved_node(t: Tracing, value: Any) -> fx.Node | None:
     """The fwd node of a value passed to ``ctx.save_for_backward`` (None for None)."""
-    if not isinstance(value, torch.Tensor):
+    if not issubclass(type(value), torch.Tensor):
         return None
     node = t.fwd.node_of.get(id(value))
     if node is None and id(value) in t.sources:
@@ -137,7 +138,7 @@ def refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: s
                 "An iterator made while tracing runs on minihop's fake tensors; replaying the "
                 "graphs cannot make it again, so it would hand out fake values.",
                 "Return a tuple or list (tuple(gen)) instead.")
-        if isinstance(leaf, (set, frozenset)) and any(isinstance(v, torch.Tensor) for v in leaf):
+        if issubclass(type(leaf), (set, frozenset)) and any(issubclass(type(v), torch.Tensor) for v in leaf):
             where = (format_path((("arg", path[0][1]), *path[1:]), parts.argnames) if what == "argument"
                      else "the returned value")
             error = UnsupportedArgumentError if what == "argument" else UnsupportedOutputError

@@ -159,7 +159,7 @@ def claim(differences: list[Difference], before: dict[int, Seen], after: dict[in
         taken = group if seen.kind in ("list", "tensor") else [
             d for d in group if d[1][0] == "whole" or d[3] is MISSING or _holds_traced(d[3], is_traced)]
         rest += [d for d in group if not any(d is t for t in taken)]
-        if isinstance(seen.obj, torch.nn.Module):
+        if issubclass(type(seen.obj), torch.nn.Module):
             _refuse_registration(seen, taken, who)
         claimed.append(_Claimed(seen, after[key].contents))
         put_back = _without(seen, after[key].contents, taken)
@@ -260,32 +260,32 @@ def location(seen: Seen, step: tuple[str, Any]) -> Place:
 
 def _route(steps: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
     """The heap watch's item steps, as the runtime's getters spell them: an index, or a key."""
-    return tuple(("key", k) if kind == "item" and not isinstance(k, int) else (kind, k) for kind, k in steps)
+    return tuple(("key", k) if kind == "item" and not issubclass(type(k), int) else (kind, k) for kind, k in steps)
 
 
 def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
-    if is_traced(value) or isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) \
+    if is_traced(value) or issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool)) \
             and not free_unbacked_symbols(value):  # a number read from data: pystate's to turn into a value
         return True  # a symbolic size is refused by _check_value (its attributes are torch's)
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return False
-    return any(is_traced(leaf) or isinstance(leaf, FakeTensor) for _, leaf in iter_leaves(value))
+    return any(is_traced(leaf) or issubclass(type(leaf), FakeTensor) for _, leaf in iter_leaves(value))
 
 
 def _check_value(value: Any, place: Place, is_traced: Callable[[Any], bool], who: _Who) -> None:
     """Refuse a value that cannot be put back on each call: a tensor inside a value forward
     made (an object, a container), a fake tensor of another trace, a symbolic size, or a place
     no getter reaches again (below a key that is not a string or a number)."""
-    if any(kind in ("key", "item") and not isinstance(k, (str, int)) for kind, k in place.steps):
+    if any(kind in ("key", "item") and not issubclass(type(k), (str, int)) for kind, k in place.steps):
         raise _refusal(who, place, "puts a value below a key minihop cannot name again on each call")
     if is_traced(value):
         return
-    if isinstance(value, FakeTensor):
+    if issubclass(type(value), FakeTensor):
         raise _refusal(who, place, "puts a fake tensor there that this trace did not make")
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise _refusal(who, place, "puts a symbolic size there (captured with dynamic "
                        "shapes, it has no one value)")
-    if not isinstance(value, torch.Tensor) and _holds_traced(value, is_traced):
+    if not issubclass(type(value), torch.Tensor) and _holds_traced(value, is_traced):
         raise _refusal(who, place, f"puts a {type(value).__name__} there that holds a "
                        "tensor, and forward made that value itself")
 

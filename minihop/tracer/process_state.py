@@ -93,9 +93,9 @@ def _set_environ(old: dict[Any, Any]) -> None:
     now = _environ()
     for key in {*now, *old}:
         if now.get(key) != old.get(key):
-            name = os.fsdecode(key) if isinstance(key, bytes) else key
+            name = os.fsdecode(key) if issubclass(type(key), bytes) else key
             if key in old:
-                os.environ[name] = os.fsdecode(old[key]) if isinstance(old[key], bytes) else old[key]
+                os.environ[name] = os.fsdecode(old[key]) if issubclass(type(old[key]), bytes) else old[key]
             else:
                 os.environ.pop(name, None)
 
@@ -111,7 +111,7 @@ def logging_levels(handlers: bool = True) -> tuple[Any, ...]:
     (what a read of whether a logger logs depends on). (Few objects made per logger: a
     program may hold thousands, and a capture snapshots them several times.)"""
     manager = logging.Logger.manager
-    loggers = [("", logging.root), *((n, lg) for n, lg in list(manager.loggerDict.items()) if isinstance(lg, logging.Logger))]
+    loggers = [("", logging.root), *((n, lg) for n, lg in list(manager.loggerDict.items()) if issubclass(type(lg), logging.Logger))]
     if not handlers:
         return (manager.disable, *((n, lg.level, lg.disabled, lg.propagate) for n, lg in loggers))
     return (manager.disable, tuple(h.level for _, lg in loggers for h in lg.handlers),

@@ -135,7 +135,7 @@ class _Program:
     def apply(self, fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         args = bind_arguments(fn_cls, args, kwargs)
         # Real tensors handed straight to apply (parameters, closed-over tensors) are lifted.
-        args = tuple(replace_tensors(a, lambda _p, t: t if isinstance(t, FakeTensor) else self._lift(t),
+        args = tuple(replace_tensors(a, lambda _p, t: t if issubclass(type(t), FakeTensor) else self._lift(t),
                                      (("arg", i),)) for i, a in enumerate(args))
         recorder, self.mode.recorder = self.mode.recorder, None  # the Function's own ops are its bodies'
         try:
@@ -173,7 +173,7 @@ class _Program:
             node.meta["stack_trace"] = where  # one source line: printed as one block, as Dynamo's
         # Fresh fake outputs with eager's requires_grad (the traced ones were made under no_grad).
         needs_grad = torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            issubclass(type(a), torch.Tensor) and a.requires_grad for a in args)
         fwd_outs = [n for n in pair.fwd.graph.nodes if n.op == "output"][0].args[0][0]
         flat: list[torch.Tensor] = []
         self.mode.recorder = None  # making the fresh fakes is bookkeeping, not graph
@@ -199,14 +199,14 @@ def trace_program(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     Function it applies captured by ``capture_apply``."""
     import inspect
 
-    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    target = fn.forward if issubclass(type(fn), torch.nn.Module) else fn
     argnames = tuple(inspect.signature(target).parameters)
     if kwargs:
         bound = inspect.signature(target).bind(*args, **kwargs)
         bound.apply_defaults()
         args = tuple(bound.args)
     program = _Program(argnames, capture_apply)
-    if isinstance(fn, torch.nn.Module):
+    if issubclass(type(fn), torch.nn.Module):
         for name, tensor in (*fn.named_parameters(), *fn.named_buffers()):
             program.parameter_names[id(tensor)] = name
     fake_args = tuple(replace_tensors(a, program.fake_arg, (("arg", i),)) for i, a in enumerate(args))
@@ -274,28 +274,28 @@ def _output_argument(program: _Program, value: Any) -> Any:
     def build(target: Any, args: tuple[Any, ...]) -> fx.Node:
         return rec.create_node("call_function", target, args, {})
 
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return rec.node_for(value)
     if _is_literal(value):
         return value
     kind = type(value)
     if kind in (tuple, list):
         return kind(_output_argument(program, v) for v in value)
-    items = {k: _output_argument(program, v) for k, v in value.items()} if isinstance(value, dict) else {}
+    items = {k: _output_argument(program, v) for k, v in value.items()} if issubclass(type(value), dict) else {}
     if kind in (dict, collections.OrderedDict) and all(_is_literal(k) for k in value):
         return items if kind is dict else build(kind, (items,))
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
+    if issubclass(type(value), tuple) and hasattr(value, "_fields"):
         return build(kind, tuple(_output_argument(program, v) for v in value))
-    if isinstance(value, tuple) and (kind is torch.Size or is_structseq(value)):  # fx reads it as a tuple
+    if issubclass(type(value), tuple) and (kind is torch.Size or is_structseq(value)):  # fx reads it as a tuple
         return build(kind, (tuple(_output_argument(program, v) for v in value),))
     if kind is dict:  # keys the code cannot spell: the dict is built from its values
         spec = OutputSpec("dict", keys=tuple(value), children=_slots(len(value)))
         return build(_builder(spec, "build_dict"), tuple(items.values()))
-    if not any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(value)):
+    if not any(issubclass(type(leaf), torch.Tensor) for _, leaf in iter_leaves(value)):
         name = f"_output_constant{sum(n.startswith('_output_constant') for n in program.attributes)}"
         program.attributes[name] = value
         return rec.create_node("get_attr", name, (), {}, name=name)
-    if isinstance(value, (tuple, list, dict)):
+    if issubclass(type(value), (tuple, list, dict)):
         raise UnsupportedOutputError(
             f"The traced function returned a {kind.__qualname__} holding tensors, a subclass "
             f"of {kind.__mro__[1].__qualname__}.",

@@ -135,11 +135,11 @@ class StateTracker:
                 if root is None:
                     continue
                 value = root.fetch(self.args)
-                if chain in through_getattr and not (isinstance(value, types.ModuleType) and is_library(value)):
+                if chain in through_getattr and not (issubclass(type(value), types.ModuleType) and is_library(value)):
                     continue  # (the user's object: keyed whole where it is read)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = walk(value, named) if named else value  # what the code calls or reads
-                self.logs = self.logs or any(v is logging or isinstance(v, logging.Logger) for v in (value, named_end))
+                self.logs = self.logs or any(v is logging or issubclass(type(v), logging.Logger) for v in (value, named_end))
                 setting = FLAG_PLACES.get(id(named_end)) or setting_place(named_end) or backends_place(root, value, chain.steps)
                 calls = "singledispatch" if setting is not None and setting.description.endswith("'s registry") else \
                     "stack" if kinds.reads_stack(named_end) else "numpy" if kinds.numpy_value(named_end) else None
@@ -165,13 +165,13 @@ class StateTracker:
                         f"line {chain.line})")
                 if environment:
                     self._add_read(ENVIRONMENT, phases, code, chain.line)
-                if isinstance(named_end, type) and issubclass(named_end, torch.nn.Module):
+                if issubclass(type(named_end), type) and issubclass(named_end, torch.nn.Module):
                     self._add_read(MODULE_HOOKS, phases, code, chain.line)  # a module it builds runs them
                 if setting is not None:
                     self._add_read(setting, phases, code, chain.line)
                 for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)
                     self._add_read(place, phases, code, chain.line)
-                if isinstance(value, types.ModuleType) and is_library(value):
+                if issubclass(type(value), types.ModuleType) and is_library(value):
                     # torch.sin, math.pi: the module's attributes are not the user's state; the
                     # user's own module reached through one is (``sys.modules["cfg"].n += 1``).
                     self._through_library(root, value, chain, phases, seen_roots, code)
@@ -192,15 +192,15 @@ class StateTracker:
                 # Through a user getter: a place that stops there (never runs it), so a backward
                 # read of it never matches and backward is traced again when it runs, running
                 # the getter then, as eager's backward does (the capture is single-use).
-                self._add_read(place_at(root, chain.steps, isinstance(end, UserAttribute)), phases, code, chain.line)
-                if isinstance(end, functools.partial):
+                self._add_read(place_at(root, chain.steps, issubclass(type(end), UserAttribute)), phases, code, chain.line)
+                if issubclass(type(end), functools.partial):
                     # What the partial passes is read too (its keywords may change in place).
                     for part in ("args", "keywords"):
                         self._add_read(place_at(root, (*chain.steps, ("attr", part))), phases, code, chain.line)
         for place in collectives.world_places():  # rank, world size, groups: constants in the graphs
             self._add_read(place, "forward", None, None)
         for phase, found in method_objects(self.parts):  # a method that is a partial, or no function at all
-            self._add_read(found, phase, None, None, found.description) if isinstance(found, Place) \
+            self._add_read(found, phase, None, None, found.description) if issubclass(type(found), Place) \
                 else self.opaque.unknown(phase, found)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
 
@@ -230,7 +230,7 @@ class StateTracker:
         if found is None:
             # A library function outside torch and math may draw from Python's generator
             # where the code cannot see it: then the generator's state is compared too.
-            if callable(end) and not isinstance(end, type) and is_library(end) and \
+            if callable(end) and not issubclass(type(end), type) and is_library(end) and \
                     (getattr(end, "__module__", None) or "").split(".")[0] not in NEVER_DRAW:
                 self.may_draw = True
             return
@@ -245,7 +245,7 @@ class StateTracker:
 
     def _add_read(self, place: Place, phases: str | tuple[str, ...], code: types.CodeType | None, line: int | None,
                   where: str | None = None) -> None:
-        for phase in (phases,) if isinstance(phases, str) else phases:
+        for phase in (phases,) if issubclass(type(phases), str) else phases:
             if (place.description, phase) not in self._read_keys:
                 self._read_keys.add((place.description, phase))
                 self.reads.append(StateRead(place, phase, f'File "{code.co_filename}", line {line}' if code else where))
@@ -268,7 +268,7 @@ class StateTracker:
                 # What the user set on ctx (never a property such as saved_tensors: reading it
                 # unpacks, and its fresh tuple's id could be any snapshotted object's).
                 first = vars(ctx).get(str(chain.steps[0][1]), MISSING) if chain.steps[0][0] == "attr" else MISSING
-                if isinstance(first, (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) and subclass_attributes(first) is None:
+                if issubclass(type(first), (*ATOMS, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) and subclass_attributes(first) is None:
                     continue  # a value, not a holder (a symbolic size is each call's own; a ``Knob(int)`` holds some)
                 # The deepest object along the chain that is the caller's (snapshotted, an
                 # argument, a global's value): a container forward made may hold one
@@ -276,7 +276,7 @@ class StateTracker:
                 seen, rest = None, chain.steps[1:]
                 for k in range(len(chain.steps), 0, -1):
                     obj = walk(first, chain.steps[1:k])
-                    if obj is MISSING or isinstance(obj, ATOMS) and subclass_attributes(obj) is None:
+                    if obj is MISSING or issubclass(type(obj), ATOMS) and subclass_attributes(obj) is None:
                         continue  # a value (a small int is one object wherever it is held)
                     seen = index.get(id(obj)) or argument_seen(obj, self.args, self.parts.argnames) \
                         or roots.get(id(obj))
@@ -287,7 +287,7 @@ class StateTracker:
                     continue
                 steps, end = tensor_holder((*seen.steps, *rest), walk(first, rest), lambda: walk(first, rest[:-1]))
                 if guarded_value(end):
-                    self._add_read(place_at(seen.root, steps, isinstance(end, UserAttribute)), phase, code, chain.line)
+                    self._add_read(place_at(seen.root, steps, issubclass(type(end), UserAttribute)), phase, code, chain.line)
         for place, code in tensor_attribute_reads(self.analysed, self.args, self.parts.argnames, ctx):
             self._add_read(place, "backward", code, code.co_firstlineno)
 

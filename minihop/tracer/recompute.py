@@ -100,7 +100,7 @@ def _leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             continue
         seen.add(id(fn))
         variable = getattr(fn, "variable", None)
-        if isinstance(variable, torch.Tensor):
+        if issubclass(type(variable), torch.Tensor):
             found.setdefault(id(variable), variable)
         stack.extend(next_fn for next_fn, _ in reversed(fn.next_functions) if next_fn is not None)
     return list(found.values())
@@ -109,7 +109,7 @@ def _leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     if value is None:
         return ()
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return (value,)
     return tuple(value)
 

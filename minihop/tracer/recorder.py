@@ -183,7 +183,7 @@ class GraphRecorder:
 
     def _build_expr(self, expr: sympy.Expr) -> fx.Node:
         op = _SYMPY_OPS.get(type(expr))
-        if op is None and isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+        if op is None and issubclass(type(expr), sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
             op = operator.pow
         if op is None and self.escape is not None and free_unbacked_symbols(expr):
             raise self.escape(expr, format_frame(user_frame()), f"it is used as {expr}, which minihop "
@@ -208,19 +208,19 @@ class GraphRecorder:
             self.on_mutation(node)
 
     def _graph_value(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
+        if issubclass(type(value), torch.Tensor):
             return self.node_for(value)
-        if isinstance(value, torch.Generator):
+        if issubclass(type(value), torch.Generator):
             self.generators.append(format_frame(user_frame()))
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and self.escape is not None \
+        if issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool)) and self.escape is not None \
                 and id(value) not in self.numbers and free_unbacked_symbols(value) and \
-                (not isinstance(value, torch.SymInt)
+                (not issubclass(type(value), torch.SymInt)
                  or any(symbol_is_type(s, SymT.UNBACKED_FLOAT) for s in value.node.expr.free_symbols)):
             # Not a number as read (.item()) but arithmetic on one: sympy keeps float arithmetic
             # reassociated and simplified ((m + 1e8) - 1e8 is m), not as Python evaluates it.
             raise self.escape(value.node.expr, format_frame(user_frame()),
                               "float arithmetic on it reaches a graph op")
-        if isinstance(value, (torch.SymFloat, torch.SymBool)) and not free_unbacked_symbols(value):
+        if issubclass(type(value), (torch.SymFloat, torch.SymBool)) and not free_unbacked_symbols(value):
             # Not written as graph arithmetic (yet): kept as a constant it would be a stale
             # symbol at run time, a silently wrong value.
             raise UnsupportedOperationError(
@@ -231,7 +231,7 @@ class GraphRecorder:
                 "Capture without dynamic shapes for this Function (minihop.function(F) "
                 "captures once per shape), or keep the arithmetic on integers.",
                 where=format_frame(user_frame()))
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.node_for_expr(value.node.expr)  # a size, or a number read from data (.item())
         return value
 
@@ -241,7 +241,7 @@ class GraphRecorder:
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
                form: Form | None = None) -> fx.Node:
         op, target, args = graph_call(func, args, kwargs, form)
-        if kwargs and isinstance(func, types.FunctionType) and func.__module__ == "torch.nn.functional":
+        if kwargs and issubclass(type(func), types.FunctionType) and func.__module__ == "torch.nn.functional":
             kwargs = passed_kwargs(func, kwargs)
         graph_args = self.to_graph_arg(args)
         if self.pending_alias is not None:
@@ -253,7 +253,7 @@ class GraphRecorder:
             node.meta["stack_trace"] = stack_trace(frame)
             if direct:
                 use = result_use(frame)
-        if isinstance(result, torch.Tensor):
+        if issubclass(type(result), torch.Tensor):
             if direct and (use is None or use[0] == DISCARD) and id(result) in self.node_of:
                 # The op returned a tensor the user already names (``r.mul_(2)``, ``+x``) and
                 # did not store it: the user's ``r`` still names the tensor it named (Dynamo's
@@ -267,10 +267,10 @@ class GraphRecorder:
                 self.stored.setdefault(node, use[1])
             return node
         node.meta["val"] = result
-        if isinstance(result, (tuple, list)):
+        if issubclass(type(result), (tuple, list)):
             names = use[1] if use is not None and use[0] == UNPACK else ()
             for i, item in enumerate(result):
-                if isinstance(item, torch.Tensor):
+                if issubclass(type(item), torch.Tensor):
                     item_node = self.create_node("call_function", operator.getitem, (node, i), {})
                     item_node.meta["stack_trace"] = node.meta.get("stack_trace")
                     self.bind(item, item_node)
@@ -325,7 +325,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         return format_frame(user_frame())
 
     def _fakeify(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+        if issubclass(type(value), torch.Tensor) and not issubclass(type(value), FakeTensor):
             return self.lift_real(value)
         return value
 
@@ -374,7 +374,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 answer = self.on_state_read(func, args, kwargs, attr)
                 if answer is not NOT_SPECIAL:
                     return answer
-        if any(type(t) is not FakeTensor and not isinstance(t, FakeTensor) for t in tensors):
+        if any(type(t) is not FakeTensor and not issubclass(type(t), FakeTensor) for t in tensors):
             args, kwargs = tree_map(self._fakeify, (args, kwargs))
             tensors = tensors_in(kwargs, tensors_in(args, []))
         versions = [version_of(t) for t in tensors]
@@ -393,7 +393,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             finally:
                 messages.op_end(heard)
         except Exception as e:
-            if setitem and (type(e) is DataDependentOutputException or isinstance(e, GuardOnDataDependentSymNode)):
+            if setitem and (type(e) is DataDependentOutputException or issubclass(type(e), GuardOnDataDependentSymNode)):
                 # A write at a place read from data (``y[t[0].long()] = 1.0``): where it lands is
                 # known when the graphs run, and no fake changes (the written tensor keeps its
                 # shape). Recorded, not computed as a value read (that lost the write).
@@ -411,9 +411,9 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             if type(e) is DataDependentOutputException and self.on_value is not None \
                     and name not in _COPY_READS:
                 return self.on_value(func, args, kwargs, format_frame(user_frame()))
-            if unbacked is not None and isinstance(e, GuardOnDataDependentSymNode):
+            if unbacked is not None and issubclass(type(e), GuardOnDataDependentSymNode):
                 raise unbacked.on_guard(e, format_frame(user_frame())) from e
-            if unbacked is not None and isinstance(e, DynamicOutputShapeException) \
+            if unbacked is not None and issubclass(type(e), DynamicOutputShapeException) \
                     and self.fake_mode.shape_env is None:
                 raise unbacked.missing_shape_env(func, format_frame(user_frame())) from e
             refusal = refusal_for(e, self.describe(), func, format_frame(user_frame()))
@@ -421,12 +421,12 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 raise  # the user's own, or eager's: unchanged
             raise refusal from e
         written = tuple(t for t, v in zip(tensors, versions, strict=True) if version_of(t) != v)
-        located = messages.op_recorded() if setitem or isinstance(result, torch.Tensor) or \
+        located = messages.op_recorded() if setitem or issubclass(type(result), torch.Tensor) or \
             any_leaf(is_tensor, result) or written else ()
         if setitem:
             recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), written or (args[0],))
             return result
-        if isinstance(result, torch.Tensor) or any_leaf(is_tensor, result) or written:
+        if issubclass(type(result), torch.Tensor) or any_leaf(is_tensor, result) or written:
             if self.handler_stop is not None:  # (an op inside the user's try/except: handlers)
                 handlers.refuse_op_in_handler(self.describe(), self.handler_stop)
             node = recorder.record(func, args, kwargs, result, form)

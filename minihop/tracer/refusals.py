@@ -83,7 +83,7 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
 
     The one place where torch-internal exception types are turned into minihop's.
     """
-    if isinstance(error, MinihopError):
+    if issubclass(type(error), MinihopError):
         return None
     message = str(error)
     internal = _is_internal(error)
@@ -91,13 +91,13 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
     fake_data = fake_data_missing(error)
     if not (internal or fake_only or fake_data):
         return None
-    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if issubclass(type(op), (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         name: str | None = str(op)  # namespace.op.overload: the name the user registered
     else:
         name = getattr(op, "__name__", None) or (str(op) if op is not None else None)
     calls = f"calls {name}" if name else "runs code"
     first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
-    if isinstance(error, _DATA_DEPENDENT) or fake_data:
+    if issubclass(type(error), _DATA_DEPENDENT) or fake_data:
         return DataDependentError(
             f"{describe} {calls}, whose result depends on tensor values.",
             "minihop traces on fake tensors that have shapes and dtypes but no values, so "
@@ -107,13 +107,13 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
             "Compute with tensor ops instead (torch.where, masks), or pass the number as a "
             "Python argument; or run this Function eagerly.",
             where=where)
-    if isinstance(error, UnsupportedOperatorException) or _matches(error, _NO_FAKE_KERNEL):
+    if issubclass(type(error), UnsupportedOperatorException) or _matches(error, _NO_FAKE_KERNEL):
         return UnsupportedOperationError(
             f"{describe} {calls}, which has no fake-tensor implementation.",
             "minihop must run every op on fake tensors to learn output shapes.",
             "Register a fake (meta) kernel for the op, or run this Function eagerly.",
             where=where)
-    if isinstance(error, FakeTensorDeviceMismatchError):
+    if issubclass(type(error), FakeTensorDeviceMismatchError):
         return UnsupportedOperationError(
             f"{describe} {calls} on tensors on different devices.\n  found: {first}",
             "Eager fails on this call too (a RuntimeError: tensors on two devices, or a device "

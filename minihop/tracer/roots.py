@@ -55,13 +55,13 @@ def wrapper_layers(fn: Any) -> list[tuple[Any, dict[str, Any]]]:
     found: list[tuple[Any, dict[str, Any]]] = []
     f = getattr(fn, "__func__", fn)
     while hasattr(f, "__wrapped__") and len(found) < 16:
-        if isinstance(f, types.FunctionType) and is_user_function(f):
+        if issubclass(type(f), types.FunctionType) and is_user_function(f):
             # (a copy without ``__wrapped__``, sharing its code, globals and cells, so that
             # what unwraps a function for its code, here, stops at the wrapper)
             layer = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
             layer.__kwdefaults__ = f.__kwdefaults__
             found.append((layer, {}))
-        elif not isinstance(f, types.FunctionType) and is_user_function(getattr(type(f), "__call__", None)):
+        elif not issubclass(type(f), types.FunctionType) and is_user_function(getattr(type(f), "__call__", None)):
             call = type(f).__call__
             found.append((call, {call.__code__.co_varnames[0]: Bound(f, f"{getattr(fn, '__qualname__', 'forward')}'s decorator")}
                           if call.__code__.co_argcount else {}))
@@ -84,7 +84,7 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
     if chain.root_kind == "import":
         return module_root(fn, chain)  # a module the code imports itself (``import numpy as np``)
     if chain.root_kind == "deref" and chain.root in code.co_cellvars and chain.deferred \
-            and isinstance(params.get(chain.root), int) and all(n != chain.root for n, _ in code_facts(code).stores):
+            and issubclass(type(params.get(chain.root)), int) and all(n != chain.root for n, _ in code_facts(code).stores):
         # A parameter a function it defines captures (``lambda g: g * cfg.s``): that function
         # reads the argument when it runs, backward's call of it too.
         chain = dataclasses.replace(chain, root_kind="fast")
@@ -94,10 +94,10 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
         cell = fn.__closure__[code.co_freevars.index(chain.root)]
         return cell_place(cell, chain.root, chain.root).root
     where = params.get(chain.root)
-    if isinstance(where, Bound) and chain.root not in code_facts(code).reassigned:
-        return Root("class" if isinstance(where.obj, type) else "value", where.description, where.description,
+    if issubclass(type(where), Bound) and chain.root not in code_facts(code).reassigned:
+        return Root("class" if issubclass(type(where.obj), type) else "value", where.description, where.description,
                     lambda args, o=where.obj: o)
-    if isinstance(where, int) and chain.root not in code_facts(code).reassigned:
+    if issubclass(type(where), int) and chain.root not in code_facts(code).reassigned:
         # A parameter left out of the call holds its default: the same object every call
         # (``cache=[]``), state like a global's.
         default = default_of(fn, chain.root)
@@ -111,7 +111,7 @@ def resolve_root(fn: Any, chain: Chain, params: dict[str, Any], passed: int | No
         # default (``def acc(v, seen=[])``, ``*, cache={}``) is one object every call, read and
         # grown like a global; keyed like one.
         default = default_of(fn, chain.root)
-        if default is not MISSING and not isinstance(default, (*CONSTANTS, tuple, frozenset)):
+        if default is not MISSING and not issubclass(type(default), (*CONSTANTS, tuple, frozenset)):
             text = f"{fn.__name__}'s default {chain.root}"
             return Root("value", text, text, lambda args, d=default: d)
     return None
@@ -155,7 +155,7 @@ def walk(value: Any, steps: tuple[tuple[str, Any], ...], analysing: bool = True)
         if value is MISSING:
             return MISSING
         kind, key = step
-        if kind == "attr" and not isinstance(value, torch.Tensor):
+        if kind == "attr" and not issubclass(type(value), torch.Tensor):
             what = served_by_user_code(value, key, library_module)
             if what is not None:  # never run the user's getter here (see userattr)
                 return UserAttribute(value, f".{key}", what)
@@ -173,7 +173,7 @@ def tensor_holder(steps: tuple[tuple[str, Any], ...], end: Any,
     ``ctx.parts["b"]``): which tensor that is depends on the container as backward finds it
     (the caller may append or delete after forward), so the read is of the container
     (``holder()``, at ``steps[:-1]``): its length, keys and tensors' properties."""
-    if isinstance(end, torch.Tensor) and steps:
+    if issubclass(type(end), torch.Tensor) and steps:
         container = holder()
         if type(container) in (list, dict):
             return steps[:-1], container
@@ -239,21 +239,21 @@ FLAG_PLACES = {id(fn): flag_place(fn) for fn in (
 
 def guarded_value(value: Any) -> bool:
     """All but Python modules and tensors (lifted inputs); a module keyed whole (value_key)."""
-    return value is MISSING or not isinstance(value, (types.ModuleType, torch.Tensor))
+    return value is MISSING or not issubclass(type(value), (types.ModuleType, torch.Tensor))
 
 
 def params_of(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
     """Parameter name -> argument index (or "ctx") for one of the user's methods (a
     ``functools.partial``'s: the parameters it leaves to the call)."""
     bound: tuple[int, Any] = (0, {})
-    if isinstance(fn, functools.partial):
+    if issubclass(type(fn), functools.partial):
         fn, bound = fn.func, (len(fn.args), fn.keywords)
     code = code_of(fn)
     if code is None:
         return {}
     names = tuple(n for n in code.co_varnames[bound[0]:code.co_argcount] if n not in bound[1])
     found: dict[str, Any] = {}
-    owner = getattr(fn, "__self__", None) if isinstance(fn, types.MethodType) else None
+    owner = getattr(fn, "__self__", None) if issubclass(type(fn), types.MethodType) else None
     if owner is not None and names:
         # A classmethod ``forward(cls, ctx, x)``: its first parameter is the class it was
         # called on (``cls.SLOPE`` is that class's attribute), and ctx and the arguments follow.
@@ -294,20 +294,20 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
             continue
         for chain in facts.chains:
             # (a helper reached through a bound ``self``/``cls``, ``cls._helper(x)``, too)
-            root = resolve_root(fn, chain, {k: v for k, v in params.items() if isinstance(v, Bound)})
+            root = resolve_root(fn, chain, {k: v for k, v in params.items() if issubclass(type(v), Bound)})
             if root is None or root.uses_args:
                 continue
             steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
             value = walk(root.fetch(()), steps)
-            value = value.__func__ if isinstance(value, staticmethod) else value
-            if isinstance(value, functools.partial):
+            value = value.__func__ if issubclass(type(value), staticmethod) else value
+            if issubclass(type(value), functools.partial):
                 value = value.func  # what a partial calls reads what it reads
             # (a helper forward hands on uncalled, or one a function forward defines calls:
             # backward may call it later, so it is analysed for backward too)
             phases = (phase, "backward") if (chain.deferred or chain.handed) and phase == "forward" else (phase,)
             if is_user_function(value):
                 todo += [(p, value, {}, depth + 1) for p in phases]
-            elif isinstance(value, types.MethodType) and is_user_function(value.__func__) \
+            elif issubclass(type(value), types.MethodType) and is_user_function(value.__func__) \
                     and value.__func__.__code__.co_argcount:
                 # ``Config.scale_for(x)``, ``CFG.scale()``: a method of the user's class or
                 # object; its ``cls``/``self`` is that object, state like the root it hangs from.
@@ -328,11 +328,11 @@ def methods_of(parts: Any) -> tuple[tuple[str, Any, dict[str, Any]], ...]:
         found.insert(1, ("forward", parts.setup_context, "setup_context"))
     out = []
     for phase, fn, method in found:
-        if not isinstance(fn, (types.FunctionType, types.MethodType, functools.partial)) \
-                and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
+        if not issubclass(type(fn), (types.FunctionType, types.MethodType, functools.partial)) \
+                and issubclass(type(getattr(type(fn), "__call__", None)), types.FunctionType):
             fn = fn.__call__  # (a bound method: its ``self`` is the object, state like a global)
         params = params_of(fn, method, uses_setup or method != "forward")
-        out.append((phase, fn.func if isinstance(fn, functools.partial) else fn, params))
+        out.append((phase, fn.func if issubclass(type(fn), functools.partial) else fn, params))
     return tuple(out)
 
 
@@ -354,11 +354,10 @@ def method_objects(parts: Any) -> list[tuple[str, Place | str]]:
     found: list[tuple[str, Place | str]] = []
     for phase, name, fn in (("forward", "forward", parts.forward), ("forward", "setup_context", parts.setup_context),
                             ("backward", "backward", parts.backward)):
-        if isinstance(fn, functools.partial):
+        if issubclass(type(fn), functools.partial):
             place = value_place(f"{parts.name}.{name} (a functools.partial)", lambda args, p=fn: p)
             found += [(phase, place_at(place.root, (("attr", part),))) for part in ("args", "keywords")]
-        if fn is not None and code_of(getattr(fn, "func", fn)) is None and not isinstance(
-                getattr(type(fn), "__call__", None), types.FunctionType):
+        if fn is not None and code_of(getattr(fn, "func", fn)) is None and not issubclass(type(getattr(type(fn), "__call__", None)), types.FunctionType):
             found.append((phase, f"{parts.name}.{name} is {type(fn).__name__} {fn!r}, code minihop cannot analyse"))
     return found
 
@@ -375,7 +374,7 @@ def arg_masks(parts: Any) -> dict[int, frozenset[str]]:
     for _phase, fn, facts, params in analysed(methods_of(parts)):
         for chain in facts.chains:
             where = params.get(chain.root) if chain.root_kind == "fast" else None
-            if not isinstance(where, int):
+            if not issubclass(type(where), int):
                 continue
             if chain.root in facts.escaping or chain.root in facts.reassigned:
                 escaped.add(where)

@@ -26,6 +26,7 @@ import torch
 from ..spec import Place, Root
 from ..graph_names import free_value_root, held_name, parameter_name, tensor_name
 from ..structure import attributes
+from ..library_state import own_dict
 from .chains import code_facts
 from .names import free_values
 from .library import is_library, is_user_module, module_data
@@ -83,7 +84,7 @@ def _list_tails(reached: list[tuple[str, str, Any, Callable[[], Any], Any]]) -> 
 
 
 def _nested(code: Any) -> Iterator[types.CodeType]:
-    if isinstance(code, types.CodeType):
+    if issubclass(type(code), types.CodeType):
         yield code
         for const in code.co_consts:
             yield from _nested(const)
@@ -116,14 +117,14 @@ def state_named(fn: Any) -> str | None:
     class or module of the user's, whose attributes may change); None where all it names is
     library code, the user's functions, or builtins."""
     for _kind, name, value, _fetch, _code in _reached_free_values(fn, 0, set()):
-        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+        if issubclass(type(value), (types.FunctionType, types.BuiltinFunctionType)):
             continue  # code (a function of the user's: its own names are followed)
-        if isinstance(value, (types.ModuleType, type)):
+        if issubclass(type(value), (types.ModuleType, type)):
             if is_library(value):
                 continue
             return name  # the user's class or module: its attributes may change (a class is
             # callable, and its type is the library's ``type``: not a library callable below)
-        if callable(value) and is_library(type(value)) and not isinstance(value, functools.partial):
+        if callable(value) and is_library(type(value)) and not issubclass(type(value), functools.partial):
             continue  # a library callable (torch's op objects)
         return name
     return None
@@ -135,26 +136,26 @@ def _helpers_of(value: Any) -> list[Any]:
     instance of it (``READER.read()``, ``Inner.apply`` runs ``Inner.forward``), and the
     functions such an instance holds (a wrapper's ``self.fn``)."""
     for _ in range(4):  # a partial of a partial of a staticmethod...
-        if isinstance(value, (staticmethod, classmethod)):
+        if issubclass(type(value), (staticmethod, classmethod)):
             value = value.__func__
-        elif isinstance(value, functools.partial):
+        elif issubclass(type(value), functools.partial):
             value = value.func
-        elif isinstance(value, types.MethodType):
+        elif issubclass(type(value), types.MethodType):
             value = value.__func__
         else:
             break
-    if isinstance(value, types.FunctionType):
+    if issubclass(type(value), types.FunctionType):
         return [] if is_library(value) else [value]
-    cls = value if isinstance(value, type) else type(value)
-    if is_library(cls) or isinstance(value, types.ModuleType):
+    cls = value if issubclass(type(value), type) else type(value)
+    if is_library(cls) or issubclass(type(value), types.ModuleType):
         return []
     methods = []
-    for attr in vars(cls).values():
-        attr = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
-        if isinstance(attr, types.FunctionType) and not is_library(attr):
+    for attr in own_dict(cls).values():
+        attr = attr.__func__ if issubclass(type(attr), (staticmethod, classmethod)) else attr
+        if issubclass(type(attr), types.FunctionType) and not is_library(attr):
             methods.append(attr)  # (not a stand-in minihop put there while tracing)
-    if not isinstance(value, type):  # (an object's own functions: ``self.fn(*a)`` runs them)
-        methods += [f for held in getattr(value, "__dict__", {}).values() if callable(held)
+    if not issubclass(type(value), type):  # (an object's own functions: ``self.fn(*a)`` runs them)
+        methods += [f for held in (own_dict(value) or {}).values() if callable(held)
                     for f in _helpers_of(held) if f not in methods][:8]
     return methods
 
@@ -166,26 +167,26 @@ def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callab
     to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
     ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager.
     ``tails``: the lists below ``value`` that the code reads at one negative index only."""
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         # The reader is the route's own fetch: it keeps a list's length check (see below).
         routes.setdefault(id(value), (tensor_name(prefix), Place(root, steps, lambda args, f=fetch: f())))
-    elif isinstance(value, torch.nn.Module):
+    elif issubclass(type(value), torch.nn.Module):
         for pname, tensor in (*value.named_parameters(), *value.named_buffers()):
             place = Place(root, (*steps, *(("attr", part) for part in pname.split("."))),
                           lambda args, f=fetch, p=pname: _module_tensor(f(), p))
             routes.setdefault(id(tensor), (parameter_name(prefix, pname), place))
     elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
         tail = (tails or {}).get(steps)
-        if isinstance(value, list) and tail is not None and -len(value) <= tail:
+        if issubclass(type(value), list) and tail is not None and -len(value) <= tail:
             # ``HIST[-1]``: whatever the list's length, first (the item's other route is its position)
             step = ("item", tail)
             _add_routes(routes, value[tail], held_name(prefix, tail), lambda f=fetch, s=step: _step(f(), s),
                         root, (*steps, step), depth + 1, tails)
         for step, child in _held(value):
-            if isinstance(child, (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
+            if issubclass(type(child), (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
                 # A list's position means what the code read (``ws[-1]``, ``ws[i]``) only while
                 # the list keeps its length: a longer list's last item is another position.
-                n = len(value) if isinstance(value, list) else None
+                n = len(value) if issubclass(type(value), list) else None
                 _add_routes(routes, child, held_name(prefix, step[1]),
                             lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1, tails)
 
@@ -197,14 +198,14 @@ _MAX_ROUTES = 256
 
 def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
     """The (step, value) pairs a container or a user's object holds."""
-    if isinstance(value, (list, tuple)):
+    if issubclass(type(value), (list, tuple)):
         return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if _routable_key(k)]
     if _is_user_object(value):
         return [(("attr", k), v) for k, v in attributes(value).items()]
-    if isinstance(value, type) and not is_library(value):  # ``F.W``: a tensor class attribute
-        return [(("attr", k), v) for k, v in vars(value).items() if not k.startswith("__")]
+    if issubclass(type(value), type) and not is_library(value):  # ``F.W``: a tensor class attribute
+        return [(("attr", k), v) for k, v in own_dict(value).items() if not k.startswith("__")]
     if is_user_module(value):  # ``usermod.last``: a user module's data
         return [(("attr", k), v) for k, v in module_data(value).items()]
     return []
@@ -218,15 +219,15 @@ _HOLDERS = (types.SimpleNamespace, threading.local)
 def _routable_key(key: Any) -> bool:
     """A dict key a route can hold (it is fetched by it again): a string, a number, or a tuple
     of such and devices and dtypes (``CACHE[(n, device)]``)."""
-    if isinstance(key, tuple):
+    if issubclass(type(key), tuple):
         return all(_routable_key(k) for k in key)
-    return key is None or isinstance(key, (str, int, float, torch.device, torch.dtype))
+    return key is None or issubclass(type(key), (str, int, float, torch.device, torch.dtype))
 
 
 def _is_user_object(value: Any) -> bool:
     """An instance of the user's own class (not a function, class or module), or a plain
     attribute holder: its attributes hold the user's values."""
-    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.FunctionType, types.MethodType,
+    return (own_dict(value) is not None and not issubclass(type(value), (type, types.FunctionType, types.MethodType,
                                                                    types.ModuleType, torch.nn.Module))
             and (not is_library(type(value)) or type(value) in _HOLDERS))
 
@@ -235,7 +236,7 @@ def _step(owner: Any, step: tuple[str, Any], length: int | None = None) -> Any:
     """``owner[key]`` or ``owner.name`` now; None where it is gone, or where a list no longer
     has its ``length`` (the live check sees it)."""
     kind, key = step
-    if length is not None and (not isinstance(owner, list) or len(owner) != length):
+    if length is not None and (not issubclass(type(owner), list) or len(owner) != length):
         return None
     try:
         return owner[key] if kind == "item" else getattr(owner, key)

@@ -35,7 +35,7 @@ def observing_modes() -> list[str]:
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._device import DeviceContext
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    found = [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
+    found = [m for m in _get_current_function_mode_stack() if not issubclass(type(m), DeviceContext)]
     return [type(m).__qualname__ for m in (*found, *_get_current_dispatch_mode_stack())]
 
 

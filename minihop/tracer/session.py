@@ -159,7 +159,7 @@ class Tracing:
         (``KEY_HELD``): the capture then guards its arguments' strides and flags."""
         name = getattr(func, "__name__", "")
         asked = getattr(getattr(func, "__self__", None), "__name__", "") if name == "__get__" else name
-        if (asked in _LAYOUT_READS or asked not in KEY_HELD) and args and isinstance(args[0], torch.Tensor) \
+        if (asked in _LAYOUT_READS or asked not in KEY_HELD) and args and issubclass(type(args[0]), torch.Tensor) \
                 and id(args[0]) not in self.grad_of:
             self.reads_layout = True  # (a grad's own: the grad assumptions below)
         if self.phase != "backward":
@@ -204,7 +204,7 @@ class Tracing:
         fake = entry[1] if entry is not None and entry[0] is t else self.real_to_fake.get(id(t))
         if attr == "grad" and fake is not None and fake.grad is not None:
             return NOT_SPECIAL  # accumulated by the trace's own backward() (recompute): a graph read
-        if not isinstance(t, FakeTensor):
+        if not issubclass(type(t), FakeTensor):
             place = self.closure_routes.get(id(t), (None, None))[1]
             name = place.description if place is not None else "a tensor"
             if self.phase == "backward":  # (run after the caller may change it: the trace's answer is now's)
@@ -229,7 +229,7 @@ class Tracing:
 
     def is_traced(self, value: Any) -> bool:
         """Whether ``value`` is a fake tensor of this trace (an input's, or one forward made)."""
-        return isinstance(value, FakeTensor) and value.fake_mode is self.fake_mode and (
+        return issubclass(type(value), FakeTensor) and value.fake_mode is self.fake_mode and (
             id(value) in self.sources or id(value) in self.fwd.node_of)
 
     def _describe(self) -> str:
@@ -253,7 +253,7 @@ class Tracing:
         if fake is None:
             arg_index = path[0][1] if len(path) == 1 and path[0][0] == "arg" else None
             dims = self.dynamic.get(arg_index, ()) if arg_index is not None else ()
-            if isinstance(real, FakeTensor):
+            if issubclass(type(real), FakeTensor):
                 fake = real
             elif dims:
                 fake = self._fake(real, dims, format_path(path, self.parts.argnames))
@@ -265,7 +265,7 @@ class Tracing:
                                  format_path(path, self.parts.argnames), arg_place(path), arg_index)
             self._add_source(fake, source)
             for d, size in enumerate(fake.shape):
-                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                if issubclass(type(size), torch.SymInt) and size.node.expr.is_Symbol:
                     self.symbol_sources.setdefault(size.node.expr, (source, d, size))
                     self.input_symbols.setdefault(id(fake), []).append(size.node.expr)
         return fake
@@ -284,7 +284,7 @@ class Tracing:
         if real.__dict__:
             fake.__dict__.update((k, v) for k, v in real.__dict__.items()
                                  if not is_dynamo_mark(k)
-                                 and not any(isinstance(leaf, torch.Tensor) for _, leaf in iter_leaves(v)))
+                                 and not any(issubclass(type(leaf), torch.Tensor) for _, leaf in iter_leaves(v)))
         return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
@@ -366,7 +366,7 @@ class Tracing:
         source = ArgSource(name)
         symbol = env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
         symint = env.create_symintnode(symbol, hint=value, source=source)
-        if isinstance(symint, torch.SymInt):
+        if issubclass(type(symint), torch.SymInt):
             self.symbol_sources[symbol] = (InputSource(name, name, arg_place((("arg", index),)), None), None, symint)
         self.dynamic_fakes.append((index, symint))
         return symint
@@ -383,7 +383,7 @@ class Tracing:
     def lift_shape_symbols(self, rec: GraphRecorder, value: torch.Tensor) -> None:
         """Sizes in a bwd input's shape come in as saved values before it (Dynamo's order)."""
         for size in value.shape:
-            if isinstance(size, torch.SymInt):
+            if issubclass(type(size), torch.SymInt):
                 for symbol in sorted(size.node.expr.free_symbols, key=str):
                     rec.node_for_expr(symbol)
 
@@ -432,7 +432,7 @@ class Tracing:
                 raise last_made() from None  # (a refusal inside ``x * y``: NotImplemented to torch)
             # Ops are translated where they run (RecordingMode); this catches torch-internal
             # errors from the user's Python between ops (a guard on a size, say).
-            if isinstance(e, GuardOnDataDependentSymNode):
+            if issubclass(type(e), GuardOnDataDependentSymNode):
                 raise self.unbacked.on_guard(e, format_frame(user_frame_of(e))) from e
             refusal = refusal_for(e, self._describe(), None, format_frame(user_frame_of(e)))
             if refusal is None:

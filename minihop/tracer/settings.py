@@ -50,15 +50,15 @@ _GENERATOR_READS = ("initial_seed",)
 
 
 def _getter_place(end: Any) -> Place | None:
-    if not isinstance(end, (types.FunctionType, types.BuiltinFunctionType)) or id(end) in _IN_THE_KEY \
+    if not issubclass(type(end), (types.FunctionType, types.BuiltinFunctionType)) or id(end) in _IN_THE_KEY \
             or not _GETTER.match(getattr(end, "__name__", "")) or not is_library(end) \
-            or isinstance(getattr(end, "__self__", None), (type, torch.Generator, contextvars.ContextVar)):
+            or issubclass(type(getattr(end, "__self__", None)), (type, torch.Generator, contextvars.ContextVar)):
         return None
     try:
         answer = end()  # (a getter: what the guard asks on every call)
     except Exception:  # it needs arguments, or fails here: not a setting
         return None
-    if not (answer is None or isinstance(answer, ATOMS)) or isinstance(answer, torch.Tensor):
+    if not (answer is None or issubclass(type(answer), ATOMS)) or issubclass(type(answer), torch.Tensor):
         return None
     module = getattr(end, "__module__", None) or getattr(getattr(end, "__self__", None), "__name__", "")
     return value_place(f"{module}.{end.__name__}()".lstrip("."), lambda args: end())
@@ -78,16 +78,16 @@ def setting_place(end: Any) -> Place | None:
     if found is not None:
         return found
     # Only functions and C methods are probed (getattr on any object could run its __getattr__).
-    registry = getattr(end, "registry", None) if isinstance(end, types.FunctionType) and \
+    registry = getattr(end, "registry", None) if issubclass(type(end), types.FunctionType) and \
         callable(getattr(end, "dispatch", None)) else None
-    if isinstance(registry, types.MappingProxyType):  # functools.singledispatch: its table
+    if issubclass(type(registry), types.MappingProxyType):  # functools.singledispatch: its table
         return value_place(f"{getattr(end, '__qualname__', 'a singledispatch function')}'s registry",
                            lambda args: tuple(registry.items()))
-    var = end.__self__ if isinstance(end, types.BuiltinMethodType) else None
-    if isinstance(var, torch.Generator) and getattr(end, "__name__", "") in _GENERATOR_READS:
+    var = end.__self__ if issubclass(type(end), types.BuiltinMethodType) else None
+    if issubclass(type(var), torch.Generator) and getattr(end, "__name__", "") in _GENERATOR_READS:
         method = getattr(var, end.__name__)
         return value_place(f"a torch.Generator's {end.__name__}()", lambda args: method())
-    if isinstance(var, contextvars.ContextVar) and getattr(end, "__name__", "") == "get":
+    if issubclass(type(var), contextvars.ContextVar) and getattr(end, "__name__", "") == "get":
         return value_place(f"ContextVar {var.name!r}", lambda args: var.get(MISSING))
     return None
 
@@ -95,16 +95,16 @@ def setting_place(end: Any) -> Place | None:
 def backends_place(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> Place | None:
     """The place of a flag of ``torch.backends`` that a chain reads (a plain value: a bool, a
     number, a string), from a root holding ``torch`` or one of its backends modules."""
-    if not isinstance(value, types.ModuleType) or not (value.__name__ + ".").startswith("torch."):
+    if not issubclass(type(value), types.ModuleType) or not (value.__name__ + ".").startswith("torch."):
         return None
     inside = value.__name__.startswith("torch.backends")
     for k in range(len(steps)):
         if steps[k][0] != "attr":
             return None
         now = walk_plain(value, steps[:k + 1])
-        if isinstance(now, types.ModuleType):
+        if issubclass(type(now), types.ModuleType):
             inside = inside or now.__name__.startswith("torch.backends")
-        elif inside and k == len(steps) - 1 and (now is None or isinstance(now, ATOMS)):
+        elif inside and k == len(steps) - 1 and (now is None or issubclass(type(now), ATOMS)):
             return place_at(root, steps)
         else:
             return None

@@ -70,18 +70,18 @@ def shape_guards(env: ShapeEnv | None, dynamic_fakes: list[tuple[int, Any]],
     # Dynamo's own tensor checks, which minihop has not, so it is guarded here.
     fixed = []
     for i, (arg_index, fake) in enumerate(dynamic_fakes):
-        if not isinstance(fake, torch.Tensor):  # a dynamic int argument
+        if not issubclass(type(fake), torch.Tensor):  # a dynamic int argument
             # 0 and 1 stay plain ints (produce_guards pins them); a SymInt the code pinned is
             # guarded here, as a pinned size is.
-            pinned = isinstance(fake, torch.SymInt) and fake.node.expr.is_Integer
+            pinned = issubclass(type(fake), torch.SymInt) and fake.node.expr.is_Integer
             if pinned:
                 guards.append(f"T[{i}] == {int(fake)}")
-            if pinned or not isinstance(fake, torch.SymInt):
+            if pinned or not issubclass(type(fake), torch.SymInt):
                 fixed.append((arg_index, -1, int(fake)))
             continue
         for d in dynamic[arg_index]:
             size = fake.shape[d]
-            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            expr = size.node.expr if issubclass(type(size), torch.SymInt) else None
             if expr is None or expr.is_Integer:
                 guards.append(f"T[{i}].size()[{d}] == {int(size)}")
                 fixed.append((arg_index, d, int(size)))

@@ -61,9 +61,9 @@ def refusing_size_values(name: str, is_user: Callable[[types.FrameType], bool]) 
 def _known(value: Any) -> bool:
     """Whether ``value``'s answer is the same for every size the capture serves (a size's own
     bounds decide it: ``n >= 0``), so the trace's answer is the call's too."""
-    if isinstance(value, torch.SymBool):
+    if issubclass(type(value), torch.SymBool):
         return statically_known_true(value) or statically_known_true(torch.sym_not(value))
-    return is_concrete_int(value) if isinstance(value, torch.SymInt) else is_concrete_float(value)
+    return is_concrete_int(value) if issubclass(type(value), torch.SymInt) else is_concrete_float(value)
 
 
 def _refusal(name: str, value: Any, frame: types.FrameType) -> UnsupportedOperationError:

@@ -73,7 +73,7 @@ def _from_array(mode: RecordingMode, recorder: GraphRecorder, func: Any,
 def _to_array(mode: RecordingMode, recorder: GraphRecorder, func: Any,
               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # ``tensor.numpy()`` on a fake tensor: a traced array over it (``numpy_bridge``).
-    if args and isinstance(args[0], FakeTensor):
+    if args and issubclass(type(args[0]), FakeTensor):
         return numpy_bridge.to_array(args[0], mode.where())
     return NOT_SPECIAL
 

@@ -44,8 +44,8 @@ def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after:
                          else (*was.steps, step))  # (the whole container's: an item replaced, entries reordered)
     name = was.root.description if step[0] in ("extend", "cell") else str(step[1])
     where = tracker.stores.get((phase, name)) or tracker.stores.get((phase, str(step[1])))
-    symbolic = [v.node.expr for v in (after if isinstance(after, (tuple, list)) else (after,))
-                if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))]
+    symbolic = [v.node.expr for v in (after if issubclass(type(after), (tuple, list)) else (after,))
+                if issubclass(type(v), (torch.SymInt, torch.SymFloat, torch.SymBool))]
     if symbolic and tracker.on_symbolic is not None:
         # A number read from data (an unbacked symbol): written out, it must be a value.
         raise tracker.on_symbolic(symbolic[0], where, f"it is written to {place.description}")

@@ -53,14 +53,14 @@ def mark(analysed: tuple[Any, ...], reads: list[StateRead], args: tuple[Any, ...
             owner = place.owner(args)
             name = str(target.steps[-1][1])
             setter = getattr(type(owner), name, None)
-            if hasattr(setter, "__set__") and not isinstance(setter, types.MemberDescriptorType):
+            if hasattr(setter, "__set__") and not issubclass(type(setter), types.MemberDescriptorType):
                 continue  # a property: reading or marking it would run the user's code in it
             try:
                 old = getattr(owner, name, MISSING) if owner is not MISSING else MISSING
             except Exception:  # a user __getattr__: not a plain attribute to mark
                 continue
-            if owner is MISSING or isinstance(owner, types.ModuleType) or not (
-                    old is MISSING or isinstance(old, ATOMS)) or \
+            if owner is MISSING or issubclass(type(owner), types.ModuleType) or not (
+                    old is MISSING or issubclass(type(old), ATOMS)) or \
                     any(o is owner and n == name for o, n, _ in marked):
                 continue
             try:
@@ -76,9 +76,9 @@ def unmark(marked: Marked) -> None:
     for owner, name, old in marked:
         try:
             if old is MISSING:
-                if isinstance(getattr(owner, name, None), _Marker):
+                if issubclass(type(getattr(owner, name, None)), _Marker):
                     del_attr(owner, name)
-            elif isinstance(getattr(owner, name, None), _Marker):
+            elif issubclass(type(getattr(owner, name, None)), _Marker):
                 set_attr(owner, name, old)
         except Exception:
             continue

@@ -29,6 +29,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from ..errors import UnsupportedOutputError
 from ..spec import OutsideWrite, PythonState
+from ..library_state import own_dict
 from ..structure import Computed, attributes, path_expression
 from ..returned import OutputSpec
 
@@ -74,15 +75,15 @@ def _assumptions(symbol: sympy.Symbol) -> dict[str, bool]:
 
 
 def _has_symbolic(value: Any) -> bool:
-    if isinstance(value, _SYMBOLIC):
+    if issubclass(type(value), _SYMBOLIC):
         return True
-    if isinstance(value, OutputSpec):
+    if issubclass(type(value), OutputSpec):
         return _has_symbolic(value.value) or any(_has_symbolic(c) for c in value.children)
-    if isinstance(value, (tuple, list, set, frozenset)):
+    if issubclass(type(value), (tuple, list, set, frozenset)):
         return any(_has_symbolic(v) for v in value)
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         return any(_has_symbolic(v) for v in value.values())
-    if hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module, torch.Tensor)):
+    if own_dict(value) is not None and not issubclass(type(value), (type, torch.nn.Module, torch.Tensor)):
         return any(_has_symbolic(v) for v in attributes(value).values())
     return False
 
@@ -99,7 +100,7 @@ def _resolve_spec(spec: OutputSpec, resolve: Any) -> OutputSpec:
 
 
 def _resolve(value: Any, places: Mapping[sympy.Symbol, sympy.Symbol], name: str, where: str) -> Any:
-    if isinstance(value, _SYMBOLIC):
+    if issubclass(type(value), _SYMBOLIC):
         expr = value.node.expr
         if _constant(value):
             return _python_number(value, expr)
@@ -112,14 +113,14 @@ def _resolve(value: Any, places: Mapping[sympy.Symbol, sympy.Symbol], name: str,
                 "this one minihop does not know how.",
                 "Capture with static sizes (dynamic=False), or return the number as a tensor.")
         return Computed(PythonPrinter().doprint(expr.xreplace(dict(places))))
-    if isinstance(value, dict):
+    if issubclass(type(value), dict):
         new = type(value)() if type(value) is dict else value.copy()
         for k, v in value.items():
             new[k] = _resolve(v, places, name, where)
         return new
-    if isinstance(value, torch.Size):
+    if issubclass(type(value), torch.Size):
         return torch.Size([_resolve(v, places, name, where) for v in value])
-    if isinstance(value, (tuple, list, set, frozenset)) and not hasattr(value, "_fields"):
+    if issubclass(type(value), (tuple, list, set, frozenset)) and not hasattr(value, "_fields"):
         return type(value)(_resolve(v, places, name, where) for v in value)
     if _has_symbolic(value):
         # Inside a user object (or a namedtuple) we do not rebuild per call: refuse.
@@ -133,6 +134,6 @@ def _resolve(value: Any, places: Mapping[sympy.Symbol, sympy.Symbol], name: str,
 
 
 def _python_number(value: Any, expr: Any) -> Any:
-    if isinstance(value, torch.SymBool):
+    if issubclass(type(value), torch.SymBool):
         return bool(expr)
-    return int(expr) if isinstance(value, torch.SymInt) else float(expr)
+    return int(expr) if issubclass(type(value), torch.SymInt) else float(expr)

@@ -65,9 +65,9 @@ def _loaded_names(code: types.CodeType) -> frozenset[str]:
             from_named = i.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF")
     spelled = "getattr" in code.co_names or "hasattr" in code.co_names
     for const in code.co_consts:
-        if spelled and isinstance(const, str) and const.isidentifier():
+        if spelled and issubclass(type(const), str) and const.isidentifier():
             found.add(const)
-        elif isinstance(const, types.CodeType):
+        elif issubclass(type(const), types.CodeType):
             found |= _loaded_names(const)
     return frozenset(found)
 
@@ -77,7 +77,7 @@ def tensor_attribute_reads(analysed: tuple[tuple[str, Any, Any, Any], ...], args
     """Backward's read places ``arg.__dict__`` (of the names it may read) of each tensor argument."""
     # Every tensor argument, with attributes or not: one may be set between forward and
     # ``.backward()`` (``getattr(w, "tag", 1.0)`` read then, missing at the call).
-    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    tensors = [i for i, a in enumerate(args) if issubclass(type(a), torch.Tensor)]
     if not tensors:
         return []
     skip = _not_user_names() | frozenset(vars(ctx))
@@ -110,7 +110,7 @@ def as_called(fake_args: tuple[Any, ...], call_args: tuple[Any, ...]) -> None:
     """Before backward is traced again for a call: each tensor argument's fake carries the
     attributes the call's tensor has now (a value read there is what eager's backward reads)."""
     for fake, real in zip(fake_args, call_args):
-        if isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake is not real:
+        if issubclass(type(fake), torch.Tensor) and issubclass(type(real), torch.Tensor) and fake is not real:
             now, want = tensor_attributes(fake), tensor_attributes(real)
             for name in now.keys() - want.keys():
                 del_attr(fake, name)
@@ -124,10 +124,10 @@ def saved_outputs_bare(saved: Any, outputs: list[Any], args: tuple[Any, ...]) ->
     (not an argument) shows none of the attributes forward set on it, as eager's unpacked one
     (``y.n = 3; ctx.save_for_backward(y); return y``: backward's ``y.n`` is eager's
     ``AttributeError``). Put back however backward ended."""
-    returned = {id(o) for o in outputs if isinstance(o, torch.Tensor)} - {id(a) for a in args}
+    returned = {id(o) for o in outputs if issubclass(type(o), torch.Tensor)} - {id(a) for a in args}
     hidden = []
     for t in saved or ():
-        if isinstance(t, torch.Tensor) and id(t) in returned and not any(t is h for h, _ in hidden):
+        if issubclass(type(t), torch.Tensor) and id(t) in returned and not any(t is h for h, _ in hidden):
             attrs = tensor_attributes(t)
             if attrs:
                 hidden.append((t, attrs))

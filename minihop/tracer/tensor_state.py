@@ -42,7 +42,7 @@ def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[
     if getattr(func, "__self__", None) is _REQUIRES_GRAD and getattr(func, "__name__", "") == "__set__":
         return torch.Tensor.requires_grad_, (args[0], bool(args[1]))
     name = getattr(func, "__name__", None)
-    if name in _HOOKS and args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
+    if name in _HOOKS and args and issubclass(type(args[0]), torch.Tensor) and args[0].requires_grad:
         raise UnsupportedOperationError(
             f"{describe()} calls {name}() on a tensor that requires grad.",
             "In eager it acts on the caller's real tensor and the outer autograd graph; a "
@@ -52,7 +52,7 @@ def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[
             where=where())
     if func is torch.autograd.grad and args:
         outputs = args[0]
-        refuse_inner_function_nodes((outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs),
+        refuse_inner_function_nodes((outputs,) if issubclass(type(outputs), torch.Tensor) else tuple(outputs),
                                     describe(), where())
     return func, args
 
@@ -63,13 +63,13 @@ def refuse_inner_function_nodes(outputs: tuple[Any, ...], describe: str, where: 
     holds that Function's forward ops, not its backward: differentiated at run time, the
     graph's gradient would be the ops', where eager's calls the Function's own backward."""
     seen: set[int] = set()
-    stack = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    stack = [t.grad_fn for t in outputs if issubclass(type(t), torch.Tensor) and t.grad_fn is not None]
     while stack:
         fn = stack.pop()
         if id(fn) in seen:
             continue
         seen.add(id(fn))
-        if isinstance(fn, torch.autograd.function.BackwardCFunction):
+        if issubclass(type(fn), torch.autograd.function.BackwardCFunction):
             raise UnsupportedOperationError(
                 f"{describe} differentiates (torch.autograd.grad or backward()) through "
                 f"{type(fn).__name__.removesuffix('Backward')}.apply, another autograd.Function.",

@@ -140,19 +140,19 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     t.eager_fallback = eager_fallback
     refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
-        if isinstance(a, torch.nn.Module):
+        if issubclass(type(a), torch.nn.Module):
             for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
                 t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in pname.split("."))))
     # Direct tensor arguments first: a tensor passed both directly and inside a container is
     # the Function's input (it gets a gradient), as in eager.
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
+        if issubclass(type(a), torch.Tensor):
             t.fake_arg((("arg", i),), a)
     fake_args = tuple(replace_tensors(a, t.fake_arg, (("arg", i),)) for i, a in enumerate(args))
     if retrace is None and any(type(args[i]) is int for i in dynamic):
         fake_args = tuple(t.symbolic_int(i, a) if i in dynamic and type(a) is int else a
                           for i, a in enumerate(fake_args))
-    ctx = ProxyCtx(tuple(isinstance(a, torch.Tensor) and a.requires_grad and grad_on for a in args),
+    ctx = ProxyCtx(tuple(issubclass(type(a), torch.Tensor) and a.requires_grad and grad_on for a in args),
                    t._describe)
     # Python state: what the user's code reads is guarded, what it writes is replayed or
     # refused, and whatever tracing changed is put back (see pystate).
@@ -189,7 +189,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         t.run("setup_context", parts.setup_context, t.fwd, FrameSnapshot(), ctx, fake_args, out)
     t.unbacked.flush(t.fwd)
     t.unbacked.check_ranges(t.fwd)
-    grad_can_flow = grad_on and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+    grad_can_flow = grad_on and any(issubclass(type(a), torch.Tensor) and a.requires_grad for a in fake_args)
     check_ctx_arguments(ctx, grad_can_flow)
     # An in-place write into an input that requires grad, without mark_dirty (torch.exp(x,
     # out=x)): eager allows it (forward runs under no_grad); the fwd graph makes the same write
@@ -219,7 +219,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     outside_writes = hidden_outputs(t, outside.tensors, flat, top, fake_args)
     state.forward_done(rest)
     fwd_outputs = t.fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
-    arg_ids = {id(v) for v in fake_args if isinstance(v, torch.Tensor)}
+    arg_ids = {id(v) for v in fake_args if issubclass(type(v), torch.Tensor)}
     dirty_ids = {id(d) for d in record.dirty}
     aliased = tuple(is_top and id(v) in arg_ids and id(v) not in dirty_ids
                     for v, is_top in zip(flat, top, strict=True))
@@ -231,11 +231,11 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
 
     # Tensor arguments forward never touched still get an input, so gradients line up.
     for a in fake_args:
-        if isinstance(a, torch.Tensor):
+        if issubclass(type(a), torch.Tensor):
             t.input_node(a)
-    names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if isinstance(v, torch.Tensor) else None,
+    names = name_hints(fwd_frame.locals, lambda v: t.fwd.node_of.get(id(v)) if issubclass(type(v), torch.Tensor) else None,
                        t.fwd.stored)
-    single = isinstance(out, torch.Tensor)
+    single = issubclass(type(out), torch.Tensor)
     for node in fwd_outputs[:num_user_outputs]:
         if node.op != "placeholder" and node not in names:
             names[node] = "outs" if single else "out"
@@ -294,7 +294,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
         top_level=tuple(top), aliased=aliased, output_spec=spec,
         non_differentiable_idx=non_differentiable_idx, dirty_idx=dirty_idx,
-        arg_inputs=tuple(t.input_node(a) if isinstance(a, torch.Tensor) else None for a in fake_args),
+        arg_inputs=tuple(t.input_node(a) if issubclass(type(a), torch.Tensor) else None for a in fake_args),
         saved_for_backward=tuple(saved_node(t, v) for v in (record.saved or ())),
         bwd_graph=t.bwd.graph,
         grad_inputs=tuple(t.grad_nodes.get(i) for i in range(len(flat))),

@@ -109,7 +109,7 @@ class UnbackedValues:
         rec = self.t.recorder()
         node = rec.record(func, args, kwargs, result)
         for path, leaf in _leaves(result, ()):
-            if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) and leaf.node.expr.is_Symbol:
+            if issubclass(type(leaf), (torch.SymInt, torch.SymFloat, torch.SymBool)) and leaf.node.expr.is_Symbol:
                 rec.defs[leaf.node.expr] = (node, path)
                 self.numbers[id(leaf)] = leaf
                 self.origin[leaf.node.expr] = _Origin(key, op, where)
@@ -119,12 +119,12 @@ class UnbackedValues:
 
     def after_op(self, rec: Any, func: Any, result: Any) -> None:
         """A recorded op's result sizes that are new unbacked symbols get their definition."""
-        items = result if isinstance(result, (tuple, list)) else (result,)
+        items = result if issubclass(type(result), (tuple, list)) else (result,)
         for item in items:
-            if not isinstance(item, torch.Tensor):
+            if not issubclass(type(item), torch.Tensor):
                 continue
             for d, size in enumerate(item.shape):
-                if isinstance(size, torch.SymInt):
+                if issubclass(type(size), torch.SymInt):
                     expr = size.node.expr
                     if expr.is_Symbol and expr not in self.origin and free_unbacked_symbols(size):
                         rec.defs[expr] = (rec.node_of[id(item)], ("size", d))
@@ -283,12 +283,12 @@ def _finite(bound: Any) -> int | None:
 
 
 def _leaves(value: Any, path: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
-    if isinstance(value, (list, tuple)):
+    if issubclass(type(value), (list, tuple)):
         return [leaf for i, v in enumerate(value) for leaf in _leaves(v, (*path, i))]
     return [(path, value)]
 
 
 def _symbols_of(value: Any) -> Any:
-    if isinstance(value, list):
+    if issubclass(type(value), list):
         return [_symbols_of(v) for v in value]
     return str(value)

@@ -72,7 +72,7 @@ def ancestors(roots: list[fx.Node]) -> set[fx.Node]:
 def _storages(value: Any) -> set[Any]:
     found = set()
     for leaf in tree_flatten(value)[0]:
-        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+        if issubclass(type(leaf), torch.Tensor) and leaf.layout == torch.strided:
             found.add(StorageWeakRef(leaf.untyped_storage()))
     return found
 
@@ -135,26 +135,26 @@ class ValueReader:
             raise refuse_data_read(describe, op, where,
                                    "its value is not computed under autocast here.")
         graph, inputs_of, clone = self._graph_for(func, args, kwargs, describe, op, where)
-        sources = [s for s in inputs_of if isinstance(s, InputSource)]
-        received = [s for s in inputs_of if isinstance(s, _Received)]
+        sources = [s for s in inputs_of if issubclass(type(s), InputSource)]
+        received = [s for s in inputs_of if issubclass(type(s), _Received)]
         if (sources and self.real_args is None) or any(s.value is None for s in received):
             raise refuse_data_read(describe, op, where,
                                    "this trace has no real arguments to compute it from.")
         with unset_fake_temporarily(), torch.no_grad():
-            inputs = [s.value if isinstance(s, (_Known, _Received)) else self._real_input(s)
+            inputs = [s.value if issubclass(type(s), (_Known, _Received)) else self._real_input(s)
                       for s in inputs_of]
             if any(v is None for v in inputs):
                 raise refuse_data_read(describe, op, where,
                                        "this trace has no real arguments to compute it from.")
             if clone:
-                inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+                inputs = [v.clone() if issubclass(type(v), torch.Tensor) else v for v in inputs]
             value = graph(*inputs)
-        if any(isinstance(v, torch.Tensor) for v in tree_flatten(value)[0]):
+        if any(issubclass(type(v), torch.Tensor) for v in tree_flatten(value)[0]):
             raise refuse_data_read(describe, op, where,
                                    "its result is a tensor whose shape or contents come from "
                                    "tensor values.")
         guarded = bool(sources or received)
-        bwd_inputs = tuple(s.ref if isinstance(s, _Received) else ("const", s.value)
+        bwd_inputs = tuple(s.ref if issubclass(type(s), _Received) else ("const", s.value)
                            for s in inputs_of) if received else ()
         self.reads.append(DataRead("guarded" if guarded else "constant", phase, op, value,
                                    where, graph if guarded else None, tuple(sources), clone,
@@ -178,10 +178,10 @@ class ValueReader:
         with unset_fake_temporarily(), torch.no_grad():
             value = graph()
         leaves = tree_flatten(value)[0]
-        if not any(isinstance(v, torch.Tensor) for v in leaves):
+        if not any(issubclass(type(v), torch.Tensor) for v in leaves):
             return None
         return tree_map(lambda v: t.fake_mode.from_tensor(v, static_shapes=True)
-                        if isinstance(v, torch.Tensor) else v, value)
+                        if issubclass(type(v), torch.Tensor) else v, value)
 
     def _real_input(self, source: InputSource) -> Any:
         if source.fetched:
@@ -190,11 +190,11 @@ class ValueReader:
             value = source.constant
         else:
             value = make_getter(source.path)(self.real_args, {})
-        if isinstance(value, FakeTensor):
+        if issubclass(type(value), FakeTensor):
             return None  # traced from fake arguments: no values (refused by the caller)
         if source.dim is not None:
             return value.size(source.dim)
-        return value.detach() if isinstance(value, torch.Tensor) else value
+        return value.detach() if issubclass(type(value), torch.Tensor) else value
 
     def _graph_for(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], describe: str,
                    op: str, where: str | None) -> tuple[fx.GraphModule, list[Any], bool]:
@@ -205,7 +205,7 @@ class ValueReader:
         rec = t.bwd if backward else t.fwd
 
         def node_of(value: Any) -> Any:
-            if not isinstance(value, FakeTensor):
+            if not issubclass(type(value), FakeTensor):
                 return value
             if backward and id(value) not in rec.node_of and id(value) not in t.grad_of:
                 constant, value_of = self._forward_of(t.fwd.node_for(value), describe, op, where)
@@ -219,13 +219,13 @@ class ValueReader:
         env: dict[fx.Node, Any] = {}
         sources: list[Any] = []
         leaves = tree_flatten(mapped)[0]
-        clone = self._copy_nodes(rec, [n for n in leaves if isinstance(n, fx.Node)], graph, env,
+        clone = self._copy_nodes(rec, [n for n in leaves if issubclass(type(n), fx.Node)], graph, env,
                                  describe, op, where, sources, backward)
 
         def graph_value(value: Any) -> Any:
-            if isinstance(value, fx.Node):
+            if issubclass(type(value), fx.Node):
                 return env[value]
-            if isinstance(value, _Forward):
+            if issubclass(type(value), _Forward):
                 sources.append(_Known(value.value_of()))
                 return graph.placeholder(f"forward_{len(sources)}")
             return value
@@ -309,7 +309,7 @@ class ValueReader:
             with unset_fake_temporarily(), torch.no_grad():
                 inputs = [self._real_input(s) for s in sources]
                 if clone:
-                    inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+                    inputs = [v.clone() if issubclass(type(v), torch.Tensor) else v for v in inputs]
                 # Run once: interpreted, without generating a GraphModule's code.
                 return fx.Interpreter(torch.nn.Module(), graph=graph).run(*inputs)
 
@@ -319,7 +319,7 @@ class ValueReader:
 def _hinted(shape: Any) -> tuple[int | None, ...]:
     """A shape's sizes as ints (a symbolic size's value at capture; None for an unbacked
     one, which has none), adding no guard."""
-    return tuple(s.node.hint if isinstance(s, torch.SymInt) else int(s) for s in shape)
+    return tuple(s.node.hint if issubclass(type(s), torch.SymInt) else int(s) for s in shape)
 
 
 class _Known:
