@@ -119,10 +119,15 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
     def decorate(cls: type) -> type:
         if not (issubclass(type(cls), type) and issubclass(cls, torch.autograd.Function)):
             raise TypeError(f"@minihop.captured decorates autograd.Function subclasses, not {cls!r}")
-        # The class as written, for torch.compile: same methods, torch's own apply.
-        twin = type(cls.__name__, (cls,), {"apply": torch.autograd.Function.__dict__["apply"],
-                                           "__module__": cls.__module__,
-                                           "__qualname__": cls.__qualname__})
+        # The class as written, for torch.compile: same methods, torch's own apply. Made from
+        # torch's Function with the user's classes' namespaces, not as a subclass of ``cls``: a
+        # subclass would run a base's ``__init_subclass__`` (a registry of Functions would
+        # list a class the user never wrote).
+        space = {k: v for klass in reversed(cls.__mro__) if not _torch_class(klass)
+                 for k, v in vars(klass).items() if k not in ("__dict__", "__weakref__")}
+        twin = type(cls.__name__, (torch.autograd.Function,), {
+            **space, "apply": torch.autograd.Function.__dict__["apply"], "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__})
         cf = CapturedFunction(cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit,
                               eager_apply=cls.apply, compile_cls=twin)
         cls.apply = staticmethod(cf.apply)  # type: ignore[method-assign]
@@ -130,6 +135,11 @@ def captured(fn_cls: type | None = None, *, fallback: Fallback = "raise", dynami
         return cls
 
     return decorate(fn_cls) if fn_cls is not None else decorate
+
+
+def _torch_class(klass: type) -> bool:
+    """``torch.autograd.Function`` and the classes it is made of (``object`` too)."""
+    return klass in torch.autograd.Function.__mro__
 
 
 def counters() -> dict[str, int]:

@@ -21,6 +21,9 @@ Differences from eager before this round, in every mode (``fallback="eager"`` in
 - a class whose metaclass has its own ``__getattribute__``, read by forward from a global:
   minihop read its ``__module__`` and ``__dict__`` through that hook while looking for its
   methods and state (``library_state.own_attr``, ``own_dict``);
+- ``@minihop.captured`` kept a twin of the class for ``torch.compile`` made as a subclass of
+  it, which ran a base class's ``__init_subclass__``: a registry of Functions listed the class
+  twice. The twin is made from torch's ``Function`` with the class's namespace now;
 - a backward that reads a property (or any code of the user's minihop did not analyse) which
   counts into a ``collections.Counter``, ``defaultdict``, ``OrderedDict``, ``deque`` or a
   user's ``list``/``set`` subclass: backward is traced once while forward's call is captured
@@ -523,3 +526,39 @@ def test_backward_property_counts_into_a_container_subclass(fn, sink):
     matches_eager(fn, lambda i: (x_(i),), between=lambda i: setattr(SCALE, "_k", 2.0 + i),
                   state=_sink_state, reset=reset_sink)
 
+
+# A registry of Functions kept by a base class's ``__init_subclass__`` (plugin style).
+
+REGISTRY: list[str] = []
+
+
+class Registered(torch.autograd.Function):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        REGISTRY.append(cls.__qualname__)
+
+
+def test_captured_decorator_makes_no_class_a_base_registers():
+    """``@minihop.captured`` keeps a twin of the class for ``torch.compile``; made as a subclass,
+    it ran the base's ``__init_subclass__`` and the registry listed the class twice."""
+    before = len(REGISTRY)
+
+    @minihop.captured
+    class Doubled(Registered):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2.0
+
+    assert REGISTRY[before:] == [Doubled.__qualname__]
+    x, y = x_(0), x_(0)
+    torch.testing.assert_close(Doubled.apply(x), x * 2.0)
+    compiled = torch.compile(lambda t: Doubled.apply(t), backend="eager", fullgraph=True)
+    out = compiled(y)
+    torch.testing.assert_close(out, y * 2.0)
+    out.sum().backward()
+    torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
+    assert REGISTRY[before:] == [Doubled.__qualname__]
