@@ -119,6 +119,11 @@ KINDS = {
     # __getattr__): minihop's own reads must never run them; and a Python callable run on
     # each value of a tensor (Tensor.apply_), which on a fake tensor's data crashed.
     "user_dunder_read": ("fb", ""), "apply_callback": ("fb", ""),
+    # Round 17: a read through an object that answers for itself (a forwarding proxy's
+    # ``__class__``, a counting ``__getattribute__`` or ``__class__``), and a property whose
+    # getter counts into a library container subclass (a Counter, a deque): minihop's own
+    # questions must never run such code, and a trace's count must be put back.
+    "self_answering_read": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -177,6 +182,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [], r.choice(["x * CD['k']", "x * float(len(CL))", "x * CK[CKey(1)]",
                              "x * (2.0 if CM == 'a' else 3.0)", "x * LAZY.SCALE", "x * DCFG.scale",
                              "x * DCFG.w.sum()"])
+    if kind == "self_answering_read":
+        return [], r.choice(["x * PROXYD['k']", "x * SPYO.k", "x * CLSO.k", "x * SINKP.k", "x * SINKP.q"])
     if kind == "apply_callback":
         return [f"_ap{n} = x.detach().clone()", f"_ap{n}.apply_(lambda v: v * 2)"], f"_ap{n}"
     if kind == "del_write":
@@ -337,6 +344,20 @@ def generate_source(r: random.Random) -> str:
         "    LAZY = types.ModuleType('fuzz_effects_lazy')", "    LAZY.DUNDER, LAZY.BASE = DUNDER, [2.0]",
         "    exec('def __getattr__(name):\\n    if name != \\'SCALE\\':\\n        raise AttributeError(name)\\n'",
         "         '    DUNDER[0] += 1\\n    return BASE[0]\\n', LAZY.__dict__)", "",
+        "    class Proxy:", "        def __init__(self, w):", "            object.__setattr__(self, '_w', w)",
+        "        @property", "        def __class__(self):", "            DUNDER[0] += 1",
+        "            return type(object.__getattribute__(self, '_w'))",
+        "        def __getitem__(self, k):", "            return object.__getattribute__(self, '_w')[k]", "",
+        "    class Spy:", "        def __init__(self, k):", "            object.__setattr__(self, 'k', k)",
+        "        def __getattribute__(self, name):", "            DUNDER[0] += 1",
+        "            return object.__getattribute__(self, name)", "",
+        "    class ClsSpy:", "        def __init__(self, k):", "            self.k = k",
+        "        @property", "        def __class__(self):", "            DUNDER[0] += 1", "            return ClsSpy", "",
+        "    SINKC, SINKQ = collections.Counter(), collections.deque()", "",
+        "    class Sink:", "        @property", "        def k(self):", "            SINKC['reads'] += 1",
+        "            return 2.0", "        @property", "        def q(self):", "            SINKQ.append(1)",
+        "            return 3.0", "",
+        "    PROXYD, SPYO, CLSO, SINKP = Proxy({'k': 2.0}), Spy(2.0), ClsSpy(2.0), Sink()", "",
         "    class Holder:", "        pass", "",
         "    class Rec:", "        pass", "",
         "    class Node:", "        def __init__(self, w, parent=None):",
@@ -430,7 +451,7 @@ def generate_source(r: random.Random) -> str:
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
-        f"DIED, cfg_cache(), DUNDER])",
+        f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ)])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

@@ -115,7 +115,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # (``self._d[name]``: KeyError, not AttributeError, for what it lacks), a module with a
            # ``__getattr__`` (PEP 562), a tuple subclass of tensors whose class the code checks,
            # and a ``defaultdict`` passed in whose key is missing on some calls.
-           "dict_config_arg", "lazy_module_global", "tuple_subclass_tensor_arg", "defaultdict_missing_arg")
+           "dict_config_arg", "lazy_module_global", "tuple_subclass_tensor_arg", "defaultdict_missing_arg",
+           # Round 17: a forwarding proxy (wrapt / LazyObject style: its ``__class__`` is what it
+           # wraps, and counts) of a dict, passed in or held in a global, and an object whose
+           # ``__class__`` counts, held in a global.
+           "proxy_dict_arg", "proxy_dict_global", "class_counted_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -524,6 +528,19 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["KDDV = [2.0]", "KDD = collections.defaultdict(lambda: KDDV[0])"],
                 ["KDD.pop('s', None) if v > 1 else KDD.__setitem__('s', v)", "KDDV[0] = v + 1"],
                 "kdd['s']", ["KDD"], "kdd")
+    if holder in ("proxy_dict_arg", "proxy_dict_global"):
+        lines = ["PXN = [0]", "", "", "class KProxy:", "    def __init__(self, w):",
+                 "        object.__setattr__(self, '_w', w)", "", "    @property", "    def __class__(self):",
+                 "        PXN[0] += 1", "        return type(object.__getattribute__(self, '_w'))", "",
+                 "    def __getitem__(self, k):", "        return object.__getattribute__(self, '_w')[k]", "", "",
+                 "KPXD = {'s': 2.0}", "KPX = KProxy(KPXD)"]
+        if holder == "proxy_dict_arg":
+            return (lines, ["KPXD['s'] = v"], "(kpx['s'] + 0.25 * PXN[0])", ["KPX"], "kpx")
+        return (lines, ["KPXD['s'] = v"], "(KPX['s'] + 0.25 * PXN[0])", [], "")
+    if holder == "class_counted_global":
+        return (["CCN = [0]", "", "", "class KCounted:", "    def __init__(self):", "        self.s = 2.0", "",
+                 "    @property", "    def __class__(self):", "        CCN[0] += 1", "        return KCounted", "", "",
+                 "KCC = KCounted()"], ["KCC.s = v"], "(KCC.s + 0.25 * CCN[0])", [], "")
     if holder == "getattribute_arg":
         return (["GAV = {'v': 2.0}", "", "", "class KGa:", "    def __getattribute__(self, name):",
                  "        return GAV['v']", "", "", "KGA = KGa()"],
