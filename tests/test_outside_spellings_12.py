@@ -24,6 +24,11 @@ Differences from eager before this round, in every mode (``fallback="eager"`` in
 - ``@minihop.captured`` kept a twin of the class for ``torch.compile`` made as a subclass of
   it, which ran a base class's ``__init_subclass__``: a registry of Functions listed the class
   twice. The twin is made from torch's ``Function`` with the class's namespace now;
+- ``weakref.finalize(x, fn)`` in forward: the trace registered ``fn`` on its fake tensor, so
+  it ran when the trace's tensor died, not when the caller's did (strict and apply). A call
+  registering a callback run later (``weakref.finalize``, ``atexit.register``, any library
+  function named ``register``/``register_*``/``add_*hook``) is a setter now: held back and
+  refused (MH106, ``tracer.hidden``);
 - a backward that reads a property (or any code of the user's minihop did not analyse) which
   counts into a ``collections.Counter``, ``defaultdict``, ``OrderedDict``, ``deque`` or a
   user's ``list``/``set`` subclass: backward is traced once while forward's call is captured
@@ -35,8 +40,11 @@ Differences from eager before this round, in every mode (``fallback="eager"`` in
 
 from __future__ import annotations
 
+import atexit
 import collections
+import gc
 import unittest.mock
+import weakref
 
 import pytest
 import torch
@@ -562,3 +570,69 @@ def test_captured_decorator_makes_no_class_a_base_registers():
     out.sum().backward()
     torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
     assert REGISTRY[before:] == [Doubled.__qualname__]
+
+
+# Callbacks registered for later: when an object dies, at exit.
+
+DIED: list[str] = []
+
+
+class FinalizesArgument(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        weakref.finalize(x, DIED.append, "x")
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+class FinalizesLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 2.0
+        weakref.finalize(y, DIED.append, "y")
+        return y + 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def _died():
+    gc.collect()
+    return list(DIED)
+
+
+@pytest.mark.parametrize("fn", [FinalizesArgument, FinalizesLocal])
+def test_weakref_finalize_in_forward(fn):
+    """The trace registered the callback on its fake tensor: it ran when the trace's tensor
+    died (or never), not when the caller's did. Refused now, as a setter (MH106)."""
+    matches_eager(fn, lambda i: (x_(i),), state=_died, reset=lambda: (gc.collect(), DIED.clear()))
+
+
+class RegistersAtExit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        atexit.register(DIED.append, "exit")
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def test_atexit_register_in_forward():
+    base = [0]
+
+    def reset_base():
+        base[0] = atexit._ncallbacks()
+
+    try:
+        matches_eager(RegistersAtExit, lambda i: (x_(i),), state=lambda: atexit._ncallbacks() - base[0],
+                      reset=reset_base)
+        with pytest.raises(minihop.SideEffectError, match="atexit.register"):
+            minihop.apply(RegistersAtExit, x_(0))
+    finally:
+        atexit.unregister(DIED.append)

@@ -62,6 +62,7 @@ _SEEDS = {"torch": ("manual_seed", "seed"),
 _MESSAGES = {"warnings": ("warn", "warn_explicit"),
              "logging": ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")}
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
+_REGISTRARS = {"weakref": ("finalize",)}  # a callback run later (when an object dies): as a setter's
 
 
 def _numpy_generator(value: Any) -> Any:
@@ -140,12 +141,12 @@ def watched(value: Any) -> tuple[str, str] | None:
 
 
 # A library's setter, called by the user's code (``torch.set_warn_always(True)``,
-# ``torch.set_printoptions(...)``, ``logger.setLevel(...)``, ``np.set_printoptions``): it
-# changes the library's state, which no snapshot holds. Not a list of known ones: any
-# function, class or library object's method named as a setter, but those minihop models
-# (grad mode: the graphs record it; torch's generator state: graph nodes, see recompute) and
+# ``logger.setLevel(...)``, ``atexit.register(fn)``): it changes the library's state (a callback
+# run later too), which no snapshot holds. Not a list of known ones: any function, class or
+# library object's method named as a setter or registration (not the builtin ``set``), but those
+# minihop models (grad mode, recorded; torch's generator state: graph nodes, see recompute) and
 # the objects whose state is watched or keyed otherwise (tensors, modules, generators, ctx).
-_SETTER = re.compile(r"^(set|enable|disable|use)(_|[A-Z])")
+_SETTER = re.compile(r"^(?:(?:set|enable|disable|use)(?:_|[A-Z])|(?:un)?register(?:_|[A-Z]|$)|add_?\w*hook$)")
 _MODELLED = frozenset(id(fn) for fn in (
     torch.set_grad_enabled, torch.enable_grad, torch.autograd.set_grad_enabled, torch.autograd.enable_grad,
     torch.set_rng_state, torch.random.set_rng_state, torch.cuda.set_rng_state))
@@ -182,7 +183,7 @@ def _named(value: Any) -> str:
 @functools.lru_cache(maxsize=2)
 def _watched_functions(mtrand: Any) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
-    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS), ("message", _MESSAGES)):
+    for kind, table in (("clock", _CLOCKS), ("seed", _SEEDS), ("message", _MESSAGES), ("setter", _REGISTRARS)):
         for module_name, names in table.items():
             module = importlib.import_module(module_name)
             for name in names:
@@ -393,7 +394,8 @@ def refusal(where_in: str, kind: str, what: str | None, line: int, where: str | 
             "minihop.function(F, fallback='eager').", where=where)
     return SideEffectError(
         f"{where_in} calls `{what}` (line {line}), a library's setter: it changes state of the "
-        "library's (a process-wide setting, a logger's level) that minihop does not model.",
+        "library's (a process-wide setting, a logger's level, a callback registered for later: "
+        "at exit, when an object dies) that minihop does not model.",
         "A capture records tensor operations: the setting would be made once, while tracing "
         "(it was not: the call was held back), where eager makes it on every call.",
         "Make the setting outside the Function, or run it eagerly with "
@@ -415,18 +417,14 @@ def _global_state(kind: str) -> Any:
         return random._inst.getstate()  # type: ignore[attr-defined]  # the module's getstate is swapped
     if kind == "numpy":
         return sys.modules["numpy.random.mtrand"]._rand.get_state()
-    # "seed": torch's CPU generator, reseeded by tracing (its own methods: torch.get_rng_state
-    # is a graph-recording stand-in while tracing, see recompute).
+    # "seed": torch's CPU generator (its own methods: torch.get_rng_state records a graph node)
     return torch.random.default_generator.get_state()
 
 
 def _set_global_state(kind: str, state: Any) -> None:
-    if kind == "random":
-        random._inst.setstate(state)  # type: ignore[attr-defined]
-    elif kind == "numpy":
-        sys.modules["numpy.random.mtrand"]._rand.set_state(state)
-    else:
-        torch.random.default_generator.set_state(state)
+    generator = random._inst if kind == "random" else sys.modules["numpy.random.mtrand"]._rand \
+        if kind == "numpy" else torch.random.default_generator  # type: ignore[attr-defined]
+    (generator.setstate if kind == "random" else generator.set_state)(state)
 
 
 def stale_cache_check(fn: Any, what: str, where: str, result: str = "tensor") -> None:
