@@ -332,12 +332,20 @@ def put_back(value: Any, state: LibraryState) -> None:
         setstate(*state.raw[0][1])
 
 
+def _answers_in_python(cls: type) -> bool:
+    """Whether reading an attribute of a ``cls`` object may run Python code: its class's (or
+    metaclass's) own ``__getattribute__`` or ``__getattr__``. Other lookups are C's (a bound
+    method's forwards to its function, as Python's own ``getattr`` does)."""
+    return type(getattr(cls, "__getattribute__", None)) is types.FunctionType or hasattr(cls, "__getattr__")
+
+
 def own_dict(value: Any) -> dict[str, Any] | None:
     """``value``'s instance dict (a class's or module's namespace), or None if it has none:
-    read as ``object.__getattribute__`` reads it, past a ``__getattribute__`` of the user's
-    (``getattr(value, "__dict__")`` would run it, and count, log or answer what it likes)."""
+    past a ``__getattribute__``/``__getattr__`` of the user's, read as ``object.__getattribute__``
+    reads it (``getattr(value, "__dict__")`` would run it, and count, log or answer what it likes)."""
     try:
-        found = object.__getattribute__(value, "__dict__")
+        found = object.__getattribute__(value, "__dict__") if _answers_in_python(type(value)) \
+            else getattr(value, "__dict__")
     except (AttributeError, TypeError):
         return None
     return found if issubclass(type(found), (dict, types.MappingProxyType)) else None
@@ -345,9 +353,11 @@ def own_dict(value: Any) -> dict[str, Any] | None:
 
 def own_attr(value: Any, name: str, default: Any = None) -> Any:
     """``getattr(value, name, default)`` for what Python itself keeps of an object (a class's
-    or function's ``__module__``, ``__qualname__``, ``__mro__``), read as
-    ``object.__getattribute__`` reads it: past a ``__getattribute__`` of the user's class or
-    metaclass, and past a ``__getattr__`` (which runs for a name an object lacks)."""
+    or function's ``__module__``, ``__qualname__``, ``__mro__``), past a ``__getattribute__`` of
+    the user's class or metaclass and past a ``__getattr__`` (which runs for a name an object
+    lacks): read as ``object.__getattribute__`` reads it where one of those would run."""
+    if not _answers_in_python(type(value)):
+        return getattr(value, name, default)
     try:
         return object.__getattribute__(value, name)
     except AttributeError:
