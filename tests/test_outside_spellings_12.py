@@ -636,3 +636,39 @@ def test_atexit_register_in_forward():
             minihop.apply(RegistersAtExit, x_(0))
     finally:
         atexit.unregister(DIED.append)
+
+
+SEEN_ORDER = collections.OrderedDict(first=0)
+
+
+class Tracked:
+    @property
+    def k(self):
+        SEEN_ORDER[f"read{len(SEEN_ORDER)}"] = len(SEEN_ORDER)
+        SEEN_ORDER.move_to_end("first")
+        return 2.0
+
+
+TRACKED = Tracked()
+
+
+class BackwardTracksInOrderedDict(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * TRACKED.k
+
+
+def test_backward_property_adds_keys_to_an_ordered_dict():
+    """The trace's new keys are taken out through ``OrderedDict``'s own methods: put back with
+    ``dict``'s, the dict lost them but its order list kept them (iterating it then skipped keys
+    or raised)."""
+    def reset_order():
+        SEEN_ORDER.clear()
+        SEEN_ORDER["first"] = 0
+
+    matches_eager(BackwardTracksInOrderedDict, lambda i: (x_(i),),
+                  state=lambda: (list(SEEN_ORDER.items()), len(SEEN_ORDER)), reset=reset_order)

@@ -29,6 +29,7 @@ import torch
 from ..errors import UnsupportedOperationError
 from . import kinds
 from ..library_state import own_dict
+from ..user_code import library_base, plain_items, plain_pairs
 from .identity import stand_in
 
 __all__ = ["CallWatch", "library_module_name"]
@@ -154,11 +155,15 @@ class CallWatch:
             return
         cls = type(value)
         if issubclass(cls, (list, dict, set, collections.deque)):
-            # (a subclass too, the library's ``Counter``/``defaultdict``/``OrderedDict`` or the
-            # user's: kept and put back through the builtin's own methods, past its overrides)
+            # (a subclass too, the library's ``Counter``/``OrderedDict`` or the user's: copied and
+            # put back through its library base's methods, past the user's overrides)
             self.kept.add(id(value))
-            base = next(b for b in (list, dict, set, collections.deque) if issubclass(cls, b))
-            self.undo.append(functools.partial(_refill, value, base.copy(value), base))
+            base = library_base(cls)
+            # (a dict's entries copied with their stored hashes: no key's __hash__ runs; an
+            # OrderedDict's in its own order, which its base's update puts back)
+            contents = (dict(plain_pairs(value)) if issubclass(cls, collections.OrderedDict) else dict.copy(value)) \
+                if issubclass(cls, dict) else list(plain_items(value))
+            self.undo.append(functools.partial(_refill, value, contents, base))
         if cls not in (list, dict, set) \
                 and not issubclass(cls, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
                 and type(own_dict(value)) is dict \
@@ -173,17 +178,15 @@ class CallWatch:
 
 
 def _refill(container: Any, contents: Any, base: type) -> None:
-    """Put ``contents`` back into ``container`` (of class ``base`` or a subclass of it)."""
-    if base is dict and dict.__len__(container) == len(contents) and all(
-            a is c and b is d for (a, b), (c, d) in zip(dict.items(container), contents.items())):
+    """Put ``contents`` back into ``container`` through ``base``'s methods (its library base:
+    ``dict``'s own on an ``OrderedDict`` would leave its order list behind)."""
+    if issubclass(base, dict) and base.__len__(container) == len(contents) and all(
+            a is c and b is d for (a, b), (c, d) in zip(base.items(container), contents.items())):
         return  # unchanged (and refilling would hash its keys again: a key's __hash__ may be the user's)
-    if base is list:
-        list.__setitem__(container, slice(None), contents)
-        return
     base.clear(container)
-    if base is dict:
-        dict.update(container, {k: v for k, v in contents.items() if not stand_in(v)})
-    elif base is set:
-        set.update(container, contents)
+    if issubclass(base, dict):
+        base.update(container, {k: v for k, v in contents.items() if not stand_in(v)})
+    elif issubclass(base, set):
+        base.update(container, contents)
     else:
-        collections.deque.extend(container, contents)
+        base.extend(container, contents)
