@@ -35,13 +35,13 @@ import dataclasses
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from .errors import MinihopError, UnsupportedOperationError, notice, release_frames
-from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_held, methods_key, modes_refusal, observing_modes,
+from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_check, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
 from .user_code import class_answering_refusal
@@ -53,6 +53,9 @@ _is_compiling = torch.compiler.is_compiling
 _fw_ad = torch.autograd.forward_ad  # its _current_level: -1 unless a dual_level (or torch.func.jvp) is open
 _NOTHING: dict[str, Any] = {}
 _RECENT = 8  # captures a call is checked against before a key is built
+# (the methods key they were made for, its generated check, the captures): see ``_recent``
+_Recent = tuple[tuple[Any, ...], Callable[[type], bool], tuple[Capture, ...]]
+_NO_RECENT: _Recent = ((), lambda F: False, ())
 _NOTHING_HELD = real_run_shows([])  # (a hit: nothing to show; with nothing held it keeps no state)
 DynamicSpec = bool | Mapping[int | str, Sequence[int]]
 
@@ -129,13 +132,13 @@ class CapturedFunction:
         self._entries: OrderedDict[Any, list[Capture | _Refused]] = OrderedDict()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
-        # The captures that ran most recently (newest first, at most _RECENT), and the
-        # Function's methods they were made for: a call like a recent one (the steady state of
-        # a training loop, where one Function may serve several layers) is checked against
-        # their compiled guards before any key is built. Replaced whole, never mutated, so a
-        # reader in another thread sees one consistent tuple.
-        self._recent: tuple[Capture, ...] = ()
-        self._recent_methods: tuple[Any, ...] = ()
+        # The captures that ran most recently (newest first, at most _RECENT), with the
+        # Function's methods they were made for and that key's generated check
+        # (``methods_check``): a call like a recent one (the steady state of a training loop,
+        # where one Function may serve several layers) is checked against their compiled guards
+        # before any key is built. One tuple, replaced whole and never mutated, so a reader in
+        # another thread sees captures and the methods they were made for together.
+        self._recent: _Recent = _NO_RECENT
         self._holding: dict[int, Any] = {}  # what the keys' ids name (see methods_key)
         # Automatic policy (dynamic=None): per (argument position, rank) the sizes seen on
         # misses, None where they differed; and whether a symbolic trace was refused.
@@ -155,7 +158,7 @@ class CapturedFunction:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._recent = ()
+            self._recent = _NO_RECENT
             self._seen = {}
             self._auto_failed = False
 
@@ -210,15 +213,17 @@ class CapturedFunction:
             modes = observing_modes()
             if modes:
                 return self._under_modes(modes, args, kwargs)
-        recent = self._recent
-        if recent and not kwargs and methods_key(self.fn_cls) == self._recent_methods:
+        _, same_methods, recent = self._recent
+        if recent and not kwargs and same_methods(self.fn_cls):
             for cap in recent:
                 if cap.fits(args):
                     if tracing():
                         break
-                    with self._lock:
-                        self.stats.hits += 1
-                        TOTALS["cache_hits"] += 1
+                    lock = self._lock
+                    lock.acquire()  # (not ``with``: its protocol costs more than the two counts)
+                    self.stats.hits += 1
+                    TOTALS["cache_hits"] += 1
+                    lock.release()
                     return cap.run(args)
         refusal = class_answering_refusal(self.fn_cls.__qualname__, (*args, *kwargs.values()), "argument")
         if refusal is not None:
@@ -264,10 +269,10 @@ class CapturedFunction:
         if entry.python_state.single_use:
             with shows:
                 return entry.run(args)  # serves this call only (see _capture): never a recent hit
-        if key[0] != self._recent_methods:
-            self._recent = ()
-        self._recent = (entry, *(c for c in self._recent if c is not entry))[:_RECENT]
-        self._recent_methods = key[0]
+        methods, same_methods, recent = self._recent
+        if key[0] != methods:
+            methods, same_methods, recent = key[0], methods_check(self.fn_cls, key[0]), ()
+        self._recent = (methods, same_methods, (entry, *(c for c in recent if c is not entry))[:_RECENT])
         with shows:
             return entry.run(args)
 
@@ -331,7 +336,8 @@ class CapturedFunction:
             oldest_key = next(iter(self._entries))
             oldest = self._entries[oldest_key]
             evicted = oldest.pop(0)
-            self._recent = tuple(c for c in self._recent if c is not evicted)
+            methods, same_methods, recent = self._recent
+            self._recent = (methods, same_methods, tuple(c for c in recent if c is not evicted))
             if not oldest:
                 del self._entries[oldest_key]
             self.stats.evictions += 1

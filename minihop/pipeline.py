@@ -35,7 +35,7 @@ from .runtime.eager_runs import EagerRunner, with_eager_fallback
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.graph_reads import reads_default_dtype, reads_grad_mode
 from .runtime.op import autograd_function_apply
-from .runtime.function_keys import methods_held, methods_key
+from .runtime.function_keys import methods_check, methods_held, methods_key
 from .runtime.assumptions import layout_key
 from .runtime.display import show_value_key
 from .runtime.located import as_called, real_run_shows
@@ -56,7 +56,7 @@ from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
-           "as_called", "function_parts", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
+           "as_called", "function_parts", "methods_check", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""

@@ -4,6 +4,7 @@ values handed to ctx in the user's order when bwd reads them in another."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -109,3 +110,144 @@ def test_double_backward_with_saved_in_user_order() -> None:
         return ggx
 
     torch.testing.assert_close(second(minihop.apply), second(eager_apply))
+
+
+# ---------------------------------------------------------------------------------------------
+# The generated checks a hit asks: each equal to the comparison it stands for
+# ---------------------------------------------------------------------------------------------
+
+
+def _forms() -> list[type]:
+    """Function classes of every calling form ``methods_key`` distinguishes."""
+
+    class Plain(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, s: float = 2.0) -> torch.Tensor:
+            return x * s
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> Any:
+            return g, None
+
+    class Keyword(Plain):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, *, s: float = 2.0) -> torch.Tensor:
+            return x * s
+
+    class Setup(Plain):
+        @staticmethod
+        def forward(x: torch.Tensor, s: float = 2.0) -> torch.Tensor:
+            return x * s
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+            pass
+
+    class Classmethods(torch.autograd.Function):
+        @classmethod
+        def forward(cls, ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @classmethod
+        def backward(cls, ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2
+
+    class CallableForward(Plain):
+        forward = staticmethod(functools.partial(lambda ctx, x: x * 2))
+
+    return [Plain, Keyword, Setup, Classmethods, CallableForward]
+
+
+def _changes(F: type) -> list[Any]:
+    """Ways a caller changes what ``F``'s methods are (each applied to a fresh class)."""
+    def other(ctx: Any, x: torch.Tensor, s: float = 3.0) -> torch.Tensor:
+        return x * s
+
+    def code(F: type) -> None:
+        fn = F.__dict__["forward"].__func__
+        if hasattr(fn, "__code__"):
+            fn.__code__ = other.__code__
+
+    def defaults(F: type) -> None:
+        fn = getattr(F.forward, "__func__", F.forward)
+        if hasattr(fn, "__defaults__"):
+            fn.__defaults__ = (5.0,)
+
+    def kwdefaults(F: type) -> None:
+        fn = getattr(F.forward, "__func__", F.forward)
+        if hasattr(fn, "__kwdefaults__"):
+            fn.__kwdefaults__ = {"s": 4.0}
+
+    def backward(F: type) -> None:
+        F.backward = staticmethod(lambda ctx, g: (g * 0, None))
+
+    def setup(F: type) -> None:
+        F.setup_context = staticmethod(lambda ctx, inputs, output: None)
+
+    def vjp(F: type) -> None:
+        F.vjp = F.backward
+
+    def nothing(F: type) -> None:
+        pass
+
+    return [nothing, code, defaults, kwdefaults, backward, setup, vjp]
+
+
+@pytest.mark.parametrize("form", range(5))
+@pytest.mark.parametrize("change", range(7))
+def test_methods_check_equals_the_key_comparison(form: int, change: int) -> None:
+    from minihop.runtime.function_keys import methods_check, methods_key
+
+    F = _forms()[form]
+    key = methods_key(F)
+    same = methods_check(F, key)
+    assert same(F)
+    _changes(F)[change](F)
+    assert same(F) == (methods_key(F) == key)
+    Other = _forms()[form]  # another class of the same form: never the same methods
+    assert not same(Other) and methods_key(Other) != key
+
+
+def test_a_call_after_the_forward_code_changes_captures_again() -> None:
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2
+
+    def thrice(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    x = torch.randn(3)
+    assert torch.equal(minihop.apply(Twice, x), x * 2)
+    assert torch.equal(minihop.apply(Twice, x), x * 2)  # a hit
+    Twice.forward.__code__ = thrice.__code__
+    assert torch.equal(minihop.apply(Twice, x), Twice.apply(x))
+    cap = minihop.capture(Twice, x)
+    Twice.forward.__defaults__ = (1,)
+    with pytest.raises(minihop.GuardMismatchError, match="forward"):
+        cap(x)
+
+
+def test_merged_checks_equal_each_check_in_turn() -> None:
+    """``merge_checks`` renames each body's names apart: a name that is also an attribute
+    (``args[0].dtype``) or text in a string stays as it is."""
+    from minihop.runtime.guard_checks import compile_guard, compile_live_check, merge_checks
+    from minihop.runtime.guards import call_key, value_key
+
+    x = torch.randn(2, 3)
+    box = {"v": 1.0, "name": "dtype"}
+    guard = compile_guard(call_key((x, 2)))
+    live = compile_live_check((lambda args: box["v"], lambda args: box["name"]), (value_key(1.0), value_key("dtype")))
+    live2 = compile_live_check((lambda args: box["v"],), (value_key(1.0),))
+    merged = merge_checks([guard, live, live2])
+    assert merged is not None
+    cases = [(x, 2), (x, 3), (x.double(), 2), (torch.randn(2, 4), 2), (x,)]
+    for v in (1.0, 2.0, -0.0):
+        for name in ("dtype", "d0"):
+            box.update(v=v, name=name)
+            for args in cases:
+                assert merged(args) == (guard(args) and live(args) and live2(args)), (args, box)

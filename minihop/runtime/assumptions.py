@@ -33,7 +33,7 @@ from .graph_reads import reads_grad_mode
 from .fetch import fetcher
 from .module_reads import holds_modules, module_assumptions
 from .sharing import sharing_of
-from .guard_checks import compile_guard, compile_live_check
+from .guard_checks import compile_guard, compile_live_check, merge_checks
 from .guards import argument_key, autocast_key, describe_autocast, unmet_marks, value_key
 
 __all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits", "layout_key"]
@@ -100,6 +100,9 @@ def compile_fits(assumptions: tuple[Assumption, ...]) -> Callable[[Args], bool]:
         return lambda args: True
     if len(oks) == 1:
         return oks[0]
+    merged = merge_checks(oks)
+    if merged is not None:
+        return merged
     names = {f"ok{i}": ok for i, ok in enumerate(oks)}
     fits: Callable[[Args], bool] = eval(f"lambda args: {' and '.join(f'{n}(args)' for n in names)}", names)
     return fits

@@ -22,7 +22,7 @@ from .assumptions import Assumption, assumptions_of, backward_values, compile_fi
 from .backwards import keeps_arguments
 from .eager_runs import EagerRunner
 from .function import Retrace, make_function, set_call_arguments
-from .function_keys import methods_held, methods_key
+from .function_keys import methods_check, methods_held, methods_key
 from .display import readable, summary
 from .fetch import fetch_positional, fetcher
 from .single_use import once
@@ -97,6 +97,7 @@ class Capture:
     # key names by id: a direct call checks them (the cache keys them itself).
     methods: tuple[Any, ...] | None = dataclasses.field(repr=False, compare=False, default=None)
     _methods_held: list[Any] = dataclasses.field(repr=False, compare=False, default_factory=list)
+    _same_methods: Callable[[type], bool] = dataclasses.field(repr=False, compare=False, default=lambda F: True)
 
     # One source of truth: the pair a capture runs is the one it shows, prints and saves. So
     # ``fwd``, ``bwd`` and ``graph`` are copies, made on each access: editing one (torch.fx
@@ -134,7 +135,7 @@ class Capture:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():
             return self._under_compiler(args, kwargs)
-        if self.methods is not None and methods_key(self.function) != self.methods:  # type: ignore[arg-type]
+        if self.methods is not None and not self._same_methods(self.function):
             raise self._methods_replaced()
         if not kwargs and self.fits(args):
             return self.run(args)
@@ -332,6 +333,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                              function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair,
                      keep_args))
+    methods = None if function is None else methods_key(function)
     return Capture(
         pair=pair, python_state=python_state, masks=dict(masks or {}), assumptions=assumptions,
         fits=compile_fits(assumptions),
@@ -341,5 +343,5 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
         saved_for_backward_idx=pair.saved_for_backward_idx, output_spec=pair.output_spec,
         top_level=pair.top_level, key=key, argnames=pair.argnames, capture_seconds=seconds,
         _function=function_cls, data_reads=data_reads, run=run,
-        methods=None if function is None else methods_key(function),
-        _methods_held=[] if function is None else methods_held(function))
+        methods=methods, _methods_held=[] if function is None else methods_held(function),
+        _same_methods=(lambda F: True) if methods is None else methods_check(function, methods))

@@ -27,13 +27,14 @@ a ``methods_key`` keeps alive).
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..library_state import Same as _Same
 
-__all__ = ["function_key", "methods_held", "methods_key", "same_function", "show_function_key"]
+__all__ = ["function_key", "methods_check", "methods_held", "methods_key", "same_function", "show_function_key"]
 
 # Defaults compared by value: immutable constants (a float by its bits: -0.0 is not 0.0).
 _CONSTANTS = (str, bytes, int, bool, complex, type(None))
@@ -105,6 +106,34 @@ def methods_key(fn_cls: type) -> tuple[Any, ...]:
 
 
 _NO_SETUP = torch.autograd.Function.setup_context
+
+
+def methods_check(fn_cls: type, key: tuple[Any, ...]) -> Callable[[type], bool]:
+    """``F -> bool``: ``methods_key(F) == key``, for ``key`` of the common form (staticmethods
+    without keyword defaults, no ``setup_context``) generated as identity tests against
+    ``fn_cls``'s methods, which ``key`` names: the hot path asks it before each hit, and a key
+    tuple built per call costs more than the loads themselves. Any other key (or one that is
+    not ``fn_cls``'s now) is compared whole."""
+    if len(key) != 9 or key[4] is not _NO_SETUP or methods_key(fn_cls) != key:
+        return lambda F: methods_key(F) == key
+    fwd, bwd = key[1], key[2]
+    consts = {"cls": fn_cls, "fwd": fwd, "bwd": bwd, "vjp": key[3], "setup": _NO_SETUP,
+              "fc": fwd.__code__, "fd": fwd.__defaults__, "bc": bwd.__code__, "bd": bwd.__defaults__}
+    # ``is or ==``: as the tuple comparison of the keys does (a bound classmethod is a new
+    # object on each load, equal to the one keyed). A load that fails (a method replaced by
+    # an object without ``__code__``) is a key of another form: not this one.
+    source = "\n".join((
+        "def check(F):",
+        "    try:",
+        "        f, b, v, s = F.forward, F.backward, F.vjp, F.setup_context",
+        "        return (F is cls and (f is fwd or f == fwd) and (b is bwd or b == bwd) and (v is vjp or v == vjp)",
+        "                and (s is setup or s == setup) and f.__kwdefaults__ is None and b.__kwdefaults__ is None",
+        "                and f.__code__ is fc and f.__defaults__ is fd and b.__code__ is bc and b.__defaults__ is bd)",
+        "    except AttributeError:",
+        "        return False"))
+    exec(compile(source, "<minihop methods check>", "exec"), consts)
+    check: Callable[[type], bool] = consts["check"]
+    return check
 
 
 def methods_held(fn_cls: type) -> list[Any]:

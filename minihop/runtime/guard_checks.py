@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import abc
 import functools
+import io
 import operator
+import tokenize
 import types
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,7 @@ from .guards import (CODE, FN_METHODS, FN_OWN, PLAIN, _any_autocast, _default_dt
                      class_attributes, code_key, function_class_state, masked_key, python_attributes,
                      user_bases, user_metaclass, value_key)
 
-__all__ = ["compile_guard", "compile_live_check"]
+__all__ = ["compile_guard", "compile_live_check", "merge_checks"]
 
 EMPTY_TUPLE = (tuple, ())  # ``value_key(())``
 
@@ -38,11 +40,48 @@ def _compiled(source: str) -> types.CodeType:
 
 
 def _generated(lines: list[str], consts: dict[str, Any]) -> Callable[[tuple[Any, ...]], bool]:
-    """``args -> bool``: ``lines`` (its body, each failed test returning False) over ``consts``."""
+    """``args -> bool``: ``lines`` (its body, each failed test returning False) over ``consts``.
+    The function keeps its body (``_PARTS``), so that ``merge_checks`` can join several."""
     namespace = dict(consts)
     exec(_compiled("\n".join(("def check(args):", *lines, "    return True"))), namespace)
     check: Callable[[tuple[Any, ...]], bool] = namespace["check"]
+    setattr(check, _PARTS, (tuple(lines), consts))
     return check
+
+
+_PARTS = "_minihop_check_parts"
+
+
+def merge_checks(checks: list[Callable[[tuple[Any, ...]], bool]]) -> Callable[[tuple[Any, ...]], bool] | None:
+    """One generated function equal to ``all(c(args) for c in checks)``: their bodies one after
+    the other, each one's names renamed apart (``k0`` of the second is ``k0_1``), so a hit runs
+    one frame instead of one per check. None unless every check is a generated one."""
+    parts = [getattr(c, _PARTS, None) for c in checks]
+    if any(p is None for p in parts):
+        return None
+    lines: list[str] = []
+    consts: dict[str, Any] = {}
+    for j, (body, names) in enumerate(parts):  # type: ignore[misc]
+        renamed = {n: f"{n}_{j}" for n in names}
+        consts.update((renamed[n], v) for n, v in names.items())
+        try:
+            lines += [_renamed(line, renamed) for line in body]
+        except (tokenize.TokenError, SyntaxError):  # (a line that is not whole on its own: not merged)
+            return None
+    return _generated(lines, consts)
+
+
+def _renamed(line: str, names: dict[str, str]) -> str:
+    """``line`` with each name in ``names`` renamed: a name token, not an attribute
+    (``args[0].dtype`` keeps its ``dtype``) nor text inside a string."""
+    out: list[str] = []
+    tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    end = 0
+    for k, tok in enumerate(tokens):
+        if tok.type == tokenize.NAME and tok.string in names and not (k and tokens[k - 1].string == "."):
+            out += [line[end:tok.start[1]], names[tok.string]]
+            end = tok.end[1]
+    return "".join(out) + line[end:]
 
 
 def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None = None) -> Callable[[tuple[Any, ...]], bool]:
@@ -67,6 +106,9 @@ def compile_guard(key: tuple[Any, ...], masks: dict[int, frozenset[str]] | None 
     for i, k in enumerate(arg_keys):
         a = f"args[{i}]"
         consts[f"k{i}"] = k
+        if issubclass(type(k), tuple) and k and k[0] == "T" and not (masks and i in masks):
+            lines.append(f"    arg{i} = {a}")  # (a tensor's checks load it once)
+            a = f"arg{i}"
         if masks and i in masks:
             consts[f"m{i}"] = masks[i]
             lines += [f"    if masked_key({a}, m{i}) != k{i}:", "        return False"]

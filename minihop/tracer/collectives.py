@@ -185,4 +185,5 @@ def world_places() -> tuple[Place, ...]:
     text = (NO_WORLD if group is None else
             f"torch.distributed's process group (rank {dist.get_rank()} of {dist.get_world_size()})")
     c10d = distributed_c10d  # read through the module on each call (no import per call: a hot path)
-    return (value_place(text, lambda args: c10d._world.default_pg),)
+    # (``_default_pg``: what the ``default_pg`` property returns, without its call on each hit)
+    return (value_place(text, lambda args: c10d._world._default_pg),)
