@@ -23,6 +23,7 @@ import torch
 
 from ..graph_names import ident as _ident, input_name
 from .bytecode import instructions
+from .death_code import local_callbacks
 
 __all__ = ["FrameSnapshot", "input_name", "capture_locals", "code_of", "name_hints", "result_use",
            "STORE", "DISCARD", "UNPACK"]
@@ -66,6 +67,8 @@ class FrameSnapshot:
 
     locals: dict[str, Any] = dataclasses.field(default_factory=dict)
     stack_trace: str | None = None
+    # A weak reference among the locals whose callback is the user's (``death_code``)
+    death_code: str | None = None
 
 
 @contextlib.contextmanager
@@ -104,6 +107,7 @@ def capture_locals(fn: Any, sink: FrameSnapshot) -> Iterator[None]:
             # Only tensors are named; holding any other local past the call would run its
             # ``__del__`` after the watches stop, where eager runs it as the call returns.
             found = frame.f_locals  # (a snapshot the frame keeps, past its own clearing: emptied below)
+            sink.death_code = local_callbacks(found.values())
             sink.locals.update((k, v) for k, v in found.items() if k not in params and issubclass(type(v), torch.Tensor))
             found.clear()
             summary = traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name)

@@ -316,11 +316,16 @@ class StateTracker:
             self.hidden_reads.stop()
 
     def abort(self) -> None:
-        """After tracing, however it ended: ``print`` restored, Python state put back."""
+        """After tracing, however it ended: ``print`` restored, Python state put back, first
+        while the watches run (a trace's object dropped there runs its ``__del__``, unanalysed
+        code of the user's, watched), then with what such code wrote."""
+        if not self.finished:
+            self.after_forward, self.forward_diff, self.forward_writes = None, [], None  # (forward's objects)
+            heap.restore(self.before)
         self.stop()
         if not self.finished:
             self.finished = True
-            self.opaque.put_back()  # what unanalysed code wrote, then what pystate watched
+            self.opaque.put_back()
             heap.restore(self.before)
             store_marks.unmark(self.marked)
             self.marked = []
@@ -406,7 +411,7 @@ class StateTracker:
                 if kind in ("clock", "seed", "setter"):
                     raise hidden.refusal(f"{self.name}.{phase}", kind, what, line, where)
                 named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
-                self._refuse_draw(f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
+                raise drawn(self.name, f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
             with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
                 self.read_ctx_chains(ctx)
             if self.opaque.backward_unknown:
@@ -438,13 +443,8 @@ class StateTracker:
         if self.standing and not tensor and phase == "backward":
             self.unreplayable.append(f"backward {what} {place.description} (made by the trace, for its call)")
             return StateWrite(place, "made", None, phase, where)  # dropped by finish: nothing to replay
-        self.abort()  # Python state put back before the error reaches the user
-        raise refused(self.name, phase, what, place.description, where, tensor)
+        raise refused(self.name, phase, what, place.description, where, tensor)  # (``abort`` puts back)
 
-    def _refuse_hidden(self, was: Seen, phase: str) -> None:
+    def _refuse_hidden(self, was: Seen, phase: str) -> None:  # (generators put back by ``abort``)
         place = was.root.description if not was.steps else place_at(was.root, was.steps).description
-        self._refuse_draw(f"{phase} {hidden.taking(was.obj)} {place}", None)
-
-    def _refuse_draw(self, what: str, where: str | None) -> None:
-        self.abort()  # generators put back before the error reaches the user
-        raise drawn(self.name, what, where)
+        raise drawn(self.name, f"{phase} {hidden.taking(was.obj)} {place}", None)

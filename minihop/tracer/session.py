@@ -41,6 +41,7 @@ from .frames import format_frame, is_library_code, user_frame, user_frame_of
 from .function_parts import FunctionParts
 from . import handlers
 from .grad_modes import refuse_through_applied, watching_applies
+from .death_code import refuse_local_death_code
 from .names import FrameSnapshot, capture_locals, input_name
 from .op_args import version_of
 from .recompute import rng_state_recorded
@@ -403,8 +404,7 @@ class Tracing:
         return self._saved_placeholder(rec, self.fwd.node_for(value), value)
 
     # -- running the user's code ---------------------------------------------------------
-    def run(self, phase: str, fn: Any, recorder: GraphRecorder, snapshot: FrameSnapshot,
-            *args: Any) -> Any:
+    def run(self, phase: str, fn: Any, recorder: GraphRecorder, snapshot: FrameSnapshot, *args: Any) -> Any:
         self.phase = self.mode.phase = phase  # grad_modes records backward's switches its way
         self.mode.recorder = recorder
         recorder.escape = self.unbacked.escape
@@ -426,6 +426,7 @@ class Tracing:
                 with grad, self.fake_mode:
                     refuse_through_applied(self.mode, applied, result, self._describe())
             refuse_generators(recorder.generators, self._describe())
+            refuse_local_death_code(self.parts.name, phase, snapshot.death_code)
             return result
         except Exception as e:
             if type(e) is TypeError and last_made() is not None and str(e).startswith("unsupported operand"):

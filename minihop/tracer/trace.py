@@ -35,6 +35,7 @@ from .backward import GradSpec, may_trace_backward_again, reads_data_in_backward
 from .eager_backward import EagerBackward
 from .ctx import ProxyCtx, check_ctx_arguments
 from .ctx_held import refuse_unkeyed_ctx_holders
+from .death_code import refuse_death_code
 from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
                       share_arguments)
 from .frames import format_frame, user_frame_of
@@ -167,6 +168,10 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         # as in eager's failed call, and what it writes is put back with the rest), not when
         # the caller drops the error.
         release_frames(e, drop=False)
+        # ... and what the trace's ctx keeps (forward's objects, the snapshot of them): the
+        # refusal's eager run makes its own, and these must not run their code later.
+        t.ctx_after_forward = None
+        vars(ctx).clear()
         raise
     finally:
         state.abort()
@@ -247,12 +252,16 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     emptied: list[Any] = []  # what backward did to forward's memos (memo_writes)
     with outside.replayed(t.backward_reads.stand_in, changes=emptied), t.ctx_after_forward:
         refuse_unkeyed_ctx_holders(parts.name, ctx)
+        refuse_death_code(parts.name, "forward", (n.meta.get("val") for n in t.fwd.graph.nodes), ctx, out,
+                          state.existed_before)
         forward_left = ctx_forward(ctx)  # what the caller sees on y.grad_fn, in eager
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
         ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx, state.existed_before)
         seen = seen_by_backward(state.reads, fake_args, t.key_of)  # forward's writes put back
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
         t.backward_reads.check_unbacked_memos()
+        refuse_death_code(parts.name, "backward", (n.meta.get("val") for n in t.bwd.graph.nodes), ctx,
+                          existed=state.existed_before)
         ctx_after = ctx_values(ctx)
         refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx, state.existed_before))
     # Backward's value reads have computed forward's values from the caller's arguments; a

@@ -1,0 +1,164 @@
+"""Code that runs when an object the trace made dies: refused (MH106).
+
+Place in the pipeline: tracer (``trace.py`` calls ``refuse_death_code`` once forward has run,
+with the values its graph holds and ctx, and once backward has run, with backward's).
+
+An object's death can run the user's code: a ``__del__`` of the user's class, or a callback
+given to ``weakref.ref(obj, cb)`` / ``weakref.proxy(obj, cb)``. Eager's objects die on every
+call (a local when forward returns, what ctx keeps when the call's graph is freed), running that
+code once per call, at that moment. A trace's values do not die that way: its fake tensors live
+as long as its graphs, what its ctx keeps as long as the capture. The code would run once, at
+an unrelated time, or never. An object made and dropped inside the trace runs its code while
+the heap watch looks (what it writes is the watch's: replayed, or the capture single-use).
+
+Which code is the user's is decided the "unknown means unsafe" way: a callback counts as a
+library's bookkeeping only where it is a Python function of a library module (a
+``WeakKeyDictionary``'s own ``remove``); a builtin method (``log.append``), a callable object or
+a user function is the user's.
+
+Invariant: every tensor value of the graph and every value ctx keeps (up to ``MAX_DEPTH``
+containers and user objects down) that existed only since the trace began is asked, by its
+type's MRO and ``gc.get_referents`` of its weak references, never by running its code.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import types
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ..errors import SideEffectError
+from ..library_state import own_dict
+from .library import is_library
+
+__all__ = ["local_callbacks", "refuse_death_code", "refuse_local_death_code"]
+
+MAX_DEPTH = 3
+
+
+def refuse_death_code(name: str, phase: str, values: Iterable[Any], ctx: Any, returned: Any = None,
+                      existed: Callable[[Any], bool] = lambda value: False) -> None:
+    """MH106 where one of ``values`` (a phase's graph values), a value ``ctx`` keeps, or what
+    forward ``returned`` was made by the trace and runs the user's code when it dies (see the
+    module docstring)."""
+    for value in values:
+        found = _death_code(value) if issubclass(type(value), torch.Tensor) else None
+        if found is not None:
+            raise refusal(name, phase, f"a tensor it makes has {found}", "when the tensor dies")
+    seen: set[int] = set()
+    kept = [(f"ctx.{k} keeps", v, "when the call's graph is freed") for k, v in vars(ctx).items()
+            if not k.startswith("_minihop")]
+    if returned is not None:  # (a capture rebuilds its result from the trace's, which it keeps)
+        kept.append(("it returns", returned, "when the caller drops it"))
+    for where, value, when in kept:
+        found = _kept(value, 1, seen, existed)
+        if found is not None:
+            raise refusal(name, phase, f"{where} an object with {found}", when)
+
+
+def local_callbacks(values: Iterable[Any]) -> str | None:
+    """What of the user's a weak reference among a returning frame's locals would run: eager
+    clears the locals as the call returns, and a referent made in the call may die first,
+    running the callback then; the trace's referent (a fake tensor its graph keeps) does not
+    die. None where no local is such a reference."""
+    for value in values:
+        if issubclass(type(value), _WEAK):
+            found = _callback_code(value)
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_local_death_code(name: str, phase: str, found: str | None) -> None:
+    """MH106 for what ``local_callbacks`` found in a phase's frame as it returned."""
+    if found is not None:
+        raise refusal(name, phase, f"a local of its frame is {found}",
+                      "when the frame's locals are cleared as it returns")
+
+
+def _kept(value: Any, depth: int, seen: set[int], existed: Callable[[Any], bool]) -> str | None:
+    """The death code of ``value`` or of what it holds (made by the trace), or None."""
+    if id(value) in seen or depth > MAX_DEPTH:
+        return None
+    seen.add(id(value))
+    if not issubclass(type(value), torch.Tensor) and existed(value):
+        return None  # (the caller's object: it dies when the caller drops it, as in eager)
+    found = _death_code(value)
+    if found is not None:
+        return found
+    cls = type(value)
+    if issubclass(cls, dict):
+        items: list[Any] = list(dict.values(value))
+    elif issubclass(cls, (list, tuple)):
+        items = list(value)
+    elif not issubclass(cls, (torch.Tensor, type, types.ModuleType)) and not is_library(cls):
+        own = own_dict(value)
+        items = list(own.values()) if own is not None else []
+    else:
+        items = []
+    for item in items:
+        found = _kept(item, depth + 1, seen, existed)
+        if found is not None:
+            return found
+    return None
+
+
+def _death_code(value: Any) -> str | None:
+    """What of the user's runs when ``value`` dies: its class's ``__del__``, a weak reference's
+    callback; None when nothing does."""
+    for klass in type(value).__mro__:
+        if "__del__" in klass.__dict__ and not is_library(klass):
+            return f"a __del__ ({klass.__qualname__}.__del__)"
+    try:
+        refs = weakref.getweakrefs(value)
+    except TypeError:  # (a type that takes no weak references)
+        return None
+    for ref in refs:
+        found = _callback_code(ref)
+        if found is not None:
+            return found
+    return None
+
+
+def _callback_code(ref: Any) -> str | None:
+    if issubclass(type(ref), weakref.ref):
+        if ref() is None:
+            return None  # (dead: its callback has run, or never will)
+        callback = _CALLBACK.__get__(ref)  # (a subclass's own slots are not its callback)
+    else:
+        # A proxy forwards attribute reads to its object; for the collector its only
+        # referent is its callback.
+        callback = next(iter(gc.get_referents(ref)), None)
+    if callback is not None and callable(callback) and not _library_callback(callback):
+        return f"a weak reference whose callback is {_named(callback)}"
+    return None
+
+
+_CALLBACK = weakref.ref.__dict__["__callback__"]
+_WEAK = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType)
+
+
+def _library_callback(callback: Any) -> bool:
+    fn = callback.func if issubclass(type(callback), functools.partial) else callback
+    fn = getattr(fn, "__func__", fn) if issubclass(type(fn), types.MethodType) else fn
+    return issubclass(type(fn), types.FunctionType) and is_library(fn)
+
+
+def _named(callback: Any) -> str:
+    name = getattr(callback, "__qualname__", None)
+    return name if issubclass(type(name), str) else type(callback).__qualname__
+
+
+def refusal(name: str, phase: str, found: str, when: str) -> SideEffectError:
+    return SideEffectError(
+        f"{name}.{phase} leaves code of its own to run when an object dies: {found}.",
+        f"Eager runs that code on every call, {when}; the capture's objects are the trace's, "
+        "which live as long as the capture (its graphs, what its ctx keeps), so the code would "
+        "run once at another time, or never.",
+        "Do the work where the object is used (or drop the callback / __del__), or run it "
+        "eagerly with minihop.function(F, fallback='eager').")
