@@ -150,8 +150,11 @@ class CallWatch:
         for name in (*code.co_varnames[:code.co_argcount + code.co_kwonlyargcount], *code.co_freevars):
             self._keep_value(frame.f_locals.get(name))  # (and the cells it closes over: ``died[0] += 1``)
 
-    def _keep_value(self, value: Any) -> None:
-        if id(value) in self.kept:
+    def _keep_value(self, value: Any, depth: int = 0) -> None:
+        """``value``'s state (a container's items, a user object's attributes), and that of
+        what it holds, ``_DEPTH`` levels down (``LOG.lines.append``: the list of an object the
+        code names): undone in reverse, so the innermost first."""
+        if id(value) in self.kept or depth > _DEPTH:
             return
         cls = type(value)
         if issubclass(cls, (list, dict, set, collections.deque)):
@@ -164,17 +167,29 @@ class CallWatch:
             contents = (dict(plain_pairs(value)) if issubclass(cls, collections.OrderedDict) else dict.copy(value)) \
                 if issubclass(cls, dict) else list(plain_items(value))
             self.undo.append(functools.partial(_refill, value, contents, base))
+            if len(contents) <= _WIDE:
+                for item in (contents.values() if issubclass(cls, dict) else contents):
+                    self._keep_value(item, depth + 1)
         if cls not in (list, dict, set) \
                 and not issubclass(cls, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
                 and type(own_dict(value)) is dict \
                 and not library_module_name(cls.__module__):
             self.kept.add(id(value))
             space = own_dict(value)
-            self.undo.append(functools.partial(_refill, space, dict(space), dict))
+            held = dict(space)
+            self.undo.append(functools.partial(_refill, space, held, dict))
+            if len(held) <= _WIDE:
+                for item in held.values():
+                    self._keep_value(item, depth + 1)
 
     def stop(self) -> None:
         if sys.gettrace() == self._trace:
             sys.settrace(self.previous)
+
+
+# How far below a value the code names its state is kept (``_keep_value``), and up to how
+# many entries a container's or an object's are followed there.
+_DEPTH, _WIDE = 2, 64
 
 
 def _refill(container: Any, contents: Any, base: type) -> None:
