@@ -13,7 +13,9 @@ nothing taken); ``fallback="eager"`` then runs eager on the untouched iterator. 
 generators are not refused here: tracing puts them back.
 
 pystate asks the same (``refuse_iterator_read``) of each value the code's chains name outside
-the arguments (a global ``COUNTER``, a closure's ``it[0]``), before the trace runs.
+the arguments (a global ``COUNTER``, a closure's ``it[0]``), before the trace runs; of a
+container a chain ends at (read whole, or by a key computed as the code runs:
+``ITERATORS[name]``), of every iterator it holds.
 
 Invariant: nothing is taken from an iterator by a capture that is refused.
 """
@@ -71,6 +73,12 @@ def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> No
             "the untouched iterator).")
     if unseen(value):
         raise _unseen_error(f"{fn_name}.{phase}", f"reaches {place}", value)
+    if issubclass(type(value), (list, tuple, dict, set, frozenset)):
+        # A container the code reads whole or by a computed key (``ITERATORS[name]``): which
+        # item it takes from is known only as it runs, so any iterator in it counts.
+        found = _find(value, place, set(), _DEPTH - 2)
+        if found is not None:
+            refuse_iterator_read(fn_name, phase, f"{found[0]}, in a container the code reads", found[1])
 
 
 def _unseen_error(fn_name: str, what: str, value: Any) -> SideEffectError:
