@@ -33,6 +33,16 @@ Differences from eager before this round, with no error:
   iterator inside a container a chain ends at is refused before the trace now
   (``iterators.refuse_iterator_read``).
 
+- a write into a library module's own namespace: ``sys.k = getattr(sys, "k", 0) + 1``,
+  ``torch.nn.functional.k += 1`` (in forward or backward, by the module's name or an alias of
+  it), ``setattr(torch.nn.functional, "k", ...)``, or an item put in a dict subclass a library
+  module holds (torch's ``_global_forward_hooks``, an ``OrderedDict``): made once, while
+  traced, and never again (chains through a library module were neither guarded nor watched,
+  and only its plain ``list``/``dict``/``set`` containers were). A library module's namespace
+  the code writes or hands to a call is watched now (its names, by identity:
+  ``heap.LIBRARY_MODULE``), and any change there is refused: its reads are not guarded, so no
+  write could be replayed;
+
 What is not refused: an object the caller made (a global kept on ctx), and a weak reference
 whose callback is a library's own bookkeeping (a ``WeakKeyDictionary`` keyed by the input).
 The other cases are new spellings of the issue's classes that already matched eager and stay
@@ -48,10 +58,12 @@ import collections
 import functools
 import gc
 import itertools
+import sys
 import weakref
 
 import pytest
 import torch
+import torch.nn.functional as TF
 from torch.autograd.function import once_differentiable
 
 import minihop
@@ -551,3 +563,91 @@ def test_checkpoint_around_the_call(reentrant):
             grads.append((x.grad.sum().item(), y.grad.sum().item()))
         return grads
     _every_mode(body)
+
+
+# -- a library module's own state -------------------------------------------------------------
+
+class SysStore(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        sys.minihop_r18_store = getattr(sys, "minihop_r18_store", 0) + 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class TorchIncrement(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        torch.nn.functional.minihop_r18_count += 1
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        torch.nn.functional.minihop_r18_count += 10
+        return g * 2
+
+
+class AliasIncrement(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        TF.minihop_r18_count += 1
+        return x * TF.minihop_r18_count
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class SetattrOnModule(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        setattr(torch.nn.functional, "minihop_r18_count", getattr(torch.nn.functional, "minihop_r18_count", 0) + 1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class HookTableItem(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        table = torch.nn.modules.module._global_forward_hooks
+        torch.nn.modules.module._global_forward_hooks[10_000 + len(table)] = None
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def _library_state():
+    hooks = torch.nn.modules.module._global_forward_hooks
+    return (getattr(sys, "minihop_r18_store", None), getattr(torch.nn.functional, "minihop_r18_count", None),
+            sorted(k for k in hooks if type(k) is int and k >= 10_000))
+
+
+def _library_reset(count):
+    def reset():
+        sys.__dict__.pop("minihop_r18_store", None)
+        torch.nn.functional.__dict__.pop("minihop_r18_count", None)
+        if count is not None:
+            torch.nn.functional.minihop_r18_count = count
+        hooks = torch.nn.modules.module._global_forward_hooks
+        for k in [k for k in hooks if type(k) is int and k >= 10_000]:
+            del hooks[k]
+    return reset
+
+
+@pytest.mark.parametrize("fn, count", [(SysStore, None), (TorchIncrement, 0), (AliasIncrement, 0),
+                                       (SetattrOnModule, None), (HookTableItem, None)],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_write_into_a_library_modules_state(fn, count):
+    reset = _library_reset(count)
+    try:
+        matches_eager(fn, lambda i: (x_(i),), reset=reset, state=_library_state)
+    finally:
+        _library_reset(None)()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -44,8 +45,13 @@ from .holders import class_state, contents_of, dunder, held_by
 from ..user_code import library_base
 from .roots import cell_value
 
-__all__ = ["MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",
+__all__ = ["LIBRARY_MODULE", "MAX_OBJECTS", "RULES", "STATE", "Change", "Difference", "Rule", "Seen", "TooMuchState", "argument_seen", "changes", "class_state", "classify", "contents_of",
            "current", "put", "restore", "same", "snapshot"]
+
+# The key of a root that is a library module whose namespace the code writes (``sys.n += 1``,
+# ``module_reads.through_library``): its names are watched by identity, as a user module's
+# globals, but not what they hold (a library's own objects).
+LIBRARY_MODULE = "library module"
 
 # A snapshot walks everything reachable, however deep (cycles are cut by identity): a change
 # below a depth limit would go unseen, and a fake tensor of the trace stay there. Past this many
@@ -116,6 +122,15 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
         if len(found) - tensors >= MAX_OBJECTS and (is_user_module(value) or held_by(value, True)
                                                     or contents_of(value)[0] not in (None, "tensor")):
             raise TooMuchState(Place(root, steps).description)  # (where the walk stopped)
+        if depth == 0 and root.key == LIBRARY_MODULE and issubclass(type(value), types.ModuleType):
+            # A library module's namespace the code writes: its names, by identity, not what
+            # they hold (a library's own objects). Its reads are not guarded (a library's state),
+            # so no write there can be replayed: any change is refused (restore removes one added).
+            g = vars(value)
+            found[id(g)] = Seen(g, Root("value", "module", value.__name__, lambda args, g=g: g), (), "globals",
+                                {k: v for k, v in g.items() if not dunder(k) and not stand_in(v)}, library=True)
+            found[id(value)] = Seen(value, root, steps, "module", None)
+            continue
         if is_user_module(value):
             # The user's module (``import cfg; cfg.step += 1``) or a ModuleType namespace: its
             # names are globals of its own functions, watched as their globals dict (one place

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..spec import MISSING, Place, Root
+from .heap import LIBRARY_MODULE
 from .library import is_library, is_user_module, module_data
 from .roots import global_place, guarded_value, place_at, walk
 from .userattr import UserAttribute
@@ -153,8 +154,21 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
                 return ThroughLibrary(found, held, counter=rest[0][1])
             read = rest and chain.use == "value" and guarded_value(walk(held, rest))
             return ThroughLibrary(found, held, read=place_at(found, rest) if read else None)
+    if chain.use in ("receiver", "increment") or chain.handed:
+        # A library module's own namespace the code writes (``sys.n += 1``,
+        # ``torch.nn.functional.k = v``) or hands to a call (``setattr(sys, "k", v)``): its
+        # names are watched (not what they hold; see heap.LIBRARY_MODULE).
+        owner_steps = steps if chain.use != "increment" else steps[:-1]
+        try:
+            owner = walk(value, owner_steps) if owner_steps else value
+        except Exception:
+            owner = None
+        if issubclass(type(owner), types.ModuleType) and not is_user_module(owner):
+            name = place_at(root, owner_steps).description
+            counter = steps[-1][1] if chain.use == "increment" and steps and steps[-1][0] == "attr" else None
+            return ThroughLibrary(Root("value", LIBRARY_MODULE, name, lambda args, m=owner: m), owner, counter=counter)
     held = walk(value, steps) if steps and all(kind == "attr" for kind, _ in steps) else None
-    if type(held) in (list, dict, set) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)):
+    if issubclass(type(held), (list, dict, set)) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)):
         # A plain container a library module holds (``sys.argv.append(s)``): the heap watch's,
         # as the user's own containers are (sys.path and warnings' filters: process settings).
         name = place_at(root, steps).description
