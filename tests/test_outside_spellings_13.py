@@ -43,6 +43,11 @@ Differences from eager before this round, with no error:
   ``heap.LIBRARY_MODULE``), and any change there is refused: its reads are not guarded, so no
   write could be replayed;
 
+- ``np.seterr(all="ignore")`` in forward, the caller setting ``"warn"`` again between calls:
+  numpy's error handling is a process setting no snapshot held (numpy's functions are bounded
+  as pure), so the trace set it once. numpy's error handling, print options and buffer size are
+  process settings now (``process_state``): a change is refused and put back;
+
 What is not refused: an object the caller made (a global kept on ctx), and a weak reference
 whose callback is a library's own bookkeeping (a ``WeakKeyDictionary`` keyed by the input).
 The other cases are new spellings of the issue's classes that already matched eager and stay
@@ -651,3 +656,25 @@ def test_a_write_into_a_library_modules_state(fn, count):
         matches_eager(fn, lambda i: (x_(i),), reset=reset, state=_library_state)
     finally:
         _library_reset(None)()
+
+
+class NumpyErrors(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        import numpy as np
+        np.seterr(all="ignore")
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_numpy_error_handling_set_in_forward():
+    np = pytest.importorskip("numpy")
+    before = np.geterr()
+    try:
+        matches_eager(NumpyErrors, lambda i: (x_(i),), between=lambda i: np.seterr(all="warn"),
+                      reset=lambda: np.seterr(all="warn"), state=lambda: np.geterr()["divide"])
+    finally:
+        np.seterr(**before)

@@ -5,7 +5,8 @@ that live in the interpreter or in torch, not in any object the code names:
 ``os.environ["K"] = v``, ``warnings.filterwarnings(...)``, ``sys.setrecursionlimit(n)``,
 ``torch.set_default_dtype(...)``, ``torch.use_deterministic_algorithms(...)``,
 ``torch.backends.cudnn.benchmark = True``, ``sys.setprofile(f)``, ``sys.path.append(p)``,
-``os.chdir(d)``, ``socket.setdefaulttimeout(t)``, ``locale.setlocale(...)``. Run while tracing, such a change happens once (and a
+``os.chdir(d)``, ``socket.setdefaulttimeout(t)``, ``locale.setlocale(...)``, numpy's
+``np.seterr(...)``/``np.set_printoptions(...)``. Run while tracing, such a change happens once (and a
 backward's, while forward is traced), where eager makes it on every call, when that phase runs.
 So the heap watch snapshots them all as one object (``state``: setting -> value, compared by
 value), and any change is refused (``heap.RULES``: "a process setting changed") after it is put
@@ -83,6 +84,26 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "locale.setlocale(locale.LC_ALL)": (lambda: locale.setlocale(locale.LC_ALL, None),
                                         lambda v: locale.setlocale(locale.LC_ALL, v)),
 }
+
+
+def _numpy(get: Callable[[Any], Any], set_: Callable[[Any, Any], None]) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """A numpy setting (its error handling, print options, buffer size), where numpy is
+    imported: read without importing it."""
+    def getter() -> Any:
+        np = sys.modules.get("numpy")
+        return None if np is None else get(np)
+
+    def setter(value: Any) -> None:
+        np = sys.modules.get("numpy")
+        if np is not None and value is not None:
+            set_(np, value)
+    return getter, setter
+
+
+_SETTINGS["numpy.geterr()"] = _numpy(lambda np: tuple(sorted(np.geterr().items())), lambda np, v: np.seterr(**dict(v)))
+_SETTINGS["numpy.get_printoptions()"] = _numpy(lambda np: tuple(sorted(np.get_printoptions().items())),
+                                               lambda np, v: np.set_printoptions(**dict(v)))
+_SETTINGS["numpy.getbufsize()"] = _numpy(lambda np: np.getbufsize(), lambda np, v: np.setbufsize(v))
 
 
 def _environ() -> dict[Any, Any]:
