@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ..errors import release_frames
 from ..library_state import subclass_attributes
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, heap, hidden, identity, kinds, messages, opaque, store_marks
@@ -54,10 +55,9 @@ from .method_reads import places_named
 from .module_reads import builtin_places, through_library
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, analysed, arg_masks, guarded_value, method_objects,
-                    methods_and_passed, place_at,
-                    reads_environment, resolve_root, tensor_holder, walk)
+                    methods_and_passed, place_at, reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
-from .state_writes import drawn, refused, too_much_state, write_of
+from .state_writes import drawn, refuse_hidden_reads, refused, too_much_state, write_of
 from .tensor_attr_reads import tensor_attribute_reads
 from .userattr import UserAttribute
 
@@ -406,12 +406,7 @@ class StateTracker:
                                       for what in self.messages.sent[:1]]
             for phase, reason in self.hidden_reads.single_use() if self.hidden_reads is not None else ():
                 self.opaque.unknown(phase, reason)
-            if self.hidden_reads is not None and self.hidden_reads.reads:
-                phase, kind, what, line, where = self.hidden_reads.reads[0]
-                if kind in ("clock", "seed", "setter"):
-                    raise hidden.refusal(f"{self.name}.{phase}", kind, what, line, where)
-                named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
-                raise drawn(self.name, f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
+            refuse_hidden_reads(self.name, self.hidden_reads.reads if self.hidden_reads is not None else [])
             with self.ctx_view():  # ctx's objects as forward left them (its writes replayed)
                 self.read_ctx_chains(ctx)
             if self.opaque.backward_unknown:
@@ -423,6 +418,10 @@ class StateTracker:
                 self.finished = True
                 store_marks.unmark(self.marked)
                 self.marked = []
+        except BaseException as e:  # (the trace's objects the diff holds go first: one dying as
+            release_frames(e, drop=False)  # abort puts its holder back runs its ``__del__`` there)
+            after = after_forward = None
+            raise
         finally:
             self.abort()
         if self.unreplayable:  # ... and none is replayed: this trace serves its own call only

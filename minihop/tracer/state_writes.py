@@ -20,11 +20,11 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, StateWrite
-from . import heap
+from . import heap, hidden
 from .heap import Seen
 from .roots import cell_place, global_place, place_at, value_place
 
-__all__ = ["drawn", "refused", "too_much_state", "write_of"]
+__all__ = ["drawn", "refuse_hidden_reads", "refused", "too_much_state", "write_of"]
 
 
 def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after: Any, phase: str,
@@ -95,6 +95,16 @@ def drawn(name: str, what: str, where: str | None) -> SideEffectError:
         "Draw with torch instead (torch.rand(()) is recorded and drawn again on every "
         "call), pass the number in as an argument, or run it eagerly with "
         "minihop.function(F, fallback='eager').", where=where)
+
+
+def refuse_hidden_reads(name: str, reads: list[tuple[str, str, str, int, str | None]]) -> None:
+    """The first read ``hidden.ReadWatch`` saw (a clock, a seeding, a setter, a draw), refused."""
+    if reads:
+        phase, kind, what, line, where = reads[0]
+        if kind in ("clock", "seed", "setter"):
+            raise hidden.refusal(f"{name}.{phase}", kind, what, line, where)
+        named = f" (`{what}`, line {line})" if what else " (in a function it calls)"
+        raise drawn(name, f"{phase} draws from {hidden.describe_global(kind)}{named}", where)
 
 
 def too_much_state(name: str, where: str) -> SideEffectError:

@@ -124,6 +124,11 @@ KINDS = {
     # getter counts into a library container subclass (a Counter, a deque): minihop's own
     # questions must never run such code, and a trace's count must be put back.
     "self_answering_read": ("fb", ""),
+    # Round 18: code that runs when an object the call makes dies (a __del__ of an object kept
+    # on ctx, in a container on ctx or in a global list; a weak reference's callback on a
+    # tensor the phase makes); a write into a library module's own namespace; an iterator in
+    # a dict the code indexes by a computed key.
+    "death_code": ("fb", ""), "library_module_write": ("fb", ""), "container_iterator": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -188,6 +193,16 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [f"_ap{n} = x.detach().clone()", f"_ap{n}.apply_(lambda v: v * 2)"], f"_ap{n}"
     if kind == "del_write":
         return [r.choice([f"_dying{n} = Dying()", "Dying()"])], f"x * float(DIED[0] % 3 + 1)"
+    if kind == "death_code":
+        lines = r.choice([[f"ctx.keep{n} = Dying()"], [f"ctx.keepl{n} = [1, {{'d': Dying()}}]"], ["KEEP.append(Dying())"],
+                          [f"_t{n} = x * 1", f"_wr{n} = weakref.ref(_t{n}, lambda ref: DIED.__setitem__(0, DIED[0] + 1))"]])
+        return lines, "x * float(DIED[0] % 3 + 1)"
+    if kind == "library_module_write":
+        return [r.choice(["sys.minihop_fuzz = getattr(sys, 'minihop_fuzz', 0) + 1",
+                          "torch.nn.functional.minihop_fuzz += 1",
+                          "setattr(sys, 'minihop_fuzz', getattr(sys, 'minihop_fuzz', 0) + 1)"])], ""
+    if kind == "container_iterator":
+        return [], "x * float(next(ITERS[ITER_KEY]))"
     if kind == "generator":
         return [f"g{n} = torch.Generator().manual_seed({r.randrange(100)})"], \
             f"torch.rand(x.shape, generator=g{n})"
@@ -308,7 +323,7 @@ def generate_source(r: random.Random) -> str:
     gl = [f"    global {', '.join(globals_)}"] if globals_ else []
     args = ", ".join(["x", *extra_args])
     out = [
-        "import array, collections, functools, io, logging, queue, sys, threading, types, warnings",
+        "import array, collections, functools, io, itertools, logging, queue, sys, threading, types, warnings, weakref",
         "import torch", "",
         "def make():",
         "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
@@ -325,7 +340,9 @@ def generate_source(r: random.Random) -> str:
         "    @functools.lru_cache(maxsize=None)", "    def table(n):",
         "        return torch.arange(n, dtype=torch.float32) + 1", "",
         "    @functools.lru_cache(maxsize=None)", "    def cfg_cache():", "        return {'calls': 0}", "",
-        "    DIED = [0]", "",
+        "    DIED, KEEP = [0], []", "",
+        "    ITERS, ITER_KEY = {'c': itertools.count(1)}, 'c'",
+        "    sys.minihop_fuzz = torch.nn.functional.minihop_fuzz = 0", "",
         "    class Dying:", "        def __del__(self):", "            DIED[0] += 1", "",
         "    DUNDER = [0]", "",
         "    class CDict(dict):", "        def __getitem__(self, k):", "            DUNDER[0] += 1",
@@ -451,7 +468,8 @@ def generate_source(r: random.Random) -> str:
         f"Counter.bumps, BOX, RT.hits, CFGD, CONF.s, STASH, vars(SNS), DEEP, list(QU.queue), BUF.getvalue(), "
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
-        f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ)])",
+        f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
+        f"torch.nn.functional.minihop_fuzz])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
