@@ -299,6 +299,28 @@ def test_del_of_an_object_stored_globally():
                   state=lambda: (DEL_LOG.state(), len(REG)))
 
 
+class DelStoredByBackward(torch.autograd.Function):
+    """Refused when the trace's writes are classified, after the watches stopped: the frames of
+    that refusal held the trace's object past the put-back, so its ``__del__`` wrote for good
+    and fallback's backward read one line too many (found by the effects generator)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        REG.append(Noisy())
+        return g * float(len(DEL_LOG.lines) % 3 + 1)
+
+
+def test_del_of_an_object_backward_stores_globally():
+    def reset():
+        REG.clear()
+        DEL_LOG.reset()
+    matches_eager(DelStoredByBackward, lambda i: (x_(i),), reset=reset, state=lambda: (DEL_LOG.state(), len(REG)))
+
+
 GLOBAL_NOISY = Noisy(3.0)
 
 
