@@ -48,6 +48,14 @@ Differences from eager before this round, with no error:
   as pure), so the trace set it once. numpy's error handling, print options and buffer size are
   process settings now (``process_state``): a change is refused and put back;
 
+- ``getattr(P, "lr_scale", 1.0)`` on a global ``nn.Parameter`` (a per-parameter setting kept
+  as a Python attribute of the tensor), and ``getattr(P, name, 1.0)`` with a name chosen at run
+  time: the first was no chain (only the two-argument ``getattr`` was read as ``P.lr_scale``),
+  the second counted as bounded because a tensor's key holds its attributes, which only an
+  argument's does. A constant-name ``getattr`` with a default is a chain now
+  (``opaque.constant_getattrs``), and a run-time name on a tensor the trace did not make
+  makes the capture single-use;
+
 What is not refused: an object the caller made (a global kept on ctx), and a weak reference
 whose callback is a library's own bookkeeping (a ``WeakKeyDictionary`` keyed by the input).
 The other cases are new spellings of the issue's classes that already matched eager and stay
@@ -700,3 +708,44 @@ def test_numpy_error_handling_set_in_forward():
                       reset=lambda: np.seterr(all="warn"), state=lambda: np.geterr()["divide"])
     finally:
         np.seterr(**before)
+
+
+# -- a Python attribute of a global tensor -------------------------------------------------------
+
+PARAM = torch.nn.Parameter(torch.ones(4))
+PARAM_NAME = ["lr_scale"]
+
+
+class ParamSettingConstant(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.k = getattr(PARAM, "lr_scale", 1.0)
+        return x * ctx.k
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k
+
+
+class ParamSettingComputed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * getattr(PARAM, PARAM_NAME[0], 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@pytest.mark.parametrize("fn", [ParamSettingConstant, ParamSettingComputed], ids=lambda f: f.__name__)
+def test_a_python_attribute_of_a_global_parameter(fn):
+    def between(i):
+        if i == 2:
+            PARAM.lr_scale = 3.0
+
+    def reset():
+        PARAM.__dict__.pop("lr_scale", None)
+    try:
+        matches_eager(fn, lambda i: (x_(i),), between=between, reset=reset, refusable=False)
+    finally:
+        reset()

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import UnsupportedOperationError
 from ..library_state import global_module_hooks, own_dict
@@ -85,7 +86,7 @@ def dynamic_lookups(code: types.CodeType) -> tuple[tuple[str, int | None], ...]:
 
 @functools.lru_cache(maxsize=2048)
 def constant_getattrs(code: types.CodeType) -> tuple[Chain, ...]:
-    """``getattr(NAME, "k")`` (``NAME`` a global or closure variable, ``"k"`` a constant) as
+    """``getattr(NAME, "k")`` or ``getattr(NAME, "k", default)`` (``NAME`` a global or closure variable, ``"k"`` a constant) as
     the chain ``NAME.k`` it reads: where ``NAME`` holds a library module, what the name there
     is bound to is read as ``NAME.k``'s would be (``getattr(torch, "set_warn_always")``)."""
     found: list[Chain] = []
@@ -94,9 +95,13 @@ def constant_getattrs(code: types.CodeType) -> tuple[Chain, ...]:
         line = inner.co_firstlineno
         for i, op in enumerate(ins):
             line = op.lineno if op.lineno is not None else line
+            # (``getattr(NAME, "k", default)`` too, the default one load: the same read)
             if op.opname in _LOADS and op.argval == "getattr" and i + 3 < len(ins) \
                     and ins[i + 1].opname in ("LOAD_GLOBAL", "LOAD_DEREF") and ins[i + 2].opname == "LOAD_CONST" \
-                    and issubclass(type(ins[i + 2].argval), str) and ins[i + 3].opname in _CALLS and ins[i + 3].arg == 2:
+                    and issubclass(type(ins[i + 2].argval), str) and (
+                        ins[i + 3].opname in _CALLS and ins[i + 3].arg == 2
+                        or i + 4 < len(ins) and ins[i + 3].opname in ("LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL")
+                        and ins[i + 4].opname in _CALLS and ins[i + 4].arg == 3):
                 kind = "global" if ins[i + 1].opname == "LOAD_GLOBAL" else "deref"
                 found.append(Chain(kind, ins[i + 1].argval, (("attr", ins[i + 2].argval),), "value", line))
     return tuple(found)
@@ -242,8 +247,10 @@ class GetattrWatch:
     def __call__(self, obj: Any, name: str, *default: Any) -> Any:
         frame = sys._getframe(1)
         if frame.f_code in self.codes and self.thread == threading.get_ident():
-            bounded = (issubclass(type(obj), torch.Tensor) and name not in TENSOR_STATE) or id(obj) in self.keyed \
-                or _plain(obj) and not issubclass(type(obj), (types.ModuleType, type))
+            # (a tensor the trace made, or an argument's, whose key holds its attributes; a
+            # tensor from elsewhere, a global's, is keyed without them)
+            bounded = (issubclass(type(obj), FakeTensor) and name not in TENSOR_STATE) or id(obj) in self.keyed \
+                or _plain(obj) and not issubclass(type(obj), (types.ModuleType, type, torch.Tensor))
             if not bounded and len(self.found) < 8:
                 self.found.append(f"getattr({type(obj).__name__} object, {name!r}) with a name chosen at run time "
                                   f'(File "{frame.f_code.co_filename}", line {frame.f_lineno})')

@@ -135,8 +135,9 @@ class StateTracker:
                 if root is None:
                     continue
                 value = root.fetch(self.args)
-                if chain in through_getattr and not (issubclass(type(value), types.ModuleType) and is_library(value)):
-                    continue  # (the user's object: keyed whole where it is read)
+                if chain in through_getattr and not (issubclass(type(value), types.ModuleType) and is_library(value)) \
+                        and not issubclass(type(walk(value, chain.steps[:-1])), torch.Tensor):
+                    continue  # (the user's object: keyed whole where it is read; a tensor's attributes are not)
                 named = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
                 named_end = walk(value, named) if named else value  # what the code calls or reads
                 self.logs = self.logs or any(v is logging or issubclass(type(v), logging.Logger) for v in (value, named_end))
