@@ -307,21 +307,21 @@ class StateTracker:
         self.hidden_reads.existed = self.existed_before  # (a cached helper's global: the heap watch's)
         self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
 
-    def stop(self) -> None:
-        self.opaque.stop()
+    def stop(self, names_only: bool = False) -> None:
+        """The names the watches swapped (``print``...) the user's again; then the code watches."""
         if self.watch is not None:
             builtins.print = self.watch.real
-        if self.messages is not None:
-            self.messages.stop()  # first: it swapped over hidden_reads' stand-ins
-        if self.hidden_reads is not None:
-            self.hidden_reads.stop()
+        for watch in (w for w in (self.messages, self.hidden_reads) if w is not None):  # (messages first)
+            watch.stop()
+        if not names_only:
+            self.opaque.stop()
 
     def abort(self) -> None:
-        """After tracing, however it ended: ``print`` restored, Python state put back, first
-        while the watches run (a trace's object dropped there runs its ``__del__``, unanalysed
-        code of the user's, watched), then with what such code wrote."""
+        """After tracing, however it ended: Python state put back, first while the code watches
+        run (a trace's object dropped there runs its ``__del__``: watched), then with what it wrote."""
         if not self.finished:
             self.after_forward, self.forward_diff, self.forward_writes = None, [], None  # (forward's objects)
+            self.stop(names_only=True)  # (what the put-back sees: the user's bindings, not stand-ins)
             heap.restore(self.before)
         self.stop()
         if not self.finished:
