@@ -195,8 +195,8 @@ class Noisy:
     def __init__(self, v: float = 1.0) -> None:
         self.v = v
 
-    def __del__(self) -> None:
-        DEL_LOG.lines.append("del")
+    def __del__(self, lines: list = DEL_LOG.lines) -> None:  # (bound: still there at exit)
+        lines.append("del")
 
 
 class DelOnCtx(torch.autograd.Function):

@@ -23,6 +23,7 @@ Invariant: nothing is taken from an iterator by a capture that is refused.
 from __future__ import annotations
 
 import random
+import sys
 import types
 from typing import Any
 
@@ -73,10 +74,11 @@ def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> No
             "the untouched iterator).")
     if unseen(value):
         raise _unseen_error(f"{fn_name}.{phase}", f"reaches {place}", value)
-    if issubclass(type(value), (list, tuple, dict, set, frozenset)):
+    if issubclass(type(value), (list, tuple, dict, set, frozenset)) and value is not sys.modules:
         # A container the code reads whole or by a computed key (``ITERATORS[name]``): which
-        # item it takes from is known only as it runs, so any iterator in it counts.
-        found = _find(value, place, set(), _DEPTH - 2)
+        # item it takes from is known only as it runs, so any iterator in it counts (not one
+        # a module it holds keeps: ``sys.modules[name]`` is single-use, opaque.Finder).
+        found = _find(value, place, set(), _DEPTH - 2, modules=False)
         if found is not None:
             refuse_iterator_read(fn_name, phase, f"{found[0]}, in a container the code reads", found[1])
 
@@ -99,12 +101,12 @@ def _iterator(value: Any) -> bool:
     return fingerprint(value) is not None
 
 
-def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] | None:
+def _find(value: Any, name: str, seen: set[int], depth: int, modules: bool = True) -> tuple[str, Any] | None:
     if issubclass(type(value), LEAVES) or id(value) in seen or depth > _DEPTH:
         return None
     seen.add(id(value))
     if issubclass(type(value), types.ModuleType):
-        if not is_user_module(value):
+        if not modules or not is_user_module(value):
             return None  # a library's (``torch`` passed in): not the user's state, and not walked
         items: Any = ((f"{name}.{k}", v) for k, v in module_data(value).items())
     elif _iterator(value) or unseen(value):  # (an iterator is named as one)
@@ -123,7 +125,7 @@ def _find(value: Any, name: str, seen: set[int], depth: int) -> tuple[str, Any] 
         except Exception:  # an object whose attributes cannot be listed: nothing to find
             return None
     for inner_name, v in items:
-        found = _find(v, inner_name, seen, depth + 1)
+        found = _find(v, inner_name, seen, depth + 1, modules)
         if found is not None:
             return found
     return None
