@@ -27,6 +27,7 @@ from ..spec import Place, Root
 from .library import is_user_function
 from .module_reads import places_held
 from .roots import place_at, walk
+from .tensor_attr_reads import attributes_place
 from .userattr import UserAttribute
 
 __all__ = ["called_places", "places_named"]
@@ -34,10 +35,12 @@ __all__ = ["called_places", "places_named"]
 
 def places_named(root: Root, value: Any, steps: tuple[tuple[str, Any], ...], method: str | None) -> list[Place]:
     """The places a chain reads besides its own (``root`` then ``steps``, then a call of
-    ``method``): names holding modules and a user module's attribute (``module_reads``), and
-    the user's function it calls on a class (``called_places``)."""
+    ``method``): names holding modules and a user module's attribute (``module_reads``), the
+    user's function it calls on a class (``called_places``), and a tensor's Python attributes
+    (``tensor_attr_reads.attributes_place``)."""
     named = steps if method is None else (*steps, ("attr", method))
-    return [*places_held(root, value, named), *called_places(root, value, steps, method)]
+    return [*places_held(root, value, named), *called_places(root, value, steps, method),
+            *attributes_place(root, value, steps)]
 
 
 def called_places(root: Root, value: Any, steps: tuple[tuple[str, Any], ...], method: str | None) -> list[Place]:

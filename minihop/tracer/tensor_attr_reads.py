@@ -17,6 +17,9 @@ the call's tensor has then. And a saved *output* comes back to eager's backward 
 object, without the attributes forward set on it (an input or an intermediate comes back as
 itself): ``saved_outputs_bare`` hides them while backward is traced.
 
+A tensor the code reaches outside its arguments (a global, a module's weight) has its own
+attributes too, which no key holds: ``attributes_place`` makes them one read place of the chain.
+
 Invariant: over-approximate, never under, for every tensor argument (one without attributes
 at the call too: an attribute first set between forward and backward is a change): a name it
 does not hold reads as missing, twice.
@@ -34,11 +37,33 @@ from typing import Any
 import torch
 
 from ..library_state import del_attr, set_attr, tensor_attributes
-from ..spec import Place, Root
+from ..spec import MISSING, Place, Root
 from ..structure import argname
 from .names import code_of
+from .roots import place_at, value_place, walk
 
-__all__ = ["as_called", "saved_outputs_bare", "tensor_attribute_reads"]
+__all__ = ["as_called", "attributes_place", "saved_outputs_bare", "tensor_attribute_reads"]
+
+
+def attributes_place(root: Root, value: Any, named: tuple[tuple[str, Any], ...]) -> list[Place]:
+    """The Python attributes of a tensor a chain names outside the arguments (a global's, a
+    module's weight, an item of a global list), as one read place: only an argument's are in
+    the call key, and a lifted tensor's guard is on its shape, dtype, device and grad, so
+    ``hasattr(P, "lr_scale")`` or ``getattr(W[0], "k", 1.0)`` would be baked in."""
+    if root.uses_args:
+        return []
+    try:
+        end = walk(value, named)
+    except Exception:
+        return []
+    if not issubclass(type(end), torch.Tensor):
+        return []
+    place = place_at(root, named)
+
+    def attributes(args: tuple[Any, ...]) -> Any:
+        t = place.get(args)
+        return tuple(sorted(tensor_attributes(t).items())) if issubclass(type(t), torch.Tensor) else MISSING
+    return [value_place(f"{place.description}'s Python attributes", attributes)]
 
 
 @functools.lru_cache(maxsize=1)
