@@ -49,12 +49,13 @@ Differences from eager before this round, with no error:
   process settings now (``process_state``): a change is refused and put back;
 
 - ``getattr(P, "lr_scale", 1.0)`` on a global ``nn.Parameter`` (a per-parameter setting kept
-  as a Python attribute of the tensor), and ``getattr(P, name, 1.0)`` with a name chosen at run
-  time: the first was no chain (only the two-argument ``getattr`` was read as ``P.lr_scale``),
-  the second counted as bounded because a tensor's key holds its attributes, which only an
-  argument's does. A constant-name ``getattr`` with a default is a chain now
-  (``opaque.constant_getattrs``), and a run-time name on a tensor the trace did not make
-  makes the capture single-use;
+  as a Python attribute of the tensor), ``hasattr(P, ...)``, the same of ``PARAMS[0]`` or of a
+  global module's ``weight``, and ``getattr(P, name, 1.0)`` with a name chosen at run time:
+  baked in, since only an argument's key holds a tensor's attributes (a lifted tensor's guard
+  is on its shape, dtype, device and grad). A tensor a chain names outside the arguments has
+  its attributes as one read place now (``tensor_attr_reads.attributes_place``), a
+  constant-name ``getattr`` with a default is a chain (``opaque.constant_getattrs``), and a
+  run-time name on a tensor the trace did not make makes the capture single-use;
 
 What is not refused: an object the caller made (a global kept on ctx), and a weak reference
 whose callback is a library's own bookkeeping (a ``WeakKeyDictionary`` keyed by the input).
@@ -737,14 +738,50 @@ class ParamSettingComputed(torch.autograd.Function):
         return g
 
 
-@pytest.mark.parametrize("fn", [ParamSettingConstant, ParamSettingComputed], ids=lambda f: f.__name__)
+PARAMS = [PARAM]
+LAYER = torch.nn.Linear(4, 4)
+
+
+class ParamSettingHasattr(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * (3.0 if hasattr(PARAM, "lr_scale") else 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class ParamSettingInList(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * getattr(PARAMS[0], "lr_scale", 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class WeightSetting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * getattr(LAYER.weight, "lr_scale", 1.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@pytest.mark.parametrize("fn", [ParamSettingConstant, ParamSettingComputed, ParamSettingHasattr, ParamSettingInList,
+                                WeightSetting], ids=lambda f: f.__name__)
 def test_a_python_attribute_of_a_global_parameter(fn):
     def between(i):
         if i == 2:
-            PARAM.lr_scale = 3.0
+            PARAM.lr_scale = LAYER.weight.lr_scale = 3.0
 
     def reset():
         PARAM.__dict__.pop("lr_scale", None)
+        LAYER.weight.__dict__.pop("lr_scale", None)
     try:
         matches_eager(fn, lambda i: (x_(i),), between=between, reset=reset, refusable=False)
     finally:
