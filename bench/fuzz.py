@@ -131,7 +131,9 @@ ABOUT = {
         "`__getattr__`, a tuple subclass of tensors whose class the code checks, a `defaultdict` "
         "whose key is missing on some calls; in round 17, a forwarding proxy of a dict whose "
         "`__class__` counts, passed in or in a global, and a global object whose `__class__` "
-        "counts, the count read by the code), "
+        "counts, the count read by the code; in round 18, a Python attribute of a global "
+        "parameter, read with a default, by `hasattr`, through a list, off a global module's "
+        "`weight`, by a name chosen at run time), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

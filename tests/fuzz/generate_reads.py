@@ -119,7 +119,12 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 17: a forwarding proxy (wrapt / LazyObject style: its ``__class__`` is what it
            # wraps, and counts) of a dict, passed in or held in a global, and an object whose
            # ``__class__`` counts, held in a global.
-           "proxy_dict_arg", "proxy_dict_global", "class_counted_global")
+           "proxy_dict_arg", "proxy_dict_global", "class_counted_global",
+           # Round 18: a Python attribute of a global parameter (a per-parameter setting: not
+           # there on some calls), read with a default, by hasattr, through a list, off a global
+           # module's weight, by a name chosen at run time.
+           "param_attr_global", "param_hasattr_global", "param_attr_list_global", "weight_attr_global",
+           "param_attr_computed_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -537,6 +542,18 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         if holder == "proxy_dict_arg":
             return (lines, ["KPXD['s'] = v"], "(kpx['s'] + 0.25 * PXN[0])", ["KPX"], "kpx")
         return (lines, ["KPXD['s'] = v"], "(KPX['s'] + 0.25 * PXN[0])", [], "")
+    if holder in ("param_attr_global", "param_hasattr_global", "param_attr_list_global", "weight_attr_global",
+                  "param_attr_computed_global"):
+        setup = ["KPARAM = torch.nn.Parameter(torch.ones(()))", "KPARAMS = [KPARAM]", "KLAYER = torch.nn.Linear(1, 1)",
+                 "KPNAME = ['lr_scale']"]
+        change = ["KPARAM.__dict__.pop('lr_scale', None) if v > 1 else setattr(KPARAM, 'lr_scale', v)",
+                  "KLAYER.weight.__dict__.pop('lr_scale', None) if v > 1 else setattr(KLAYER.weight, 'lr_scale', v)"]
+        read = {"param_attr_global": "getattr(KPARAM, 'lr_scale', 2.0)",
+                "param_hasattr_global": "(KPARAM.lr_scale if hasattr(KPARAM, 'lr_scale') else 2.0)",
+                "param_attr_list_global": "getattr(KPARAMS[0], 'lr_scale', 2.0)",
+                "weight_attr_global": "getattr(KLAYER.weight, 'lr_scale', 2.0)",
+                "param_attr_computed_global": "getattr(KPARAM, KPNAME[0], 2.0)"}[holder]
+        return (setup, change, read, [], "")
     if holder == "class_counted_global":
         return (["CCN = [0]", "", "", "class KCounted:", "    def __init__(self):", "        self.s = 2.0", "",
                  "    @property", "    def __class__(self):", "        CCN[0] += 1", "        return KCounted", "", "",
