@@ -57,6 +57,12 @@ Differences from eager before this round, with no error:
   constant-name ``getattr`` with a default is a chain (``opaque.constant_getattrs``), and a
   run-time name on a tensor the trace did not make makes the capture single-use;
 
+- a Function applied with grad on inside backward whose ctx keeps such an object: refused
+  (``grad_modes.watching_applies`` asks the node of what it returns); a failed trace now also
+  lets go of the values its graphs keep (``GraphRecorder.let_go``) and of the refusals its
+  phases noted, while its watches run, so the refused trace's object never runs its code
+  after minihop put the caller's state back;
+
 What is not refused: an object the caller made (a global kept on ctx), and a weak reference
 whose callback is a library's own bookkeeping (a ``WeakKeyDictionary`` keyed by the input).
 The other cases are new spellings of the issue's classes that already matched eager and stay
@@ -328,6 +334,49 @@ def test_del_of_an_object_backward_stores_globally():
         REG.clear()
         DEL_LOG.reset()
     matches_eager(DelStoredByBackward, lambda i: (x_(i),), reset=reset, state=lambda: (DEL_LOG.state(), len(REG)))
+
+
+class InnerKeepsDying(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.n = Noisy()
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class AppliesInnerInBackward(torch.autograd.Function):
+    """Backward applies another Function with grad on: eager's inner node (its ctx, keeping
+    the object) dies with what backward made; the trace's graph holds only the inner ops."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            InnerKeepsDying.apply(x.detach().requires_grad_())
+        return g * 2
+
+
+class AppliesInnerInForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return InnerKeepsDying.apply(x) + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+@pytest.mark.parametrize("fn", [AppliesInnerInBackward, AppliesInnerInForward], ids=lambda f: f.__name__)
+def test_del_of_an_object_an_inner_functions_ctx_keeps(fn):
+    matches_eager(fn, lambda i: (x_(i),), reset=DEL_LOG.reset, state=DEL_LOG.state)
 
 
 GLOBAL_NOISY = Noisy(3.0)

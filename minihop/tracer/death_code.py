@@ -36,7 +36,7 @@ from ..errors import SideEffectError
 from ..library_state import own_dict
 from .library import is_library
 
-__all__ = ["local_callbacks", "refuse_death_code", "refuse_local_death_code"]
+__all__ = ["applied_death_code", "local_callbacks", "refuse_death_code", "refuse_local_death_code"]
 
 MAX_DEPTH = 3
 
@@ -71,6 +71,22 @@ def local_callbacks(values: Iterable[Any]) -> str | None:
             found = _callback_code(value)
             if found is not None:
                 return found
+    return None
+
+
+def applied_death_code(name: str, result: Any) -> SideEffectError | None:
+    """The refusal for a Function the user's code applied with grad on while traced
+    (``grad_modes.watching_applies``) whose outputs' node (its ctx) keeps an object with code
+    of the user's to run when it dies: eager's node dies with the call's graph, the trace's
+    with the trace (the graph holds only its ops). None where there is none."""
+    seen: set[int] = set()
+    for t in result if issubclass(type(result), (tuple, list)) else (result,):
+        node = t.grad_fn if issubclass(type(t), torch.Tensor) else None
+        for key, value in (own_dict(node) or {}).items() if node is not None else ():
+            found = _kept(value, 1, seen, lambda value: False)
+            if found is not None:
+                return refusal(name, "forward", f"ctx.{key} keeps an object with {found}",
+                               "when the graph its output is part of is freed")
     return None
 
 

@@ -61,6 +61,8 @@ import torch
 
 from ..errors import UnsupportedOperationError
 from ..spec import READS_GRAD_MODE
+from . import handlers
+from .death_code import applied_death_code
 from .frames import is_library_code
 
 __all__ = ["grad_mode_as_traced", "read", "refuse_through_applied", "switch", "watching_applies"]
@@ -178,7 +180,11 @@ def watching_applies(recorder: Any, on: bool) -> Iterator[list[type]]:
         found.append(cls)
         before = len(recorder.graph.nodes)
         try:
-            return held.__get__(None, cls)(*args, **kwargs)
+            result = held.__get__(None, cls)(*args, **kwargs)
+            refused = applied_death_code(cls.__qualname__, result)
+            if refused is not None:
+                raise handlers.note(refused)  # (raised when the phase returns, if the user's code catches it)
+            return result
         finally:
             made = list(recorder.graph.nodes)[before:] or \
                 [n for n in recorder.graph.nodes if n.op == "placeholder"]  # (its forward made no op)

@@ -120,6 +120,14 @@ class GraphRecorder:
         # Where a torch.Generator reached an op (refused at the phase's end: effects.py).
         self.generators: list[str | None] = []
 
+    def let_go(self) -> None:
+        """A failed trace: the values kept alive go while the watches run (a death may run the user's code)."""
+        self.alive.clear()
+        self.mutations.clear()
+        self.pending_alias = None
+        for node in self.graph.nodes:
+            node.meta.pop("val", None)
+
     def _read_pending_alias(self, args: tuple[Any, ...], graph_args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The op right after an expression's aliasing result reads it there: the last operand
         that is that tensor (Python evaluates it last, just before this call) is its node."""

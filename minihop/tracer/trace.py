@@ -31,6 +31,7 @@ from ..spec import MISSING, RawCapture
 from ..arguments import bind_arguments
 from ..structure import object_paths, replace_tensors
 from ..returned import describe_output
+from . import handlers
 from .backward import GradSpec, may_trace_backward_again, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .eager_backward import EagerBackward
 from .ctx import ProxyCtx, check_ctx_arguments
@@ -172,6 +173,9 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         # refusal's eager run makes its own, and these must not run their code later.
         t.ctx_after_forward = None
         vars(ctx).clear()
+        t.fwd.let_go()
+        t.bwd.let_go()
+        handlers.caught()  # (its notes hold the error's frames, and so the trace's values)
         raise
     finally:
         state.abort()
