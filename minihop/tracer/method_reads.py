@@ -33,14 +33,15 @@ from .userattr import UserAttribute
 __all__ = ["called_places", "places_named"]
 
 
-def places_named(root: Root, value: Any, steps: tuple[tuple[str, Any], ...], method: str | None) -> list[Place]:
+def places_named(root: Root, value: Any, steps: tuple[tuple[str, Any], ...], method: str | None,
+                 code: types.CodeType | None = None) -> list[Place]:
     """The places a chain reads besides its own (``root`` then ``steps``, then a call of
     ``method``): names holding modules and a user module's attribute (``module_reads``), the
     user's function it calls on a class (``called_places``), and a tensor's Python attributes
     (``tensor_attr_reads.attributes_place``)."""
     named = steps if method is None else (*steps, ("attr", method))
     return [*places_held(root, value, named), *called_places(root, value, steps, method),
-            *attributes_place(root, value, steps)]
+            *attributes_place(root, value, steps, code)]
 
 
 def called_places(root: Root, value: Any, steps: tuple[tuple[str, Any], ...], method: str | None) -> list[Place]:

@@ -170,7 +170,7 @@ class StateTracker:
                     self._add_read(MODULE_HOOKS, phases, code, chain.line)  # a module it builds runs them
                 if setting is not None:
                     self._add_read(setting, phases, code, chain.line)
-                for place in places_named(root, value, chain.steps, chain.method):  # MATHLIB.cos, MyFn.scale(t)
+                for place in places_named(root, value, chain.steps, chain.method, code):  # MATHLIB.cos, MyFn.scale(t)
                     self._add_read(place, phases, code, chain.line)
                 if issubclass(type(value), types.ModuleType) and is_library(value):
                     # torch.sin, math.pi: the module's attributes are not the user's state; the

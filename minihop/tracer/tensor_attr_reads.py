@@ -45,12 +45,15 @@ from .roots import place_at, value_place, walk
 __all__ = ["as_called", "attributes_place", "saved_outputs_bare", "tensor_attribute_reads"]
 
 
-def attributes_place(root: Root, value: Any, named: tuple[tuple[str, Any], ...]) -> list[Place]:
+def attributes_place(root: Root, value: Any, named: tuple[tuple[str, Any], ...],
+                     code: types.CodeType | None = None) -> list[Place]:
     """The Python attributes of a tensor a chain names outside the arguments (a global's, a
-    module's weight, an item of a global list), as one read place: only an argument's are in
-    the call key, and a lifted tensor's guard is on its shape, dtype, device and grad, so
-    ``hasattr(P, "lr_scale")`` or ``getattr(W[0], "k", 1.0)`` would be baked in."""
-    if root.uses_args:
+    module's weight, an item of a global list), as one read place, where ``code`` (whose chain
+    it is) names ``getattr`` or ``hasattr``: only an argument's attributes are in the call key,
+    and a lifted tensor's guard is on its shape, dtype, device and grad, so
+    ``hasattr(P, "lr_scale")`` or ``getattr(W[0], "k", 1.0)`` would be baked in. (An attribute
+    load is a chain of its own, ``P.lr_scale``; ``vars(P)`` and ``P.__dict__`` are refused.)"""
+    if root.uses_args or code is None or not _names_getattr(code):
         return []
     try:
         end = walk(value, named)
@@ -64,6 +67,13 @@ def attributes_place(root: Root, value: Any, named: tuple[tuple[str, Any], ...])
         t = place.get(args)
         return tuple(sorted(tensor_attributes(t).items())) if issubclass(type(t), torch.Tensor) else MISSING
     return [value_place(f"{place.description}'s Python attributes", attributes)]
+
+
+@functools.lru_cache(maxsize=512)
+def _names_getattr(code: types.CodeType) -> bool:
+    """Whether ``code`` (or code nested in it) names ``getattr`` or ``hasattr``."""
+    return bool({"getattr", "hasattr"} & set(code.co_names)) or any(
+        _names_getattr(c) for c in code.co_consts if issubclass(type(c), types.CodeType))
 
 
 @functools.lru_cache(maxsize=1)
