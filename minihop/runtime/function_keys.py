@@ -106,6 +106,19 @@ def methods_key(fn_cls: type) -> tuple[Any, ...]:
 
 
 _NO_SETUP = torch.autograd.Function.setup_context
+# ``is or ==``: as the tuple comparison of the keys does (a bound classmethod is a new object on
+# each load, equal to the one keyed). A load that fails (a method replaced by an object without
+# ``__code__``) is a key of another form: not this one. Compiled once; each key's objects are
+# the namespace it runs in.
+_METHODS_CHECK = compile("\n".join((
+    "def check(F):",
+    "    try:",
+    "        f, b, v, s = F.forward, F.backward, F.vjp, F.setup_context",
+    "        return (F is cls and (f is fwd or f == fwd) and (b is bwd or b == bwd) and (v is vjp or v == vjp)",
+    "                and (s is setup or s == setup) and f.__kwdefaults__ is None and b.__kwdefaults__ is None",
+    "                and f.__code__ is fc and f.__defaults__ is fd and b.__code__ is bc and b.__defaults__ is bd)",
+    "    except AttributeError:",
+    "        return False")), "<minihop methods check>", "exec")
 
 
 def methods_check(fn_cls: type, key: tuple[Any, ...]) -> Callable[[type], bool]:
@@ -119,19 +132,7 @@ def methods_check(fn_cls: type, key: tuple[Any, ...]) -> Callable[[type], bool]:
     fwd, bwd = key[1], key[2]
     consts = {"cls": fn_cls, "fwd": fwd, "bwd": bwd, "vjp": key[3], "setup": _NO_SETUP,
               "fc": fwd.__code__, "fd": fwd.__defaults__, "bc": bwd.__code__, "bd": bwd.__defaults__}
-    # ``is or ==``: as the tuple comparison of the keys does (a bound classmethod is a new
-    # object on each load, equal to the one keyed). A load that fails (a method replaced by
-    # an object without ``__code__``) is a key of another form: not this one.
-    source = "\n".join((
-        "def check(F):",
-        "    try:",
-        "        f, b, v, s = F.forward, F.backward, F.vjp, F.setup_context",
-        "        return (F is cls and (f is fwd or f == fwd) and (b is bwd or b == bwd) and (v is vjp or v == vjp)",
-        "                and (s is setup or s == setup) and f.__kwdefaults__ is None and b.__kwdefaults__ is None",
-        "                and f.__code__ is fc and f.__defaults__ is fd and b.__code__ is bc and b.__defaults__ is bd)",
-        "    except AttributeError:",
-        "        return False"))
-    exec(compile(source, "<minihop methods check>", "exec"), consts)
+    exec(_METHODS_CHECK, consts)
     check: Callable[[type], bool] = consts["check"]
     return check
 

@@ -62,13 +62,23 @@ def merge_checks(checks: list[Callable[[tuple[Any, ...]], bool]]) -> Callable[[t
     lines: list[str] = []
     consts: dict[str, Any] = {}
     for j, (body, names) in enumerate(parts):  # type: ignore[misc]
-        renamed = {n: f"{n}_{j}" for n in names}
-        consts.update((renamed[n], v) for n, v in names.items())
-        try:
-            lines += [_renamed(line, renamed) for line in body]
-        except (tokenize.TokenError, SyntaxError):  # (a line that is not whole on its own: not merged)
+        consts.update((f"{n}_{j}", v) for n, v in names.items())
+        renamed = _renamed_body(body, tuple(names), j)
+        if renamed is None:
             return None
+        lines += renamed
     return _generated(lines, consts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _renamed_body(body: tuple[str, ...], names: tuple[str, ...], j: int) -> tuple[str, ...] | None:
+    """``body`` with each of ``names`` renamed ``name_j`` (once per distinct body: the captures
+    of one Function write the same), or None for a line that is not whole on its own."""
+    renamed = {n: f"{n}_{j}" for n in names}
+    try:
+        return tuple(_renamed(line, renamed) for line in body)
+    except (tokenize.TokenError, SyntaxError):
+        return None
 
 
 def _renamed(line: str, names: dict[str, str]) -> str:

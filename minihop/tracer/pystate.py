@@ -317,17 +317,17 @@ class StateTracker:
             self.opaque.stop()
 
     def abort(self) -> None:
-        """After tracing, however it ended: Python state put back, first while the code watches
-        run (a trace's object dropped there runs its ``__del__``: watched), then with what it wrote."""
+        """After tracing, however it ended: state put back, first with the code watches on (a ``__del__`` run there is seen)."""
         if not self.finished:
             self.after_forward, self.forward_diff, self.forward_writes = None, [], None  # (forward's objects)
             self.stop(names_only=True)  # (what the put-back sees: the user's bindings, not stand-ins)
             heap.restore(self.before)
         self.stop()
         if not self.finished:
-            self.finished = True
+            self.finished, wrote = True, bool(self.opaque.undo)  # (unanalysed code ran, a ``__del__`` too)
             self.opaque.put_back()
-            heap.restore(self.before)
+            if wrote:
+                heap.restore(self.before)
             store_marks.unmark(self.marked)
             self.marked = []
 
