@@ -11,7 +11,7 @@ the place: backward's ``ctx.ref().v`` or ``ctx.cm["k"]`` reads what the caller l
 reads are keyed by the place model, one kept on ctx (directly, or in a list, tuple, dict or
 plain object on ctx) makes the capture refuse; ``fallback="eager"`` then runs the Function eagerly.
 
-Invariant: every ctx value of a type in ``UNKEYED`` (up to ``MAX_DEPTH`` containers down) is
+Invariant: every ctx value of a type in ``UNKEYED`` (down to ``death_code.MAX_DEPTH``, its one walk) is
 refused; nothing else is changed.
 """
 
@@ -23,8 +23,7 @@ from typing import Any
 
 from ..errors import SideEffectError
 from .hidden import fingerprint
-from ..library_state import own_dict
-from .library import is_library
+from .death_code import held_first
 
 __all__ = ["UNKEYED", "refuse_unkeyed_ctx_holders"]
 
@@ -33,35 +32,16 @@ __all__ = ["UNKEYED", "refuse_unkeyed_ctx_holders"]
 UNKEYED: tuple[type, ...] = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
                              weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet,
                              collections.ChainMap)
-MAX_DEPTH = 3
 
 
-def _unkeyed(value: Any, depth: int, seen: set[int]) -> str | None:
-    """The type name of the first unkeyed holder inside ``value``, or None."""
+def _unkeyed(value: Any) -> str | None:
+    """The type name of ``value`` where it is an unkeyed holder, or None."""
     if issubclass(type(value), UNKEYED):  # (isinstance on a proxy is its referent's: test the type)
-        return type(value).__name__
-    if type(value) in UNKEYED:
         return type(value).__name__
     if not issubclass(type(value), (list, tuple, dict)) and fingerprint(value) is not None:
         # An iterator, a generator, a random generator: each backward (a second one with
         # retain_graph=True) takes the next value; the trace took one, once.
         return type(value).__name__
-    if depth >= MAX_DEPTH or id(value) in seen:
-        return None
-    seen.add(id(value))
-    if issubclass(type(value), dict):
-        items = list(value.values())
-    elif issubclass(type(value), (list, tuple, collections.deque)):
-        items = list(value)
-    elif not is_library(type(value)) and own_dict(value) is not None and not issubclass(type(value), type):
-        # (the user's own object; a library object's internals, a module's hooks, are its own)
-        items = [v for k, v in own_dict(value).items() if not k.startswith("_minihop")]
-    else:
-        return None
-    for item in items:
-        found = _unkeyed(item, depth + 1, seen)
-        if found:
-            return found
     return None
 
 
@@ -71,7 +51,7 @@ def refuse_unkeyed_ctx_holders(name: str, ctx: Any) -> None:
     for key, value in vars(ctx).items():
         if key.startswith("_minihop"):
             continue
-        found = _unkeyed(value, 1, seen)
+        found = held_first(value, _unkeyed, seen)
         if found:
             raise SideEffectError(
                 f"{name}.forward keeps a {found} on ctx.{key}.",

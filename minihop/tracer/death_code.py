@@ -16,14 +16,15 @@ library's bookkeeping only where it is a Python function of a library module (a
 ``WeakKeyDictionary``'s own ``remove``); a builtin method (``log.append``), a callable object or
 a user function is the user's.
 
-Invariant: every tensor value of the graph and every value ctx keeps (up to ``MAX_DEPTH``
-containers and user objects down) that existed only since the trace began is asked, by its
+Invariant: every tensor value of the graph and every value ctx keeps (down to
+``MAX_DEPTH``, ``held_first``: the one walk of what ctx keeps) that existed only since the trace began is asked, by its
 type's MRO and ``gc.get_referents`` of its weak references, never by running its code.
 """
 
 from __future__ import annotations
 
 import functools
+import collections
 import gc
 import types
 import weakref
@@ -34,11 +35,12 @@ import torch
 
 from ..errors import SideEffectError
 from ..library_state import own_dict
+from ..user_code import plain_items
 from .library import is_library
 
-__all__ = ["applied_death_code", "local_callbacks", "refuse_death_code", "refuse_local_death_code"]
+MAX_DEPTH = 3  # (how far below ctx a held value is looked for: here and in ``ctx_held``)
 
-MAX_DEPTH = 3
+__all__ = ["MAX_DEPTH", "applied_death_code", "held_first", "local_callbacks", "refuse_death_code", "refuse_local_death_code"]
 
 
 def refuse_death_code(name: str, phase: str, values: Iterable[Any], ctx: Any, returned: Any = None,
@@ -56,7 +58,7 @@ def refuse_death_code(name: str, phase: str, values: Iterable[Any], ctx: Any, re
     if returned is not None:  # (a capture rebuilds its result from the trace's, which it keeps)
         kept.append(("it returns", returned, "when the caller drops it"))
     for where, value, when in kept:
-        found = _kept(value, 1, seen, existed)
+        found = _kept(value, seen, existed)
         if found is not None:
             raise refusal(name, phase, f"{where} an object with {found}", when)
 
@@ -83,7 +85,7 @@ def applied_death_code(name: str, result: Any) -> SideEffectError | None:
     for t in result if issubclass(type(result), (tuple, list)) else (result,):
         node = t.grad_fn if issubclass(type(t), torch.Tensor) else None
         for key, value in (own_dict(node) or {}).items() if node is not None else ():
-            found = _kept(value, 1, seen, lambda value: False)
+            found = _kept(value, seen, lambda value: False)
             if found is not None:
                 return refusal(name, "forward", f"ctx.{key} keeps an object with {found}",
                                "when the graph its output is part of is freed")
@@ -97,31 +99,41 @@ def refuse_local_death_code(name: str, phase: str, found: str | None) -> None:
                       "when the frame's locals are cleared as it returns")
 
 
-def _kept(value: Any, depth: int, seen: set[int], existed: Callable[[Any], bool]) -> str | None:
-    """The death code of ``value`` or of what it holds (made by the trace), or None."""
-    if id(value) in seen or depth > MAX_DEPTH:
+def held_first(value: Any, test: Callable[[Any], str | None], seen: set[int], depth: int = 1,
+               skip: Callable[[Any], bool] = lambda value: False) -> str | None:
+    """``test``'s first answer (not None) for ``value`` or for what it holds: a dict's values, a
+    list's, tuple's or deque's items, a user object's attributes, down to ``MAX_DEPTH``; a value
+    ``skip`` names is neither tested nor entered. (The one walk of what ctx keeps: for code
+    run at an object's death here, for an unkeyed holder in ``ctx_held``.)"""
+    if id(value) in seen or skip(value):
         return None
     seen.add(id(value))
-    if not issubclass(type(value), torch.Tensor) and existed(value):
-        return None  # (the caller's object: it dies when the caller drops it, as in eager)
-    found = _death_code(value)
-    if found is not None:
+    found = test(value)
+    if found is not None or depth >= MAX_DEPTH:
         return found
     cls = type(value)
     if issubclass(cls, dict):
-        items: list[Any] = list(dict.values(value))
-    elif issubclass(cls, (list, tuple)):
-        items = list(value)
-    elif not issubclass(cls, (torch.Tensor, type, types.ModuleType)) and not is_library(cls):
-        own = own_dict(value)
-        items = list(own.values()) if own is not None else []
+        items: list[Any] = list(dict.values(value))  # (past a subclass's own ``values``)
+    elif issubclass(cls, (list, tuple, collections.deque)):
+        items = list(plain_items(value))
+    elif not issubclass(cls, (torch.Tensor, type, types.ModuleType)) and not is_library(cls) \
+            and own_dict(value) is not None:
+        # (the user's own object; a library object's internals, a module's hooks, are its own)
+        items = [v for k, v in own_dict(value).items() if not k.startswith("_minihop")]
     else:
         items = []
     for item in items:
-        found = _kept(item, depth + 1, seen, existed)
+        found = held_first(item, test, seen, depth + 1, skip)
         if found is not None:
             return found
     return None
+
+
+def _kept(value: Any, seen: set[int], existed: Callable[[Any], bool]) -> str | None:
+    """The death code of ``value`` or of what it holds (made by the trace: the caller's own
+    objects die when the caller drops them, as in eager), or None."""
+    return held_first(value, _death_code, seen,
+                      skip=lambda v: not issubclass(type(v), torch.Tensor) and existed(v))
 
 
 def _death_code(value: Any) -> str | None:
