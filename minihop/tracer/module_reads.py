@@ -164,9 +164,8 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
         except Exception:
             owner = None
         if issubclass(type(owner), types.ModuleType) and not is_user_module(owner):
-            name = place_at(root, owner_steps).description
-            counter = steps[-1][1] if chain.use == "increment" and steps and steps[-1][0] == "attr" else None
-            return ThroughLibrary(Root("value", LIBRARY_MODULE, name, lambda args, m=owner: m), owner, counter=counter)
+            name = place_at(root, owner_steps).description  # (an increment there is refused too: no counter)
+            return ThroughLibrary(Root("value", LIBRARY_MODULE, name, lambda args, m=owner: m), owner)
     held = walk(value, steps) if steps and all(kind == "attr" for kind, _ in steps) else None
     if issubclass(type(held), (list, dict, set)) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)):
         # A plain container a library module holds (``sys.argv.append(s)``): the heap watch's,
