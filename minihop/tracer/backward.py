@@ -193,6 +193,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         state.standing = not t.dynamic_fakes
         state.opaque.again = True
         t.unrouted = state.opaque.reasons
+        t.backward_reads.outside = state.outside_tensors  # (held before the trace: never fresh)
         state.start()
         if t.eager_fallback and state.messages is not None:
             state.messages.passing = False  # a message refuses the trace: eager's backward sends it

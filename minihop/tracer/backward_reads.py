@@ -27,6 +27,7 @@ from ..errors import SideEffectError, UnsupportedOperationError
 from ..spec import InputSource, arg_place
 from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
+from .refusals import unrouted_read
 from .routes import closure_routes
 
 __all__ = ["BackwardReads", "argument_tensors_on_ctx", "forward_values_on_ctx"]
@@ -58,12 +59,16 @@ class BackwardReads:
         # Forward's tensors of a size read from data (no hint: no stand-in can be made) in a
         # global's container: backward using one is refused (``check_unbacked_memos``).
         self.unbacked_memos: list[torch.Tensor] = []
+        # Weak references to the tensors the heap walk reached outside the arguments before
+        # the trace (``pystate.StateTracker.outside_tensors``).
+        self.outside: tuple[Any, ...] = ()
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
         (one replaced since forward, say) are found at their paths as they are now."""
         self.again = True
         self.paths.clear()
+        self.fakes.clear()  # (the capture's, made where it passed every route on: ``pass_all``)
         for i, a in enumerate(call_args):
             if issubclass(type(a), torch.nn.Module):
                 for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
@@ -195,8 +200,13 @@ class BackwardReads:
                 route = start[1] if start is not None and start[0] is real else None
                 if route is None and stood is not None:
                     raise self.unreachable_memo()
+                if route is None and any(held() is real for held in self.outside):
+                    # The heap walk reached it outside the arguments before the trace (a
+                    # global's, deeper than a route goes, or where no route is walked): eager's
+                    # backward reads it there when it runs, and nothing here can read it again.
+                    raise unrouted_read(self.t.parts.name, getattr(self.t.closure_routes, "cut", False))
                 if route is None:
-                    return None
+                    return None  # (made while traced: a constant of backward's own code)
             name, place = route
             if stood is not None and _symbolic(stood[1]):
                 raise self.symbolic_memo(place.description)
@@ -211,6 +221,12 @@ class BackwardReads:
         # One source per place (two places' names may coincide: ``D["a b"]``, ``D["a_b"]``).
         where = ("arg", path) if path is not None else (place.root.kind, place.root.key, place.steps)
         known = self.by_route.get(where)
+        while self.again and known is not None and place is not None and known[0].place is not None \
+                and not _leads_to(known[0].place, real):
+            # The same steps, read otherwise now (a list's position whose length changed since:
+            # the captured route reads nothing there): this variant's own place, fetched anew.
+            where = (*where, "moved")
+            known = self.by_route.get(where)
         if self.again and known is not None and self.t.fwd.node_of.get(id(known[1])) is None:
             raise self.unknown(name)  # forward passed on only the places the first backward read
         if known is None:
@@ -322,7 +338,7 @@ def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
     copies: dict[int, tuple[Any, Any, Path]] = {}  # id(forward's copy) -> (copy, caller's, path)
     for i, (fake, real) in enumerate(zip(fake_args, real_args)):
         if not issubclass(type(fake), (torch.Tensor, torch.nn.Module)):
-            _index(fake, real, (("arg", i),), copies, 0)
+            _index(fake, real, (("arg", i),), copies)
     undo: list[tuple[Any, tuple[str, Any], Any, Any]] = []
     done: set[int] = set()
     for name, value in vars(ctx).items():
@@ -339,10 +355,6 @@ def argument_tensors_on_ctx(t: Any, ctx: Any, fake_args: tuple[Any, ...],
         for owner, step, old, new in reversed(undo):
             if _child(owner, step) is new:  # backward did not rebind it
                 _put(owner, step, old)
-
-
-# How deep into an argument's containers a tensor is read anew by backward (cycles stop there).
-_ARG_DEPTH = 4
 
 
 def _children(value: Any) -> list[tuple[tuple[str, Any], Any]]:
@@ -365,15 +377,16 @@ def _put(owner: Any, step: tuple[str, Any], value: Any) -> None:
         owner[key] = value
 
 
-def _index(fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, Path]], depth: int) -> None:
+def _index(fake: Any, real: Any, path: Path, copies: dict[int, tuple[Any, Any, Path]]) -> None:
     """Record forward's copies of the caller's containers and objects (``replace_tensors``
     copied exactly those that hold a tensor) with their paths."""
-    if fake is real or id(fake) in copies or depth > _ARG_DEPTH or issubclass(type(fake), torch.Tensor):
+    # (as deep as ``replace_tensors`` made copies, which is as deep as tensors lie: cycles stop)
+    if fake is real or id(fake) in copies or issubclass(type(fake), torch.Tensor):
         return
     copies[id(fake)] = (fake, real, path)
     for step, child in _children(fake):
         if not issubclass(type(child), torch.Tensor):
-            _index(child, _child(real, step), path + (step,), copies, depth + 1)
+            _index(child, _child(real, step), path + (step,), copies)
 
 
 def _swap(t: Any, fake: Any, real: Any, path: Path, real_args: tuple[Any, ...], copies: dict[int, tuple[Any, Any, Path]],

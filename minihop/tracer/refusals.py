@@ -27,7 +27,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from ..errors import DataDependentError, MinihopError, UnsupportedOperationError
 from .frames import TORCH_DIR
 
-__all__ = ["FAKE_ONLY_DATA", "fake_data_missing", "refusal_for"]
+__all__ = ["FAKE_ONLY_DATA", "fake_data_missing", "refusal_for", "unrouted_read"]
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
                    GuardOnDataDependentSymNode)
@@ -132,3 +132,16 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
         "call with ops that work on fake tensors.",
         where=where)
 
+
+def unrouted_read(function: str, cut: bool) -> MinihopError:
+    """Backward reads a tensor held outside its arguments that no route reaches (``cut``: the
+    walk from its globals and closure cells stopped short)."""
+    return UnsupportedOperationError(
+        f"{function}.backward reads a tensor held outside its arguments that minihop cannot find "
+        "again when backward runs" + (" (the walk from its globals and closure cells stopped: too "
+                                      "deep or too many containers)." if cut else
+                                      " (reached through an object minihop does not walk)."),
+        "Eager's backward reads it when it runs: replacing it between forward and .backward() "
+        "changes what backward computes, and a capture could only use the tensor forward saw.",
+        "Save it in forward (ctx.save_for_backward) or pass it as an argument, or run the "
+        "Function eagerly with minihop.function(F, fallback='eager').")

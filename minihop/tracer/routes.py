@@ -14,8 +14,10 @@ makes its capture single-use).
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
+import itertools
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -27,24 +29,25 @@ from ..spec import Place, Root
 from ..graph_names import free_value_root, held_name, parameter_name, tensor_name
 from ..structure import attributes
 from ..library_state import own_dict
+from ..user_code import library_base, plain_items, plain_pairs
 from .chains import code_facts
 from .names import free_values
 from .library import is_library, is_user_module, module_data
 
-__all__ = ["closure_routes", "state_named"]
+__all__ = ["RouteMap", "closure_routes", "merged", "state_named"]
 
 
 Route = tuple[str, Place]
 
 
-def closure_routes(fn: Any) -> dict[int, Route]:
+def closure_routes(fn: Any) -> RouteMap:
     """id(tensor) -> (input name, its place), for tensors forward/backward reach
     through closure cells, globals, or the parameters and buffers of a module held there.
 
     Fetching anew on every call is what eager does: rebinding the name or replacing the
     parameter takes effect at the next call.
     """
-    routes: dict[int, Route] = {}
+    routes = RouteMap()
     seen: set[int] = set()
     # (a method that is a partial or a callable object: the functions it runs, ``_helpers_of``)
     starts = [fn] if getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None) is not None else _helpers_of(fn)
@@ -52,7 +55,9 @@ def closure_routes(fn: Any) -> dict[int, Route]:
     tails = _list_tails(reached)
     for kind, name, value, fetch, _code in reached:
         root = Root("cell" if kind == "closure" else "global", name, name, lambda args, f=fetch: f())
-        _add_routes(routes, value, free_value_root(kind, name), fetch, root, (), tails=tails.get(id(value), {}))
+        walk = _Walk()
+        _add_routes(routes, value, free_value_root(kind, name), fetch, root, (), tails=tails.get(id(value), {}), walk=walk)
+        routes.cut = routes.cut or walk.cut
     return routes
 
 
@@ -162,11 +167,14 @@ def _helpers_of(value: Any) -> list[Any]:
 
 def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callable[[], Any],
                 root: Root, steps: tuple[tuple[str, Any], ...], depth: int = 0,
-                tails: dict[tuple[tuple[str, Any], ...], int] | None = None) -> None:
+                tails: dict[tuple[tuple[str, Any], ...], int] | None = None,
+                walk: _Walk | None = None) -> None:
     """Routes to a closed-over tensor, to a closed-over module's parameters and buffers, and
-    to tensors held in closed-over lists, tuples, dicts and the user's objects (``TS[0]``,
-    ``D["w"]``, ``H.w``): replacing one there takes effect at the next call, as in eager.
-    ``tails``: the lists below ``value`` that the code reads at one negative index only."""
+    to tensors held in closed-over lists, tuples, deques, dicts and the user's objects
+    (``TS[0]``, ``D["w"]``, ``H.cfg.layers[2].w``): replacing one there takes effect at the
+    next call, as in eager. ``tails``: the lists below ``value`` that the code reads at one
+    negative index only. ``walk``: the containers visited so far (cycles are cut there)."""
+    walk = walk if walk is not None else _Walk()
     if issubclass(type(value), torch.Tensor):
         # The reader is the route's own fetch: it keeps a list's length check (see below).
         routes.setdefault(id(value), (tensor_name(prefix), Place(root, steps, lambda args, f=fetch: f())))
@@ -175,33 +183,66 @@ def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callab
             place = Place(root, (*steps, *(("attr", part) for part in pname.split("."))),
                           lambda args, f=fetch, p=pname: _module_tensor(f(), p))
             routes.setdefault(id(tensor), (parameter_name(prefix, pname), place))
-    elif depth < _ROUTE_DEPTH and len(routes) < _MAX_ROUTES:
+    elif id(value) not in walk.seen:
+        held = _held(value)
+        if not held:
+            return
+        if depth >= _ROUTE_DEPTH or len(walk.seen) >= _MAX_VISITS or len(routes) >= _MAX_ROUTES:
+            walk.cut = True  # (what is below is not reached: ``RouteMap.cut``)
+            return
+        walk.seen.add(id(value))
         tail = (tails or {}).get(steps)
-        if issubclass(type(value), list) and tail is not None and -len(value) <= tail:
+        if issubclass(type(value), (list, collections.deque)) and tail is not None and -len(value) <= tail:
             # ``HIST[-1]``: whatever the list's length, first (the item's other route is its position)
             step = ("item", tail)
             _add_routes(routes, value[tail], held_name(prefix, tail), lambda f=fetch, s=step: _step(f(), s),
-                        root, (*steps, step), depth + 1, tails)
-        for step, child in _held(value):
-            if issubclass(type(child), (torch.Tensor, torch.nn.Module, list, tuple, dict)) or _is_user_object(child):
+                        root, (*steps, step), depth + 1, tails, walk)
+        for step, child in held:
+            if issubclass(type(child), (torch.Tensor, torch.nn.Module)) or _held(child):
                 # A list's position means what the code read (``ws[-1]``, ``ws[i]``) only while
                 # the list keeps its length: a longer list's last item is another position.
-                n = len(value) if issubclass(type(value), list) else None
+                n = len(value) if issubclass(type(value), (list, collections.deque)) else None
                 _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1, tails)
+                            lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1,
+                            tails, walk)
 
 
-# How deep and how many tensors the routes into containers and objects go (cycles stop there).
-_ROUTE_DEPTH = 3
+class RouteMap(dict[int, Route]):
+    """``closure_routes``'s answer; ``cut``: the walk stopped somewhere (too deep, too many
+    containers or tensors), so a tensor the code reaches may have no route though a global or
+    cell holds it (backward refuses to read such a one: ``BackwardReads.lift``)."""
+
+    cut = False
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.cut = False
+
+
+def merged(*maps: RouteMap) -> RouteMap:
+    """The routes of several maps (the first's win where both reach a tensor)."""
+    out = RouteMap()
+    for m in reversed(maps):
+        out.update(m)
+        out.cut = out.cut or getattr(m, "cut", False)
+    return out
+
+
+# How deep, how many containers and how many tensors the routes into containers and objects go.
+_ROUTE_DEPTH = 12
+_MAX_VISITS = 4096
 _MAX_ROUTES = 256
 
 
 def _held(value: Any) -> list[tuple[tuple[str, Any], Any]]:
     """The (step, value) pairs a container or a user's object holds."""
-    if issubclass(type(value), (list, tuple)):
-        return [(("item", i), v) for i, v in enumerate(value[:_MAX_ROUTES])]
+    # (read past a subclass's own methods: a ``__len__`` or ``items`` of the user's would run)
+    if issubclass(type(value), (list, tuple, collections.deque)):
+        return [(("item", i), v) for i, v in enumerate(itertools.islice(plain_items(value), _MAX_ROUTES))]
     if issubclass(type(value), dict):
-        return [(("item", k), v) for k, v in list(value.items())[:_MAX_ROUTES] if _routable_key(k)]
+        return [(("item", k), v) for k, v in itertools.islice(plain_pairs(value), _MAX_ROUTES) if _routable_key(k)]
     if _is_user_object(value):
         return [(("attr", k), v) for k, v in attributes(value).items()]
     if issubclass(type(value), type) and not is_library(value):  # ``F.W``: a tensor class attribute
@@ -236,10 +277,11 @@ def _step(owner: Any, step: tuple[str, Any], length: int | None = None) -> Any:
     """``owner[key]`` or ``owner.name`` now; None where it is gone, or where a list no longer
     has its ``length`` (the live check sees it)."""
     kind, key = step
-    if length is not None and (not issubclass(type(owner), list) or len(owner) != length):
+    base = library_base(type(owner)) if issubclass(type(owner), (list, tuple, dict, collections.deque)) else None
+    if length is not None and (base not in (list, collections.deque) or base.__len__(owner) != length):
         return None
-    try:
-        return owner[key] if kind == "item" else getattr(owner, key)
+    try:  # (past a subclass's own ``__getitem__``, as the walk read it)
+        return (base.__getitem__(owner, key) if base is not None else owner[key]) if kind == "item" else getattr(owner, key)
     except (LookupError, AttributeError, TypeError):
         return None
 

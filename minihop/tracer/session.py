@@ -48,7 +48,7 @@ from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
 from .special_calls import NOT_SPECIAL
 from .refusals import refusal_for
-from .routes import closure_routes
+from .routes import closure_routes, merged
 from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
 from .shape_guards import ArgSource
 from .unbacked import Plan, UnbackedValues
@@ -112,10 +112,10 @@ class Tracing:
         # Forward's in-place writes into inputs, in op order: (node, fake input written).
         self.input_writes: list[tuple[fx.Node, torch.Tensor]] = []
         self.real_to_fake: dict[int, torch.Tensor] = {}
-        self.closure_routes = {**closure_routes(parts.backward), **closure_routes(parts.forward)}
+        self.closure_routes = merged(closure_routes(parts.forward), closure_routes(parts.backward))
         # backward's own routes first: the place its code reads (``HIST[-1]``, not ``HIST[0]``)
-        self.backward_reads = BackwardReads(self, lambda: {**closure_routes(parts.forward),
-                                                           **closure_routes(parts.backward)})
+        self.backward_reads = BackwardReads(self, lambda: merged(closure_routes(parts.backward),
+                                                                 closure_routes(parts.forward)))
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)

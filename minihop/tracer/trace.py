@@ -161,6 +161,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     state = StateTracker(parts, fake_args, fn_cls, real_args=args)
     state.on_symbolic = t.unbacked.escape
     t.unrouted = state.opaque.reasons
+    t.backward_reads.outside = state.outside_tensors  # (held before the trace: never fresh)
     state.start()
     try:
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
