@@ -95,7 +95,17 @@ def _tangent_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
                for t in torch.utils._pytree.tree_leaves((args, kwargs)))
 
 
+def _jvp_transform() -> bool:
+    """Whether a functorch forward-mode transform is active (``torch.func.jvp``, ``jacfwd``,
+    ``hessian``): under it a call's tangents are functorch's, which ``unpack_dual`` does not
+    show (``jvp(grad(f))``: the tensors the Function gets are the grad level's)."""
+    return any(i.key() == _JVP for i in _functorch.get_interpreter_stack() or ())
+
+
 _modes_active = (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack)
+_transforms_active = torch._C._are_functorch_transforms_active
+_functorch = torch._C._functorch
+_JVP = _functorch.TransformType.Jvp
 
 
 def _slot(i: int, value: Any) -> tuple[int, Any] | None:
@@ -185,7 +195,7 @@ class CapturedFunction:
         forward filled, which a capture does not trace. Refused (fallback: eager's)."""
         return self._refused_call("forward ad", args, kwargs, UnsupportedOperationError(
             f"{self.fn_cls.__qualname__} was called with a dual tensor (forward-mode AD: "
-            "torch.autograd.forward_ad.make_dual, or torch.func.jvp).",
+            "torch.autograd.forward_ad.make_dual, or torch.func.jvp, jacfwd, hessian).",
             "Eager runs the Function's jvp for the tangents; minihop captures forward and "
             "backward only, so its capture has no jvp to run.",
             "Call F.apply for forward-mode AD, or use minihop.function(F, fallback=\"eager\")."))
@@ -207,7 +217,7 @@ class CapturedFunction:
     __call__ = apply
 
     def _apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _fw_ad._current_level >= 0 and _tangent_in(args, kwargs):
+        if _fw_ad._current_level >= 0 and _tangent_in(args, kwargs) or _transforms_active() and _jvp_transform():
             return self._forward_ad(args, kwargs)
         if (_modes_active[0]() or _modes_active[1]()) and not tracing():
             modes = observing_modes()
