@@ -78,8 +78,14 @@ class MessageWatch:
 
     _METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
 
-    def __init__(self, is_user: Callable[[Any], bool], passing: bool = False) -> None:
+    def __init__(self, is_user: Callable[[Any], bool], passing: bool = False, modules: Any = ()) -> None:
         self.calls: list[tuple[str, str | None]] = []
+        # What ``warnings`` noted as given, in the user's modules and process-wide: a trace
+        # that runs a warning (a C++ one under an "ignore" filter torch sets while tracing,
+        # one held back) notes it there too, and eager's real run would then not give it. Put
+        # back when the watch stops (but for a trace that stands for its call: ``passing``).
+        self.registries = [(r, dict(r)) for r in {id(r): r for r in (
+            *(g.setdefault("__warningregistry__", {}) for g in modules), warnings.onceregistry)}.values()]
         # A backward traced again for one call (``StateTracker.standing``): its messages are
         # that call's, sent as the user's code gives them (``sent``), and the trace serves
         # that call only.
@@ -238,6 +244,10 @@ class MessageWatch:
 
     def stop(self) -> None:
         self.publish()
+        for registry, before in self.registries if not self.passing else ():
+            registry.clear()
+            registry.update(before)
+        self.registries = []
         if getattr(_WATCH, "now", None) is self:
             _WATCH.now = None
         for home, name, real in reversed(self.saved):

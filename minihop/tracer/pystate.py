@@ -298,14 +298,14 @@ class StateTracker:
         self.watch = messages.PrintWatch()
         builtins.print = self.watch
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
-        self.opaque.start(codes, self.args, {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed
-                                             if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}, self.library,
+        spaces = {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}
+        self.opaque.start(codes, self.args, spaces, self.library,
                           {fn.__code__ for phase, fn, _, _ in self.analysed if phase == "backward" and hasattr(fn, "__code__")})
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)
         self.hidden_reads.existed = self.existed_before  # (a cached helper's global: the heap watch's)
-        self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing)
+        self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing, modules=spaces.values())
 
     def stop(self, names_only: bool = False) -> None:
         """The names the watches swapped (``print``...) the user's again; then the code watches."""
