@@ -35,8 +35,8 @@ from ..spec import MISSING, Place, Root, StateWrite
 from ..library_state import library_module
 from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
+from .cache_entries import NOT_FETCHED, cached_entry, stale_cache_check
 from .effects import held
-from .routes import state_named
 
 __all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "refusal", "restore", "setter", "taking",
            "watched"]
@@ -225,6 +225,7 @@ class ReadWatch:
         self.cache_results: list[tuple[list[torch.Tensor], list[int], str, str]] = []
         self.cache_objects: list[tuple[Any, Any, str, str]] = []  # (the object, what it held, ...)
         self.existed: Callable[[Any], bool] = lambda value: False  # (pystate's: state forward found)
+        self.unknown: Callable[[str, str], None] = lambda phase, why: None  # (pystate's: single-use)
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -250,6 +251,10 @@ class ReadWatch:
                 result = unwrapped(*args, **kwargs)
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
                     stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")
+                    if cached_entry(fn, args, kwargs, result, what, where) is not NOT_FETCHED:
+                        self.cache_calls.pop()  # (the call eager makes, made: not made again)
+                        self.unknown(self.phase, f"{self.phase} reads an object {what} (an lru_cache helper) returned, "
+                                     f"which any code may change in place ({where})")
                     returned = [t for t in (result if issubclass(type(result), (tuple, list)) else (result,))
                                 if issubclass(type(t), torch.Tensor)]
                     self.cache_results.append((returned, [t._version for t in returned], what, where))
@@ -425,24 +430,3 @@ def _set_global_state(kind: str, state: Any) -> None:
     generator = random._inst if kind == "random" else sys.modules["numpy.random.mtrand"]._rand \
         if kind == "numpy" else torch.random.default_generator  # type: ignore[attr-defined]
     (generator.setstate if kind == "random" else generator.set_state)(state)
-
-
-def stale_cache_check(fn: Any, what: str, where: str, result: str = "tensor") -> None:
-    """An lru_cache helper returned a ``result`` (a tensor, or a value: a number, a tuple...): the capture
-    computes it (the graphs, or a constant in them), where eager gets what its cache holds,
-    computed when that entry was made. Equal only if it is a function of its arguments alone;
-    one that reads state outside them (a global tensor, a number, an object, a class) is
-    refused, since its cache may hold a value computed from that state as it was."""
-    read = state_named(fn.__wrapped__)
-    if read is not None:
-        raise SideEffectError(
-            f"{what} (an lru_cache helper) returned a {result} computed from {read}, which is "
-            "not one of its arguments.",
-            f"Eager gets the {result} its cache holds, computed from "
-            f"{read} as it was when that entry was made; a capture computes it again from "
-            f"{read} as it is now, and the two differ once {read} changes (its cache is not "
-            "keyed by it).",
-            f"Pass {read} to the cached function as an argument, compute the {result} outside "
-            "the Function and pass it in, or run it eagerly with minihop.function(F, "
-            "fallback='eager').",
-            where=where)

@@ -304,7 +304,7 @@ class StateTracker:
         self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
                                              lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)
-        self.hidden_reads.existed = self.existed_before  # (a cached helper's global: the heap watch's)
+        self.hidden_reads.existed, self.hidden_reads.unknown = self.existed_before, self.opaque.unknown  # (the heap watch's)
         self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing, modules=spaces.values())
 
     def stop(self, names_only: bool = False) -> None:
