@@ -151,12 +151,24 @@ def refuse_hidden_tensors(parts: FunctionParts, values: tuple[Any, ...], what: s
 
 
 def check_returned(t: Tracing, parts: FunctionParts, flat: list[torch.Tensor], top: list[bool],
-                   dirty: Any, where: str | None) -> None:
+                   dirty: Any, where: str | None, arg_ids: set[int]) -> None:
     """Refuse what forward returned that eager's autograd would treat otherwise: a tensor it
-    reached outside its arguments (lifted), returned as is; an input marked dirty but not
-    returned (eager raises)."""
+    reached outside its arguments (lifted) or never passed to an op (a global returned as
+    is), returned as is; an input marked dirty but not returned (eager raises)."""
     for v, is_top in zip(flat, top, strict=True):
         source = t.sources.get(id(v))
+        if source is None and id(v) not in arg_ids and id(v) not in t.fwd.node_of:
+            # No op of the trace made it and no argument is it: a tensor held outside
+            # (``return y, BUF``), which eager returns itself (at the top level, made an
+            # output of the node in place).
+            raise UnsupportedOutputError(
+                f"{parts.name}.forward returns a tensor it neither made nor was given "
+                f"({_held_name(parts.forward, v)}){'' if is_top else ' inside a container'}.",
+                "Eager returns that very tensor (at the top level, it rewrites the tensor's own "
+                "autograd history in place: it becomes the output of the Function's node); a "
+                "capture returns tensors its graph makes, so it would return another one.",
+                "Return a copy of it (.clone()), or pass the tensor as a direct argument.",
+                where=where)
         if is_top and source is not None and source.lifted:
             raise UnsupportedOutputError(
                 f"{parts.name}.forward returns {source.description}, a tensor it reached "
@@ -174,3 +186,12 @@ def check_returned(t: Tracing, parts: FunctionParts, flat: list[torch.Tensor], t
             "Function's outputs, so it must be one.",
             "Return the modified input as one of forward's outputs.",
             where=where)
+
+
+def _held_name(forward: Any, value: Any) -> str:
+    """A name forward's module gives ``value`` (for the message), else what it is."""
+    fn = getattr(forward, "__func__", forward)
+    for name, held in getattr(fn, "__globals__", {}).items():
+        if held is value:
+            return f"the global {name}"
+    return "a tensor held outside the call"

@@ -24,10 +24,10 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from ..errors import DataDependentError, MinihopError, UnsupportedOperationError
+from ..errors import DataDependentError, MinihopError, UnsupportedArgumentError, UnsupportedOperationError
 from .frames import TORCH_DIR
 
-__all__ = ["FAKE_ONLY_DATA", "fake_data_missing", "refusal_for", "unrouted_read"]
+__all__ = ["FAKE_ONLY_DATA", "fake_data_missing", "refusal_for", "unrecorded_tensor", "unrouted_read"]
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
                    GuardOnDataDependentSymNode)
@@ -131,6 +131,25 @@ def refusal_for(error: BaseException, describe: str, op: Any | None,
         "Run this Function eagerly (minihop.function(F, fallback='eager')), or rewrite the "
         "call with ops that work on fake tensors.",
         where=where)
+
+
+def unrecorded_tensor(function: str, value: Any, fake_mode: Any, where: str | None) -> MinihopError:
+    """The refusal for a tensor the trace uses that no op it recorded made and no input is."""
+    if getattr(value, "fake_mode", None) is fake_mode:
+        # Made by this trace's fake mode, out of the recorder's sight: a torch call that skips
+        # torch function modes (``torch.range``, the legacy constructors ``torch.Tensor(4)``,
+        # ``torch.FloatTensor(n)``).
+        return UnsupportedOperationError(
+            f"{function} uses a tensor made by a torch call that minihop's recorder does not see.",
+            "A few torch calls skip torch function modes (torch.range, and the legacy "
+            "constructors torch.Tensor(n), torch.FloatTensor(...), torch.LongTensor(...)): the "
+            "tensor they make has no op in the graph, so the graph could not make it again.",
+            "Make it with torch.arange, torch.tensor(...) or torch.empty(...), or run the "
+            "Function eagerly with minihop.function(F, fallback='eager').", where=where)
+    return UnsupportedArgumentError(
+        f"{function} used a fake tensor that minihop did not create.",
+        "Fake tensors from another capture or FakeTensorMode cannot be mixed in.",
+        "Pass real tensors to minihop.capture.", where=where)
 
 
 def unrouted_read(function: str, cut: bool) -> MinihopError:

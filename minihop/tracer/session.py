@@ -47,7 +47,7 @@ from .op_args import version_of
 from .recompute import rng_state_recorded
 from .recorder import GraphRecorder, RecordingMode
 from .special_calls import NOT_SPECIAL
-from .refusals import refusal_for
+from .refusals import refusal_for, unrecorded_tensor
 from .routes import closure_routes, merged
 from .run_context import compiled_code_runs_eagerly, symbols_printed_as_values
 from .shape_guards import ArgSource
@@ -332,12 +332,7 @@ class Tracing:
     def _resolve_fwd(self, rec: GraphRecorder, value: torch.Tensor) -> fx.Node:
         source = self.sources.get(id(value))
         if source is None:
-            raise UnsupportedArgumentError(
-                f"{self._describe()} used a fake tensor that minihop did not create.",
-                "Fake tensors from another capture or FakeTensorMode cannot be mixed in.",
-                "Pass real tensors to minihop.capture.",
-                where=format_frame(user_frame()),
-            )
+            raise unrecorded_tensor(self._describe(), value, self.fake_mode, format_frame(user_frame()))
         for symbol in self.input_symbols.get(id(value), ()):
             rec.node_for_expr(symbol)  # Dynamo's order: a size symbol just before its tensor
         node = rec.placeholder(source.name, value)

@@ -228,16 +228,16 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     num_user_outputs = len(flat)
     outside_writes = hidden_outputs(t, outside.tensors, flat, top, fake_args)
     state.forward_done(rest)
-    fwd_outputs = t.fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     arg_ids = {id(v) for v in fake_args if issubclass(type(v), torch.Tensor)}
+    where = fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None
+    check_returned(t, parts, flat, top, record.dirty, where, arg_ids)
+    fwd_outputs = t.fwd_outputs = tuple(t.fwd.node_for(v) for v in flat)
     dirty_ids = {id(d) for d in record.dirty}
     aliased = tuple(is_top and id(v) in arg_ids and id(v) not in dirty_ids
                     for v, is_top in zip(flat, top, strict=True))
-    where = fwd_frame.stack_trace.strip() if fwd_frame.stack_trace else None
     nondiff_ids = {id(v) for v in record.non_differentiable}
     non_differentiable_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in nondiff_ids)
     dirty_idx = tuple(i for i, v in enumerate(flat) if top[i] and id(v) in dirty_ids)
-    check_returned(t, parts, flat, top, record.dirty, where)
 
     # Tensor arguments forward never touched still get an input, so gradients line up.
     for a in fake_args:
