@@ -133,7 +133,10 @@ ABOUT = {
         "`__class__` counts, passed in or in a global, and a global object whose `__class__` "
         "counts, the count read by the code; in round 18, a Python attribute of a global "
         "parameter, read with a default, by `hasattr`, through a list, off a global module's "
-        "`weight`, by a name chosen at run time), "
+        "`weight`, by a name chosen at run time; in round 19, a tensor four containers below a "
+        "global, one on objects in a list, a deque's last tensor, a list read at two positions "
+        "that grows at the front, a tensor seven lists deep in an argument, and a config dict a "
+        "`functools.cache` helper hands out), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

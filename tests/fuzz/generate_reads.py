@@ -124,7 +124,13 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # there on some calls), read with a default, by hasattr, through a list, off a global
            # module's weight, by a name chosen at run time.
            "param_attr_global", "param_hasattr_global", "param_attr_list_global", "weight_attr_global",
-           "param_attr_computed_global")
+           "param_attr_computed_global",
+           # Round 19: where a value lies farther than the analysis walked: a tensor four
+           # containers below a global, one on objects in a list, a deque's last tensor, a list
+           # read at two positions that grows at the front, a tensor seven lists deep in an
+           # argument, and a config dict a ``functools.cache`` helper hands out.
+           "deep_tensor_global", "object_list_tensor_global", "deque_tensor_global", "list_front_insert_global",
+           "nested_list_tensor_arg", "cached_config_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -554,6 +560,24 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
                 "weight_attr_global": "getattr(KLAYER.weight, 'lr_scale', 2.0)",
                 "param_attr_computed_global": "getattr(KPARAM, KPNAME[0], 2.0)"}[holder]
         return (setup, change, read, [], "")
+    if holder == "deep_tensor_global":
+        return (["KDT = {'a': {'b': {'c': [torch.ones(())]}}}"], ["KDT['a']['b']['c'][0] = torch.full((), v)"],
+                "KDT['a']['b']['c'][0]", [], "")
+    if holder == "object_list_tensor_global":
+        return (["KOL = types.SimpleNamespace(layers=[types.SimpleNamespace(sub=types.SimpleNamespace(w=torch.ones(())))"
+                 " for _ in range(3)])"], ["KOL.layers[2].sub.w = torch.full((), v)"], "KOL.layers[2].sub.w", [], "")
+    if holder == "deque_tensor_global":
+        return (["KDQ = collections.deque([torch.ones(())], maxlen=3)"], ["KDQ.append(torch.full((), v))"],
+                "KDQ[-1]", [], "")
+    if holder == "list_front_insert_global":
+        return (["KFRONT = [torch.ones(()), torch.ones(())]"], ["KFRONT.insert(0, torch.full((), v))"],
+                "(KFRONT[0] + 0.5 * KFRONT[-1])", [], "")
+    if holder == "nested_list_tensor_arg":
+        return (["KNEST = [[[[[[[torch.ones(())]]]]]]]"], ["KNEST[0][0][0][0][0][0][0] = torch.full((), v)"],
+                "knest[0][0][0][0][0][0][0]", ["KNEST"], "knest")
+    if holder == "cached_config_global":
+        return (["@functools.cache", "def kget_config():", "    return {'s': 2.0}", ""],
+                ["kget_config()['s'] = v"], "kget_config()['s']", [], "")
     if holder == "class_counted_global":
         return (["CCN = [0]", "", "", "class KCounted:", "    def __init__(self):", "        self.s = 2.0", "",
                  "    @property", "    def __class__(self):", "        CCN[0] += 1", "        return KCounted", "", "",
