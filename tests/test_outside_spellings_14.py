@@ -44,6 +44,12 @@ Differences from eager before this round:
   helper returns a mutable object without tensors, the cache's own entry is fetched now and
   compared (a difference is refused) and the capture is single-use
   (``tracer/cache_entries.py``);
+- an object with a ``__del__`` of the user's kept on ctx three or more containers down
+  (``ctx.held = {"k": {"k": {"k": Dying()}}}``), or returned five lists down: the walk of what
+  ctx keeps and forward returns stopped three levels down, so the capture's template kept it
+  alive (eager's dies with each call's graph) and a refused trace's one died after minihop put
+  the caller's state back (fallback counted one death more). The walk goes as deep as a budget
+  of 4,096 containers allows, and past it assumes nothing (``death_code.held_first``);
 - a tensor forward returns that it neither made nor was given (``return y, BUF``), and
   ``torch.range``/``torch.Tensor(n)`` (which skip torch function modes): refused with a message
   about fake tensors "from another capture" and "pass real tensors", which the user never
@@ -64,6 +70,7 @@ import abc
 import builtins
 import collections
 import functools
+import gc
 import sys
 import types
 import typing
@@ -374,6 +381,86 @@ def test_a_cached_config_dict_changed_before_the_first_call_is_refused():
     out = minihop.function(CachedConfig, fallback="eager")(x)
     torch.testing.assert_close(out, x.detach() * 5.0)
     get_config.cache_clear()
+
+
+class Dying:
+    """Counts its own deaths (code of the user's run when the object dies)."""
+
+    deaths: list[int] = []
+
+    def __del__(self):
+        Dying.deaths.append(1)
+
+
+def _deaths():
+    gc.collect()
+    return len(Dying.deaths)
+
+
+def _no_deaths():
+    gc.collect()
+    Dying.deaths.clear()
+
+
+def _keeps_deep(depth: int, as_objects: bool) -> type:
+    class KeepsDeep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            held = Dying()
+            for _ in range(depth):
+                if as_objects:
+                    box = Holder()
+                    box.inner = held
+                    held = box
+                else:
+                    held = {"k": held}
+            ctx.held = held
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    return KeepsDeep
+
+
+@pytest.mark.parametrize("depth,as_objects", [(3, False), (6, False), (6, True)])
+def test_an_object_with_death_code_kept_deep_on_ctx(depth, as_objects):
+    matches_eager(_keeps_deep(depth, as_objects), lambda i: (x_(i),), state=_deaths, reset=_no_deaths)
+
+
+class ReturnsDeep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        held = Dying()
+        for _ in range(5):
+            held = [held]
+        return x * 2, held
+
+    @staticmethod
+    def backward(ctx, g, gh):
+        return g * 2
+
+
+def test_an_object_with_death_code_returned_deep():
+    deaths = {}
+    for mode in ("eager", "strict", "fallback"):
+        _no_deaths()
+        call = caller(mode, ReturnsDeep)
+        seen = []
+        for i in range(3):
+            try:
+                y, held = call(x_(i))
+            except minihop.MinihopError:
+                assert mode == "strict"
+                seen.append("refused")
+                continue
+            del held
+            y.sum().backward()
+            del y
+            seen.append(_deaths())
+        deaths[mode] = seen
+    assert deaths["fallback"] == deaths["eager"], deaths
+    assert deaths["strict"] in (deaths["eager"], ["refused"] * 3), deaths
 
 
 # -- functorch's forward mode -------------------------------------------------------------------

@@ -11,7 +11,7 @@ the place: backward's ``ctx.ref().v`` or ``ctx.cm["k"]`` reads what the caller l
 reads are keyed by the place model, one kept on ctx (directly, or in a list, tuple, dict or
 plain object on ctx) makes the capture refuse; ``fallback="eager"`` then runs the Function eagerly.
 
-Invariant: every ctx value of a type in ``UNKEYED`` (down to ``death_code.MAX_DEPTH``, its one walk) is
+Invariant: every ctx value of a type in ``UNKEYED`` (however deep: ``death_code.held_first``, its one walk) is
 refused; nothing else is changed.
 """
 

@@ -16,8 +16,8 @@ library's bookkeeping only where it is a Python function of a library module (a
 ``WeakKeyDictionary``'s own ``remove``); a builtin method (``log.append``), a callable object or
 a user function is the user's.
 
-Invariant: every tensor value of the graph and every value ctx keeps (down to
-``MAX_DEPTH``, ``held_first``: the one walk of what ctx keeps) that existed only since the trace began is asked, by its
+Invariant: every tensor value of the graph and every value ctx keeps (however deep, within
+``MAX_HELD`` containers: ``held_first``, the one walk of what ctx keeps) that existed only since the trace began is asked, by its
 type's MRO and ``gc.get_referents`` of its weak references, never by running its code.
 """
 
@@ -38,9 +38,12 @@ from ..library_state import own_dict
 from ..user_code import plain_items
 from .library import is_library
 
-MAX_DEPTH = 3  # (how far below ctx a held value is looked for: here and in ``ctx_held``)
+# How many containers and objects below ctx a held value is looked for in (here and in
+# ``ctx_held``), however deep (cycles stop at a value met before); past it, nothing is assumed.
+MAX_HELD = 4096
+PAST_BUDGET = f"value too large to ask (more than {MAX_HELD} containers below it)"
 
-__all__ = ["MAX_DEPTH", "applied_death_code", "held_first", "local_callbacks", "refuse_death_code", "refuse_local_death_code"]
+__all__ = ["MAX_HELD", "applied_death_code", "held_first", "local_callbacks", "refuse_death_code", "refuse_local_death_code"]
 
 
 def refuse_death_code(name: str, phase: str, values: Iterable[Any], ctx: Any, returned: Any = None,
@@ -99,18 +102,20 @@ def refuse_local_death_code(name: str, phase: str, found: str | None) -> None:
                       "when the frame's locals are cleared as it returns")
 
 
-def held_first(value: Any, test: Callable[[Any], str | None], seen: set[int], depth: int = 1,
+def held_first(value: Any, test: Callable[[Any], str | None], seen: set[int], entered: list[int] | None = None,
                skip: Callable[[Any], bool] = lambda value: False) -> str | None:
     """``test``'s first answer (not None) for ``value`` or for what it holds: a dict's values, a
-    list's, tuple's or deque's items, a user object's attributes, down to ``MAX_DEPTH``; a value
-    ``skip`` names is neither tested nor entered. (The one walk of what ctx keeps: for code
-    run at an object's death here, for an unkeyed holder in ``ctx_held``.)"""
+    list's, tuple's or deque's items, a user object's attributes, however deep; a value ``skip``
+    names is neither tested nor entered; past ``MAX_HELD`` containers entered, ``PAST_BUDGET``
+    (unknown is unsafe). (The one walk of what ctx keeps: for code run at an object's death
+    here, for an unkeyed holder in ``ctx_held``.)"""
     if id(value) in seen or skip(value):
         return None
     seen.add(id(value))
     found = test(value)
-    if found is not None or depth >= MAX_DEPTH:
+    if found is not None:
         return found
+    entered = entered if entered is not None else [0]
     cls = type(value)
     if issubclass(cls, dict):
         items: list[Any] = list(dict.values(value))  # (past a subclass's own ``values``)
@@ -122,8 +127,12 @@ def held_first(value: Any, test: Callable[[Any], str | None], seen: set[int], de
         items = [v for k, v in own_dict(value).items() if not k.startswith("_minihop")]
     else:
         items = []
+    if items:
+        entered[0] += 1
+        if entered[0] > MAX_HELD:
+            return PAST_BUDGET
     for item in items:
-        found = held_first(item, test, seen, depth + 1, skip)
+        found = held_first(item, test, seen, entered, skip)
         if found is not None:
             return found
     return None
