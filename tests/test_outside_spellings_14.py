@@ -50,6 +50,11 @@ Differences from eager before this round:
   alive (eager's dies with each call's graph) and a refused trace's one died after minihop put
   the caller's state back (fallback counted one death more). The walk goes as deep as a budget
   of 4,096 containers allows, and past it assumes nothing (``death_code.held_first``);
+- an iterator seven or more lists deep in an argument, or three lists below the global
+  container a chain ends at (``next(innermost(ITERATORS["n"]))``): the walk that refuses
+  iterators before the trace stopped at six levels (two below a chain's end), so the trace took
+  a value from it that no refusal gives back (fallback's first call differed). The walk goes as
+  deep as a budget of 4,096 containers allows, past which it refuses (``iterators._find``);
 - a tensor forward returns that it neither made nor was given (``return y, BUF``), and
   ``torch.range``/``torch.Tensor(n)`` (which skip torch function modes): refused with a message
   about fake tensors "from another capture" and "pass real tensors", which the user never
@@ -71,6 +76,7 @@ import builtins
 import collections
 import functools
 import gc
+import itertools
 import sys
 import types
 import typing
@@ -461,6 +467,57 @@ def test_an_object_with_death_code_returned_deep():
         deaths[mode] = seen
     assert deaths["fallback"] == deaths["eager"], deaths
     assert deaths["strict"] in (deaths["eager"], ["refused"] * 3), deaths
+
+
+def _nested_iterator(depth: int):
+    held = itertools.count(1)
+    for _ in range(depth):
+        held = [held]
+    return held
+
+
+def _innermost_item(held):
+    while type(held) is list:
+        held = held[0]
+    return held
+
+
+class NextOfNestedArgument(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, nested):
+        return x * next(_innermost_item(nested))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+ITERATORS: dict = {}
+
+
+class NextOfNestedGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * next(_innermost_item(ITERATORS["n"]))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@pytest.mark.parametrize("depth", [3, 8, 20])
+def test_an_iterator_nested_deep_in_an_argument(depth):
+    holder = {}
+
+    def reset():
+        holder["n"] = _nested_iterator(depth)
+    reset()
+    matches_eager(NextOfNestedArgument, lambda i: (x_(i), holder["n"]), reset=reset)
+
+
+@pytest.mark.parametrize("depth", [3, 8])
+def test_an_iterator_nested_in_a_global_the_code_hands_to_a_helper(depth):
+    matches_eager(NextOfNestedGlobal, lambda i: (x_(i),), reset=lambda: ITERATORS.__setitem__("n", _nested_iterator(depth)))
 
 
 # -- functorch's forward mode -------------------------------------------------------------------

@@ -39,7 +39,10 @@ from .library import is_user_module, module_data
 
 __all__ = ["refuse_iterator_arguments", "refuse_iterator_read"]
 
-_DEPTH = 6
+# How many containers and objects the walk enters (however deep: cycles stop at one met before);
+# past it, it cannot say that no iterator is there, and refuses (unknown is unsafe).
+_MAX_ENTERED = 4096
+_PAST = object()
 
 
 def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tuple[str, ...] = ()) -> None:
@@ -47,7 +50,9 @@ def refuse_iterator_arguments(fn_name: str, args: tuple[Any, ...], argnames: tup
     seen: set[int] = set()
     for i, a in enumerate(args):
         name = argnames[i] if i < len(argnames) else f"args[{i}]"
-        found = _find(a, name, seen, 0)
+        found = _find(a, name, seen)
+        if found is not None and found[1] is _PAST:
+            raise _past_error(fn_name, f"is called with {found[0]}")
         if found is not None and not _iterator(found[1]):  # (else: unseen)
             raise _unseen_error(fn_name, f"is called with {found[0]}", found[1])
         if found is not None:
@@ -78,9 +83,20 @@ def refuse_iterator_read(fn_name: str, phase: str, place: str, value: Any) -> No
         # A container the code reads whole or by a computed key (``ITERATORS[name]``): which
         # item it takes from is known only as it runs, so any iterator in it counts (not one
         # a module it holds keeps: ``sys.modules[name]`` is single-use, opaque.Finder).
-        found = _find(value, place, set(), _DEPTH - 2, modules=False)
+        found = _find(value, place, set(), modules=False)
+        if found is not None and found[1] is _PAST:
+            raise _past_error(f"{fn_name}.{phase}", f"reads {place}")
         if found is not None:
             refuse_iterator_read(fn_name, phase, f"{found[0]}, in a container the code reads", found[1])
+
+
+def _past_error(fn_name: str, what: str) -> SideEffectError:
+    return SideEffectError(
+        f"{fn_name} {what}, which holds more than {_MAX_ENTERED} containers and objects.",
+        "Tracing runs the code once, and a value it takes from an iterator cannot be given back; "
+        "minihop cannot say that no iterator is among so many.",
+        "Pass what the Function uses rather than a structure this large, or use "
+        "fallback='eager'.")
 
 
 def _unseen_error(fn_name: str, what: str, value: Any) -> SideEffectError:
@@ -101,9 +117,11 @@ def _iterator(value: Any) -> bool:
     return fingerprint(value) is not None
 
 
-def _find(value: Any, name: str, seen: set[int], depth: int, modules: bool = True) -> tuple[str, Any] | None:
-    if issubclass(type(value), LEAVES) or id(value) in seen or depth > _DEPTH:
+def _find(value: Any, name: str, seen: set[int], modules: bool = True) -> tuple[str, Any] | None:
+    if issubclass(type(value), LEAVES) or id(value) in seen:
         return None
+    if len(seen) >= _MAX_ENTERED:
+        return name, _PAST
     seen.add(id(value))
     if issubclass(type(value), types.ModuleType):
         if not modules or not is_user_module(value):
@@ -125,7 +143,7 @@ def _find(value: Any, name: str, seen: set[int], depth: int, modules: bool = Tru
         except Exception:  # an object whose attributes cannot be listed: nothing to find
             return None
     for inner_name, v in items:
-        found = _find(v, inner_name, seen, depth + 1, modules)
+        found = _find(v, inner_name, seen, modules)
         if found is not None:
             return found
     return None
