@@ -55,6 +55,12 @@ Differences from eager before this round:
   iterators before the trace stopped at six levels (two below a chain's end), so the trace took
   a value from it that no refusal gives back (fallback's first call differed). The walk goes as
   deep as a budget of 4,096 containers allows, past which it refuses (``iterators._find``);
+- a helper six calls down writing into a ``SimpleNamespace`` log, then a refusal (a
+  ``print``): the analysis followed helpers three calls deep, and the call watch that keeps what
+  unanalysed code may write (so that a refused trace puts it back) kept two levels below a
+  global and no library holder's attributes, so fallback's eager run wrote the line a second
+  time. Helpers are analysed twelve calls deep (up to 512 functions, ``roots.analysed``), and the
+  call watch keeps eight levels down, a ``SimpleNamespace``'s attributes too;
 - a tensor forward returns that it neither made nor was given (``return y, BUF``), and
   ``torch.range``/``torch.Tensor(n)`` (which skip torch function modes): refused with a message
   about fake tensors "from another capture" and "pass real tensors", which the user never
@@ -518,6 +524,41 @@ def test_an_iterator_nested_deep_in_an_argument(depth):
 @pytest.mark.parametrize("depth", [3, 8])
 def test_an_iterator_nested_in_a_global_the_code_hands_to_a_helper(depth):
     matches_eager(NextOfNestedGlobal, lambda i: (x_(i),), reset=lambda: ITERATORS.__setitem__("n", _nested_iterator(depth)))
+
+
+WRITES = types.SimpleNamespace(a=types.SimpleNamespace(b=types.SimpleNamespace(c=types.SimpleNamespace(lines=[]))))
+
+
+def _helper_chain(length: int):
+    """``g0`` calling ``g1`` ... calling ``g{length}``, which appends to ``WRITES.a.b.c.lines``."""
+    space = {"WRITES": WRITES, "__name__": f"helper_chain_{length}"}
+    source = f"def g{length}(x):\n    WRITES.a.b.c.lines.append('deep')\n    return x * 2\n"
+    for k in range(length - 1, -1, -1):
+        source += f"def g{k}(x):\n    return g{k + 1}(x)\n"
+    exec(source, space)
+    return space["g0"]
+
+
+def _refused_after_a_deep_write(length: int) -> type:
+    helper = _helper_chain(length)
+
+    class WritesThenPrints(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = helper(x)
+            print("refused here: a message minihop does not repeat")
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+    return WritesThenPrints
+
+
+@pytest.mark.parametrize("length", [6, 16])
+def test_a_helper_far_down_the_calls_writes_before_a_refusal(length):
+    matches_eager(_refused_after_a_deep_write(length), lambda i: (x_(i),),
+                  state=lambda: list(WRITES.a.b.c.lines), reset=WRITES.a.b.c.lines.clear)
 
 
 # -- functorch's forward mode -------------------------------------------------------------------

@@ -154,7 +154,7 @@ class CallWatch:
         """``value``'s state (a container's items, a user object's attributes), and that of
         what it holds, ``_DEPTH`` levels down (``LOG.lines.append``: the list of an object the
         code names): undone in reverse, so the innermost first."""
-        if id(value) in self.kept or depth > _DEPTH:
+        if id(value) in self.kept or depth > _DEPTH or len(self.kept) > _MAX_KEPT:
             return
         cls = type(value)
         if issubclass(cls, (list, dict, set, collections.deque)):
@@ -173,7 +173,7 @@ class CallWatch:
         if cls not in (list, dict, set) \
                 and not issubclass(cls, (type, types.ModuleType, types.FunctionType, torch.Tensor)) \
                 and type(own_dict(value)) is dict \
-                and not library_module_name(cls.__module__):
+                and (not library_module_name(cls.__module__) or cls is types.SimpleNamespace):  # (a holder of the user's values)
             self.kept.add(id(value))
             space = own_dict(value)
             held = dict(space)
@@ -189,7 +189,7 @@ class CallWatch:
 
 # How far below a value the code names its state is kept (``_keep_value``), and up to how
 # many entries a container's or an object's are followed there.
-_DEPTH, _WIDE = 2, 64
+_DEPTH, _WIDE, _MAX_KEPT = 8, 64, 4096
 
 
 def _refill(container: Any, contents: Any, base: type) -> None:

@@ -270,6 +270,11 @@ def params_of(fn: Any, method: str, uses_setup: bool) -> dict[str, Any]:
     return found
 
 
+# How far through the user's helpers the analysis follows (BFS: nearest first): calls and
+# functions analysed. Beyond, code runs under the call watch, which keeps and puts back less.
+_HELPER_DEPTH, _MAX_ANALYSED = 12, 512
+
+
 def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
              ) -> Iterator[tuple[str, Any, CodeFacts, dict[str, Any]]]:
     """Each method, and each user helper function it reaches through globals or closures
@@ -290,8 +295,8 @@ def analysed(methods: tuple[tuple[str, Any, dict[str, Any]], ...]
         facts = code_facts(code)
         fn = function_of(fn)
         yield phase, fn, facts, params
-        if depth >= 3:
-            continue
+        if depth >= _HELPER_DEPTH or len(seen) >= _MAX_ANALYSED:
+            continue  # (deeper helpers run under the call watch: ``call_watch.CallWatch``)
         for chain in facts.chains:
             # (a helper reached through a bound ``self``/``cls``, ``cls._helper(x)``, too)
             root = resolve_root(fn, chain, {k: v for k, v in params.items() if issubclass(type(v), Bound)})
