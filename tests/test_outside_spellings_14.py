@@ -61,6 +61,10 @@ Differences from eager before this round:
   global and no library holder's attributes, so fallback's eager run wrote the line a second
   time. Helpers are analysed twelve calls deep (up to 512 functions, ``roots.analysed``), and the
   call watch keeps eight levels down, a ``SimpleNamespace``'s attributes too;
+- a tensor a module holds as a plain attribute (``self.mask = t``, or in a dict of tables),
+  replaced before ``.backward()``, the module a global or an argument kept on ctx: routes and
+  argument paths knew a module's parameters and buffers only, so backward used forward's tensor.
+  They know its modules' plain tensor attributes too (``routes.module_tensors``);
 - a tensor forward returns that it neither made nor was given (``return y, BUF``), and
   ``torch.range``/``torch.Tensor(n)`` (which skip torch function modes): refused with a message
   about fake tensors "from another capture" and "pass real tensors", which the user never
@@ -559,6 +563,57 @@ def _refused_after_a_deep_write(length: int) -> type:
 def test_a_helper_far_down_the_calls_writes_before_a_refusal(length):
     matches_eager(_refused_after_a_deep_write(length), lambda i: (x_(i),),
                   state=lambda: list(WRITES.a.b.c.lines), reset=WRITES.a.b.c.lines.clear)
+
+
+class Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.mask = torch.ones(4)  # (a plain attribute: neither parameter nor buffer)
+        self.tables = {"w": torch.ones(4)}
+
+
+MASKED = Masked()
+
+
+class GlobalModuleMask(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * MASKED.mask * MASKED.tables["w"]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * MASKED.mask * MASKED.tables["w"]
+
+
+class ArgumentModuleMask(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, module):
+        ctx.module = module
+        return x * module.mask
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.module.mask, None
+
+
+def _reset_masked():
+    MASKED.mask = torch.ones(4)
+    MASKED.tables["w"] = torch.ones(4)
+
+
+@pytest.mark.parametrize("when", ["between", "mid"])
+def test_a_global_modules_plain_tensor_attributes(when):
+    def change(i):
+        MASKED.mask = torch.full((4,), 3.0 + i)
+        MASKED.tables["w"] = torch.full((4,), 0.5 + i)
+    matches_eager(GlobalModuleMask, lambda i: (x_(i),), reset=_reset_masked, refusable=False, **{when: change})
+
+
+@pytest.mark.parametrize("when", ["between", "mid"])
+def test_a_module_arguments_plain_tensor_attribute_kept_on_ctx(when):
+    matches_eager(ArgumentModuleMask, lambda i: (x_(i), MASKED), reset=_reset_masked, refusable=False,
+                  **{when: lambda i: setattr(MASKED, "mask", torch.full((4,), 3.0 + i))})
 
 
 # -- functorch's forward mode -------------------------------------------------------------------

@@ -28,7 +28,7 @@ from ..spec import InputSource, arg_place
 from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
 from .refusals import unrouted_read
-from .routes import closure_routes
+from .routes import closure_routes, module_tensors
 
 __all__ = ["BackwardReads", "argument_tensors_on_ctx", "forward_values_on_ctx"]
 
@@ -71,8 +71,8 @@ class BackwardReads:
         self.fakes.clear()  # (the capture's, made where it passed every route on: ``pass_all``)
         for i, a in enumerate(call_args):
             if issubclass(type(a), torch.nn.Module):
-                for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
-                    self.register(tensor, (("arg", i), *(("attr", p) for p in pname.split("."))))
+                for parts, tensor in module_tensors(a):
+                    self.register(tensor, (("arg", i), *(("attr", p) for p in parts)))
             elif not issubclass(type(a), torch.Tensor):
                 # A container or object argument the rerun's ctx holds (``ctx.s = s``): the
                 # tensors backward reaches in it are read from there (argument_tensors_on_ctx).

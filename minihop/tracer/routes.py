@@ -34,7 +34,7 @@ from .chains import code_facts
 from .names import free_values
 from .library import is_library, is_user_module, module_data
 
-__all__ = ["RouteMap", "closure_routes", "merged", "state_named"]
+__all__ = ["RouteMap", "closure_routes", "merged", "module_tensors", "state_named"]
 
 
 Route = tuple[str, Place]
@@ -183,6 +183,14 @@ def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callab
             place = Place(root, (*steps, *(("attr", part) for part in pname.split("."))),
                           lambda args, f=fetch, p=pname: _module_tensor(f(), p))
             routes.setdefault(id(tensor), (parameter_name(prefix, pname), place))
+        # ... and what its modules hold as plain attributes (``self.mask = t``, a dict of tables)
+        for mname, sub in value.named_modules():
+            for k, held in own_dict(sub).items():
+                if not k.startswith("_") and (issubclass(type(held), torch.Tensor) or _held(held)):
+                    path = (*(part for part in mname.split(".") if part), k)
+                    _add_routes(routes, held, held_name(prefix, ".".join(path)),
+                                lambda f=fetch, m=mname, k=k: getattr(f().get_submodule(m), k, None), root,
+                                (*steps, *(("attr", part) for part in path)), depth + 1, tails, walk)
     elif id(value) not in walk.seen:
         held = _held(value)
         if not held:
@@ -289,3 +297,13 @@ def _step(owner: Any, step: tuple[str, Any], length: int | None = None) -> Any:
 def _module_tensor(module: torch.nn.Module, name: str) -> Any:
     owner, _, leaf = name.rpartition(".")
     return getattr(module.get_submodule(owner) if owner else module, leaf)
+
+
+def module_tensors(module: torch.nn.Module) -> list[tuple[tuple[str, ...], torch.Tensor]]:
+    """A module's tensors by attribute path: its parameters and buffers, and the tensors its
+    modules hold as plain attributes (``self.mask = t``: state a forward or backward reads)."""
+    found = [(tuple(name.split(".")), t) for name, t in (*module.named_parameters(), *module.named_buffers())]
+    for mname, sub in module.named_modules():
+        found += [((*(p for p in mname.split(".") if p), k), held) for k, held in own_dict(sub).items()
+                  if not k.startswith("_") and issubclass(type(held), torch.Tensor)]
+    return found

@@ -43,6 +43,7 @@ from .frames import format_frame, user_frame_of
 from .function_parts import FunctionParts, function_parts
 from .memo_writes import backward_writes, seen_by_backward, with_seen
 from .names import FrameSnapshot, code_of, name_hints
+from .routes import module_tensors
 from .outputs import (check_returned, hidden_outputs, refuse_hidden_tensors, refuse_returned_state,
                       refuse_unbacked_numbers, saved_node)
 from .outside import claim
@@ -143,8 +144,8 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     refuse_hidden_tensors(parts, args, "argument")
     for i, a in enumerate(args):
         if issubclass(type(a), torch.nn.Module):
-            for pname, tensor in (*a.named_parameters(), *a.named_buffers()):
-                t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in pname.split("."))))
+            for path, tensor in module_tensors(a):  # (plain tensor attributes too: ``self.mask``)
+                t.module_paths.setdefault(id(tensor), (("arg", i), *(("attr", p) for p in path)))
     # Direct tensor arguments first: a tensor passed both directly and inside a container is
     # the Function's input (it gets a gradient), as in eager.
     for i, a in enumerate(args):
