@@ -49,7 +49,9 @@ Differences from eager before this round:
   ctx keeps and forward returns stopped three levels down, so the capture's template kept it
   alive (eager's dies with each call's graph) and a refused trace's one died after minihop put
   the caller's state back (fallback counted one death more). The walk goes as deep as a budget
-  of 4,096 containers allows, and past it assumes nothing (``death_code.held_first``);
+  of 4,096 containers allows, and past it assumes nothing (``death_code.held_first``), and
+  enters a ``SimpleNamespace`` (a library holder of the user's values; found by the effects
+  generator's round-19 kinds);
 - an iterator seven or more lists deep in an argument, or three lists below the global
   container a chain ends at (``next(innermost(ITERATORS["n"]))``): the walk that refuses
   iterators before the trace stopped at six levels (two below a chain's end), so the trace took
@@ -442,6 +444,21 @@ def _keeps_deep(depth: int, as_objects: bool) -> type:
 @pytest.mark.parametrize("depth,as_objects", [(3, False), (6, False), (6, True)])
 def test_an_object_with_death_code_kept_deep_on_ctx(depth, as_objects):
     matches_eager(_keeps_deep(depth, as_objects), lambda i: (x_(i),), state=_deaths, reset=_no_deaths)
+
+
+class KeepsInANamespace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.kept = types.SimpleNamespace(a=types.SimpleNamespace(b=[{"d": Dying()}]))
+        return g * 2
+
+
+def test_an_object_with_death_code_kept_in_a_namespace_on_ctx_by_backward():
+    matches_eager(KeepsInANamespace, lambda i: (x_(i),), state=_deaths, reset=_no_deaths)
 
 
 class ReturnsDeep(torch.autograd.Function):

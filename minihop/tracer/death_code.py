@@ -121,9 +121,10 @@ def held_first(value: Any, test: Callable[[Any], str | None], seen: set[int], en
         items: list[Any] = list(dict.values(value))  # (past a subclass's own ``values``)
     elif issubclass(cls, (list, tuple, collections.deque)):
         items = list(plain_items(value))
-    elif not issubclass(cls, (torch.Tensor, type, types.ModuleType)) and not is_library(cls) \
+    elif not issubclass(cls, (torch.Tensor, type, types.ModuleType)) and (not is_library(cls) or cls is types.SimpleNamespace) \
             and own_dict(value) is not None:
-        # (the user's own object; a library object's internals, a module's hooks, are its own)
+        # (the user's own object, or a namespace of the user's values; a library object's
+        # internals, a module's hooks, are its own)
         items = [v for k, v in own_dict(value).items() if not k.startswith("_minihop")]
     else:
         items = []

@@ -129,6 +129,10 @@ KINDS = {
     # tensor the phase makes); a write into a library module's own namespace; an iterator in
     # a dict the code indexes by a computed key.
     "death_code": ("fb", ""), "library_module_write": ("fb", ""), "container_iterator": ("fb", ""),
+    # Round 19: farther than the walks went: an object with a __del__ kept four containers
+    # down on ctx, a write six helper calls down (into a SimpleNamespace log), an iterator three
+    # lists below the dict entry the code hands to a helper.
+    "deep_death_code": ("fb", ""), "deep_helper_write": ("fb", ""), "nested_iterator": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -197,6 +201,14 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         lines = r.choice([[f"ctx.keep{n} = Dying()"], [f"ctx.keepl{n} = [1, {{'d': Dying()}}]"], ["KEEP.append(Dying())"],
                           [f"_t{n} = x * 1", f"_wr{n} = weakref.ref(_t{n}, lambda ref: DIED.__setitem__(0, DIED[0] + 1))"]])
         return lines, "x * float(DIED[0] % 3 + 1)"
+    if kind == "deep_death_code":
+        return [r.choice([f"ctx.keepd{n} = {{'a': {{'b': {{'c': [Dying()]}}}}}}",
+                          f"ctx.keepo{n} = types.SimpleNamespace(a=types.SimpleNamespace(b=[{{'d': Dying()}}]))"])], \
+            "x * float(DIED[0] % 3 + 1)"
+    if kind == "deep_helper_write":
+        return [f"_dh0(float(x.shape[0]) + {n})"], ""
+    if kind == "nested_iterator":
+        return [], "x * float(next(_innermost(NITERS['c'])))"
     if kind == "library_module_write":
         return [r.choice(["sys.minihop_fuzz = getattr(sys, 'minihop_fuzz', 0) + 1",
                           "torch.nn.functional.minihop_fuzz += 1",
@@ -342,6 +354,11 @@ def generate_source(r: random.Random) -> str:
         "    @functools.lru_cache(maxsize=None)", "    def cfg_cache():", "        return {'calls': 0}", "",
         "    DIED, KEEP = [0], []", "",
         "    ITERS, ITER_KEY = {'c': itertools.count(1)}, 'c'",
+        "    NITERS = {'c': [[[itertools.count(1)]]]}", "",
+        "    def _innermost(v):", "        while type(v) is list:", "            v = v[0]", "        return v", "",
+        "    DEEPLOG = types.SimpleNamespace(a=types.SimpleNamespace(b=types.SimpleNamespace(lines=[])))", "",
+        "    def _dh6(v):", "        DEEPLOG.a.b.lines.append(v)", "        return v", "",
+        *(line for k in range(5, -1, -1) for line in (f"    def _dh{k}(v):", f"        return _dh{k + 1}(v)", "")),
         "    sys.minihop_fuzz = torch.nn.functional.minihop_fuzz = 0", "",
         "    class Dying:", "        def __del__(self):", "            DIED[0] += 1", "",
         "    DUNDER = [0]", "",
@@ -469,7 +486,7 @@ def generate_source(r: random.Random) -> str:
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
         f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
-        f"torch.nn.functional.minihop_fuzz])",
+        f"torch.nn.functional.minihop_fuzz, list(DEEPLOG.a.b.lines)])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
