@@ -43,7 +43,10 @@ Differences from eager before this round:
   tensor) and read a fresh dict, baked into the capture, in strict mode silently. Where such a
   helper returns a mutable object without tensors, the cache's own entry is fetched now and
   compared (a difference is refused) and the capture is single-use
-  (``tracer/cache_entries.py``);
+  (``tracer/cache_entries.py``). Its first fuzz run found an older leak: a trace refused
+  while a helper's name was bound to minihop's stand-in (the uncached helper) left it bound,
+  because the call watch kept the name's value as it then was, and put that back
+  (``identity.SWAPPED_IN``: it keeps the user's function);
 - an object with a ``__del__`` of the user's kept on ctx three or more containers down
   (``ctx.held = {"k": {"k": {"k": Dying()}}}``), or returned five lists down: the walk of what
   ctx keeps and forward returns stopped three levels down, so the capture's template kept it
@@ -388,6 +391,40 @@ class CachedConfig(torch.autograd.Function):
 def test_a_cached_config_dict_changed_by_the_caller(when):
     change = {when: lambda i: get_config().__setitem__("scale", 2.0 + i)}
     matches_eager(CachedConfig, lambda i: (x_(i),), reset=get_config.cache_clear, **change)
+
+
+def _config_leaf():
+    return get_config()["scale"]
+
+
+def _config_helper():
+    return _config_leaf()
+
+
+def _times_config(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        return fn(*a, **k) * _config_helper()
+    return wrapper
+
+
+class DecoratedBackwardReadsConfig(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    @_times_config
+    def backward(ctx, g):
+        return g
+
+
+def test_a_refused_trace_leaves_the_cached_helper_bound_as_it_was():
+    def change(i):
+        get_config()["scale"] = 0.5 + i
+    matches_eager(DecoratedBackwardReadsConfig, lambda i: (x_(i),), between=change, mid=change,
+                  reset=get_config.cache_clear)
+    assert type(get_config) is type(functools.cache(lambda: None))  # (the user's, not a stand-in)
 
 
 def test_a_cached_config_dict_changed_before_the_first_call_is_refused():

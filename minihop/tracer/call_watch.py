@@ -30,7 +30,7 @@ from ..errors import UnsupportedOperationError
 from . import kinds
 from ..library_state import own_dict
 from ..user_code import library_base, plain_items, plain_pairs
-from .identity import stand_in
+from .identity import SWAPPED_IN, stand_in
 
 __all__ = ["CallWatch", "library_module_name"]
 
@@ -144,7 +144,7 @@ class CallWatch:
             if name in g and not name.startswith("__") and not stand_in(g[name]):  # (not minihop's)
                 if (id(g), name) not in self.kept:
                     self.kept.add((id(g), name))
-                    value = g[name]
+                    value = SWAPPED_IN.get(id(g[name]), g[name])  # (the user's, not a watch's stand-in)
                     self.undo.append(functools.partial(g.__setitem__, name, value))
                     self._keep_value(value)
         for name in (*code.co_varnames[:code.co_argcount + code.co_kwonlyargcount], *code.co_freevars):

@@ -37,6 +37,7 @@ from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
 from .cache_entries import NOT_FETCHED, cached_entry, stale_cache_check
 from .effects import held
+from .identity import SWAPPED_IN
 
 __all__ = ["ReadWatch", "describe_global", "describe_read", "fingerprint", "refusal", "restore", "setter", "taking",
            "watched"]
@@ -283,6 +284,7 @@ class ReadWatch:
 
     def _install(self, home: Any, name: str, fn: Any, stand_in: Any) -> None:
         self.real[id(stand_in)] = fn
+        SWAPPED_IN[id(stand_in)] = fn
         own = getattr(fn, "__dict__", None)
         if type(own) is dict:
             # The stand-in shares the function's attributes: ``memo.k = t`` on an lru_cache
@@ -363,6 +365,8 @@ class ReadWatch:
 
     def stop(self) -> None:
         """Every function back, and each drawn-from generator as it was before tracing drew."""
+        for stand_in in self.real:
+            SWAPPED_IN.pop(stand_in, None)
         for home, name, fn in reversed(self.swapped):
             if issubclass(type(home), dict):
                 home[name] = fn

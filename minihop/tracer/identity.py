@@ -226,6 +226,12 @@ def stand_in(value: Any) -> bool:
     return value is TYPE or value is ISINSTANCE or value is VARS or value is DIR
 
 
+# The stand-ins other watches swap in for the user's functions while traced (``hidden.ReadWatch``:
+# an ``lru_cache`` helper uncached, a clock read): id -> the user's function they stand for, so
+# that what keeps the user's bindings to put them back (``call_watch.CallWatch``) keeps that.
+SWAPPED_IN: dict[int, Any] = {}
+
+
 # The attributes only a fake tensor has (read by code that asks whether it is traced).
 _FAKE_ONLY = frozenset(n for n in dir(FakeTensor) if n not in dir(torch.Tensor) and n != "constant") | frozenset(
     {"fake_mode", "fake_device", "real_tensor", "pytype", "dispatch_keys"})
