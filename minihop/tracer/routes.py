@@ -9,7 +9,8 @@ trace lifts it as a graph input read through that place.
 
 Invariant: fetching anew on every call is what eager does: rebinding the name or replacing the
 tensor takes effect at the next call. A tensor no route reaches is not fetched here (the trace
-makes its capture single-use).
+makes its capture single-use; backward reading one the heap walk found outside the arguments
+is refused: ``backward_reads.BackwardReads.lift``).
 """
 
 from __future__ import annotations
@@ -200,18 +201,20 @@ def _add_routes(routes: dict[int, Route], value: Any, prefix: str, fetch: Callab
             return
         walk.seen.add(id(value))
         tail = (tails or {}).get(steps)
-        if issubclass(type(value), (list, collections.deque)) and tail is not None and -len(value) <= tail:
+        # (a list's length and items read past a subclass's own ``__len__``/``__getitem__``)
+        length = library_base(type(value)).__len__(value) if issubclass(type(value), (list, collections.deque)) else None
+        if length is not None and tail is not None and -length <= tail:
             # ``HIST[-1]``: whatever the list's length, first (the item's other route is its position)
             step = ("item", tail)
-            _add_routes(routes, value[tail], held_name(prefix, tail), lambda f=fetch, s=step: _step(f(), s),
+            _add_routes(routes, library_base(type(value)).__getitem__(value, tail), held_name(prefix, tail),
+                        lambda f=fetch, s=step: _step(f(), s),
                         root, (*steps, step), depth + 1, tails, walk)
         for step, child in held:
             if issubclass(type(child), (torch.Tensor, torch.nn.Module)) or _held(child):
                 # A list's position means what the code read (``ws[-1]``, ``ws[i]``) only while
                 # the list keeps its length: a longer list's last item is another position.
-                n = len(value) if issubclass(type(value), (list, collections.deque)) else None
                 _add_routes(routes, child, held_name(prefix, step[1]),
-                            lambda f=fetch, s=step, n=n: _step(f(), s, n), root, (*steps, step), depth + 1,
+                            lambda f=fetch, s=step, n=length: _step(f(), s, n), root, (*steps, step), depth + 1,
                             tails, walk)
 
 
