@@ -59,7 +59,7 @@ Differences from eager before this round:
   container a chain ends at (``next(innermost(ITERATORS["n"]))``): the walk that refuses
   iterators before the trace stopped at six levels (two below a chain's end), so the trace took
   a value from it that no refusal gives back (fallback's first call differed). The walk goes as
-  deep as a budget of 4,096 containers allows, past which it refuses (``iterators._find``);
+  deep as a budget of 20,000 containers allows, past which it refuses (``iterators._find``);
 - a helper six calls down writing into a ``SimpleNamespace`` log, then a refusal (a
   ``print``): the analysis followed helpers three calls deep, and the call watch that keeps what
   unanalysed code may write (so that a refused trace puts it back) kept two levels below a

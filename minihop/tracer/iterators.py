@@ -40,8 +40,9 @@ from .library import is_user_module, module_data
 __all__ = ["refuse_iterator_arguments", "refuse_iterator_read"]
 
 # How many containers and objects the walk enters (however deep: cycles stop at one met before);
-# past it, it cannot say that no iterator is there, and refuses (unknown is unsafe).
-_MAX_ENTERED = 4096
+# past it, it cannot say that no iterator is there, and refuses (unknown is unsafe). Above the
+# heap watch's ``heap.MAX_OBJECTS``, whose refusal of a structure that large names where it stopped.
+_MAX_ENTERED = 20_000
 _PAST = object()
 
 
