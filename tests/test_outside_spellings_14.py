@@ -1281,3 +1281,16 @@ def test_a_library_function_rebound_by_the_caller():
         matches_eager(UsesRelu, lambda i: (x_(i),), between=lambda i: setattr(TF, "relu", torch.tanh if i % 2 else relu))
     finally:
         TF.relu = relu
+
+
+def test_a_trace_gives_no_module_a_warnings_registry_of_its_own():
+    """A trace that gives no warning leaves the user's module as eager's call does: without a
+    ``__warningregistry__`` it did not have (the registries' snapshot made none)."""
+    space = {"__name__": "minihop_probe_registry_14", "torch": torch}
+    exec("class Plain(torch.autograd.Function):\n"
+         "    @staticmethod\n"
+         "    def forward(ctx, x):\n        return x * 2\n"
+         "    @staticmethod\n"
+         "    def backward(ctx, g):\n        return g * 2\n", space)
+    minihop.function(space["Plain"])(x_(0)).sum().backward()
+    assert "__warningregistry__" not in space

@@ -83,9 +83,10 @@ class MessageWatch:
         # What ``warnings`` noted as given, in the user's modules and process-wide: a trace
         # that runs a warning (a C++ one under an "ignore" filter torch sets while tracing,
         # one held back) notes it there too, and eager's real run would then not give it. Put
-        # back when the watch stops (but for a trace that stands for its call: ``passing``).
-        self.registries = [(r, dict(r)) for r in {id(r): r for r in (
-            *(g.setdefault("__warningregistry__", {}) for g in modules), warnings.onceregistry)}.values()]
+        # back when the watch stops (but for a trace that stands for its call: ``passing``); a
+        # module with none is given none (one the trace made is emptied: the same as none).
+        self.spaces = [(g, dict(g.get("__warningregistry__") or {})) for g in {id(g): g for g in modules}.values()]
+        self.once: dict[Any, Any] | None = dict(warnings.onceregistry)
         # A backward traced again for one call (``StateTracker.standing``): its messages are
         # that call's, sent as the user's code gives them (``sent``), and the trace serves
         # that call only.
@@ -244,10 +245,15 @@ class MessageWatch:
 
     def stop(self) -> None:
         self.publish()
-        for registry, before in self.registries if not self.passing else ():
-            registry.clear()
-            registry.update(before)
-        self.registries = []
+        for g, before in self.spaces if not self.passing else ():
+            registry = g.get("__warningregistry__")
+            if issubclass(type(registry), dict):  # (in place: a replay holds this very dict)
+                registry.clear()
+                registry.update(before)
+        if not self.passing and self.once is not None:
+            warnings.onceregistry.clear()
+            warnings.onceregistry.update(self.once)
+        self.spaces, self.once = [], None  # (stopped once: a later stop puts nothing back)
         if getattr(_WATCH, "now", None) is self:
             _WATCH.now = None
         for home, name, real in reversed(self.saved):
