@@ -195,6 +195,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         t.unrouted = state.opaque.reasons
         t.backward_reads.outside = state.outside_tensors  # (held before the trace: never fresh)
         state.start()
+        state.hidden_reads.route = t.backward_reads.cached  # (lru_cache entries' tensors)
         if t.eager_fallback and state.messages is not None:
             state.messages.passing = False  # a message refuses the trace: eager's backward sends it
         state.forward_done()  # what changes now, backward changes

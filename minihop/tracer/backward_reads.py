@@ -24,11 +24,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from ..errors import SideEffectError, UnsupportedOperationError
-from ..spec import InputSource, arg_place
+from ..spec import InputSource, Place, arg_place
 from ..structure import Path, held_values, iter_leaves, make_getter
 from .names import input_name
 from .refusals import unrouted_read
-from .routes import closure_routes, module_tensors
+from .routes import RouteMap, closure_routes, module_tensors
 
 __all__ = ["BackwardReads", "argument_tensors_on_ctx", "forward_values_on_ctx"]
 
@@ -62,6 +62,14 @@ class BackwardReads:
         # Weak references to the tensors the heap walk reached outside the arguments before
         # the trace (``pystate.StateTracker.outside_tensors``).
         self.outside: tuple[Any, ...] = ()
+        self.entries = RouteMap()  # the tensors of lru_cache entries the code got (``cached``)
+        self.entry_tensors: list[torch.Tensor] = []  # (held: an id in ``entries`` is never another's)
+
+    def cached(self, tensor: torch.Tensor, name: str, place: Place) -> None:
+        """A tensor of an lru_cache entry the code got (``hidden.ReadWatch``): read through its
+        place, the helper's call, on every call and when backward runs."""
+        self.t.closure_routes[id(tensor)] = self.entries[id(tensor)] = (name, place)
+        self.entry_tensors.append(tensor)
 
     def arguments(self, call_args: tuple[Any, ...]) -> None:
         """Backward is traced again for a call: its module arguments' parameters and buffers
@@ -104,6 +112,8 @@ class BackwardReads:
         """Backward starts: note the route to each tensor the routes reach now (``at_start``)."""
         self.at_start.clear()
         for key, route in self.routes().items():
+            if key in self.entries:
+                continue  # (a cache's entry: read only where the code calls the helper)
             try:
                 value = route[1].get(())
             except Exception:
@@ -190,7 +200,7 @@ class BackwardReads:
             stood = stood if stood is not None and stood[0] is real else None
             # A stand-in is new: the routes are found again (an older id may be its now).
             route = None if stood is not None else self.t.closure_routes.get(id(real))
-            if route is not None and not _leads_to(route[1], real):
+            if route is not None and self.entries.get(id(real)) is not route and not _leads_to(route[1], real):
                 route = None  # (found before: a list's position that moved since; found again now)
             if route is None:
                 self.t.closure_routes = self.routes()

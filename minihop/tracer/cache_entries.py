@@ -1,33 +1,52 @@
 """What an ``lru_cache`` helper's cache holds for a call, beside what the trace computed.
 
 Place in the pipeline: tracer, asked by ``hidden.ReadWatch`` each time the user's code calls an
-``lru_cache``/``functools.cache`` helper while traced. The trace bypasses the cache (it must
-never keep a fake tensor) and the graphs compute the helper's result afresh, which equals
-eager's only while the cache's entry is what the helper makes. A mutable object the cache hands
-out (a config dict, a list, an object: ``get_config()["lr"] = 0.1`` from anywhere) may have been
-changed since it was made, and may be again between calls. So where the result holds no tensor
-and the call's arguments are plain values, the cache's own entry is fetched (the call eager
-makes) and compared with the trace's: a difference is refused, and the capture is single-use
-(the object may change before the next call).
+``lru_cache``/``functools.cache`` helper while traced. The trace never lets the cache keep a
+fake tensor, and eager's code gets the very object the cache holds, which may differ from
+what the helper makes now (written in place since, drawn at random once).
+
+A result that holds tensors, for plain arguments, is therefore not computed in the graphs: the
+trace takes the cache's own entry (``fetched_entry``: looked up without calling the helper, so
+no hit is counted; where there is none, stand-ins of what the helper makes) and each tensor in
+it becomes an input read through the place "that call's result" (``entry_routes``), on every
+call and when backward runs. A read that finds no entry makes it (its miss counted, as eager's
+call counts it) and the call's own replay (``hidden.ReadWatch.call_writes``) is then skipped.
+For a dynamic size no entry can be read: the graphs compute it, for one call, checked against
+the cache's entry for this call's sizes (``sized_entry``).
+
+A mutable object without tensors the cache hands out (a config dict, a list, an object:
+``get_config()["lr"] = 0.1`` from anywhere) may have been changed since it was made, and may be
+again between calls: the cache's own entry is fetched (the call eager makes) and compared with
+the trace's (``cached_entry``): a difference is refused, and the capture is single-use.
 
 Invariant: the trace's answer is the cache's, or the capture is refused; never the fresh one
-where they differ. (A tensor the cache holds, written in place by the caller, is not compared:
-docs/reads.md, Open.)
+where they differ.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import SideEffectError
+from ..graph_names import held_name, ident
+from ..place import MISSING, Place, Root
+from ..structure import iter_leaves, replace_tensors
 from .atoms import CONSTANTS, holds_tensor
 from .effects import held
+from .identity import SWAPPED_IN
 from .routes import state_named
 
-__all__ = ["NOT_FETCHED", "cached_entry", "stale_cache_check"]
+__all__ = ["NOT_FETCHED", "Made", "called", "cached_entry", "entry_routes", "fetched_entry", "sized_entry", "stale_cache_check",
+           "traced_call"]
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 NOT_FETCHED = object()
 
@@ -36,6 +55,199 @@ def _plain(value: Any) -> bool:
     if issubclass(type(value), (tuple, frozenset)):
         return all(_plain(v) for v in value)
     return type(value) in CONSTANTS or value is None
+
+
+def plain_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Arguments the cache's entry can be fetched for again on every call: plain values."""
+    return all(_plain(a) for a in (*args, *kwargs.values()))
+
+
+def fetched_entry(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], unwrapped: Callable[..., Any],
+                  what: str, where: str) -> Any:
+    """What the code gets from the cache, for plain arguments, where it holds tensors: the
+    cache's entry, looked up without calling (its hits and misses stay eager's: the capture's
+    reads of the place are the calls eager makes); where there is none yet, stand-ins of
+    what the helper makes (the capture's first read makes it). ``NOT_FETCHED`` where the result
+    holds no tensor (its value is traced), the arguments are not plain or the cache cannot be
+    looked into."""
+    if not plain_call(args, kwargs):
+        return NOT_FETCHED
+    entry = _peek(fn, args, kwargs)
+    if entry is not MISSING:
+        return entry if holds_tensor(entry) else NOT_FETCHED
+    drawn = _Draws()
+    with torch._C.DisableTorchFunction(), drawn:  # (the graphs record none of it: fetched)
+        made = unwrapped(*args, **kwargs)
+    if not holds_tensor(made):
+        return Made(made)  # (the value the trace goes on with: the helper runs once, as in eager)
+    stale_cache_check(fn, what, where)  # (made again by the capture's read: of its arguments alone)
+    _refuse_draws(drawn, what, where, "for an entry its cache does not hold yet")
+    return replace_tensors(made, lambda path, t: _stand_in(t))
+
+
+@dataclasses.dataclass
+class Made:
+    """A helper's result that holds no tensor, for an entry its cache does not hold: traced."""
+
+    value: Any
+
+
+def _refuse_draws(drawn: _Draws, what: str, where: str, when: str) -> None:
+    if drawn.ops:
+        raise SideEffectError(
+            f"{what} (an lru_cache helper) draws random numbers ({drawn.ops[0]}) {when}.",
+            "Eager draws them once, where the Function calls it, and its cache keeps them; "
+            "minihop would draw them where it reads the cache (before the graphs run) or in "
+            "its graphs on every call.",
+            "Call the helper once before (it is then read from the cache), or run it eagerly "
+            "with minihop.function(F, fallback='eager').", where=where)
+
+
+def traced_call(unwrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, _Draws]:
+    """The helper run on the trace's values (recorded), with the random ops it ran."""
+    drawn = _Draws()
+    with drawn:
+        return unwrapped(*args, **kwargs), drawn
+
+
+def sized_entry(fn: Any, unwrapped: Callable[..., Any], result: Any, drawn: _Draws, args: tuple[Any, ...],
+                kwargs: dict[str, Any], what: str, where: str) -> bool:
+    """Whether a result holding tensors was computed for a dynamic size (``table(x.shape[0])``
+    under dynamic shapes): no entry can be read for a size the capture has not seen, so the
+    graphs compute it, which holds for this call only (single-use) and only where the cache's
+    entry for this call's sizes is what the helper makes (checked: refused otherwise)."""
+    values = (*args, *kwargs.values())
+    if not holds_tensor(result) or not any(issubclass(type(v), _SYMBOLIC) for v in values):
+        return False
+    _refuse_draws(drawn, what, where, "for a dynamic size")
+    hints = [v.node.hint if issubclass(type(v), _SYMBOLIC) else v for v in values]
+    plain_args, plain_kwargs = tuple(hints[:len(args)]), dict(zip(kwargs, hints[len(args):]))
+    entry = _peek(fn, plain_args, plain_kwargs) if all(h is not None for h in hints) else NOT_FETCHED
+    if entry is MISSING:
+        return True  # (eager makes it now, as the graphs do)
+    with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+        fresh = unwrapped(*plain_args, **plain_kwargs) if entry is not NOT_FETCHED else None
+        if fresh is None or not _same(entry, fresh):
+            raise SideEffectError(
+                f"The tensor {what} (an lru_cache helper) returned for a dynamic size is not what "
+                "it makes now (written in place since its cache made it).",
+                "Eager gets the tensor its cache holds; minihop computes it in its graphs for a "
+                "dynamic size, which cannot read the cache's entry for each size.",
+                "Capture without dynamic sizes (minihop.function(F) keys each size), or run it "
+                "eagerly with minihop.function(F, fallback='eager').", where=where)
+    return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    leaves = [list(iter_leaves(v)) for v in (a, b)]
+    return len(leaves[0]) == len(leaves[1]) and all(
+        pa == pb and (torch.equal(la, lb) and la.dtype == lb.dtype if issubclass(type(la), torch.Tensor)
+                      and issubclass(type(lb), torch.Tensor) else la is lb or la == lb)
+        for (pa, la), (pb, lb) in zip(*leaves))
+
+
+class _Draws(TorchDispatchMode):
+    """The random ops a helper runs (under the trace's fake mode: nothing is drawn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def _stand_in(fake: torch.Tensor) -> torch.Tensor:
+    """A real tensor of ``fake``'s properties: a route's key, for the entry the capture makes."""
+    with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+        return torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device)
+
+
+def _peek(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The entry ``fn``'s cache holds for the call, MISSING where none, without calling ``fn``
+    (CPython's C cache: its key as ``functools`` makes it, its dict and its links); where the
+    cache is not laid out so, the call itself (eager's, made now)."""
+    refs = gc.get_referents(fn)
+    caches = [r for r in refs if type(r) is dict and r is not getattr(fn, "__dict__", None)]
+    marks = [r for r in refs if type(r) is object]
+    typed = fn.cache_parameters().get("typed", False) if hasattr(fn, "cache_parameters") else None
+    if len(caches) != 1 or len(marks) != 1 or typed is None:
+        with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+            return fn(*args, **kwargs)
+    key: Any = args + ((marks[0], *(x for kv in kwargs.items() for x in kv)) if kwargs else ())
+    if typed:
+        key += tuple(type(v) for v in (*args, *kwargs.values()))
+    elif not kwargs and len(args) == 1 and type(args[0]) in (int, str):
+        key = args[0]
+    found = caches[0].get(key, MISSING)
+    if found is MISSING or fn.cache_parameters().get("maxsize") is None:
+        return found
+    # A bounded cache's links are seen through the cache itself: (their type, key, result) each
+    for i in range(1, len(refs) - 1):
+        if issubclass(type(refs[i - 1]), type) and type(refs[i]) is type(key) and refs[i] == key:
+            return refs[i + 1]
+    with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+        return fn(*args, **kwargs)
+
+
+def entry_routes(root: Root, entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 what: str) -> list[tuple[torch.Tensor, str, Place]]:
+    """Each tensor in the cache's ``entry`` with an input name and its place: ``root`` (the
+    helper, as the code named it) called again with the same arguments, then the steps down
+    to the tensor (an item, a key, an object's attribute)."""
+    shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    call = Root("value", ("cached", root.kind, root.key, args, tuple(kwargs.items())), f"{what}({shown})",
+                lambda a: _call(root.get(a), args, kwargs))
+    found = []
+    for steps, leaf in iter_leaves(entry):
+        if issubclass(type(leaf), torch.Tensor):
+            name = held_name(f"cached_{ident(what)}", "_".join(str(k) for _, k in steps)).rstrip("_")
+            found.append((leaf, name, Place(call, steps)))
+    return found
+
+
+def _call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The entry, looked up (no hit counted: the call's own, made again after fwd, counts it),
+    or made where there is none (its miss counted, as eager's call counts it)."""
+    with unset_fake_temporarily(), torch._C.DisableTorchFunction():  # (never a fake in the cache)
+        entry = _peek(fn, args, kwargs)
+        if entry is MISSING:
+            _MADE.add((id(fn), args, tuple(kwargs.items())))  # (its call's own is made: not again)
+            return fn(*args, **kwargs)
+        return entry
+
+
+# The calls whose entry a read of the place made (counted as their miss): the call itself,
+# made again after fwd or when backward runs, is then not made again (``_replayed``).
+_MADE: set[tuple[int, tuple[Any, ...], tuple[Any, ...]]] = set()
+
+
+def _replayed(fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        key = (id(fn), args, tuple(kwargs.items()))
+        if key in _MADE:
+            _MADE.discard(key)
+            return None
+        return fn(*args, **kwargs)
+    return call
+
+
+def called(home: Any, name: str, what: str, replay: bool = False) -> Root:
+    """The lru_cache helper as the code named it, read as it is when the capture runs: a
+    global, a closure cell, or an attribute of the user's object or class (``what``). To
+    ``replay`` its call: one that skips a call whose entry a read of its place just made."""
+    real = (lambda fn: _replayed(_real(fn))) if replay else _real
+    if issubclass(type(home), dict):
+        return Root("global", name, f"global {name}", lambda a: real(home.get(name, MISSING)), home=home)
+    if name == "cell_contents":
+        return Root("cell", what, f"closure variable {what}", lambda a: real(home.cell_contents), home=home)
+    return Root("value", what, what, lambda a: real(getattr(home, name, MISSING)))
+
+
+def _real(fn: Any) -> Any:
+    return SWAPPED_IN.get(id(fn), fn)  # (read while traced: the helper, not the watch's stand-in)
 
 
 def cached_entry(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fresh: Any, what: str,

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
-from ..spec import MISSING, Place, Root, StateWrite
+from ..spec import MISSING, Place, StateWrite
 from ..library_state import library_module
 from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
-from .cache_entries import NOT_FETCHED, cached_entry, stale_cache_check
+from .cache_entries import (NOT_FETCHED, Made, called, cached_entry, entry_routes, fetched_entry, sized_entry, stale_cache_check,
+                            traced_call)
 from .effects import held
 from .identity import SWAPPED_IN
 
@@ -227,6 +228,8 @@ class ReadWatch:
         self.cache_objects: list[tuple[Any, Any, str, str]] = []  # (the object, what it held, ...)
         self.existed: Callable[[Any], bool] = lambda value: False  # (pystate's: state forward found)
         self.unknown: Callable[[str, str], None] = lambda phase, why: None  # (pystate's: single-use)
+        # (the trace's: a tensor of an lru_cache entry, its input name and place)
+        self.route: Callable[[torch.Tensor, str, Place], None] | None = None
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -237,20 +240,29 @@ class ReadWatch:
     def _swap(self, home: Any, name: str, fn: Any, kind: str, what: str) -> None:
         if kind == "uncached":
             # The cache is bypassed so that it never keeps a fake tensor (the user's next call
-            # would get it back); the graphs compute what it returns. Each call is recorded
-            # and made again, for real, on every call (``call_writes``): the cache's entries,
-            # hits and misses are then eager's.
+            # would get it back). A result holding tensors, for plain arguments, is the cache's
+            # own entry, read again on every call (cache_entries); any other the graphs compute,
+            # and each such call is made again, for real, on every call (``call_writes``).
             unwrapped = functools.partial(fn.__func__.__wrapped__, fn.__self__) \
                 if issubclass(type(fn), types.MethodType) else fn.__wrapped__
 
             def uncached(*args: Any, **kwargs: Any) -> Any:
-                where = None
+                where, entry = None, NOT_FETCHED
                 if threading.get_ident() == self.thread:
                     frame = sys._getframe(1)
                     where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
                     self.cache_calls.append((self.phase, home, name, what, args, kwargs, where))
-                result = unwrapped(*args, **kwargs)
+                    entry = fetched_entry(fn, args, kwargs, unwrapped, what, where) if self.route is not None else NOT_FETCHED
+                    if entry is not NOT_FETCHED and type(entry) is not Made:  # (tensors: read from the cache;
+                        # the call itself, made again, keeps the cache's counts eager's)
+                        for tensor, input_name, place in entry_routes(called(home, name, what), entry, args, kwargs, what):
+                            self.route(tensor, input_name, place)
+                        return entry
+                result, drawn = (entry.value, None) if type(entry) is Made else traced_call(unwrapped, args, kwargs)
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
+                    if drawn is not None and sized_entry(fn, unwrapped, result, drawn, args, kwargs, what, where):
+                        self.unknown(self.phase, f"{self.phase} computes a tensor {what} (an lru_cache helper) returns "
+                                     f"for a dynamic size, whose entry it cannot read ({where})")
                     stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")
                     if cached_entry(fn, args, kwargs, result, what, where) is not NOT_FETCHED:
                         self.cache_calls.pop()  # (the call eager makes, made: not made again)
@@ -332,12 +344,7 @@ class ReadWatch:
             # A size symbol among the arguments is computed from each call's arguments (which
             # backward then needs: its place "uses" them).
             sized = any(issubclass(type(v), (torch.SymInt, torch.SymFloat)) for v in (*args, *kwargs.values()))
-            if issubclass(type(home), dict):
-                root = Root("global", name, f"global {name}", lambda a, h=home, n=name: h.get(n, MISSING), home=home)
-            elif name == "cell_contents":
-                root = Root("cell", what, f"closure variable {what}", lambda a, h=home: h.cell_contents, home=home)
-            else:  # an attribute of the user's object or class, named ``what``
-                root = Root("value", what, what, lambda a, h=home, n=name: getattr(h, n, MISSING))
+            root = called(home, name, what, replay=True)
             place = Place(root, (), root.fetch, needs_args=sized)
             writes.append(StateWrite(place, "call", (args, kwargs), phase, where))
         return writes

@@ -115,7 +115,7 @@ class Tracing:
         self.closure_routes = merged(closure_routes(parts.forward), closure_routes(parts.backward))
         # backward's own routes first: the place its code reads (``HIST[-1]``, not ``HIST[0]``)
         self.backward_reads = BackwardReads(self, lambda: merged(closure_routes(parts.backward),
-                                                                 closure_routes(parts.forward)))
+                                                                 closure_routes(parts.forward), self.backward_reads.entries))
         self.unrouted: list[str] = []  # tensors held as traced (no route to fetch them): single-use
         self.module_paths: dict[int, Path] = {}
         self.fwd = GraphRecorder(self._resolve_fwd, self._resolve_fwd_symbol)

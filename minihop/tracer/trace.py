@@ -164,6 +164,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     t.unrouted = state.opaque.reasons
     t.backward_reads.outside = state.outside_tensors  # (held before the trace: never fresh)
     state.start()
+    state.hidden_reads.route = t.backward_reads.cached  # (lru_cache entries' tensors)
     try:
         return _trace_body(t, parts, fn_cls, fake_args, ctx, grad_on, grad_specs, state)
     except BaseException as e:

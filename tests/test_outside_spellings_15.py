@@ -1,0 +1,220 @@
+"""Hostile spellings, round 15 (issue #28, round 20): what an ``lru_cache`` helper hands back,
+tried from outside against eager in strict, apply and fallback mode (``eager_modes.matches_eager``).
+
+Differences from eager before this round (``tracer/cache_entries.py``): a helper returning
+tensors was traced through, bypassing its cache, and the graphs computed the table afresh on
+every call, while eager's code gets the very tensor the cache holds. So
+
+- a table the caller (or an earlier backward) wrote in place (``table(4).add_(1)``) was read
+  as first made, in every mode (nothing refused);
+- a random table drawn once (``noise(n)`` returning ``torch.randn(n)``) was drawn again on
+  every call: other numbers, and the global random stream moved on;
+- a tuple of tensors from ``functools.cache`` (``pair(4)[1].add_(1)``) likewise.
+
+Now the cache's own entry (looked up without a hit being counted, made where missing by the
+capture's first read of it) is an input read through the place "that call's result" on every
+call and when backward runs; its hits and misses stay eager's. A helper that would draw random
+numbers for an entry not yet made is refused (eager draws them at the call; fallback: eager),
+and a table computed for a dynamic size is checked against the cache's entry for this call's
+sizes and serves one call only.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import minihop
+from minihop.errors import SideEffectError
+
+from eager_modes import matches_eager
+
+
+def _x(i: int, n: int = 4) -> torch.Tensor:
+    return (torch.linspace(-1.0, 1.0, n) + i).requires_grad_()
+
+
+def _args(i: int) -> tuple[torch.Tensor]:
+    return (_x(i),)
+
+
+@functools.lru_cache(maxsize=None)
+def _table(n: int) -> torch.Tensor:
+    return torch.arange(float(n))
+
+
+class _Table(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _table(x.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _table(g.shape[0])
+
+
+def _table_state() -> Any:
+    return tuple(_table.cache_info()), _table(4).clone()
+
+
+def test_a_cached_table_written_in_place_between_calls():
+    matches_eager(_Table, _args, between=lambda i: _table(4).add_(1.0), reset=_table.cache_clear,
+                  state=_table_state, refusable=False)
+
+
+def test_a_cached_table_written_in_place_before_backward():
+    matches_eager(_Table, _args, mid=lambda i: _table(4).mul_(2.0), reset=_table.cache_clear,
+                  state=_table_state, refusable=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _noise(n: int) -> torch.Tensor:
+    return torch.randn(n)
+
+
+class _Noise(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _noise(4)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _noise(4)
+
+
+def test_a_random_table_drawn_once_by_the_cache():
+    # Cold cache: the first call's draw is eager's (refused in strict, eager in fallback);
+    # then the table is read from the cache, never drawn again.
+    matches_eager(_Noise, _args, reset=_noise.cache_clear, state=lambda: _noise.cache_info().currsize)
+
+
+def test_a_random_table_already_cached_is_captured_and_read():
+    matches_eager(_Noise, _args, reset=lambda: (_noise.cache_clear(), torch.manual_seed(7), _noise(4)), refusable=False,
+                  between=lambda i: _noise(4).mul_(-1.0))
+
+
+def test_a_random_table_not_cached_yet_is_refused_naming_the_draw():
+    _noise.cache_clear()
+    with pytest.raises(SideEffectError, match=r"MH106.*_noise \(an lru_cache helper\) draws random numbers \(randn\)"):
+        minihop.capture(_Noise, _x(0))
+
+
+@functools.cache
+def _pair(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(n), torch.arange(float(n))
+
+
+class _Pair(Function):
+    @staticmethod
+    def forward(ctx, x):
+        a, b = _pair(4)
+        return x * a + b
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _pair(4)[0]
+
+
+def test_a_cached_tuple_written_in_place_between_calls():
+    matches_eager(_Pair, _args, reset=_pair.cache_clear, between=lambda i: _pair(4)[1].add_(1.0),
+                  refusable=False)
+
+
+def test_a_cached_tuple_written_in_place_before_backward():
+    matches_eager(_Pair, _args, reset=_pair.cache_clear, mid=lambda i: _pair(4)[0].add_(1.0),
+                  refusable=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _acc(n: int) -> torch.Tensor:
+    return torch.zeros(n)
+
+
+class _Accumulate(Function):
+    @staticmethod
+    def forward(ctx, x):
+        a = _acc(4)
+        a.add_(x)  # (the cache's tensor itself, as eager writes it)
+        return x * a
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _acc(4)
+
+
+def test_forward_writing_into_the_cached_table():
+    matches_eager(_Accumulate, _args, reset=_acc.cache_clear, state=lambda: _acc(4).clone(), refusable=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _one(n: int) -> torch.Tensor:
+    return torch.arange(float(n))
+
+
+class _Evicted(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _one(x.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _one(g.shape[0])
+
+
+def test_a_one_entry_cache_evicted_by_sizes_written_in_place():
+    matches_eager(_Evicted, lambda i: (_x(0, 4 + i % 2),), reset=_one.cache_clear,
+                  between=lambda i: _one(4 + i % 2).mul_(2.0), state=lambda: tuple(_one.cache_info()))
+
+
+@functools.lru_cache(maxsize=8, typed=True)
+def _scaled(n: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.arange(float(n)) * scale
+
+
+class _Keywords(Function):
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.s = s
+        return x * _scaled(4, scale=s)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _scaled(4, scale=ctx.s), None
+
+
+def test_a_typed_bounded_cache_called_with_keywords():
+    # The entry is looked up by the key functools makes (keywords, types): its counts are eager's.
+    matches_eager(_Keywords, lambda i: (_x(i), [1.0, 2.0, 1.0, 2.0][i]), reset=_scaled.cache_clear,
+                  between=lambda i: _scaled(4, scale=1.0).add_(0.5), state=lambda: tuple(_scaled.cache_info()),
+                  refusable=False)
+
+
+def test_counts_are_eagers_in_every_mode():
+    matches_eager(_Table, _args, reset=_table.cache_clear, state=lambda: tuple(_table.cache_info()), refusable=False)
+
+
+class _BackwardOnly(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _table(4)
+
+
+def test_a_table_only_backward_reads_rewritten_before_backward():
+    matches_eager(_BackwardOnly, _args, reset=_table.cache_clear, mid=lambda i: _table(4).sub_(0.25),
+                  state=lambda: tuple(_table.cache_info()), refusable=False)
+
+
+def test_the_table_is_a_graph_input_read_from_the_cache():
+    _table.cache_clear()
+    _table(4)
+    capture = minihop.capture(_Table, _x(0))
+    assert any("_table" in s.name for s in capture.inputs), [s.name for s in capture.inputs]
+    assert "arange" not in capture.fwd.code  # (read, not computed afresh)
