@@ -23,7 +23,7 @@ from .place import MISSING, UNMATCHED, Place, Root, arg_place
 from .structure import Path
 from .returned import OutputSpec, fresh
 
-__all__ = ["CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "CTX_HELD", "MISSING", "UNMATCHED",
+__all__ = ["AUTOCAST_DEVICES", "CtxAfter", "DataRead", "EFFECT", "GRAD_TOGGLE", "READS_GRAD_MODE", "InputSource", "LIFTED_FROM", "CTX_HELD", "MISSING", "UNMATCHED",
            "NO_STATE", "NO_WORLD", "OutsideWrite", "Pair", "Place", "PythonState", "RANGE_CHECK", "RawCapture", "Root",
            "StateRead", "StateWrite", "arg_place", "same_value"]
 
@@ -343,6 +343,10 @@ LIFTED_FROM = "_minihop_lifted_from"
 # adds once a body is traced). Rewire names them after the rest of the body, as that pass
 # does; on an assert it holds the checked expression (the message names the comparison node).
 RANGE_CHECK = "minihop_range_check"
+
+# The devices whose autocast state a call key records (``runtime.guards.autocast_key``) and
+# whose autocast dtype a read of ``torch.get_autocast_dtype`` is keyed by (``tracer.settings``).
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,11 +17,23 @@ call and when backward runs; its hits and misses stay eager's. A helper that wou
 numbers for an entry not yet made is refused (eager draws them at the call; fallback: eager),
 and a table computed for a dynamic size is checked against the cache's entry for this call's
 sizes and serves one call only.
+
+Also:
+
+- an object on ctx that backward changes more than four levels down (``ctx.info.c.c.c.c.c.n
+  += 1``), the loss differentiated twice: what ctx holds was compared four levels deep
+  (``effects.held``), below that by identity, so the second backward reused the first's trace
+  with the value the first read. It is compared as deep as a budget allows (a cycle by
+  identity); past it, nothing is assumed unchanged: refused, naming the budget;
+- ``torch.get_autocast_dtype("cpu")`` read with autocast off, ``torch.set_autocast_dtype``
+  between calls: the call key holds the autocast dtype only where autocast is on, so the
+  traced answer was reused. It is a setting read now (every device's, keyed whole).
 """
 
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import pytest
@@ -218,3 +230,116 @@ def test_the_table_is_a_graph_input_read_from_the_cache():
     capture = minihop.capture(_Table, _x(0))
     assert any("_table" in s.name for s in capture.inputs), [s.name for s in capture.inputs]
     assert "arange" not in capture.fwd.code  # (read, not computed afresh)
+
+
+# -- what ctx holds, compared deep -------------------------------------------------------------
+
+def _nested(depth: int) -> types.SimpleNamespace:
+    node = types.SimpleNamespace(n=1)
+    for _ in range(depth):
+        node = types.SimpleNamespace(c=node)
+    return node
+
+
+def _bottom(node: types.SimpleNamespace) -> types.SimpleNamespace:
+    while hasattr(node, "c"):
+        node = node.c
+    return node
+
+
+class _DeepCtx(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.info = _nested(7)
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        leaf = _bottom(ctx.info)
+        leaf.n += 1
+        return g * leaf.n
+
+
+def test_backward_changing_an_object_seven_levels_down_on_ctx_twice():
+    matches_eager(_DeepCtx, _args, backwards=2)
+
+
+class _Node:
+    def __init__(self, parent: Any = None, depth: int = 3) -> None:
+        self.parent, self.n = parent, 1
+        self.kids = [_Node(self, depth - 1) for _ in range(3)] if depth else []
+
+
+class _TreeCtx(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.tree = _Node()
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.tree.kids[0].kids[1].n
+
+
+def test_a_tree_with_parent_links_on_ctx_read_only_is_captured():
+    matches_eager(_TreeCtx, _args, backwards=2, refusable=False)
+
+
+class _WideCtx(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.items = [types.SimpleNamespace(v=float(k), t=torch.ones(1)) for k in range(3000)]
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.items[5].v
+
+
+def test_three_thousand_objects_on_ctx_read_only_are_captured():
+    matches_eager(_WideCtx, _args, backwards=2, refusable=False)
+
+
+class _DeeperCtx(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.info = _nested(14)
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        leaf = _bottom(ctx.info)
+        leaf.n += 1
+        return g * leaf.n
+
+
+def test_deeper_on_ctx_than_is_compared_is_refused_naming_the_budget():
+    matches_eager(_DeeperCtx, _args, backwards=2)
+    with pytest.raises(SideEffectError, match=r"MH106.*may change ctx\.info.*more, or deeper, than minihop compares"):
+        minihop.capture(_DeeperCtx, _x(0))
+
+
+# -- a setting read with an argument ----------------------------------------------------------
+
+class _AutocastDtype(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * (2.0 if torch.get_autocast_dtype("cpu") == torch.float16 else 3.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (5.0 if torch.get_autocast_dtype("cpu") == torch.float16 else 7.0)
+
+
+def test_the_autocast_dtype_read_with_autocast_off_and_set_between_calls():
+    matches_eager(_AutocastDtype, _args, refusable=False,
+                  between=lambda i: torch.set_autocast_dtype("cpu", [torch.bfloat16, torch.float16][i % 2]),
+                  reset=lambda: torch.set_autocast_dtype("cpu", torch.bfloat16))
+    torch.set_autocast_dtype("cpu", torch.bfloat16)
+
+
+def test_the_autocast_dtype_set_before_backward():
+    matches_eager(_AutocastDtype, _args,
+                  mid=lambda i: torch.set_autocast_dtype("cpu", [torch.bfloat16, torch.float16][i % 2]),
+                  reset=lambda: torch.set_autocast_dtype("cpu", torch.bfloat16))
+    torch.set_autocast_dtype("cpu", torch.bfloat16)

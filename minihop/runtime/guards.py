@@ -29,6 +29,7 @@ from ..arguments import is_dynamo_mark, marks
 from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, native_state, own_attr, own_dict, state_of, subclass_attributes, torch_tensor_entries,
                              view_items)
+from ..spec import AUTOCAST_DEVICES
 from ..structure import PLAIN_CALLABLES, attributes
 from ..user_code import plain_atom, plain_items, plain_pairs
 from .function_keys import function_key
@@ -283,8 +284,6 @@ def _module_state(name: str, module: torch.nn.Module, inner: frozenset[int]) -> 
 PLAIN = (int, float, bool, str, type(None))  # compared directly by the generated checks
 _any_autocast = torch._C._is_any_autocast_enabled
 _default_dtype = torch.get_default_dtype
-# The devices whose autocast state a key records (where an enabled autocast changes op dtypes).
-AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 
 
 def autocast_key() -> tuple[Any, ...] | None:

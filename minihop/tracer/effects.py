@@ -182,28 +182,71 @@ def ctx_objects(ctx: Any, existed: Callable[[Any], bool] = lambda value: False) 
 def held(value: Any, depth: int = 0, existed: Callable[[Any], bool] = lambda value: False) -> Any:
     """What ``value`` holds, as comparable values: plain values copied, a container's items, a
     user object's attributes, a function's closure cells and a bound method's object, down to
-    tensors, which count by identity (their writes are judged by their version counters)."""
+    tensors, which count by identity (their writes are judged by their version counters). A
+    container met again below itself counts by identity; past ``_HELD_DEPTH`` levels or
+    ``_HELD_BUDGET`` values, what lies below is ``_Below()``, equal to nothing: unknown, so a
+    comparison finds it changed (refused, never assumed the same)."""
+    return _held(value, depth, existed, _HeldWalk(_HELD_BUDGET, set()))
+
+
+_HELD_DEPTH, _HELD_BUDGET = 12, 20_000
+
+
+@dataclasses.dataclass
+class _HeldWalk:
+    left: int
+    open: set[int]
+
+
+class _Below:
+    """What ``held`` did not look at: equal to nothing (a new one each time: containers compare
+    their items by identity first)."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "<not looked at>"
+
+
+
+def _held(value: Any, depth: int, existed: Callable[[Any], bool], walk: _HeldWalk) -> Any:
     copied = _copied(value)
     if copied is not _OTHER:
         return copied
     if existed(value):
         return ("id", id(value))
-    if issubclass(type(value), types.FunctionType) and depth <= 4:  # (a closure's counter: ``box[0] += 1``)
-        return ("fn", id(value), tuple(held(c.cell_contents, depth + 1, existed) if _filled(c) else MISSING
+    if issubclass(type(value), (torch.Tensor, type, types.ModuleType)) or id(value) in walk.open:
+        return ("id", id(value))  # (a cycle: a tree's parent link)
+    walk.left -= 1
+    if depth > _HELD_DEPTH or walk.left < 0:
+        return _Below()
+    walk.open.add(id(value))
+    try:
+        return _parts(value, depth, existed, walk)
+    finally:
+        walk.open.discard(id(value))
+
+
+def _parts(value: Any, depth: int, existed: Callable[[Any], bool], walk: _HeldWalk) -> Any:
+    def inner(v: Any) -> Any:
+        return _held(v, depth + 1, existed, walk)
+    if issubclass(type(value), types.FunctionType):  # (a closure's counter: ``box[0] += 1``)
+        return ("fn", id(value), tuple(inner(c.cell_contents) if _filled(c) else MISSING
                                        for c in value.__closure__ or ()))
-    if issubclass(type(value), types.MethodType) and depth <= 4:
-        return ("method", id(value.__func__), held(value.__self__, depth + 1, existed))
-    if depth > 4 or issubclass(type(value), (torch.Tensor, type, types.ModuleType, types.FunctionType)):
-        return ("id", id(value))
+    if issubclass(type(value), types.MethodType):
+        return ("method", id(value.__func__), inner(value.__self__))
     cls = type(value)
     # (by class, whoever defined it: a deque, a Counter, an OrderedDict, a namedtuple hold items)
     if issubclass(cls, (list, tuple, set, frozenset, collections.deque)):
-        return (cls, tuple(held(v, depth + 1, existed) for v in value))
+        return (cls, tuple(inner(v) for v in value))
     if issubclass(cls, dict):
-        return (cls, tuple((held(k, depth + 1, existed), held(v, depth + 1, existed)) for k, v in value.items()))
+        return (cls, tuple((inner(k), inner(v)) for k, v in value.items()))
     if not library_module(cls.__module__) or cls is types.SimpleNamespace:
         own = attributes(value)  # (its ``__dict__`` and its ``__slots__``)
-        return (cls, id(value), tuple((k, held(v, depth + 1, existed)) for k, v in own.items()))
+        return (cls, id(value), tuple((k, inner(v)) for k, v in own.items()))
     return ("id", id(value))
 
 
@@ -222,7 +265,10 @@ def refuse_ctx_rebinding(name: str, before: dict[str, Any], after: dict[str, Any
     # would have raised: only one that held forward's value is read by a second backward)
     changed = sorted(k for k in before if before[k] != after.get(k))
     if changed:
+        deep = "<not looked at>" in repr(before[changed[0]])
         raise SideEffectError(
+            f"{name}.backward may change ctx.{changed[0]}, an object holding more, or deeper, than "
+            f"minihop compares ({_HELD_BUDGET:,} values, {_HELD_DEPTH} levels)." if deep else
             f"{name}.backward rebinds or changes ctx.{changed[0]}, a tensor or an object "
             "(or what it holds).",
             "A second backward of the call (retain_graph=True) reads what the first left on "

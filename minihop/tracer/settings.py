@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..place import walk_plain
-from ..spec import MISSING, Place, Root
+from ..spec import AUTOCAST_DEVICES, MISSING, Place, Root
 from .atoms import ATOMS
 from .library import is_library
 from .process_state import logging_levels
@@ -70,10 +70,29 @@ def _getter_place(end: Any) -> Place | None:
 _LOGGING = value_place("logging's levels (every logger's, and logging.disable)", lambda args: logging_levels(handlers=False))
 
 
+# ``torch.get_autocast_dtype(device)``: the call key holds it only where autocast is on; off,
+# the code may still read it (``if torch.get_autocast_dtype("cpu") == torch.float16``), and
+# ``torch.set_autocast_dtype`` changes it between calls. Which device is the call's argument:
+# every device's, keyed whole.
+_AUTOCAST_DTYPES = value_place("torch.get_autocast_dtype(...) of every device", lambda args: _autocast_dtypes())
+
+
+def _autocast_dtypes() -> tuple[Any, ...]:
+    found = []
+    for device in AUTOCAST_DEVICES:
+        try:
+            found.append(torch.get_autocast_dtype(device))
+        except RuntimeError:  # a device type this build does not know
+            found.append(None)
+    return tuple(found)
+
+
 def setting_place(end: Any) -> Place | None:
     """The place for ``end`` (what a chain of the code names) when calling it reads a setting."""
     if end is logging.getLogger:
         return _LOGGING
+    if end is torch.get_autocast_dtype:
+        return _AUTOCAST_DTYPES
     found = _getter_place(end)
     if found is not None:
         return found
