@@ -232,6 +232,79 @@ def test_the_table_is_a_graph_input_read_from_the_cache():
     assert "arange" not in capture.fwd.code  # (read, not computed afresh)
 
 
+@functools.lru_cache(maxsize=None)
+def _table_dict(n: int) -> dict[str, Any]:
+    return {"w": torch.arange(float(n)), "n": n}
+
+
+class _DictEntry(Function):
+    @staticmethod
+    def forward(ctx, x):
+        d = _table_dict(4)
+        return x * d["w"] * d["n"]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _table_dict(4)["w"]
+
+
+def test_a_plain_value_in_a_cached_dict_changed_between_calls():
+    # (the entry's other values are read from it too: guarded, ``_table_dict(4)['n']``)
+    def between(i: int) -> None:
+        _table_dict(4)["n"] = 4 + i
+    matches_eager(_DictEntry, _args, reset=_table_dict.cache_clear, between=between, refusable=False)
+
+
+def test_a_tensor_in_a_cached_dict_replaced_before_backward():
+    def mid(i: int) -> None:
+        _table_dict(4)["w"] = torch.full((4,), float(i) + 3.0)
+    matches_eager(_DictEntry, _args, reset=_table_dict.cache_clear, mid=mid, refusable=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _norm(n: int) -> float:
+    return float(torch.arange(float(n)).sum())
+
+
+class _Norm(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x / _norm(4)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / _norm(4)
+
+
+def test_a_cached_number_taken_from_a_table_it_made_is_captured():
+    matches_eager(_Norm, _args, reset=_norm.cache_clear, state=lambda: tuple(_norm.cache_info()), refusable=False)
+
+
+_BUILT: list[int] = []
+
+
+@functools.lru_cache(maxsize=None)
+def _logged(n: int) -> torch.Tensor:
+    _BUILT.append(n)
+    return torch.arange(float(n))
+
+
+class _Logged(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _logged(4)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _logged(4)
+
+
+def test_a_helper_that_notes_each_table_it_builds():
+    matches_eager(_Logged, _args, reset=lambda: (_logged.cache_clear(), _BUILT.clear()),
+                  state=lambda: (list(_BUILT), tuple(_logged.cache_info())),
+                  between=lambda i: _logged(4).add_(1.0))
+
+
 # -- what ctx holds, compared deep -------------------------------------------------------------
 
 def _nested(depth: int) -> types.SimpleNamespace:

@@ -25,7 +25,6 @@ where they differ.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +42,7 @@ from .effects import held
 from .identity import SWAPPED_IN
 from .routes import state_named
 
-__all__ = ["NOT_FETCHED", "Made", "called", "cached_entry", "entry_routes", "fetched_entry", "sized_entry", "stale_cache_check",
+__all__ = ["NOT_FETCHED", "called", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "sized_entry", "stale_cache_check",
            "traced_call"]
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -62,34 +61,28 @@ def plain_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return all(_plain(a) for a in (*args, *kwargs.values()))
 
 
-def fetched_entry(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], unwrapped: Callable[..., Any],
-                  what: str, where: str) -> Any:
+def fetched_entry(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What the code gets from the cache, for plain arguments, where it holds tensors: the
-    cache's entry, looked up without calling (its hits and misses stay eager's: the capture's
-    reads of the place are the calls eager makes); where there is none yet, stand-ins of
-    what the helper makes (the capture's first read makes it). ``NOT_FETCHED`` where the result
-    holds no tensor (its value is traced), the arguments are not plain or the cache cannot be
-    looked into."""
+    cache's entry, looked up without calling (no hit counted: the capture's reads of the place
+    and the call's own replay are the calls eager makes); MISSING where the cache holds none yet
+    (the helper is traced: ``made_entry``); ``NOT_FETCHED`` where the entry holds no tensor (its
+    value is traced) or the arguments are not plain."""
     if not plain_call(args, kwargs):
         return NOT_FETCHED
     entry = _peek(fn, args, kwargs)
-    if entry is not MISSING:
-        return entry if holds_tensor(entry) else NOT_FETCHED
-    drawn = _Draws()
-    with torch._C.DisableTorchFunction(), drawn:  # (the graphs record none of it: fetched)
-        made = unwrapped(*args, **kwargs)
-    if not holds_tensor(made):
-        return Made(made)  # (the value the trace goes on with: the helper runs once, as in eager)
+    return entry if entry is MISSING or holds_tensor(entry) else NOT_FETCHED
+
+
+def made_entry(fn: Any, result: Any, drawn: _Draws, what: str, where: str) -> Any:
+    """For an entry the cache does not hold yet, where the traced helper returned tensors:
+    stand-ins of them, read from the cache on every call like an entry it holds (the capture's
+    first read makes it); ``NOT_FETCHED`` for a result without tensors (traced as it is). The
+    helper's own ops stay in the graph, unused (what the user's call ran)."""
+    if not holds_tensor(result):
+        return NOT_FETCHED
     stale_cache_check(fn, what, where)  # (made again by the capture's read: of its arguments alone)
     _refuse_draws(drawn, what, where, "for an entry its cache does not hold yet")
-    return replace_tensors(made, lambda path, t: _stand_in(t))
-
-
-@dataclasses.dataclass
-class Made:
-    """A helper's result that holds no tensor, for an entry its cache does not hold: traced."""
-
-    value: Any
+    return replace_tensors(result, lambda path, t: _stand_in(t))
 
 
 def _refuse_draws(drawn: _Draws, what: str, where: str, when: str) -> None:
@@ -193,19 +186,22 @@ def _peek(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def entry_routes(root: Root, entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 what: str) -> list[tuple[torch.Tensor, str, Place]]:
+                 what: str) -> tuple[list[tuple[torch.Tensor, str, Place]], list[Place]]:
     """Each tensor in the cache's ``entry`` with an input name and its place: ``root`` (the
     helper, as the code named it) called again with the same arguments, then the steps down
-    to the tensor (an item, a key, an object's attribute)."""
+    to the tensor (an item, a key, an object's attribute); and the place of each other value
+    it holds (``table(4)["n"]``: the caller may change it between calls, a read of it is guarded)."""
     shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
     call = Root("value", ("cached", root.kind, root.key, args, tuple(kwargs.items())), f"{what}({shown})",
                 lambda a: _call(root.get(a), args, kwargs))
-    found = []
+    found, values = [], []
     for steps, leaf in iter_leaves(entry):
         if issubclass(type(leaf), torch.Tensor):
             name = held_name(f"cached_{ident(what)}", "_".join(str(k) for _, k in steps)).rstrip("_")
             found.append((leaf, name, Place(call, steps)))
-    return found
+        elif steps:
+            values.append(Place(call, steps))
+    return found, values
 
 
 def _call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

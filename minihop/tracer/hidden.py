@@ -35,8 +35,8 @@ from ..spec import MISSING, Place, StateWrite
 from ..library_state import library_module
 from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
-from .cache_entries import (NOT_FETCHED, Made, called, cached_entry, entry_routes, fetched_entry, sized_entry, stale_cache_check,
-                            traced_call)
+from .cache_entries import (NOT_FETCHED, called, cached_entry, entry_routes, fetched_entry, made_entry, sized_entry,
+                            stale_cache_check, traced_call)
 from .effects import held
 from .identity import SWAPPED_IN
 
@@ -230,6 +230,7 @@ class ReadWatch:
         self.unknown: Callable[[str, str], None] = lambda phase, why: None  # (pystate's: single-use)
         # (the trace's: a tensor of an lru_cache entry, its input name and place)
         self.route: Callable[[torch.Tensor, str, Place], None] | None = None
+        self.read: Callable[[Place, str, str], None] = lambda place, phase, where: None  # (pystate's: guarded)
         self.real: dict[int, Any] = {}  # id(recorder) -> the function it stands for
         # Python's generator compared before and after only where the code may draw unseen
         # (its state costs a 625-number copy to read); a named draw saves it when made.
@@ -252,15 +253,21 @@ class ReadWatch:
                     frame = sys._getframe(1)
                     where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
                     self.cache_calls.append((self.phase, home, name, what, args, kwargs, where))
-                    entry = fetched_entry(fn, args, kwargs, unwrapped, what, where) if self.route is not None else NOT_FETCHED
-                    if entry is not NOT_FETCHED and type(entry) is not Made:  # (tensors: read from the cache;
-                        # the call itself, made again, keeps the cache's counts eager's)
-                        for tensor, input_name, place in entry_routes(called(home, name, what), entry, args, kwargs, what):
-                            self.route(tensor, input_name, place)
-                        return entry
-                result, drawn = (entry.value, None) if type(entry) is Made else traced_call(unwrapped, args, kwargs)
+                    entry = fetched_entry(fn, args, kwargs) if self.route is not None else NOT_FETCHED
+                result, drawn = (None, None) if entry is not NOT_FETCHED and entry is not MISSING else \
+                    traced_call(unwrapped, args, kwargs)
+                if entry is MISSING:  # (not made yet: traced, and read from the cache where it holds tensors)
+                    entry = made_entry(fn, result, drawn, what, where)
+                if entry is not NOT_FETCHED:  # (tensors: read from the cache on every call; the call
+                    # itself, made again, keeps the cache's counts eager's)
+                    routes, values = entry_routes(called(home, name, what), entry, args, kwargs, what)
+                    for tensor, input_name, place in routes:
+                        self.route(tensor, input_name, place)
+                    for place in values:
+                        self.read(place, self.phase, where)
+                    return entry
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
-                    if drawn is not None and sized_entry(fn, unwrapped, result, drawn, args, kwargs, what, where):
+                    if sized_entry(fn, unwrapped, result, drawn, args, kwargs, what, where):
                         self.unknown(self.phase, f"{self.phase} computes a tensor {what} (an lru_cache helper) returns "
                                      f"for a dynamic size, whose entry it cannot read ({where})")
                     stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")

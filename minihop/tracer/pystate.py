@@ -301,10 +301,10 @@ class StateTracker:
         spaces = {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}
         self.opaque.start(codes, self.args, spaces, self.library,
                           {fn.__code__ for phase, fn, _, _ in self.analysed if phase == "backward" and hasattr(fn, "__code__")})
-        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw,
-                                             lambda frame: frame.f_code in codes
+        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw, lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)
         self.hidden_reads.existed, self.hidden_reads.unknown = self.existed_before, self.opaque.unknown  # (the heap watch's)
+        self.hidden_reads.read = lambda place, phase, where: self._add_read(place, phase, None, None, where)
         self.messages = messages.MessageWatch(self.hidden_reads.is_user, passing=self.standing, modules=spaces.values())
 
     def stop(self, names_only: bool = False) -> None:
