@@ -133,6 +133,11 @@ KINDS = {
     # down on ctx, a write six helper calls down (into a SimpleNamespace log), an iterator three
     # lists below the dict entry the code hands to a helper.
     "deep_death_code": ("fb", ""), "deep_helper_write": ("fb", ""), "nested_iterator": ("fb", ""),
+    # Round 20: what an lru_cache helper hands back, changed by the caller between calls (a
+    # table written in place, a plain value of a dict entry rebound) or drawn at random once;
+    # and an object eight levels down on ctx, changed by backward.
+    "lru_table_changed": ("fb", ""), "lru_dict_entry": ("fb", ""), "lru_random_table": ("fb", ""),
+    "deep_ctx_object_backward": ("b", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -182,6 +187,14 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["cfg_cache()['calls'] += 1"], "x * float(cfg_cache()['calls'] % 3 + 1)"
     if kind == "ctx_object_backward":
         return ["ctx.box.n += 1"], "x * float(ctx.box.n)"
+    if kind == "deep_ctx_object_backward":
+        return ["_innermost_ns(ctx.deepbox).n += 1"], "x * float(_innermost_ns(ctx.deepbox).n)"
+    if kind == "lru_table_changed":
+        return [], r.choice(["x * ctable(x.shape[0])", "x * ctable(3).sum()", "x * cpair(3)[1].mean()"])
+    if kind == "lru_dict_entry":
+        return [], "x * dentry(3)['w'].sum() * dentry(3)['s']"
+    if kind == "lru_random_table":
+        return [], r.choice(["x * rtable(3).sum()", "x * rtable(x.shape[0])"])
     if kind in ("caught_warn_op", "caught_quiet_op"):
         dim = "" if kind == "caught_warn_op" else ", dim=0"
         return [f"with warnings.catch_warnings(record=True) as _cw{n}:",
@@ -310,6 +323,8 @@ def generate_source(r: random.Random) -> str:
         fwd.append("ctx.trail = [0]")
     if any(k == "ctx_object_backward" for k, _ in effects):
         fwd.append("ctx.box = types.SimpleNamespace(n=0)")
+    if any(k == "deep_ctx_object_backward" for k, _ in effects):
+        fwd.append("ctx.deepbox = _nested_ns(8)")
     if any(k == "memo_tensor" for k, _ in effects):
         bwd_terms.append("x * MEMO[ctx.n]")
     if any(k == "ctx_dict_alias" for k, _ in effects):
@@ -352,6 +367,15 @@ def generate_source(r: random.Random) -> str:
         "    @functools.lru_cache(maxsize=None)", "    def table(n):",
         "        return torch.arange(n, dtype=torch.float32) + 1", "",
         "    @functools.lru_cache(maxsize=None)", "    def cfg_cache():", "        return {'calls': 0}", "",
+        "    @functools.lru_cache(maxsize=2)", "    def ctable(n):",
+        "        return torch.arange(n, dtype=torch.float32) + 1", "",
+        "    @functools.cache", "    def cpair(n):", "        return (torch.ones(n), torch.arange(n, dtype=torch.float32))", "",
+        "    @functools.lru_cache(maxsize=None)", "    def dentry(n):",
+        "        return {'w': torch.arange(n, dtype=torch.float32), 's': 2.0}", "",
+        "    @functools.lru_cache(maxsize=None)", "    def rtable(n):", "        return torch.rand(n)", "",
+        "    def _nested_ns(depth):", "        v = types.SimpleNamespace(n=0)", "        for _ in range(depth):",
+        "            v = types.SimpleNamespace(c=v)", "        return v", "",
+        "    def _innermost_ns(v):", "        while hasattr(v, 'c'):", "            v = v.c", "        return v", "",
         "    DIED, KEEP = [0], []", "",
         "    ITERS, ITER_KEY = {'c': itertools.count(1)}, 'c'",
         "    NITERS = {'c': [[[itertools.count(1)]]]}", "",
@@ -436,6 +460,7 @@ def generate_source(r: random.Random) -> str:
         "        ALIAS_CFG['s'] = ALIAS_CFG['s'] + 0.5 * (i + 1)",
         "        vars(CONF)['s'] = CONF.s * 2.0",
         "        dict.__setitem__(CD, 'k', 2.0 + i); LAZY.BASE[0] = 1.0 + i; DCFG._d['scale'] = 1.0 + i",
+        "        if i >= 1:", "            ctable(3).mul_(1.5); cpair(3)[1].add_(0.5); dentry(3)['s'] = 2.0 + i",
         "        if i == 1:", "            list.append(CL, 0.5); dict.__setitem__(CK, CKey(1), 3.0)",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
           "replace": ["        if i == 2:", "            for k in list(STASH):",

@@ -130,7 +130,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # read at two positions that grows at the front, a tensor seven lists deep in an
            # argument, and a config dict a ``functools.cache`` helper hands out.
            "deep_tensor_global", "object_list_tensor_global", "deque_tensor_global", "list_front_insert_global",
-           "nested_list_tensor_arg", "cached_config_global")
+           "nested_list_tensor_arg", "cached_config_global",
+           # Round 20: what an lru_cache helper hands back, changed by the caller: its table
+           # written in place, a tensor of a cached tuple written in place, a plain value of a
+           # cached dict entry rebound.
+           "cached_table_global", "cached_tuple_global", "cached_dict_entry_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -578,6 +582,15 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "cached_config_global":
         return (["@functools.cache", "def kget_config():", "    return {'s': 2.0}", ""],
                 ["kget_config()['s'] = v"], "kget_config()['s']", [], "")
+    if holder == "cached_table_global":
+        return (["@functools.lru_cache(maxsize=4)", "def ktable(n):", "    return torch.ones(())", ""],
+                ["ktable(1).fill_(v)"], "ktable(1)", [], "")
+    if holder == "cached_tuple_global":
+        return (["@functools.cache", "def kpair(n):", "    return (torch.ones(()), torch.ones(()))", ""],
+                ["kpair(1)[1].fill_(v)"], "(kpair(1)[0] * kpair(1)[1])", [], "")
+    if holder == "cached_dict_entry_global":
+        return (["@functools.lru_cache(maxsize=None)", "def kentry(n):", "    return {'w': torch.ones(()), 's': 2.0}", ""],
+                ["kentry(1)['s'] = v"], "(kentry(1)['w'] * kentry(1)['s'])", [], "")
     if holder == "class_counted_global":
         return (["CCN = [0]", "", "", "class KCounted:", "    def __init__(self):", "        self.s = 2.0", "",
                  "    @property", "    def __class__(self):", "        CCN[0] += 1", "        return KCounted", "", "",
