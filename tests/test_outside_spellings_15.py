@@ -305,6 +305,43 @@ def test_a_helper_that_notes_each_table_it_builds():
                   between=lambda i: _logged(4).add_(1.0))
 
 
+class _Tables:
+    @classmethod
+    @functools.lru_cache(maxsize=None)
+    def table(cls, n: int) -> torch.Tensor:
+        return torch.arange(float(n))
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def stable(n: int) -> torch.Tensor:
+        return torch.arange(float(n)) + 1
+
+
+class _ClassTables(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _Tables.table(4) * _Tables.stable(4)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _Tables.table(4) * _Tables.stable(4)
+
+
+def _tables_reset() -> None:
+    _Tables.table.__func__.cache_clear()
+    _Tables.stable.cache_clear()
+
+
+def _tables_state() -> Any:
+    return tuple(_Tables.table.__func__.cache_info()), tuple(_Tables.stable.cache_info())
+
+
+def test_classmethod_and_staticmethod_tables_written_before_backward():
+    # (a classmethod's key holds the class; read anew, the bound method is a new object each time)
+    matches_eager(_ClassTables, _args, reset=_tables_reset, state=_tables_state, refusable=False,
+                  mid=lambda i: (_Tables.table(4).add_(1.0), _Tables.stable(4).mul_(2.0)))
+
+
 # -- what ctx holds, compared deep -------------------------------------------------------------
 
 def _nested(depth: int) -> types.SimpleNamespace:

@@ -26,6 +26,7 @@ where they differ.
 from __future__ import annotations
 
 import gc
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -162,6 +163,8 @@ def _peek(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The entry ``fn``'s cache holds for the call, MISSING where none, without calling ``fn``
     (CPython's C cache: its key as ``functools`` makes it, its dict and its links); where the
     cache is not laid out so, the call itself (eager's, made now)."""
+    if issubclass(type(fn), types.MethodType):  # (an lru_cache'd method: its object is the key's first item)
+        fn, args = fn.__func__, (fn.__self__, *args)
     refs = gc.get_referents(fn)
     caches = [r for r in refs if type(r) is dict and r is not getattr(fn, "__dict__", None)]
     marks = [r for r in refs if type(r) is object]
@@ -210,19 +213,25 @@ def _call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     with unset_fake_temporarily(), torch._C.DisableTorchFunction():  # (never a fake in the cache)
         entry = _peek(fn, args, kwargs)
         if entry is MISSING:
-            _MADE.add((id(fn), args, tuple(kwargs.items())))  # (its call's own is made: not again)
+            _MADE.add(_made_key(fn, args, kwargs))  # (its call's own is made: not again)
             return fn(*args, **kwargs)
         return entry
 
 
 # The calls whose entry a read of the place made (counted as their miss): the call itself,
 # made again after fwd or when backward runs, is then not made again (``_replayed``).
-_MADE: set[tuple[int, tuple[Any, ...], tuple[Any, ...]]] = set()
+_MADE: set[tuple[Any, ...]] = set()
+
+
+def _made_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    # (a method is read anew each time, a new bound object: keyed by its function and object)
+    owner = (id(fn.__func__), id(fn.__self__)) if issubclass(type(fn), types.MethodType) else (id(fn),)
+    return (*owner, args, tuple(kwargs.items()))
 
 
 def _replayed(fn: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
-        key = (id(fn), args, tuple(kwargs.items()))
+        key = _made_key(fn, args, kwargs)
         if key in _MADE:
             _MADE.discard(key)
             return None
