@@ -342,6 +342,55 @@ def test_classmethod_and_staticmethod_tables_written_before_backward():
                   mid=lambda i: (_Tables.table(4).add_(1.0), _Tables.stable(4).mul_(2.0)))
 
 
+@functools.lru_cache(maxsize=None)
+def _typed_table(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.arange(n, dtype=dtype)
+
+
+class _DtypeKeyed(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _typed_table(4, dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _typed_table(4, dtype=g.dtype)
+
+
+def test_a_table_keyed_by_a_dtype_written_in_place_between_calls():
+    # (a dtype is a plain key: the entry is read from the cache)
+    matches_eager(_DtypeKeyed, _args, reset=_typed_table.cache_clear, refusable=False,
+                  between=lambda i: _typed_table(4, dtype=torch.float32).add_(1.0),
+                  state=lambda: tuple(_typed_table.cache_info()))
+
+
+@functools.lru_cache(maxsize=None)
+def _doubled(t: torch.Tensor) -> torch.Tensor:
+    return t * 2
+
+
+_W = torch.ones(4)
+
+
+class _TensorKeyed(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _doubled(_W)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _doubled(_W)
+
+
+def test_a_cache_keyed_by_a_global_tensor_written_in_place():
+    # Eager's cache keys ``_W`` by identity and keeps what it made from it then; computed in the
+    # graphs for this call only, checked against the entry (refused where ``_W`` changed since).
+    matches_eager(_TensorKeyed, _args, reset=lambda: (_doubled.cache_clear(), _W.fill_(1.0)),
+                  between=lambda i: _W.add_(1.0))
+    matches_eager(_TensorKeyed, _args, reset=lambda: (_doubled.cache_clear(), _W.fill_(1.0)),
+                  between=lambda i: _doubled(_W).add_(1.0))
+
+
 # -- what ctx holds, compared deep -------------------------------------------------------------
 
 def _nested(depth: int) -> types.SimpleNamespace:

@@ -11,8 +11,9 @@ no hit is counted; where there is none, stand-ins of what the helper makes) and 
 it becomes an input read through the place "that call's result" (``entry_routes``), on every
 call and when backward runs. A read that finds no entry makes it (its miss counted, as eager's
 call counts it) and the call's own replay (``hidden.ReadWatch.call_writes``) is then skipped.
-For a dynamic size no entry can be read: the graphs compute it, for one call, checked against
-the cache's entry for this call's sizes (``sized_entry``).
+For a dynamic size or a caller's tensor among the arguments (keyed by identity) no entry can
+be read on later calls: the graphs compute it, for one call, checked against the cache's entry
+for this call (``computed_for_this_call``).
 
 A mutable object without tensors the cache hands out (a config dict, a list, an object:
 ``get_config()["lr"] = 0.1`` from anywhere) may have been changed since it was made, and may be
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import SideEffectError
@@ -43,18 +44,22 @@ from .effects import held
 from .identity import SWAPPED_IN
 from .routes import state_named
 
-__all__ = ["NOT_FETCHED", "called", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "sized_entry", "stale_cache_check",
-           "traced_call"]
+__all__ = ["NOT_FETCHED", "called", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "computed_for_this_call",
+           "stale_cache_check", "traced_call"]
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 NOT_FETCHED = object()
 
 
+# torch's own values a key may hold (``table(4, dtype=x.dtype)``): hashed and compared by value
+_TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
 def _plain(value: Any) -> bool:
     if issubclass(type(value), (tuple, frozenset)):
         return all(_plain(v) for v in value)
-    return type(value) in CONSTANTS or value is None
+    return type(value) in CONSTANTS or type(value) in _TORCH_VALUES or value is None
 
 
 def plain_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -104,7 +109,15 @@ def traced_call(unwrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: di
         return unwrapped(*args, **kwargs), drawn
 
 
-def sized_entry(fn: Any, unwrapped: Callable[..., Any], result: Any, drawn: _Draws, args: tuple[Any, ...],
+def computed_for_this_call(fn: Any, unwrapped: Callable[..., Any], result: Any, drawn: _Draws, args: tuple[Any, ...],
+                           kwargs: dict[str, Any], what: str, where: str) -> bool:
+    """Whether the graphs compute a result holding tensors whose cache entry cannot be read
+    on later calls (a dynamic size, a tensor argument): right for this call only, checked."""
+    return _sized_entry(fn, unwrapped, result, drawn, args, kwargs, what, where) or \
+        _tensor_keyed(fn, unwrapped, result, args, kwargs, what, where)
+
+
+def _sized_entry(fn: Any, unwrapped: Callable[..., Any], result: Any, drawn: _Draws, args: tuple[Any, ...],
                 kwargs: dict[str, Any], what: str, where: str) -> bool:
     """Whether a result holding tensors was computed for a dynamic size (``table(x.shape[0])``
     under dynamic shapes): no entry can be read for a size the capture has not seen, so the
@@ -129,6 +142,32 @@ def sized_entry(fn: Any, unwrapped: Callable[..., Any], result: Any, drawn: _Dra
                 "dynamic size, which cannot read the cache's entry for each size.",
                 "Capture without dynamic sizes (minihop.function(F) keys each size), or run it "
                 "eagerly with minihop.function(F, fallback='eager').", where=where)
+    return True
+
+
+def _tensor_keyed(fn: Any, unwrapped: Callable[..., Any], result: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 what: str, where: str) -> bool:
+    """Whether a result holding tensors was computed for a caller's tensor among the arguments
+    (``table(W)``: the cache keys it by identity, and keeps what it made from it as it was then,
+    while the graphs compute it from the tensor as it is). Its entry for this call is checked
+    against what the helper makes now (refused where they differ: written in place since), and
+    the capture serves this call only (single-use)."""
+    values = (*args, *kwargs.values())
+    if not holds_tensor(result) or not any(issubclass(type(v), torch.Tensor) and not issubclass(type(v), FakeTensor)
+                                           for v in values):
+        return False
+    entry = _peek(fn, args, kwargs)
+    if entry is not MISSING:
+        with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+            fresh = unwrapped(*args, **kwargs)
+        if not _same(entry, fresh):
+            raise SideEffectError(
+                f"The tensor {what} (an lru_cache helper) returned for a tensor argument is not what "
+                "it makes from that tensor now (the tensor or the entry was written in place since).",
+                "Eager gets the tensor its cache holds, keyed by the argument's identity; minihop's "
+                "graphs compute it from the argument as it is now.",
+                "Key the helper by plain values (sizes, dtypes), or run it eagerly with "
+                "minihop.function(F, fallback='eager').", where=where)
     return True
 
 

@@ -35,8 +35,8 @@ from ..spec import MISSING, Place, StateWrite
 from ..library_state import library_module
 from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
-from .cache_entries import (NOT_FETCHED, called, cached_entry, entry_routes, fetched_entry, made_entry, sized_entry,
-                            stale_cache_check, traced_call)
+from .cache_entries import (NOT_FETCHED, called, cached_entry, computed_for_this_call, entry_routes, fetched_entry,
+                            made_entry, stale_cache_check, traced_call)
 from .effects import held
 from .identity import SWAPPED_IN
 
@@ -267,9 +267,9 @@ class ReadWatch:
                         self.read(place, self.phase, where)
                     return entry
                 if where is not None:  # whatever it returns: a float is as stale as a tensor
-                    if sized_entry(fn, unwrapped, result, drawn, args, kwargs, what, where):
+                    if computed_for_this_call(fn, unwrapped, result, drawn, args, kwargs, what, where):
                         self.unknown(self.phase, f"{self.phase} computes a tensor {what} (an lru_cache helper) returns "
-                                     f"for a dynamic size, whose entry it cannot read ({where})")
+                                     f"for a dynamic size or a tensor, whose entry it cannot read ({where})")
                     stale_cache_check(fn, what, where, "tensor" if holds_tensor(result) else "value")
                     if cached_entry(fn, args, kwargs, result, what, where) is not NOT_FETCHED:
                         self.cache_calls.pop()  # (the call eager makes, made: not made again)
