@@ -172,7 +172,9 @@ ABOUT = {
         "`torch.Size`, dicts, lists, a dict set on the output, a size written to a global) x "
         "`torch.func` transforms (grad, vjp, jacrev, vmap; setup_context style) x modes "
         "(`no_grad`, `inference_mode` with inference tensors, CPU autocast, `create_graph`, "
-        "`retain_graph`). Outputs with their exact types, every grad, the transform's result "
+        "`retain_graph`); since round 20 one body reads a table an `lru_cache` helper hands out, "
+        "which the caller writes in place before each call (its counts are state too). Outputs "
+        "with their exact types, every grad, the transform's result "
         "and the Python state are compared with eager's through `minihop.function(F)` and "
         "`minihop.function(F, fallback=\"eager\")`. *mismatched* (a silent difference) and "
         "*crashed* (a non-minihop error) must never happen."),

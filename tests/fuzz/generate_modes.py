@@ -34,6 +34,9 @@ BODIES: dict[str, tuple[list[str], list[str]]] = {
     "sin": (["y = (x * w).sin()"], ["c = (x * w).cos()", "gx = g * c * w", "gw = (g * c * x).sum(0)"]),
     "tanh": (["y = (x + w).tanh()"], ["t = (x + w).tanh()", "d = g * (1 - t * t)", "gx = d", "gw = d.sum(0)"]),
     "matmul": (["y = x @ torch.diag(w)"], ["gx = g @ torch.diag(w)", "gw = (x * g).sum(0)"]),
+    # Round 20: a table an lru_cache helper hands out, written in place by the caller before
+    # each call (``make_args``): the graphs read the cache's entry, as eager's code does.
+    "cached": (["y = x * (w * table(4))"], ["t = table(4)", "gx = g * (w * t)", "gw = (g * x * t).sum(0)"]),
 }
 # Non-tensor values forward hands back, as (return-value source, or None for an attribute /
 # a state write, and the lines that make it).
@@ -83,8 +86,14 @@ def _source(body: str, setup_style: bool, transform: str, mode: str, extras: lis
     grads_sig = "g" + "".join(f", _e{i}" for i in range(n_extra))
     scale = " * (ctx.n / x.shape[0])" if keeps_n else ""
     out: list[str] = [
+        "import functools",
         "import torch",
         "from torch.autograd import Function",
+        "",
+        "",
+        "@functools.lru_cache(maxsize=2)",
+        "def table(n):",
+        "    return torch.arange(n, dtype=torch.float32) + 1",
         "",
         f"SIZES = {sizes!r}",
         f"MODE = {mode!r}",
@@ -94,16 +103,18 @@ def _source(body: str, setup_style: bool, transform: str, mode: str, extras: lis
         "",
         "def reset_state():",
         '    TOTAL.update(n=0, last=None)',
+        "    table.cache_clear()",
         "",
         "",
         "def read_state():",
-        "    return dict(TOTAL)",
+        "    return {**TOTAL, 'table': tuple(table.cache_info())}",
         "",
         "",
         "def make_args(call):",
         "    gen = torch.Generator().manual_seed(1000 + call)",
         "    x = torch.randn(SIZES[call], 4, generator=gen)",
         "    w = torch.randn(4, generator=gen)",
+        "    table(4).add_(0.25)  # (the caller's write into the cached table)",
         "    return x, w",
         "",
         "",
