@@ -73,6 +73,7 @@ def fetched_entry(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     and the call's own replay are the calls eager makes); MISSING where the cache holds none yet
     (the helper is traced: ``made_entry``); ``NOT_FETCHED`` where the entry holds no tensor (its
     value is traced) or the arguments are not plain."""
+    _MADE.clear()  # (a mark left by a run that never reached its replay: a guard failed after the read)
     if not plain_call(args, kwargs):
         return NOT_FETCHED
     entry = _peek(fn, args, kwargs)
