@@ -33,6 +33,7 @@ Also:
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from typing import Any
 
@@ -389,6 +390,97 @@ def test_a_cache_keyed_by_a_global_tensor_written_in_place():
                   between=lambda i: _W.add_(1.0))
     matches_eager(_TensorKeyed, _args, reset=lambda: (_doubled.cache_clear(), _W.fill_(1.0)),
                   between=lambda i: _doubled(_W).add_(1.0))
+
+
+# -- wherever the helper is held, the trace never leaves a fake tensor in its cache -----------------
+
+def _lru() -> Any:
+    return functools.lru_cache(maxsize=None)(lambda n: torch.arange(float(n)) + 1)
+
+
+_HELD = {"dict": _lru(), "list": [_lru()], "kw": _lru(), "named": _lru(), "decorated": _lru()}
+_NAME = ["_HELD_TABLE"]
+_HELD_TABLE = _lru()
+
+
+def _logged_calls(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*a: Any) -> Any:
+        return fn(*a)
+    return wrapper
+
+
+_DECORATED = _logged_calls(_HELD["decorated"])
+
+
+def _kw_helper(n: int, *, table: Any = _HELD["kw"]) -> torch.Tensor:
+    return table(n)
+
+
+def _named_global(n: int) -> torch.Tensor:
+    return getattr(sys.modules[__name__], _NAME[0])(n)
+
+
+def _calling(read: Any) -> type:
+    class Calls(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * read(4)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * read(4)
+    return Calls
+
+
+@pytest.mark.parametrize("where", ["decorator", "dict", "list", "local_list", "map", "kwdefault", "partial_keyword",
+                                   "getattr_by_name", "module_vars"])
+def test_a_cold_cache_never_keeps_a_fake_tensor(where: str) -> None:
+    # Before: the helper was swapped only where a chain named it (a global, a cell, an
+    # attribute); held elsewhere, the trace called it for real on fake tensors, and its cache
+    # kept a FakeTensor that the caller's next call got back (.tolist() raised).
+    cache, read = {
+        "decorator": (_HELD["decorated"], _DECORATED),
+        "dict": (_HELD["dict"], lambda n: _HELD["dict"](n)),
+        "list": (_HELD["list"][0], lambda n: _HELD["list"][0](n)),
+        "local_list": (_HELD["list"][0], lambda n: [_HELD["list"][0]][0](n)),
+        "map": (_HELD["list"][0], lambda n: next(map(_HELD["list"][0], [n]))),
+        "kwdefault": (_HELD["kw"], _kw_helper),
+        "partial_keyword": (_HELD["kw"], functools.partial(_kw_helper, table=_HELD["kw"])),
+        "getattr_by_name": (_HELD_TABLE, _named_global),
+        "module_vars": (_HELD_TABLE, lambda n: vars(sys.modules[__name__])["_HELD_TABLE"](n)),
+    }[where]
+    fn = _calling(read)
+    cache.cache_clear()
+    matches_eager(fn, _args, reset=cache.cache_clear, state=lambda: (type(cache(4)).__name__, cache(4).tolist()))
+    assert type(cache(4)) is torch.Tensor
+
+
+def _positional_default(n: int, table: Any = _HELD_TABLE) -> torch.Tensor:
+    return table(n)
+
+
+@pytest.mark.parametrize("where", ["argument", "positional_default", "partial_argument"])
+def test_a_helper_held_where_it_cannot_be_swapped_is_refused(where: str) -> None:
+    _HELD_TABLE.cache_clear()
+    if where == "argument":
+        class ByArgument(Function):
+            @staticmethod
+            def forward(ctx, x, table):
+                return x * table(4)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, None
+        fn, args = ByArgument, (_x(0), _HELD_TABLE)
+    else:
+        read = _positional_default if where == "positional_default" else functools.partial(_HELD_TABLE, 4)
+        fn, args = _calling(read if where == "positional_default" else (lambda n: read())), (_x(0),)
+    with pytest.raises(SideEffectError, match=r"MH106.*calls an lru_cache helper"):
+        minihop.capture(fn, *args)
+    assert _HELD_TABLE.cache_info().currsize == 0  # (refused before anything ran)
+    out = minihop.function(fn, fallback="eager")(*args)
+    assert type(_HELD_TABLE(4)) is torch.Tensor and torch.equal(out, fn.apply(*args))
 
 
 # -- what ctx holds, compared deep -------------------------------------------------------------

@@ -15,6 +15,12 @@ For a dynamic size or a caller's tensor among the arguments (keyed by identity) 
 be read on later calls: the graphs compute it, for one call, checked against the cache's entry
 for this call (``computed_for_this_call``).
 
+Wherever a helper is held, the trace must swap it for ``hidden.ReadWatch``'s uncached stand-in,
+or its cache keeps the trace's fake tensors: ``lru_sites`` (per chain the code names: a dict's
+or a list's item, a decorator's cell, a partial's keyword) and ``lru_sites_of`` (the analysed
+functions' module globals and keyword defaults) find where; one held where it cannot be
+swapped (an argument, a positional default, a tuple) is refused.
+
 A mutable object without tensors the cache hands out (a config dict, a list, an object:
 ``get_config()["lr"] = 0.1`` from anywhere) may have been changed since it was made, and may be
 again between calls: the cache's own entry is fetched (the call eager makes) and compared with
@@ -26,6 +32,7 @@ where they differ.
 
 from __future__ import annotations
 
+import functools
 import gc
 import types
 from collections.abc import Callable
@@ -37,14 +44,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import SideEffectError
 from ..graph_names import held_name, ident
-from ..place import MISSING, Place, Root
+from ..place import MISSING, Place, Root, walk_plain
 from ..structure import iter_leaves, replace_tensors
 from .atoms import CONSTANTS, holds_tensor
 from .effects import held
 from .identity import SWAPPED_IN
 from .routes import state_named
 
-__all__ = ["NOT_FETCHED", "called", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "computed_for_this_call",
+__all__ = ["NOT_FETCHED", "called", "lru_sites", "lru_sites_of", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "computed_for_this_call",
            "stale_cache_check", "traced_call"]
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -73,7 +80,6 @@ def fetched_entry(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     and the call's own replay are the calls eager makes); MISSING where the cache holds none yet
     (the helper is traced: ``made_entry``); ``NOT_FETCHED`` where the entry holds no tensor (its
     value is traced) or the arguments are not plain."""
-    _MADE.clear()  # (a mark left by a run that never reached its replay: a guard failed after the read)
     if not plain_call(args, kwargs):
         return NOT_FETCHED
     entry = _peek(fn, args, kwargs)
@@ -279,13 +285,106 @@ def _replayed(fn: Any) -> Any:
     return call
 
 
+_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
+
+
+def _lru(value: Any) -> bool:
+    return type(value) is _LRU_WRAPPER or issubclass(type(value), types.MethodType) and type(value.__func__) is _LRU_WRAPPER
+
+
+def lru_sites(name: str, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any,
+              where: str) -> list[tuple[tuple[Any, ...], tuple[Any, str, Any, str, str]]]:
+    """Where an lru_cache helper the code reaches is held, beyond a global, a cell or an
+    attribute (``hidden.watched``'s sites): an item of a dict (``TABLES["pos"](n)``), or a cell
+    of a decorator's wrapper the code calls (``@logged @lru_cache def table``: the analysis
+    reads the wrapped body, so the helper inside is never named). Each is swapped for the
+    uncached stand-in while traced, or its cache would keep the trace's fake tensors. One
+    held where it cannot be swapped (an argument, a ``functools.partial``'s function) is
+    refused."""
+    if _lru(end) and root.uses_args:
+        raise _unswappable(name, "passed in as an argument (or inside one)", where)
+    if issubclass(type(end), functools.partial):
+        if _lru(end.func) or any(_lru(a) for a in end.args):
+            raise _unswappable(name, "inside a functools.partial", where)
+        return list(_held_in(end.keywords).items())  # (``partial(helper, table=T)``)
+    qualname = getattr(end, "__qualname__", "an lru_cache function")
+    if _lru(end) and steps and steps[-1][0] == "item":
+        owner = walk_plain(value, steps[:-1])
+        if type(owner) in (dict, list):
+            key = steps[-1][1] if type(owner) is dict else steps[-1][1] % len(owner)  # (``FNS[-1]``)
+            return [((id(end), id(owner)), (owner, key, end, "uncached", qualname))]
+        raise _unswappable(name, f"held in a {type(owner).__name__}", where)
+    found = []
+    fn, seen = end, 0
+    while issubclass(type(fn), types.FunctionType) and seen < 8:  # (a decorator's wrappers, outermost first)
+        for cell in fn.__closure__ or ():
+            held = cell.cell_contents if _filled(cell) else None
+            if _lru(held):
+                found.append(((id(held), id(cell)), (cell, "cell_contents", held, "uncached",
+                                                     getattr(held, "__qualname__", qualname))))
+        fn, seen = getattr(fn, "__wrapped__", None), seen + 1
+    return found
+
+
+def lru_sites_of(name: str, fns: list[Any]) -> dict[tuple[Any, ...], tuple[Any, str, Any, str, str]]:
+    """The lru_cache helpers the analysed functions may reach without naming them in a chain:
+    every one among their module's globals (``globals()["T"]``, ``getattr(mod, name)``), their
+    keyword defaults and a ``functools.partial``'s keywords, swapped where they are while
+    traced. One among positional defaults or a partial's arguments (a tuple) is refused."""
+    found: dict[tuple[Any, ...], tuple[Any, str, Any, str, str]] = {}
+    spaces: dict[int, dict[str, Any]] = {}
+    for fn in fns:
+        fn = getattr(fn, "__func__", fn)
+        if issubclass(type(fn), functools.partial):
+            found.update(_held_in(fn.keywords))
+            if any(_lru(a) for a in fn.args):
+                raise _unswappable(name, "among a functools.partial's arguments", None)
+            fn = fn.func
+        if not issubclass(type(fn), types.FunctionType):
+            continue
+        spaces.setdefault(id(fn.__globals__), fn.__globals__)
+        found.update(_held_in(fn.__kwdefaults__))
+        if any(_lru(d) for d in fn.__defaults__ or ()):
+            raise _unswappable(name, f"as a default argument of {fn.__qualname__}", None)
+    for space in spaces.values():  # (keyed as a global's site is: ``pystate._find_hidden_read``)
+        found.update({(id(site[2]), site[1]): site for site in _held_in(space).values()})
+    return found
+
+
+def _held_in(space: dict[str, Any] | None) -> dict[tuple[Any, ...], tuple[Any, str, Any, str, str]]:
+    if type(space) is not dict:
+        return {}
+    return {(id(v), id(space), k): (space, k, v, "uncached", getattr(v, "__qualname__", k))
+            for k, v in space.items() if _lru(v)}
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _unswappable(name: str, held: str, where: str | None) -> SideEffectError:
+    return SideEffectError(
+        f"{name} calls an lru_cache helper {held}.",
+        "Tracing calls it on fake tensors; minihop keeps its cache from keeping them by "
+        "swapping the helper where it is held (a global, a closure cell, an attribute, a dict "
+        "item) while it traces, and cannot swap it there.",
+        "Call the helper through a global or an attribute, or run it eagerly with "
+        "minihop.function(F, fallback='eager').", where=where)
+
+
 def called(home: Any, name: str, what: str, replay: bool = False) -> Root:
     """The lru_cache helper as the code named it, read as it is when the capture runs: a
     global, a closure cell, or an attribute of the user's object or class (``what``). To
     ``replay`` its call: one that skips a call whose entry a read of its place just made."""
     real = (lambda fn: _replayed(_real(fn))) if replay else _real
-    if issubclass(type(home), dict):
+    if type(home) is dict and "__builtins__" in home:  # (a module's globals)
         return Root("global", name, f"global {name}", lambda a: real(home.get(name, MISSING)), home=home)
+    if type(home) in (dict, list):  # (an item: ``TABLES["pos"]``, ``FNS[0]``)
+        return Root("value", what, what, lambda a: real(walk_plain(home, (("item", name),))))
     if name == "cell_contents":
         return Root("cell", what, f"closure variable {what}", lambda a: real(home.cell_contents), home=home)
     return Root("value", what, what, lambda a: real(getattr(home, name, MISSING)))

@@ -164,8 +164,8 @@ class CallWatch:
             base = library_base(cls)
             # (a dict's entries copied with their stored hashes: no key's __hash__ runs; an
             # OrderedDict's in its own order, which its base's update puts back)
-            contents = (dict(plain_pairs(value)) if issubclass(cls, collections.OrderedDict) else dict.copy(value)) \
-                if issubclass(cls, dict) else list(plain_items(value))
+            contents = _users((dict(plain_pairs(value)) if issubclass(cls, collections.OrderedDict) else dict.copy(value))
+                              if issubclass(cls, dict) else list(plain_items(value)))
             self.undo.append(functools.partial(_refill, value, contents, base))
             if len(contents) <= _WIDE:
                 for item in (contents.values() if issubclass(cls, dict) else contents):
@@ -176,7 +176,7 @@ class CallWatch:
                 and (not library_module_name(cls.__module__) or cls is types.SimpleNamespace):  # (a holder of the user's values)
             self.kept.add(id(value))
             space = own_dict(value)
-            held = dict(space)
+            held = _users(dict(space))
             self.undo.append(functools.partial(_refill, space, held, dict))
             if len(held) <= _WIDE:
                 for item in held.values():
@@ -190,6 +190,16 @@ class CallWatch:
 # How far below a value the code names its state is kept (``_keep_value``), and up to how
 # many entries a container's or an object's are followed there.
 _DEPTH, _WIDE, _MAX_KEPT = 8, 64, 4096
+
+
+def _users(contents: Any) -> Any:
+    """``contents`` with the user's own function where a watch's stand-in is (an lru_cache
+    helper swapped in a dict or on an object while traced): what an undo puts back."""
+    if not SWAPPED_IN:
+        return contents
+    if type(contents) is dict:
+        return {k: SWAPPED_IN.get(id(v), v) for k, v in contents.items()}
+    return [SWAPPED_IN.get(id(v), v) for v in contents]
 
 
 def _refill(container: Any, contents: Any, base: type) -> None:

@@ -309,7 +309,7 @@ class ReadWatch:
             # The stand-in shares the function's attributes: ``memo.k = t`` on an lru_cache
             # helper while it is swapped is the user's write to the helper, seen by the heap watch.
             stand_in.__dict__ = own
-        if issubclass(type(home), dict):
+        if issubclass(type(home), (dict, list)):
             self.swapped.append((home, name, fn))
             home[name] = stand_in
             return
@@ -382,7 +382,7 @@ class ReadWatch:
         for stand_in in self.real:
             SWAPPED_IN.pop(stand_in, None)
         for home, name, fn in reversed(self.swapped):
-            if issubclass(type(home), dict):
+            if issubclass(type(home), (dict, list)):
                 home[name] = fn
             elif fn is MISSING:
                 delattr(home, name)  # it was inherited: the holder had none of its own

@@ -48,6 +48,7 @@ from . import collectives, heap, hidden, identity, kinds, messages, opaque, stor
 from .opaque import constant_getattrs
 from .library_ran import LibraryRan
 from .atoms import ATOMS
+from .cache_entries import lru_sites, lru_sites_of
 from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, bounded, is_library, library_module
@@ -81,8 +82,7 @@ class StateTracker:
         self.may_draw = False  # whether Python's generator may be drawn from where the code does not name it
         self.messages: messages.MessageWatch | None = None
         self.forward_writes: list[StateWrite] | None = None
-        # (id of the function, name) -> (holder, name, function, kind, what): see _find_hidden_read.
-        self.hidden_sites: dict[tuple[int, str], tuple[Any, str, Any, str, str]] = {}
+        self.hidden_sites: dict[tuple[Any, ...], tuple[Any, str, Any, str, str]] = {}  # (id, where) -> (holder, name, fn, kind, what)
         self.fn_cls = fn_cls
         # ``(expr, where, how) -> error`` for a symbolic number written out (see unbacked).
         self.on_symbolic: Callable[[Any, str | None, str], Exception] | None = None
@@ -152,7 +152,7 @@ class StateTracker:
                         # ``LOG.write(s)``: the object it is called on (``CV.get()`` is a setting's read)
                         refuse_iterator_read(self.name, phase, chain.root, walk(value, chain.steps))
                 self.opaque.note_chain(phase, code, chain, value, named_end, root.uses_args)
-                self._find_hidden_read(root, value, named, named_end)
+                self._find_hidden_read(root, value, named, named_end, f'File "{code.co_filename}", line {chain.line}')
                 if hidden.setter(named_end) and not any(k[0] == id(named_end) for k in self.hidden_sites):
                     self.opaque.unknown(phase, f"{phase} calls a library's setter reached where it cannot be held back "
                                         f'(an item, an argument, a partial: File "{code.co_filename}", line {chain.line})')
@@ -223,10 +223,10 @@ class StateTracker:
         if found.read is not None:
             self._add_read(found.read, phases, code, chain.line)
 
-    def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any) -> None:
-        """A clock read or a process-wide generator's function that the code names (``time.time``,
-        ``np.random.rand``, a global ``perf_counter``; ``end``, at ``steps`` from ``value``):
-        where to watch it (hidden.ReadWatch)."""
+    def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any, where: str) -> None:
+        """A clock read, a process-wide generator's function or an lru_cache helper that the code names
+        (``time.time``, ``np.random.rand``; ``end``, at ``steps`` from ``value``): where to watch it (hidden.ReadWatch)."""
+        self.hidden_sites.update(lru_sites(self.name, root, value, steps, end, where))  # (a dict's item, a wrapper's cell)
         found = hidden.watched(end)
         if found is None:
             # A library function outside torch and math may draw from Python's generator
@@ -295,13 +295,13 @@ class StateTracker:
     # writes: snapshots of everything reachable from the roots
     def start(self) -> None:
         """Before the user's code runs: watch ``print`` and the clock."""
-        self.watch = messages.PrintWatch()
-        builtins.print = self.watch
+        sites = {**lru_sites_of(self.name, [fn for _, fn, _, _ in self.analysed]), **self.hidden_sites}  # (globals, defaults)
+        self.watch = builtins.print = messages.PrintWatch()  # (after what may refuse: ``abort`` puts nothing back then)
         codes = {fn.__code__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__")}
         spaces = {fn.__code__: fn.__globals__ for _, fn, _, _ in self.analysed if hasattr(fn, "__code__") and hasattr(fn, "__globals__")}
         self.opaque.start(codes, self.args, spaces, self.library,
                           {fn.__code__ for phase, fn, _, _ in self.analysed if phase == "backward" and hasattr(fn, "__code__")})
-        self.hidden_reads = hidden.ReadWatch(list(self.hidden_sites.values()), self.may_draw, lambda frame: frame.f_code in codes
+        self.hidden_reads = hidden.ReadWatch(list(sites.values()), self.may_draw, lambda frame: frame.f_code in codes
                                              or not library_module(frame.f_globals.get("__name__") or ""), self.name)
         self.hidden_reads.existed, self.hidden_reads.unknown = self.existed_before, self.opaque.unknown  # (the heap watch's)
         self.hidden_reads.read = lambda place, phase, where: self._add_read(place, phase, None, None, where)
