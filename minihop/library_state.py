@@ -232,6 +232,8 @@ def unseen(value: Any) -> bool:
     Code that reaches one is refused before it is traced (``tracer.iterators``): what the trace
     did to it would stay done, once, where eager does it on every call. torch's own objects
     (streams, process groups) are minihop's to model, and are not."""
+    if _forwarding_proxy(value):
+        return True
     if callable(value) or issubclass(type(value), (type, types.ModuleType, _NO_STATE_LEFT)) or \
             not (library_object(value) or native_state(type(value))):
         return False
@@ -242,6 +244,14 @@ def unseen(value: Any) -> bool:
     except Exception:
         return True
     return False
+
+
+def _forwarding_proxy(value: Any) -> bool:
+    """A proxy whose class answers ``__wrapped__`` (``wrapt.ObjectProxy``, a lazy object): it
+    hands out what it wraps as its own (its ``__dict__`` is the wrapped object's) and keeps its
+    own state where it cannot be seen nor put back. Asked of its class only: a proxy's own
+    properties are code of its author, never run here."""
+    return not issubclass(type(value), type) and any("__wrapped__" in vars(k) for k in type(value).__mro__[:-1])
 
 
 def kept_by_library(value: Any) -> bool:

@@ -344,9 +344,7 @@ LIFTED_FROM = "_minihop_lifted_from"
 # does; on an assert it holds the checked expression (the message names the comparison node).
 RANGE_CHECK = "minihop_range_check"
 
-# The devices whose autocast state a call key records (``runtime.guards.autocast_key``) and
-# whose autocast dtype a read of ``torch.get_autocast_dtype`` is keyed by (``tracer.settings``).
-AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")  # (a key's autocast state: runtime.guards, tracer.settings)
 
 
 @dataclasses.dataclass(frozen=True)

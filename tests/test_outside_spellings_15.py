@@ -483,6 +483,74 @@ def test_a_helper_held_where_it_cannot_be_swapped_is_refused(where: str) -> None
     assert type(_HELD_TABLE(4)) is torch.Tensor and torch.equal(out, fn.apply(*args))
 
 
+# -- another library's cache: the same protocol, or a proxy that hides its state -----------------
+
+def _cached(fn: Any) -> Any:
+    """A cache decorator written as cachetools' is: a ``functools.wraps`` wrapper over a dict,
+    with ``cache_clear``."""
+    store: dict[Any, Any] = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        if args not in store:
+            store[args] = fn(*args)
+        return store[args]
+    wrapper.cache_clear = store.clear  # type: ignore[attr-defined]
+    return wrapper
+
+
+@_cached
+def _dict_cached(n: int) -> torch.Tensor:
+    return torch.arange(float(n)) + 1
+
+
+def test_another_librarys_cache_is_read_as_eager_reads_it():
+    fn = _calling(_dict_cached)
+    matches_eager(fn, _args, reset=_dict_cached.cache_clear, between=lambda i: _dict_cached(4).add_(1.0),
+                  state=lambda: (type(_dict_cached(4)).__name__, _dict_cached(4).tolist()), refusable=False)
+
+
+class _Proxy:
+    """A forwarding proxy as ``wrapt``'s (``wrapt.lru_cache``): its ``__dict__`` is the wrapped
+    function's, and its own cache, made on the first call, lives in its slots."""
+
+    __slots__ = ("_fn", "_cache")
+
+    def __init__(self, fn: Any) -> None:
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_cache", None)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self._fn
+
+    @property
+    def __dict__(self) -> Any:  # type: ignore[override]
+        return self._fn.__dict__
+
+    def __call__(self, *args: Any) -> Any:
+        if self._cache is None:
+            object.__setattr__(self, "_cache", functools.lru_cache(maxsize=None)(self._fn))
+        return self._cache(*args)
+
+    def cache_clear(self) -> None:
+        object.__setattr__(self, "_cache", None)
+
+
+_PROXIED = _Proxy(lambda n: torch.arange(float(n)) + 2)
+
+
+def test_a_forwarding_proxy_is_refused_before_tracing():
+    # Before: traced through, its cache made on the fake call kept a FakeTensor, and putting
+    # its "attributes" back wrote into the wrapped function's dict (the caller's next call raised).
+    fn = _calling(_PROXIED)
+    _PROXIED.cache_clear()
+    with pytest.raises(SideEffectError, match=r"MH106.*neither see nor put back"):
+        minihop.capture(fn, _x(0))
+    assert _PROXIED._cache is None
+    matches_eager(fn, _args, reset=_PROXIED.cache_clear, state=lambda: (type(_PROXIED(4)).__name__, _PROXIED(4).tolist()))
+
+
 # -- what ctx holds, compared deep -------------------------------------------------------------
 
 def _nested(depth: int) -> types.SimpleNamespace:

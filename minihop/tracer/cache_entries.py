@@ -51,7 +51,7 @@ from .effects import held
 from .identity import SWAPPED_IN
 from .routes import state_named
 
-__all__ = ["NOT_FETCHED", "called", "lru_sites", "lru_sites_of", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "computed_for_this_call",
+__all__ = ["NOT_FETCHED", "called", "caching", "lru_sites", "lru_sites_of", "cached_entry", "entry_routes", "fetched_entry", "made_entry", "computed_for_this_call",
            "stale_cache_check", "traced_call"]
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -211,6 +211,9 @@ def _peek(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     cache is not laid out so, the call itself (eager's, made now)."""
     if issubclass(type(fn), types.MethodType):  # (an lru_cache'd method: its object is the key's first item)
         fn, args = fn.__func__, (fn.__self__, *args)
+    if type(fn) is not _LRU_WRAPPER:  # (another library's cache: the call itself, eager's)
+        with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+            return fn(*args, **kwargs)
     refs = gc.get_referents(fn)
     caches = [r for r in refs if type(r) is dict and r is not getattr(fn, "__dict__", None)]
     marks = [r for r in refs if type(r) is object]
@@ -288,8 +291,19 @@ def _replayed(fn: Any) -> Any:
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
-def _lru(value: Any) -> bool:
-    return type(value) is _LRU_WRAPPER or issubclass(type(value), types.MethodType) and type(value.__func__) is _LRU_WRAPPER
+def caching(value: Any) -> bool:
+    """A helper that caches what it returns: ``functools.lru_cache``'s (a method of one too), or
+    another library's of the same protocol (``cache_clear`` and ``__wrapped__``:
+    ``cachetools.cached``), whose entries are fetched by calling it."""
+    if type(value) is _LRU_WRAPPER or issubclass(type(value), types.MethodType) and type(value.__func__) is _LRU_WRAPPER:
+        return hasattr(value, "__wrapped__")
+    # (a decorator's function, ``functools.wraps``'d, with its cache's ``cache_clear``: asked of
+    # its own dict, never through a proxy's code, which ``library_state.unseen`` refuses)
+    own = value.__dict__ if type(value) is types.FunctionType else {}
+    return "__wrapped__" in own and "cache_clear" in own
+
+
+_lru = caching
 
 
 def lru_sites(name: str, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any,

@@ -35,7 +35,7 @@ from ..spec import MISSING, Place, StateWrite
 from ..library_state import library_module
 from ..user_code import served_by_user_code
 from .atoms import CONSTANTS, holds_tensor
-from .cache_entries import (NOT_FETCHED, called, cached_entry, computed_for_this_call, entry_routes, fetched_entry,
+from .cache_entries import (NOT_FETCHED, called, caching, cached_entry, computed_for_this_call, entry_routes, fetched_entry,
                             made_entry, stale_cache_check, traced_call)
 from .effects import held
 from .identity import SWAPPED_IN
@@ -63,7 +63,6 @@ _SEEDS = {"torch": ("manual_seed", "seed"),
 # tracing, never by the graphs; refused (messages.MessageWatch sees the module-attribute calls).
 _MESSAGES = {"warnings": ("warn", "warn_explicit"),
              "logging": ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")}
-_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 _REGISTRARS = {"weakref": ("finalize",)}  # a callback run later (when an object dies): as a setter's
 
 
@@ -134,9 +133,9 @@ def watched(value: Any) -> tuple[str, str] | None:
     message ("message": ``warnings.warn``, ``logging.info``, bound by any name), or a
     ``functools.lru_cache`` helper ("uncached": its cache would keep the trace's fake tensors
     and hand them to the user's code later, so tracing calls the function it wraps)."""
-    if type(value) is _LRU_WRAPPER and hasattr(value, "__wrapped__") or \
-            issubclass(type(value), types.MethodType) and type(value.__func__) is _LRU_WRAPPER:
-        # An lru_cache'd method (``self.table(n)``) too: its cache is shared by the class.
+    if caching(value):
+        # An lru_cache'd method (``self.table(n)``) too: its cache is shared by the class; and
+        # another library's cache of the same protocol (``cachetools.cached``).
         return ("uncached", getattr(value, "__qualname__", "an lru_cache function"))
     found = _watched_functions(sys.modules.get("numpy.random.mtrand")).get(id(value))
     return found if found is not None or not _setter(value) else ("setter", _named(value))
