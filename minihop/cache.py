@@ -44,7 +44,7 @@ from .errors import MinihopError, UnsupportedOperationError, notice, release_fra
 from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_check, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
-from .user_code import class_answering_refusal
+from .user_code import class_answering_refusal, lazy_module_refusal
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
 
@@ -244,7 +244,13 @@ class CapturedFunction:
             return self._inline_apply(*args, **kwargs)
         args = bind_arguments(self.fn_cls, args, kwargs)
         dims = self._dims(args)
-        key = self._key(args, dims)
+        try:
+            key = self._key(args, dims)
+        except RuntimeError:  # (a lazy module's parameter has no shape: refused, not torch's error)
+            lazy = lazy_module_refusal(self.fn_cls.__qualname__, args)
+            if lazy is None:
+                raise
+            return self._refused_call("lazy", args, kwargs, lazy)
         entry = self._find(key, args)
         shows = _NOTHING_HELD  # (the warnings a trace of this call held back: tracer.messages)
         with self._lock:

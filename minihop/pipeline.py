@@ -52,6 +52,7 @@ from .tracer.messages import take_held
 from .tracer.recorder import tracing
 from .tracer.run_context import modes_refusal, observing_modes
 from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
+from .user_code import lazy_module_refusal
 
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
@@ -136,6 +137,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     masks = arg_masks(function_parts(fn_cls))  # function_parts refuses a non-Function
     args = bind_arguments(fn_cls, args, kwargs)
     refuse_iterator_arguments(fn_cls.__qualname__, args)  # before the trace could spend one
+    if (lazy := lazy_module_refusal(fn_cls.__qualname__, args)) is not None:
+        raise lazy
     dims = dynamic_dims(fn_cls, args, dynamic)
     key = guard_key(fn_cls, args, dims)  # before tracing: what the call was, not what it left
     raw = trace_function(fn_cls, args, {}, dynamic=dims, key_of=value_key, eager_fallback=eager_backward)

@@ -22,7 +22,7 @@ from typing import Any
 from .errors import MinihopError, UnsupportedArgumentError, UnsupportedOutputError
 from .library_state import library_module, own_dict
 
-__all__ = ["answers_own_class", "class_answering_refusal", "item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items",
+__all__ = ["answers_own_class", "class_answering_refusal", "lazy_module_refusal", "item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items",
            "plain_pairs", "served_by_user_code"]
 
 
@@ -58,6 +58,25 @@ def class_answering_refusal(function: str, values: Iterable[Any], what: str) -> 
                 "the code counts or sets up would differ from eager.",
                 "Pass the object it stands for (or the values forward reads of it), or run the "
                 "Function eagerly with minihop.function(F, fallback='eager').")
+    return None
+
+
+def lazy_module_refusal(function: str, args: Iterable[Any]) -> MinihopError | None:
+    """The refusal of a call with a module argument whose parameters are not made yet
+    (``nn.LazyLinear`` before its first call), or None: they have no shape to key or trace,
+    and eager's first call makes them (drawing from the random stream)."""
+    import torch  # (only here: the rest of this module reads plain Python objects)
+    for a in args:
+        if issubclass(type(a), torch.nn.Module) and any(
+                issubclass(type(t), torch.nn.parameter.UninitializedTensorMixin)
+                for m in a.modules() for t in (*m._parameters.values(), *m._buffers.values())):
+            return UnsupportedArgumentError(
+                f"{function} got a module argument, a {type(a).__qualname__}, whose parameters are not "
+                "made yet (a lazy module before its first call).",
+                "Its parameters have no shape for minihop to key or trace; eager's first call makes "
+                "them from the input's shape, drawing from torch's random stream.",
+                "Call the module once before (or pass a module whose parameters are made), or run "
+                "the Function eagerly with minihop.function(F, fallback='eager').")
     return None
 
 

@@ -25,6 +25,9 @@ Also:
   (``effects.held``), below that by identity, so the second backward reused the first's trace
   with the value the first read. It is compared as deep as a budget allows (a cycle by
   identity); past it, nothing is assumed unchanged: refused, naming the budget;
+- a lazy module (``nn.LazyLinear``) passed in before its first call: the call key read its
+  parameter's shape, and torch's ``RuntimeError`` came out in fallback mode too. Refused now
+  (MH101), so fallback runs eager, whose first call makes the parameters;
 - ``torch.get_autocast_dtype("cpu")`` read with autocast off, ``torch.set_autocast_dtype``
   between calls: the call key holds the autocast dtype only where autocast is on, so the
   traced answer was reused. It is a setting read now (every device's, keyed whole).
@@ -42,7 +45,7 @@ import torch
 from torch.autograd import Function
 
 import minihop
-from minihop.errors import SideEffectError
+from minihop.errors import SideEffectError, UnsupportedArgumentError
 
 from eager_modes import matches_eager
 
@@ -662,3 +665,31 @@ def test_the_autocast_dtype_set_before_backward():
                   mid=lambda i: torch.set_autocast_dtype("cpu", [torch.bfloat16, torch.float16][i % 2]),
                   reset=lambda: torch.set_autocast_dtype("cpu", torch.bfloat16))
     torch.set_autocast_dtype("cpu", torch.bfloat16)
+
+
+# -- a lazy module passed in before its first call ----------------------------------------------
+
+class _Layer(Function):
+    @staticmethod
+    def forward(ctx, x, layer):
+        return layer(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g @ torch.ones(3, 4), None
+
+
+_LAZY: dict[str, Any] = {}
+
+
+def _fresh_lazy() -> None:
+    torch.manual_seed(5)
+    _LAZY["m"] = torch.nn.LazyLinear(3)
+
+
+def test_a_lazy_module_before_its_first_call_is_refused_and_fallback_is_eager():
+    matches_eager(_Layer, lambda i: (_x(i).view(1, 4).detach().requires_grad_(), _LAZY["m"]), reset=_fresh_lazy,
+                  state=lambda: type(_LAZY["m"].weight).__name__)
+    _fresh_lazy()
+    with pytest.raises(UnsupportedArgumentError, match=r"MH101.*a LazyLinear, whose parameters are not made yet"):
+        minihop.capture(_Layer, torch.ones(1, 4), _LAZY["m"])
