@@ -28,6 +28,10 @@ Also:
 - a lazy module (``nn.LazyLinear``) passed in before its first call: the call key read its
   parameter's shape, and torch's ``RuntimeError`` came out in fallback mode too. Refused now
   (MH101), so fallback runs eager, whose first call makes the parameters;
+- a global list that is, on some calls, an item of a list passed in (``box[0].append(1)`` beside
+  ``len(G)``): the sharing a capture assumes compared the top-level arguments only with the
+  objects along the places read, so a capture made where ``box[0]`` was another list served a
+  call where it was ``G``. The objects holding state inside the arguments are part of it now;
 - ``torch.get_autocast_dtype("cpu")`` read with autocast off, ``torch.set_autocast_dtype``
   between calls: the call key holds the autocast dtype only where autocast is on, so the
   traced answer was reused. It is a setting read now (every device's, keyed whole).
@@ -693,3 +697,27 @@ def test_a_lazy_module_before_its_first_call_is_refused_and_fallback_is_eager():
     _fresh_lazy()
     with pytest.raises(UnsupportedArgumentError, match=r"MH101.*a LazyLinear, whose parameters are not made yet"):
         minihop.capture(_Layer, torch.ones(1, 4), _LAZY["m"])
+
+
+# -- a global that is, on some calls, an item of an argument -----------------------------------
+
+_G: list[int] = []
+_OTHER: list[int] = []
+
+
+class _BoxedAppend(Function):
+    @staticmethod
+    def forward(ctx, x, box):
+        box[0].append(1)
+        return x * float(len(_G) + 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float(len(_G) + 1), None
+
+
+@pytest.mark.parametrize("first", ["other", "global"])
+def test_a_global_that_is_an_item_of_an_argument_on_some_calls(first: str):
+    order = [_OTHER, _G] if first == "other" else [_G, _OTHER]
+    matches_eager(_BoxedAppend, lambda i: (_x(i), [order[i % 2]]), reset=lambda: (_G.clear(), _OTHER.clear()),
+                  state=lambda: (len(_G), len(_OTHER)))

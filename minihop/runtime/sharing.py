@@ -91,11 +91,12 @@ def _distinct_check(args: Args, arg_idx: tuple[int, ...], at_capture: tuple[Any,
     return check
 
 
-def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
+def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, Any]]:
     """The tensors inside the call's arguments: in lists, tuples, dicts and user objects'
     attributes (however nested), and a module's parameters and buffers, with their names
-    (``argnames`` given)."""
-    found: list[tuple[str, torch.Tensor]] = []
+    (``argnames`` given); and the objects holding state there (a list, a dict, a user's
+    object inside an argument: a global the code reads may be one of them, ``box[0] is G``)."""
+    found: list[tuple[str, Any]] = []
     seen: set[int] = set()  # (each container once: a tree with parent links is walked once)
 
     def walk(value: Any, name: str, depth: int) -> None:
@@ -106,7 +107,10 @@ def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, tor
         if issubclass(type(value), torch.Tensor):
             if depth:
                 found.append((name, value))
-        elif issubclass(type(value), (list, tuple)) and depth < 8:
+            return
+        if depth and _holder(value):
+            found.append((name, value))
+        if issubclass(type(value), (list, tuple)) and depth < 8:
             for k, v in enumerate(plain_items(value)):
                 walk(v, f"{name}[{k}]", depth + 1)
         elif issubclass(type(value), dict) and depth < 8:
