@@ -573,21 +573,23 @@ def _bottom(node: types.SimpleNamespace) -> types.SimpleNamespace:
     return node
 
 
-class _DeepCtx(Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.info = _nested(7)
-        return x * 2.0
+def _deep_ctx(depth: int) -> type:
+    class DeepCtx(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.info = _nested(depth)
+            return x * 2.0
 
-    @staticmethod
-    def backward(ctx, g):
-        leaf = _bottom(ctx.info)
-        leaf.n += 1
-        return g * leaf.n
+        @staticmethod
+        def backward(ctx, g):
+            leaf = _bottom(ctx.info)
+            leaf.n += 1
+            return g * leaf.n
+    return DeepCtx
 
 
 def test_backward_changing_an_object_seven_levels_down_on_ctx_twice():
-    matches_eager(_DeepCtx, _args, backwards=2)
+    matches_eager(_deep_ctx(7), _args, backwards=2)
 
 
 class _Node:
@@ -626,23 +628,11 @@ def test_three_thousand_objects_on_ctx_read_only_are_captured():
     matches_eager(_WideCtx, _args, backwards=2, refusable=False)
 
 
-class _DeeperCtx(Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.info = _nested(14)
-        return x * 2.0
-
-    @staticmethod
-    def backward(ctx, g):
-        leaf = _bottom(ctx.info)
-        leaf.n += 1
-        return g * leaf.n
-
-
 def test_deeper_on_ctx_than_is_compared_is_refused_naming_the_budget():
-    matches_eager(_DeeperCtx, _args, backwards=2)
+    deeper = _deep_ctx(14)
+    matches_eager(deeper, _args, backwards=2)
     with pytest.raises(SideEffectError, match=r"MH106.*may change ctx\.info.*more, or deeper, than minihop compares"):
-        minihop.capture(_DeeperCtx, _x(0))
+        minihop.capture(deeper, _x(0))
 
 
 # -- a setting read with an argument ----------------------------------------------------------
