@@ -222,6 +222,29 @@ def check_world() -> dict[str, Any]:
     return {"first": first.tolist(), "again": again.tolist()}
 
 
+def check_rebound_group() -> dict[str, Any]:
+    """The model-parallel group the module-level global holds, rebound between calls (to the
+    world, then back): each call matches eager in its group, through one cache (issue 28: a
+    global read by a helper the Function calls)."""
+    saved, seen = cf._TENSOR_MODEL_PARALLEL_GROUP, []
+    try:
+        for step, group in enumerate((saved, dist.group.WORLD, saved, dist.group.WORLD)):
+            cf._TENSOR_MODEL_PARALLEL_GROUP = group
+            for fn_cls in (_ReduceFromModelParallelRegion, cf._GatherFromModelParallelRegion):
+                x = torch.arange(8.0).reshape(2, 4) + 10 * dist.get_rank() + step
+                eager_x, mine_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+                eager, mine = fn_cls.apply(eager_x), minihop.apply(fn_cls, mine_x)
+                torch.testing.assert_close(mine, eager, rtol=0, atol=0)
+                grad = torch.ones_like(eager) * (1 + dist.get_rank())
+                eager.backward(grad.clone())
+                mine.backward(grad.clone())
+                torch.testing.assert_close(mine_x.grad, eager_x.grad, rtol=0, atol=0)
+                seen.append(list(mine.shape))
+    finally:
+        cf._TENSOR_MODEL_PARALLEL_GROUP = saved
+    return {"shapes": seen}
+
+
 # -- the worker ------------------------------------------------------------------------------
 
 def worker(rank: int, world_size: int, port: int, out_dir: str, cases: list[str], tp_size: int) -> None:
@@ -252,6 +275,8 @@ def worker(rank: int, world_size: int, port: int, out_dir: str, cases: list[str]
                 elif kind == "refused":
                     check_refused(rest[0])
                     value = "ok"
+                elif kind == "rebind":
+                    value = check_rebound_group()
                 elif kind == "world":
                     value = check_world()  # last: it replaces the process group
                 else:

@@ -35,7 +35,7 @@ CASES_2 = [*(f"pattern:{p}:{m}" for p in PATTERNS for m in MODES), *(f"graphs:{p
            "mlp", *(f"refused:{r}" for r in REFUSED), "world"]
 # Four ranks in two model-parallel groups of two (the groups are not the world).
 CASES_4 = ["pattern:copy_to_tp:apply", "pattern:gather_from_sp:apply", "pattern:reduce_scatter_sp:apply",
-           "pattern:all_to_all:apply", "pattern:broadcast:apply", "mlp"]
+           "pattern:all_to_all:apply", "pattern:broadcast:apply", "mlp", "rebind"]
 
 
 def free_port() -> int:
@@ -229,3 +229,10 @@ def test_capture_before_init_is_not_reused_after() -> None:
     finally:
         dist.destroy_process_group()
     torch.testing.assert_close(f(x), BranchesOnWorld.apply(x))
+
+
+def test_a_rebound_model_parallel_group(four: list[dict[str, Any]]) -> None:
+    # Groups of two, then the world of four, then back: each call matches eager in its group.
+    shapes = passed(four, "rebind")
+    assert all(v["shapes"] == shapes[0]["shapes"] for v in shapes)
+    assert shapes[0]["shapes"][:4] == [[2, 4], [2, 8], [2, 4], [2, 16]]
