@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .cache import CapturedFunction
 from .errors import DataDependentError, MinihopError
 from .pipeline import MAX_VALUE_VARIANTS, UNSET, refuse_shadowed_options, run_pipeline
 from .spec import EFFECT
@@ -112,7 +113,8 @@ def _handling(feature: str) -> str:
 
 def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any = UNSET,
             **kwargs: Any) -> Explanation:
-    """Capture ``fn_cls`` for these arguments and report how each of its features was handled.
+    """Capture ``fn_cls`` (or the class a ``minihop.function`` serves) for these arguments and
+    report how each of its features was handled.
 
     Prints the report (``print_report=False`` does not) and returns it as an ``Explanation``,
     whose ``repr`` is one line (a REPL does not print the report twice). Defaults:
@@ -125,6 +127,8 @@ def explain(fn_cls: type, /, *args: Any, dynamic: Any = UNSET, print_report: Any
     >>> report.captured, report.fwd_inputs
     (True, ('l_x_ <- x',))
     """
+    if issubclass(type(fn_cls), CapturedFunction):  # (``minihop.function(F)``: the class it serves)
+        fn_cls = fn_cls.fn_cls
     refuse_shadowed_options(fn_cls, args, {"dynamic": dynamic, "print_report": print_report})
     dynamic = False if dynamic is UNSET else dynamic
     print_report = True if print_report is UNSET else print_report
