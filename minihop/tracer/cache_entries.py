@@ -321,12 +321,11 @@ def lru_sites(name: str, root: Root, value: Any, steps: tuple[tuple[str, Any], .
         if _lru(end.func) or any(_lru(a) for a in end.args):
             raise _unswappable(name, "inside a functools.partial", where)
         return list(_held_in(end.keywords).items())  # (``partial(helper, table=T)``)
-    qualname = getattr(end, "__qualname__", "an lru_cache function")
     if _lru(end) and steps and steps[-1][0] == "item":
         owner = walk_plain(value, steps[:-1])
         if type(owner) in (dict, list):
             key = steps[-1][1] if type(owner) is dict else steps[-1][1] % len(owner)  # (``FNS[-1]``)
-            return [((id(end), id(owner)), (owner, key, end, "uncached", qualname))]
+            return [((id(end), id(owner)), (owner, key, end, "uncached", getattr(end, "__qualname__", str(key))))]
         raise _unswappable(name, f"held in a {type(owner).__name__}", where)
     found = []
     fn, seen = end, 0
@@ -335,7 +334,7 @@ def lru_sites(name: str, root: Root, value: Any, steps: tuple[tuple[str, Any], .
             held = cell.cell_contents if _filled(cell) else None
             if _lru(held):
                 found.append(((id(held), id(cell)), (cell, "cell_contents", held, "uncached",
-                                                     getattr(held, "__qualname__", qualname))))
+                                                     getattr(held, "__qualname__", "an lru_cache function"))))
         fn, seen = getattr(fn, "__wrapped__", None), seen + 1
     return found
 
@@ -348,7 +347,7 @@ def lru_sites_of(name: str, fns: list[Any]) -> dict[tuple[Any, ...], tuple[Any, 
     found: dict[tuple[Any, ...], tuple[Any, str, Any, str, str]] = {}
     spaces: dict[int, dict[str, Any]] = {}
     for fn in fns:
-        fn = getattr(fn, "__func__", fn)
+        fn = fn.__func__ if issubclass(type(fn), (types.MethodType, staticmethod, classmethod)) else fn
         if issubclass(type(fn), functools.partial):
             found.update(_held_in(fn.keywords))
             if any(_lru(a) for a in fn.args):
