@@ -399,6 +399,24 @@ def test_a_cache_keyed_by_a_global_tensor_written_in_place():
                   between=lambda i: _doubled(_W).add_(1.0))
 
 
+class _TwoEntries(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _table(4) + _table(5)[:4]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _table(4) + _table(5)[1:]
+
+
+def test_two_entries_of_one_helper_are_two_inputs():
+    # (both were named ``cached__table``: the graph's code did not compile)
+    matches_eager(_TwoEntries, _args, reset=_table.cache_clear, between=lambda i: _table(5).add_(1.0), refusable=False)
+    _table.cache_clear()
+    names = [s.name for s in minihop.capture(_TwoEntries, _x(0)).inputs]
+    assert len(set(names)) == len(names) and "cached__table_4" in names and "cached__table_5" in names, names
+
+
 # -- wherever the helper is held, the trace never leaves a fake tensor in its cache -----------------
 
 def _lru() -> Any:

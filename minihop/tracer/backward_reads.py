@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -59,15 +59,14 @@ class BackwardReads:
         # Forward's tensors of a size read from data (no hint: no stand-in can be made) in a
         # global's container: backward using one is refused (``check_unbacked_memos``).
         self.unbacked_memos: list[torch.Tensor] = []
-        # Weak references to the tensors the heap walk reached outside the arguments before
-        # the trace (``pystate.StateTracker.outside_tensors``).
-        self.outside: tuple[Any, ...] = ()
-        self.entries = RouteMap()  # the tensors of lru_cache entries the code got (``cached``)
-        self.entry_tensors: list[torch.Tensor] = []  # (held: an id in ``entries`` is never another's)
+        self.outside: tuple[Any, ...] = ()  # weak references: ``pystate.StateTracker.outside_tensors``
+        # The tensors of lru_cache entries the code got (``cached``), held: an id there is never another's.
+        self.entries, self.entry_tensors = RouteMap(), cast(list[torch.Tensor], [])
 
     def cached(self, tensor: torch.Tensor, name: str, place: Place) -> None:
-        """A tensor of an lru_cache entry the code got (``hidden.ReadWatch``): read through its
-        place, the helper's call, on every call and when backward runs."""
+        """A tensor of an lru_cache entry the code got (``hidden.ReadWatch``): read through its place on every call."""
+        taken = {n for n, p in self.entries.values() if p.description != place.description}  # (``t("a b")``, ``t("a_b")``)
+        name = next(n for k in range(len(taken) + 1) if (n := name + "_" * k) not in taken)
         self.t.closure_routes[id(tensor)] = self.entries[id(tensor)] = (name, place)
         self.entry_tensors.append(tensor)
 

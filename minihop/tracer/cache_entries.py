@@ -200,9 +200,10 @@ class _Draws(TorchDispatchMode):
 
 
 def _stand_in(fake: torch.Tensor) -> torch.Tensor:
-    """A real tensor of ``fake``'s properties: a route's key, for the entry the capture makes."""
+    """A real tensor of ``fake``'s properties: a route's key, for the entry the capture makes
+    (zeros: never a value the trace reads, which the entry's own reads guard)."""
     with unset_fake_temporarily(), torch._C.DisableTorchFunction():
-        return torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device)
+        return torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=fake.device).zero_()
 
 
 def _peek(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -249,7 +250,7 @@ def entry_routes(root: Root, entry: Any, args: tuple[Any, ...], kwargs: dict[str
     found, values = [], []
     for steps, leaf in iter_leaves(entry):
         if issubclass(type(leaf), torch.Tensor):
-            name = held_name(f"cached_{ident(what)}", "_".join(str(k) for _, k in steps)).rstrip("_")
+            name = held_name(f"cached_{ident(what)}", "_".join(str(k) for k in (*args, *kwargs.values(), *(k for _, k in steps))))
             found.append((leaf, name, Place(call, steps)))
         elif steps:
             values.append(Place(call, steps))
