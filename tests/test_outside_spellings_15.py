@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+import warnings
 from typing import Any
 
 import pytest
@@ -506,6 +507,42 @@ def test_a_helper_held_where_it_cannot_be_swapped_is_refused(where: str) -> None
     assert _HELD_TABLE.cache_info().currsize == 0  # (refused before anything ran)
     out = minihop.function(fn, fallback="eager")(*args)
     assert type(_HELD_TABLE(4)) is torch.Tensor and torch.equal(out, fn.apply(*args))
+
+
+_HASHED = [0]
+
+
+class _CountedKey:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __hash__(self) -> int:
+        _HASHED[0] += 1
+        return hash(self.k)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _CountedKey and other.k == self.k
+
+
+_KEYED = {_CountedKey(1): 2.0}
+
+
+class _WarnsBesideATable(Function):
+    @staticmethod
+    def forward(ctx, x):
+        warnings.warn("forward ran")  # (refused: fallback runs eager after the trace)
+        return x * _table(4) * _KEYED[_CountedKey(1)]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_putting_back_what_a_refused_trace_touched_never_hashes_a_users_key():
+    # The call watch's copy of ``_KEYED`` (to put back) was rebuilt to swap the helper's
+    # stand-in back, hashing every key: the key's own ``__hash__`` ran once more in fallback.
+    matches_eager(_WarnsBesideATable, _args, reset=lambda: (_table.cache_clear(), _HASHED.__setitem__(0, 0)),
+                  state=lambda: _HASHED[0])
 
 
 # -- another library's cache: the same protocol, or a proxy that hides its state -----------------

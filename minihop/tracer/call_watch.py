@@ -195,8 +195,8 @@ _DEPTH, _WIDE, _MAX_KEPT = 8, 64, 4096
 def _users(contents: Any) -> Any:
     """``contents`` with the user's own function where a watch's stand-in is (an lru_cache
     helper swapped in a dict or on an object while traced): what an undo puts back."""
-    if not SWAPPED_IN:
-        return contents
+    if not SWAPPED_IN or not any(id(v) in SWAPPED_IN for v in (contents.values() if type(contents) is dict else contents)):
+        return contents  # (rebuilding a dict hashes its keys: a key's ``__hash__`` may be the user's)
     if type(contents) is dict:
         return {k: SWAPPED_IN.get(id(v), v) for k, v in contents.items()}
     return [SWAPPED_IN.get(id(v), v) for v in contents]

@@ -106,10 +106,9 @@ def contents_of(value: Any) -> tuple[str | None, Any]:
                 # identity, so watching never hashes them (any change is refused: ``heap.RULES``).
                 return "pairs", tuple(base.items(value))
             items = base.__iter__(value) if kind != "dict" else base.items(value)
-            if kind == "dict" and SWAPPED_IN:  # (an lru_cache helper minihop stood in for there: the user's own)
-                items = [(k, SWAPPED_IN.get(id(v), v)) for k, v in items]
-            elif kind == "list" and SWAPPED_IN:
-                items = [SWAPPED_IN.get(id(v), v) for v in items]
+            if SWAPPED_IN and kind in ("dict", "list"):  # (an lru_cache helper minihop stood in for there: the user's own)
+                items = [(k, SWAPPED_IN.get(id(v), v)) for k, v in items] if kind == "dict" else \
+                    [SWAPPED_IN.get(id(v), v) for v in items]
             return kind, (list if kind == "list" else set if kind == "set" else dict)(items)
     if issubclass(cls, (MutableSequence, MutableMapping, MutableSet)) and not is_library(cls):
         return "attrs", attributes(value)  # the user's own container: what it holds is its state
