@@ -66,7 +66,7 @@ def test_an_answer_from_the_system_is_new_on_every_call(answer: str, fallback: s
 def test_explain_names_the_library_call_that_makes_a_capture_single_use() -> None:
     fn = _logging("len(os.listdir('.'))")
     report = str(minihop.explain(fn, torch.ones(2, requires_grad=True), print_report=False))
-    assert "forward calls listdir, library code that may answer from files, the system or the network" in report
+    assert "forward calls listdir, library code that may answer from files, the system or settings no key holds" in report
     LOG.clear()
 
 

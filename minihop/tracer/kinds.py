@@ -36,7 +36,7 @@ import torch
 from ..errors import UnsupportedOperationError
 from .bytecode import instructions
 from .identity import _FAKE_ONLY, _SYMBOLIC
-from .library import torch_io
+from .library import reads_trace_modes, torch_io
 
 __all__ = ["numpy_value", "reads_stack", "refuse_class_reads", "symbolic"]
 
@@ -145,10 +145,19 @@ def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tu
 
 def refuse_torch_io(function: str, phase: str, code: types.CodeType, line: int | None, fn: Any) -> None:
     """Where ``fn`` is one of torch's file or process readers and writers (``library.torch_io``:
-    ``torch.load``, ``torch.save``, ``torch.from_file``): refused (MH104)."""
+    ``torch.load``, ``torch.save``, ``torch.from_file``), or reads whether torch's modes are on
+    or a tensor is fake (``library.reads_trace_modes``): refused (MH104)."""
+    what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    if reads_trace_modes(fn):
+        raise UnsupportedOperationError(
+            f"{function}.{phase} calls or names torch's {what}, which tells whether torch's function or dispatch "
+            f'modes are on or a tensor is fake (File "{code.co_filename}", line {line}).',
+            "minihop traces under modes of its own (its recorder, FakeTensorMode) and on fake tensors: the code "
+            "would read there what eager never does (has_torch_function((x,)) answers True; eager, False).",
+            "Drop the check from the Function (eager answers it the same way on every call of plain tensors), "
+            "or run it eagerly with minihop.function(F, fallback='eager').")
     if not torch_io(fn):
         return
-    what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     raise UnsupportedOperationError(
         f"{function}.{phase} calls torch's {what}, which reads or writes files "
         f'(File "{code.co_filename}", line {line}).',

@@ -11,13 +11,14 @@ Invariant: the answer depends only on a module's name and where its file is inst
 from __future__ import annotations
 
 import random
+import re
 import types
 from typing import Any
 
 from ..library_state import LIBRARY_PACKAGES, library_module, own_attr, own_dict
 
-__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "TORCH_IO", "bounded", "torch_io", "is_exec_class", "is_library", "is_user_function",
-           "library_module"]
+__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "TORCH_IO", "TORCH_PROCESS", "bounded", "torch_io", "is_exec_class",
+           "is_library", "is_user_function", "library_module", "reads_trace_modes"]
 
 
 def is_library(value: Any) -> bool:
@@ -128,6 +129,40 @@ def torch_io(fn: Any) -> bool:
         and (module or "torch").split(".")[0] == "torch"
 
 
+# torch's modules of process and device state: their functions answer from settings and devices
+# (``torch.backends.cuda.flash_sdp_enabled()``, ``torch.cuda.memory_allocated()``,
+# ``torch._C._get_cudnn_enabled()``), not from their arguments. Only the getters ``settings``
+# names (and guards) and the setters ``hidden`` refuses are known; any other is unknown. Their
+# classes (``torch.cpu.amp.autocast``, ``torch.cuda.Stream``) answer through their objects.
+TORCH_PROCESS = ("torch.backends", "torch.cuda", "torch.cpu", "torch.mps", "torch.xpu", "torch.mtia",
+                 "torch.accelerator", "torch._C")
+# What tells whether torch's function or dispatch modes are on, or whether a tensor is fake:
+# while minihop traces, its recorder and FakeTensorMode are, and the tensors are fake, so the
+# code would read there what eager never does (``has_torch_function((x,))``: True, eager False).
+_TRACE_MACHINERY = ("torch._subclasses", "torch.utils._python_dispatch", "torch._guards",
+                    "torch.fx.experimental.proxy_tensor")
+_MODE_PROBE = re.compile(r"^_?(has_torch_function|is_torch_function_mode_enabled|len_torch_(function|dispatch)_stack"
+                         r"|get_(function|dispatch)_stack_at|get_dispatch_mode|get_current_function_mode|dispatch_keys)")
+
+
+def _module_of(fn: Any) -> str:
+    module = getattr(fn, "__module__", None) or _owner_module(fn)
+    return module if issubclass(type(module), str) else ""
+
+
+def reads_trace_modes(fn: Any) -> bool:
+    """Whether calling or naming ``fn`` reads what only minihop's trace sets: torch's mode
+    stacks, a tensor's fakeness (``_TRACE_MACHINERY``, ``_MODE_PROBE``)."""
+    module = _module_of(fn)
+    return module.startswith(_TRACE_MACHINERY) or module in ("torch._C", "torch.overrides") \
+        and _MODE_PROBE.match(str(getattr(fn, "__name__", ""))) is not None
+
+
+def _torch_process(fn: Any) -> bool:
+    module = _module_of(fn)
+    return any(module == name or module.startswith(name + ".") for name in TORCH_PROCESS)
+
+
 def bounded(fn: Any) -> bool:
     """Whether calling the library function or class ``fn`` answers from what minihop bounds
     (``BOUNDED``, ``ONLY``; ``time``'s clocks are watched where the code names them:
@@ -144,7 +179,7 @@ def bounded(fn: Any) -> bool:
         return _in_bounded(fn)  # a classmethod answers from its own code (torch's ``Function.apply``)
     if owner is not None and not issubclass(type(owner), types.ModuleType):
         return bounded(owner if issubclass(type(owner), type) else type(owner))
-    return _in_bounded(fn)
+    return _in_bounded(fn) and not _torch_process(fn)
 
 
 def _in_bounded(fn: Any) -> bool:

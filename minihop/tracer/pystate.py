@@ -158,12 +158,12 @@ class StateTracker:
                                         f'(an item, an argument, a partial: File "{code.co_filename}", line {chain.line})')
                 environment = reads_environment(value, named)  # (``os.environ.get``: guarded whole)
                 if setting is None and not environment and callable(named_end) \
-                        and is_library(named_end) and hidden.watched(named_end) is None and not bounded(named_end):
-                    kinds.refuse_torch_io(self.name, phase, code, chain.line, named_end)
-                    self.opaque.unknown(phase,  # unknown: right for the call it is traced for
-                        f"{phase} calls {getattr(named_end, '__qualname__', repr(named_end))}, library code that "
-                        f'may answer from files, the system or the network (File "{code.co_filename}", '
-                        f"line {chain.line})")
+                        and is_library(named_end) and hidden.watched(named_end) is None:
+                    kinds.refuse_torch_io(self.name, phase, code, chain.line, named_end)  # (and the trace's modes)
+                    if not bounded(named_end):  # unknown: right for the call it is traced for
+                        self.opaque.unknown(phase, f"{phase} calls {getattr(named_end, '__qualname__', repr(named_end))}, "
+                                            f"library code that may answer from files, the system or settings no key holds "
+                                            f'(File "{code.co_filename}", line {chain.line})')
                 if environment:
                     self._add_read(ENVIRONMENT, phases, code, chain.line)
                 if issubclass(type(named_end), type) and issubclass(named_end, torch.nn.Module):

@@ -1,0 +1,133 @@
+"""Hostile spellings, round 16 (issue #28, round 21): what torch itself answers from outside a
+Function's arguments, and tensors with code of their own, tried from outside against eager in
+strict, apply and fallback mode (``eager_modes.matches_eager``).
+
+Differences from eager before this round:
+
+- torch's functions of process and device state whose names do not say "get" or "is"
+  (``torch.backends.cuda.flash_sdp_enabled()``, ``math_sdp_enabled()``,
+  ``preferred_linalg_library()``): torch was bounded whole, so a capture baked the answer in and
+  reused it after ``torch.backends.cuda.enable_flash_sdp(False)``, in every mode. The functions of
+  torch's process modules (``library.TORCH_PROCESS``) answer from settings: unknown now, so the
+  capture is single-use, unless ``settings`` names the call as a getter it guards;
+- ``torch.overrides.has_torch_function((x,))`` answered True while minihop traced (its recorder
+  is a torch function mode; eager: False), and ``isinstance(x, FakeTensor)`` likewise. What
+  tells whether torch's modes are on or a tensor is fake is refused now (MH104);
+- a tensor subclass with a ``__torch_function__`` of the user's, passed in (also in a list, or
+  as a module's parameter) or read from a global: minihop's key, guards and snapshots read its
+  shape and dtype (and the heap watch pickled it), running that code dozens of times per call,
+  in fallback mode too. Refused now (MH101) before anything is read of it, so fallback runs
+  eager, whose code runs it exactly as often as eager does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import minihop
+from minihop.errors import UnsupportedArgumentError, UnsupportedOperationError
+
+from eager_modes import matches_eager
+
+
+def _x(i: int, n: int = 4) -> torch.Tensor:
+    return (torch.linspace(-1.0, 1.0, n) + i).requires_grad_()
+
+
+def _reads(read: Any) -> type:
+    class Reads(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * (5.0 if read() else 2.0)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * (3.0 if read() else 1.0)
+    return Reads
+
+
+@pytest.mark.parametrize("flag", ["flash", "math", "mem_efficient"])
+def test_sdp_backend_flag_read_between_calls(flag: str) -> None:
+    """forward and backward read ``torch.backends.cuda.<flag>_sdp_enabled()`` (torch's own getters
+    of a process setting, named without "get"); the caller toggles it between calls."""
+    read = getattr(torch.backends.cuda, f"{flag}_sdp_enabled")
+    enable = getattr(torch.backends.cuda, f"enable_{flag}_sdp")
+    was = read()
+    try:
+        matches_eager(_reads(read), lambda i: (_x(i),), between=lambda i: enable(i % 2 == 1),
+                      reset=lambda: enable(True))
+    finally:
+        enable(was)
+
+
+def test_sdp_flag_toggled_before_backward() -> None:
+    """The flag toggled between forward and ``.backward()``: backward's read is eager's."""
+    was = torch.backends.cuda.flash_sdp_enabled()
+    try:
+        matches_eager(_reads(torch.backends.cuda.flash_sdp_enabled), lambda i: (_x(i),),
+                      mid=lambda i: torch.backends.cuda.enable_flash_sdp(i % 2 == 0),
+                      reset=lambda: torch.backends.cuda.enable_flash_sdp(True))
+    finally:
+        torch.backends.cuda.enable_flash_sdp(was)
+
+
+def test_preferred_linalg_library_read() -> None:
+    """``torch.backends.cuda.preferred_linalg_library()`` with no argument: a getter by use, not
+    by name; what it answers is part of the value."""
+    class Lib(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * float(len(str(torch.backends.cuda.preferred_linalg_library())))
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+    matches_eager(Lib, lambda i: (_x(i),))
+
+
+def test_torch_process_call_is_single_use() -> None:
+    """A capture that calls one of torch's process functions no guard names serves its own call
+    only; ``explain`` says which call made it so."""
+    f = minihop.function(_reads(torch.backends.cuda.flash_sdp_enabled))
+    f(_x(0)).sum().backward()
+    f(_x(1)).sum().backward()
+    assert f.stats.captures == 2, f.stats
+    text = str(minihop.explain(_reads(torch.backends.cuda.flash_sdp_enabled), _x(0)))
+    assert "flash_sdp_enabled" in text and "settings no key holds" in text, text
+
+
+def _mode_probe(probe: Any) -> type:
+    class Probe(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * (5.0 if probe(x) else 2.0)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2.0
+    return Probe
+
+
+_PROBES = {
+    "has_torch_function": lambda x: torch.overrides.has_torch_function((x,)),
+    "has_torch_function_unary": lambda x: torch.overrides.has_torch_function_unary(x),
+    "function_mode_enabled": lambda x: torch._C._is_torch_function_mode_enabled(),
+    "dispatch_mode": lambda x: torch.utils._python_dispatch._get_current_dispatch_mode() is not None,
+    "is_fake": lambda x: torch._subclasses.fake_tensor.is_fake(x),
+    "isinstance_fake": lambda x: isinstance(x, torch._subclasses.FakeTensor),
+}
+
+
+@pytest.mark.parametrize("probe", sorted(_PROBES))
+def test_trace_machinery_probe(probe: str) -> None:
+    """forward asks whether torch's modes are on or its tensor is fake: while minihop traces
+    they are; eager's answer is no. Refused (MH104) where the capture would differ; fallback
+    equals eager."""
+    fn_cls = _mode_probe(_PROBES[probe])
+    matches_eager(fn_cls, lambda i: (_x(i),))
+    with pytest.raises(UnsupportedOperationError, match="modes are on or a tensor is fake"):
+        minihop.function(fn_cls)(_x(0))
