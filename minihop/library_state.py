@@ -237,8 +237,9 @@ def unseen(value: Any) -> bool:
     if callable(value) or issubclass(type(value), (type, types.ModuleType, _NO_STATE_LEFT)) or \
             not (library_object(value) or native_state(type(value))):
         return False
-    if (type(value).__module__ or "").split(".")[0] == "torch":
-        return False
+    if (type(value).__module__ or "").split(".")[0] == "torch" or any(
+            k.__name__ == "TensorBase" and k.__module__ == "torch._C" for k in type(value).__mro__):
+        return False  # (a tensor subclass too: its pickling would run its own code)
     try:
         value.__reduce_ex__(4)
     except Exception:

@@ -22,7 +22,7 @@ from typing import Any
 from .errors import MinihopError, UnsupportedArgumentError, UnsupportedOutputError
 from .library_state import library_module, own_dict
 
-__all__ = ["answers_own_class", "class_answering_refusal", "lazy_module_refusal", "item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items",
+__all__ = ["answers_own_class", "class_answering_refusal", "lazy_module_refusal", "tensor_code", "tensor_code_refusal", "item_served_by_code", "key_code", "library_base", "plain_atom", "plain_items",
            "plain_pairs", "served_by_user_code"]
 
 
@@ -46,6 +46,9 @@ def class_answering_refusal(function: str, values: Iterable[Any], what: str) -> 
     Eager's ``Function.apply`` asks each one ``isinstance(v, torch.Tensor)``, running that code
     (a count, a lazy object's set-up, a log line) on every call; a capture's run never asks."""
     for value in values:
+        torch_code = tensor_code(value, 0) if what == "argument" else None
+        if torch_code is not None:
+            return tensor_code_refusal(f"{function} got", torch_code)
         code = answers_own_class(value)
         if code is not None:
             error = UnsupportedOutputError if what == "returned value" else UnsupportedArgumentError
@@ -59,6 +62,37 @@ def class_answering_refusal(function: str, values: Iterable[Any], what: str) -> 
                 "Pass the object it stands for (or the values forward reads of it), or run the "
                 "Function eagerly with minihop.function(F, fallback='eager').")
     return None
+
+
+def tensor_code(value: Any, depth: int) -> str | None:
+    """The ``__torch_function__`` or ``__torch_dispatch__`` of the user's that a tensor subclass
+    runs (on ``x.shape`` and ``x.dtype`` too), for a tensor ``value`` or one in its lists,
+    tuples and dicts (a few levels down), or None."""
+    import torch
+    cls = type(value)
+    if issubclass(cls, torch.nn.Module):  # (its own dicts: no ``__getattr__`` of the user's runs)
+        held = [*own_dict(value).get("_parameters", {}).values(), *own_dict(value).get("_buffers", {}).values()]
+        return next(filter(None, (tensor_code(v, depth) for v in held)), None) or (next(filter(None, (
+            tensor_code(m, depth + 1) for m in own_dict(value).get("_modules", {}).values())), None) if depth < 8 else None)
+    if issubclass(cls, torch.Tensor):
+        for name in ("__torch_function__", "__torch_dispatch__"):
+            if _user(getattr(cls, name, None), library_module):  # (torch's own, or ``_disabled_torch_function_impl``: none)
+                return f"{cls.__qualname__}.{name}"
+        return None
+    if depth < 4 and cls in (list, tuple, dict):
+        return next(filter(None, (tensor_code(v, depth + 1) for v in (value.values() if cls is dict else value))), None)
+    return None
+
+
+def tensor_code_refusal(found: str, code: str, where: str | None = None) -> UnsupportedArgumentError:
+    """The refusal of a tensor subclass with code of its own (``tensor_code``), where ``found``
+    ("F got", "F.forward reads W, which holds") meets it."""
+    return UnsupportedArgumentError(
+        f"{found} a tensor subclass with code of its own ({code}).",
+        "minihop traces on plain fake tensors, and even reading such a tensor's shape or dtype (for a key, "
+        "a guard, a snapshot) runs that code: what it counts or records would differ from eager's.",
+        "Pass plain tensors (t.as_subclass(torch.Tensor)), or run the Function eagerly with "
+        "minihop.function(F, fallback='eager').", where=where)
 
 
 def lazy_module_refusal(function: str, args: Iterable[Any]) -> MinihopError | None:

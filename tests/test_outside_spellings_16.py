@@ -131,3 +131,92 @@ def test_trace_machinery_probe(probe: str) -> None:
     matches_eager(fn_cls, lambda i: (_x(i),))
     with pytest.raises(UnsupportedOperationError, match="modes are on or a tensor is fake"):
         minihop.function(fn_cls)(_x(0))
+
+
+class Logged(torch.Tensor):
+    """A tensor subclass that notes each torch call made on it (a profiler's, a debugger's)."""
+    LOG: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        Logged.LOG.append(getattr(func, "__name__", "?"))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _logged(n: int = 4) -> torch.Tensor:
+    return torch.ones(n).as_subclass(Logged)
+
+
+class Scale(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+class ScaleByItem(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, ts: list[torch.Tensor]) -> torch.Tensor:
+        return x * ts[0]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * 2, None
+
+
+_W = _logged()
+
+
+class ScaleByGlobal(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * _W
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+class RunModule(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, m: torch.nn.Module) -> torch.Tensor:
+        return m(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g, None
+
+
+def _module_with_logged_weight() -> torch.nn.Module:
+    inner = torch.nn.Linear(4, 4)
+    inner.weight = torch.nn.Parameter(inner.weight.detach().as_subclass(Logged))
+    return torch.nn.Sequential(inner)
+
+
+_LOGGED_CASES = {
+    "argument": (Scale, lambda i: (_x(i).detach().as_subclass(Logged).requires_grad_(),)),
+    "in a list argument": (ScaleByItem, lambda i: (_x(i), [_logged()])),
+    "a global": (ScaleByGlobal, lambda i: (_x(i),)),
+    "a module's parameter": (RunModule, (lambda m: lambda i: (_x(i), m))(_module_with_logged_weight())),
+}
+
+
+@pytest.mark.parametrize("where", sorted(_LOGGED_CASES))
+def test_tensor_subclass_with_own_torch_function(where: str) -> None:
+    """A tensor subclass whose ``__torch_function__`` notes every call: its log after each call
+    and each backward is eager's in every mode (minihop reads nothing of it; refused, MH101)."""
+    fn_cls, make_args = _LOGGED_CASES[where]
+    matches_eager(fn_cls, make_args, reset=Logged.LOG.clear, state=lambda: list(Logged.LOG))
+    with pytest.raises(UnsupportedArgumentError, match="tensor subclass with code of its own"):
+        minihop.function(fn_cls)(*make_args(0))
+
+
+def test_plain_subclass_still_keyed() -> None:
+    """A subclass with no code of its own (``torch._C._disabled_torch_function_impl``, or none)
+    is not refused for that: what it answers is torch's (a guard)."""
+    class Quiet(torch.Tensor):
+        __torch_function__ = torch._C._disabled_torch_function_impl
+    matches_eager(Scale, lambda i: (_x(i).detach().as_subclass(Quiet).requires_grad_(),))

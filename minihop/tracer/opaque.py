@@ -37,6 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..errors import UnsupportedOperationError
 from ..library_state import global_module_hooks, own_dict
 from ..spec import MISSING
+from ..user_code import tensor_code, tensor_code_refusal
 from .bytecode import instructions
 from .call_watch import CallWatch, library_module_name as _library_name
 from .chains import Chain, constant_global
@@ -313,6 +314,10 @@ class Finder:
             self.unknown(phase, f'{phase} reads {end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
+        torch_code = None if on_args else tensor_code(end, 0)
+        if torch_code is not None:
+            raise tensor_code_refusal(f"{self.function}.{phase} reads {chain.root}, which is or holds", torch_code,
+                                      f'File "{code.co_filename}", line {chain.line}')
 
     def start(self, codes: set[types.CodeType], args: tuple[Any, ...],
               namespaces: dict[types.CodeType, dict[str, Any]], library: Any,
