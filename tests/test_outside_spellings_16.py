@@ -220,3 +220,103 @@ def test_plain_subclass_still_keyed() -> None:
     class Quiet(torch.Tensor):
         __torch_function__ = torch._C._disabled_torch_function_impl
     matches_eager(Scale, lambda i: (_x(i).detach().as_subclass(Quiet).requires_grad_(),))
+
+
+# -- memos keyed by a tuple (torchgpipe's and fairscale's phonies) ------------------------------
+
+_PHONIES: dict[Any, torch.Tensor] = {}
+
+
+def _get_phony(device: torch.device, *, requires_grad: bool) -> torch.Tensor:
+    key = (device, requires_grad)
+    try:
+        phony = _PHONIES[key]
+    except KeyError:
+        phony = torch.zeros(1, device=device, requires_grad=requires_grad)
+        _PHONIES[key] = phony
+    return phony
+
+
+class Fork(Function):
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        phony = _get_phony(input.device, requires_grad=False)
+        return input.detach(), phony.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad_input: torch.Tensor, grad_grad: torch.Tensor) -> torch.Tensor:
+        return grad_input
+
+
+def _memo_state(memo: dict[Any, torch.Tensor]) -> list[tuple[str, list[float]]]:
+    return sorted((str(k), v.tolist()) for k, v in memo.items())
+
+
+def test_phony_memo_keyed_by_device_and_flag() -> None:
+    """A memo of tensors keyed by ``(device, requires_grad)`` that forward fills on a miss (a
+    pipeline's "phony"): captured (the key names the place again; it was refused as a key
+    minihop cannot name), and the memo holds what eager's does after each call."""
+    matches_eager(Fork, lambda i: (_x(i),), reset=_PHONIES.clear, state=lambda: _memo_state(_PHONIES),
+                  refusable=False)
+
+
+_TABLES: dict[Any, torch.Tensor] = {}
+
+
+class ByDtypeAndSize(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        key = (x.dtype, x.shape[0])
+        if key not in _TABLES:
+            _TABLES[key] = torch.arange(x.shape[0], dtype=x.dtype)
+        return x * _TABLES[key]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * _TABLES[(g.dtype, g.shape[0])]
+
+
+def _alternating_dtype(i: int) -> tuple[torch.Tensor]:
+    return (_x(i) if i % 2 else _x(i).double().detach().requires_grad_(),)
+
+
+def test_memo_keyed_by_dtype_and_size() -> None:
+    """A table per ``(dtype, size)``, float32 and float64 calls alternating: captured, each call
+    reads its own dtype's table, and the memo is eager's."""
+    matches_eager(ByDtypeAndSize, _alternating_dtype, reset=_TABLES.clear, state=lambda: _memo_state(_TABLES),
+                  refusable=False)
+
+
+def test_memo_keyed_by_tuple_written_and_cleared_by_caller() -> None:
+    """The caller writes the tables in place between calls and before ``.backward()``, and clears
+    the memo (backward then raises eager's ``KeyError``)."""
+    def write(i: int) -> None:
+        for table in _TABLES.values():
+            table.add_(1.0)
+    matches_eager(ByDtypeAndSize, lambda i: (_x(i),), between=write, mid=write, reset=_TABLES.clear,
+                  state=lambda: _memo_state(_TABLES))
+    matches_eager(ByDtypeAndSize, lambda i: (_x(i),), between=lambda i: _TABLES.clear() if i == 2 else None,
+                  mid=lambda i: _TABLES.clear() if i == 1 else None, reset=_TABLES.clear,
+                  state=lambda: _memo_state(_TABLES))
+
+
+_NAN_KEYED: dict[Any, torch.Tensor] = {}
+
+
+class NanKeyed(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        _NAN_KEYED[(float("nan"), 1)] = x.detach() * 2
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def test_float_keyed_memo_still_refused() -> None:
+    """A key with a float (NaN never equals itself: each eager call adds an entry of its own) is
+    not named again: refused, and fallback's memo grows as eager's."""
+    matches_eager(NanKeyed, lambda i: (_x(i),), reset=_NAN_KEYED.clear, state=lambda: len(_NAN_KEYED))
+    with pytest.raises(minihop.MinihopError, match="below a key minihop cannot name again"):
+        minihop.function(NanKeyed)(_x(0))

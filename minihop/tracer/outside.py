@@ -272,11 +272,20 @@ def _holds_traced(value: Any, is_traced: Callable[[Any], bool]) -> bool:
     return any(is_traced(leaf) or issubclass(type(leaf), FakeTensor) for _, leaf in iter_leaves(value))
 
 
+def _plain_key(key: Any) -> bool:
+    """A key the place names again by equality, as eager's lookup does: a string, an int, None, a
+    torch device or dtype, a tuple of them (``(x.device, False)``: a memo per device). Not a
+    float (NaN never equals itself, eager's next call adds a key of its own)."""
+    if issubclass(type(key), tuple):
+        return all(_plain_key(k) for k in key)
+    return key is None or type(key) in (str, int, bool, torch.device, torch.dtype)
+
+
 def _check_value(value: Any, place: Place, is_traced: Callable[[Any], bool], who: _Who) -> None:
     """Refuse a value that cannot be put back on each call: a tensor inside a value forward
     made (an object, a container), a fake tensor of another trace, a symbolic size, or a place
     no getter reaches again (below a key that is not a string or a number)."""
-    if any(kind in ("key", "item") and not issubclass(type(k), (str, int)) for kind, k in place.steps):
+    if any(kind in ("key", "item") and not _plain_key(k) for kind, k in place.steps):
         raise _refusal(who, place, "puts a value below a key minihop cannot name again on each call")
     if is_traced(value):
         return
