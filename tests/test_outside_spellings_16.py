@@ -320,3 +320,43 @@ def test_float_keyed_memo_still_refused() -> None:
     matches_eager(NanKeyed, lambda i: (_x(i),), reset=_NAN_KEYED.clear, state=lambda: len(_NAN_KEYED))
     with pytest.raises(minihop.MinihopError, match="below a key minihop cannot name again"):
         minihop.function(NanKeyed)(_x(0))
+
+
+# -- what a tensor argument answers that its key does not hold --------------------------------
+
+
+def _layout_alternating(i: int) -> tuple[torch.Tensor]:
+    t = torch.linspace(-1.0, 1.0, 120).reshape(2, 3, 4, 5).add(i)
+    return ((t.to(memory_format=torch.channels_last) if i % 2 else t).requires_grad_(),)
+
+
+def test_dim_order_of_argument_between_layouts() -> None:
+    """forward scales by ``x.dim_order()`` (how the argument lies in memory); contiguous and
+    channels-last calls alternate. ``dim_order`` was listed as an answer the key holds, so the
+    contiguous call's capture served the channels-last one (x * 2 where eager gives x * 3)."""
+    class ByOrder(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * float(x.dim_order()[1] + 1)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2.0
+    matches_eager(ByOrder, _layout_alternating, refusable=False)
+
+
+def test_zerotensor_argument_flag() -> None:
+    """forward branches on ``x._is_zerotensor()`` (autograd's efficient zeros); zero tensors and
+    plain zeros alternate. A fake copy has no such flag (its answer was False, on that very call,
+    in every mode): refused as the autograd state of an argument (MH104); fallback is eager."""
+    class ByZero(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x + (2.0 if x._is_zerotensor() else 3.0)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+    matches_eager(ByZero, lambda i: (torch._efficientzerotensor(4) if i % 2 else torch.zeros(4),))
+    with pytest.raises(UnsupportedOperationError, match="_is_zerotensor"):
+        minihop.function(ByZero)(torch.zeros(4))

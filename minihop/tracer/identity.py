@@ -326,11 +326,12 @@ def outside_tensors(tensors: dict[int, list[Any]]) -> tuple[weakref.ref[torch.Te
 
 # A tensor's state that its key does not hold (read through getattr with a name from a variable).
 TENSOR_STATE = frozenset({"grad", "is_leaf", "grad_fn", "_version", "_base", "retains_grad",
-                          "output_nr", "_backward_hooks"})
+                          "output_nr", "_backward_hooks", "_is_zerotensor"})  # (autograd's efficient zeros)
 # ... where its data lives (a fake tensor has no storage of the caller's): read as identity ...
 TENSOR_STORAGE = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "is_set_to"})
 # ... and how it lies there (a fake copy keeps it; the key holds it for tensor arguments only).
-TENSOR_LAYOUT = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense", "storage_offset", "_is_view"})
+TENSOR_LAYOUT = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense", "storage_offset", "_is_view",
+                           "dim_order"})
 # What a tensor argument's key holds (its type, shape, dtype, device, layout, requires_grad),
 # what follows from it alone, and what is answered elsewhere (its autograd state: refused of a
 # fake copy). Any other question of a traced tensor (``is_conj()``, ``is_inference()``, one no
@@ -341,7 +342,7 @@ KEY_HELD = frozenset({
     "is_floating_point", "is_complex", "element_size", "is_cuda", "is_cpu", "is_sparse", "get_device",
     "requires_grad", "itemsize", "nbytes", "is_signed", "type", "is_meta", "is_quantized",
     "is_mkldnn", "is_nested", "is_sparse_csr", "is_mps", "is_xpu", "is_xla", "is_ipu", "is_vulkan",
-    "__iter__", "__hash__", "__reversed__", "dim_order", "_version", "grad", "is_leaf", "grad_fn",
+    "__iter__", "__hash__", "__reversed__", "_version", "grad", "is_leaf", "grad_fn",
     "_base", "retains_grad", "output_nr", "_backward_hooks", "register_hook", "retain_grad",
     "backward", "__setstate__", "__dir__", "__contains__", "_is_zerotensor",
 })
