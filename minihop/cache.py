@@ -14,8 +14,8 @@ Policies: ``fallback="raise"`` (default) re-raises a capture's ``MinihopError``;
 ``fallback="eager"`` runs ``F.apply`` instead, warns once per Function with the reason, and
 remembers the decision for that key. Past ``cache_limit`` entries a warning is given once;
 then with ``"raise"`` the least recently used entry is evicted (always correct, costs a
-recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its recompile limit.
-The oldest capture is the one evicted (first in, first out: no bookkeeping on the hit path).
+recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its recompile limit;
+the oldest capture is evicted (first in, first out: no bookkeeping on the hit path).
 
 Shapes (``dynamic=``): ``None`` (default) is automatic, as ``torch.compile``'s automatic
 dynamic shapes: the first call is captured static; a later miss whose tensor argument has a
@@ -44,6 +44,7 @@ from .errors import MinihopError, UnsupportedOperationError, notice, release_fra
 from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_check, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
+from .copying import CopiedAsFunction
 from .user_code import class_answering_refusal, lazy_module_refusal
 
 __all__ = ["ALIVE", "TOTALS", "CacheStats", "CapturedFunction", "DynamicSpec", "Fallback"]
@@ -116,7 +117,7 @@ def _slot(i: int, value: Any) -> tuple[int, Any] | None:
     return (i, "int") if type(value) is int else None
 
 
-class CapturedFunction:
+class CapturedFunction(CopiedAsFunction):
     """``F.apply`` through a guarded cache of captures; ``.apply`` is the drop-in."""
 
     # Not the user's state where it sits on a user's class or object (``library_state.minihops``):

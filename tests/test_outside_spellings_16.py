@@ -360,3 +360,80 @@ def test_zerotensor_argument_flag() -> None:
     matches_eager(ByZero, lambda i: (torch._efficientzerotensor(4) if i % 2 else torch.zeros(4),))
     with pytest.raises(UnsupportedOperationError, match="_is_zerotensor"):
         minihop.function(ByZero)(torch.zeros(4))
+
+
+# -- a model holding a minihop function, copied and pickled ------------------------------------
+
+
+class Twice(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+@minihop.captured(fallback="eager")
+class CapturedTwice(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+class Holder(torch.nn.Module):
+    """A layer keeping its op as an attribute (``self.act = F.apply``), as packages write it."""
+
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(self.lin(x))
+
+
+_OPS = {
+    "eager": lambda: Twice.apply,
+    "function": lambda: minihop.function(Twice),
+    "fallback": lambda: minihop.function(Twice, fallback="eager"),
+    "dynamic": lambda: minihop.function(Twice, dynamic=True, cache_limit=3),
+    "captured": lambda: CapturedTwice.apply,
+}
+
+
+def _copied(model: torch.nn.Module, how: str) -> torch.nn.Module:
+    import copy
+    import pickle
+    return copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("op", sorted(_OPS))
+def test_model_holding_minihop_function_is_copied(op: str, how: str) -> None:
+    """``copy.deepcopy(model)`` (an EMA, a teacher) and pickling a model whose layer holds a
+    minihop function: it raised TypeError (a lock) and AttributeError (a local function) where
+    eager's ``F.apply`` copies by reference. Now the copy runs as eager's does, with the same
+    policy (values and every ``.grad``)."""
+    def run(model: torch.nn.Module) -> list[torch.Tensor]:
+        x = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_()
+        y = model(x)
+        y.sum().backward()
+        return [y.detach(), x.grad, model.lin.weight.grad]
+    torch.manual_seed(0)
+    eager = Holder(Twice.apply)
+    torch.manual_seed(0)
+    mine = Holder(_OPS[op]())
+    run(eager), run(mine)
+    eager_copy, mine_copy = _copied(eager, how), _copied(mine, how)
+    for a, b in zip(run(mine_copy), run(eager_copy)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    held = mine_copy.op.__self__ if hasattr(mine_copy.op, "__self__") else mine_copy.op
+    if op in ("function", "fallback", "dynamic"):
+        assert (held.fallback, held.dynamic, held.cache_limit) == (mine.op.fallback, mine.op.dynamic, mine.op.cache_limit)
+        assert (held is mine.op) == (how == "deepcopy")  # (a copy shares it, as a function is shared)
