@@ -48,7 +48,7 @@ def class_answering_refusal(function: str, values: Iterable[Any], what: str) -> 
     for value in values:
         torch_code = tensor_code(value, 0) if what == "argument" else None
         if torch_code is not None:
-            return tensor_code_refusal(f"{function} got", torch_code)
+            return tensor_code_refusal(f"{function}.apply got", torch_code)
         code = answers_own_class(value)
         if code is not None:
             error = UnsupportedOutputError if what == "returned value" else UnsupportedArgumentError
@@ -88,7 +88,7 @@ def tensor_code_refusal(found: str, code: str, where: str | None = None) -> Unsu
     """The refusal of a tensor subclass with code of its own (``tensor_code``), where ``found``
     ("F got", "F.forward reads W, which holds") meets it."""
     return UnsupportedArgumentError(
-        f"{found} a tensor subclass with code of its own ({code}).",
+        f"{found} a {code.rsplit('.', 1)[0]} (a tensor subclass) with code of its own ({code}).",
         "minihop traces on plain fake tensors, and even reading such a tensor's shape or dtype (for a key, "
         "a guard, a snapshot) runs that code: what it counts or records would differ from eager's.",
         "Pass plain tensors (t.as_subclass(torch.Tensor)), or run the Function eagerly with "

@@ -210,7 +210,7 @@ def test_tensor_subclass_with_own_torch_function(where: str) -> None:
     and each backward is eager's in every mode (minihop reads nothing of it; refused, MH101)."""
     fn_cls, make_args = _LOGGED_CASES[where]
     matches_eager(fn_cls, make_args, reset=Logged.LOG.clear, state=lambda: list(Logged.LOG))
-    with pytest.raises(UnsupportedArgumentError, match="tensor subclass with code of its own"):
+    with pytest.raises(UnsupportedArgumentError, match=r"a Logged \(a tensor subclass\) with code of its own"):
         minihop.function(fn_cls)(*make_args(0))
 
 
@@ -437,3 +437,84 @@ def test_model_holding_minihop_function_is_copied(op: str, how: str) -> None:
     if op in ("function", "fallback", "dynamic"):
         assert (held.fallback, held.dynamic, held.cache_limit) == (mine.op.fallback, mine.op.dynamic, mine.op.cache_limit)
         assert (held is mine.op) == (how == "deepcopy")  # (a copy shares it, as a function is shared)
+
+
+# -- what backward asks its grad that a fake grad does not reproduce ---------------------------
+
+
+def _asks_grad(read: Any) -> type:
+    class AsksGrad(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * read(g)
+    return AsksGrad
+
+
+def _losses(call: Any, steps: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Plain and concatenated losses alternate: the grad of ``y`` is then a slice of the cat's
+    grad (a view, at storage offset 6), else a tensor of its own."""
+    out = []
+    for i in range(steps):
+        x = (torch.linspace(-1.0, 1.0, 6).reshape(2, 3) + i).requires_grad_()
+        y = call(x)
+        if i % 2:
+            loss = (torch.cat([torch.zeros(2, 3), y]) * torch.arange(12.0).reshape(4, 3)).sum()
+        else:
+            loss = (y * 3).sum()
+        loss.backward()
+        out.append((y.detach(), x.grad))
+    return out
+
+
+@pytest.mark.parametrize("read", ["_is_view", "storage_offset", "is_contiguous"])
+def test_backward_asks_grad_what_a_fake_grad_lacks(read: str) -> None:
+    """backward asks its grad ``g._is_view()`` or ``g.storage_offset()`` (a slice of a cat's grad
+    on every other call). A backward traced again for those grads asked a fake grad made with
+    the grad's strides only (not a view, offset 0) and served its answer, silently, in strict
+    mode. Now such a variant is refused (MH104) and fallback runs eager's backward for the call;
+    ``is_contiguous`` (which strides answer) stays captured."""
+    answers = {"_is_view": lambda g: 5.0 if g._is_view() else 2.0,
+               "storage_offset": lambda g: float(g.storage_offset() + 1),
+               "is_contiguous": lambda g: 5.0 if g.is_contiguous() else 2.0}
+    fn_cls = _asks_grad(answers[read])
+    eager = _losses(fn_cls.apply)
+    for fallback in ("raise", "eager"):
+        minihop.reset()
+        try:
+            got = _losses(minihop.function(fn_cls, fallback=fallback))
+        except UnsupportedOperationError as e:
+            assert fallback == "raise" and read != "is_contiguous", e
+            assert f"grad {read}()" in str(e), e
+            continue
+        assert len(got) == len(eager)
+        for (y, g), (ey, eg) in zip(got, eager):
+            torch.testing.assert_close((y, g), (ey, eg), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", ["gelu", "linear", "erf", "norm", "rfft"])
+def test_torch_ops_of_c_namespaces_stay_reusable(op: str) -> None:
+    """torch's ops whose builtins live in ``torch._C``'s op namespaces (``torch._C._nn.gelu``,
+    ``_linalg``, ``_special``, ``_fft``) answer from their arguments: one capture serves every
+    call (only ``torch._C``'s own functions are process state)."""
+    ops = {"gelu": lambda x: torch.nn.functional.gelu(x), "linear": lambda x: torch.nn.functional.linear(x, x),
+           "erf": lambda x: torch.special.erf(x), "norm": lambda x: torch.linalg.norm(x) * x,
+           "rfft": lambda x: torch.fft.rfft(x).real.sum() * x}
+    body = ops[op]
+
+    class Op(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return body(x)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+    f = minihop.function(Op)
+    for i in range(3):
+        x = torch.linspace(-1.0, 1.0, 4).add(i).reshape(2, 2)
+        torch.testing.assert_close(f(x), Op.apply(x), rtol=0, atol=0)
+    assert f.stats.captures == 1, f.stats

@@ -134,8 +134,9 @@ def torch_io(fn: Any) -> bool:
 # ``torch._C._get_cudnn_enabled()``), not from their arguments. Only the getters ``settings``
 # names (and guards) and the setters ``hidden`` refuses are known; any other is unknown. Their
 # classes (``torch.cpu.amp.autocast``, ``torch.cuda.Stream``) answer through their objects.
+# (``torch._C`` itself, not its op namespaces: ``torch._C._nn.gelu`` is an op.)
 TORCH_PROCESS = ("torch.backends", "torch.cuda", "torch.cpu", "torch.mps", "torch.xpu", "torch.mtia",
-                 "torch.accelerator", "torch._C")
+                 "torch.accelerator")
 # What tells whether torch's function or dispatch modes are on, or whether a tensor is fake:
 # while minihop traces, its recorder and FakeTensorMode are, and the tensors are fake, so the
 # code would read there what eager never does (``has_torch_function((x,))``: True, eager False).
@@ -160,7 +161,7 @@ def reads_trace_modes(fn: Any) -> bool:
 
 def _torch_process(fn: Any) -> bool:
     module = _module_of(fn)
-    return any(module == name or module.startswith(name + ".") for name in TORCH_PROCESS)
+    return module == "torch._C" or any(module == name or module.startswith(name + ".") for name in TORCH_PROCESS)
 
 
 def bounded(fn: Any) -> bool:
