@@ -36,7 +36,7 @@ from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.graph_reads import reads_default_dtype, reads_grad_mode
 from .runtime.op import autograd_function_apply
 from .runtime.function_keys import methods_check, methods_held, methods_key
-from .runtime.assumptions import layout_key
+from .runtime.assumptions import layout_key, refuse_unlike_grads
 from .runtime.display import show_value_key
 from .runtime.located import as_called, real_run_shows
 from .runtime.guards import call_key, describe_autocast, value_key
@@ -305,6 +305,7 @@ def _backward_tracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         with temporarily_clear_interpreter_stack():  # traced outside torch.func, as at capture
             variant_raw = raw.rerun_backward(specs, call_args, call_data, grad_mode=grad_mode, ctx_state=ctx_state)
         variant = make_pair(variant_raw)
+        refuse_unlike_grads(pair.function_name, variant, grads)  # (a grad's view-ness: no fake has it)
         # A tensor the captured backward did not read, fetched from its place when backward
         # runs (as every such tensor is): the variant's saved value taken from there.
         fetched = {i: Fetched(fetch, key) for i, fetch, key in live_slots(variant)}

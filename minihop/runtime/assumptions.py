@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import GuardMismatchError
+from ..errors import GuardMismatchError, UnsupportedOperationError
 from ..spec import MISSING, UNMATCHED, DataRead, Pair, PythonState
 from ..structure import argname
 from .display import describe_argument, show_key, show_value_key
@@ -36,7 +36,7 @@ from .sharing import sharing_of
 from .guard_checks import compile_guard, compile_live_check, merge_checks
 from .guards import argument_key, autocast_key, describe_autocast, unmet_marks, value_key
 
-__all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits", "layout_key"]
+__all__ = ["Assumption", "assumptions_of", "backward_values", "compile_fits", "layout_key", "refuse_unlike_grads"]
 
 Args = tuple[Any, ...]
 _AGAIN = "Capture again (minihop.apply does this by itself)."
@@ -432,3 +432,19 @@ def backward_values(assumptions: tuple[Assumption, ...]) -> tuple[Assumption, ..
     """The Python values backward reads, in the order it read them: what ``runtime.backwards``
     fetches and compares (``fetch``, ``key``) each time backward runs."""
     return tuple(a for a in assumptions if a.phase == "backward" and a.fetch is not None)
+
+
+def refuse_unlike_grads(name: str, variant: Pair, grads: Any) -> None:
+    """A backward traced again for this call's grads (one per fwd output) asked its fake grads what
+    they answer unlike the call's own (``g._is_view()``, ``g.storage_offset()``): refused (MH104)."""
+    for a in variant.grad_assumptions:
+        g = grads[a.index] if a.index < len(grads) else None
+        if issubclass(type(g), torch.Tensor) and type(a.expected) in (bool, int, float, str, tuple) \
+                and a.query(g, *a.args, **dict(a.kwargs)) != a.expected:
+            query = getattr(a.query, "__name__", a.query)
+            raise UnsupportedOperationError(f"{name}.backward asks output {a.index}'s grad {query}(): the fake grad "
+                                            f"minihop traces with answers {a.expected!r}, this call's grad otherwise.",
+                "A fake grad is made with the grad's shape, dtype, strides and requires_grad; whether autograd "
+                "hands backward a view, at which storage offset, with which flags, it does not reproduce.",
+                "Read only the grad's shape, dtype or strides in backward, or run it eagerly "
+                "(minihop.function(F, fallback='eager')).")
