@@ -39,9 +39,8 @@ class CopiedAsFunction:
                             "the stream is this process's (make it again with minihop.function(F, stream=...))")
         if getattr(self.fn_cls, "minihop", None) is self:  # (@captured: the class's own)
             return getattr, (self.fn_cls, "minihop")
-        return _remade, (self.fn_cls, self.fallback, self.dynamic, self.cache_limit)
+        return _remade, (type(self), self.fn_cls, self.fallback, self.dynamic, self.cache_limit)
 
 
-def _remade(fn_cls: type, fallback: Any, dynamic: Any, cache_limit: int) -> Any:
-    from .entries import function  # (the entry everything above the pipeline calls)
-    return function(fn_cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
+def _remade(cls: type, fn_cls: type, fallback: Any, dynamic: Any, cache_limit: int) -> Any:
+    return cls(fn_cls, fallback=fallback, dynamic=dynamic, cache_limit=cache_limit)
