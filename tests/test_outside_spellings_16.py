@@ -180,6 +180,16 @@ class ScaleByGlobal(Function):
         return g * 2
 
 
+class ScaleInBackward(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2 + g * _W.as_subclass(torch.Tensor).sum()
+
+
 class RunModule(Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, m: torch.nn.Module) -> torch.Tensor:
@@ -200,6 +210,7 @@ _LOGGED_CASES = {
     "argument": (Scale, lambda i: (_x(i).detach().as_subclass(Logged).requires_grad_(),)),
     "in a list argument": (ScaleByItem, lambda i: (_x(i), [_logged()])),
     "a global": (ScaleByGlobal, lambda i: (_x(i),)),
+    "a global's method, in backward": (ScaleInBackward, lambda i: (_x(i),)),
     "a module's parameter": (RunModule, (lambda m: lambda i: (_x(i), m))(_module_with_logged_weight())),
 }
 

@@ -314,7 +314,7 @@ class Finder:
             self.unknown(phase, f'{phase} reads {end.name}, computed by {end.what}, code minihop did not '
                                 f'analyse (File "{code.co_filename}", line {chain.line})')
         refuse_identity_alias(self.function, phase, chain, end, f'File "{code.co_filename}", line {chain.line}')
-        torch_code = None if on_args else tensor_code(end, 0)
+        torch_code = None if on_args else tensor_code(end, 0) or tensor_code(value, 0)  # (``W.sum()``: its root)
         if torch_code is not None:
             raise tensor_code_refusal(f"{self.function}.{phase} reads {chain.root}, which is or holds", torch_code,
                                       f'File "{code.co_filename}", line {chain.line}')

@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDepende
 from ..errors import UnsupportedArgumentError, UnsupportedOperationError, forget_made, last_made
 from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
 from ..spec import EFFECT, InputSource, arg_place
+from ..user_code import tensor_code, tensor_code_refusal
 from ..arguments import is_dynamo_mark
 from ..structure import Path, format_path, iter_leaves
 from .backward_reads import BackwardReads
@@ -289,6 +290,8 @@ class Tracing:
         return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
+        if type(real) not in (torch.Tensor, torch.nn.Parameter) and tensor_code(real, 0) is not None:
+            raise tensor_code_refusal(f"{self._describe()} reads", str(tensor_code(real, 0)))  # (before any read runs it)
         late = self.backward_reads.lift(real) if self.phase == "backward" else None
         if late is not None:
             return late  # read from its place when backward runs (tracer/backward_reads.py)

@@ -28,7 +28,11 @@ own warnings: inside an op the graph records (``F.softmax`` without ``dim``,
 into the tensor an ``lru_cache`` helper returned; in round 15, an object of the user's class
 whose ``__del__`` writes, made and dropped by forward or backward, and an op inside the
 Function's own ``warnings.catch_warnings`` block, and an object forward keeps on ctx that
-backward changes, and a dict a cached helper returned, changed.
+backward changes, and a dict a cached helper returned, changed; in round 21, torch's process
+settings read through a function not named as a getter, whether torch's modes are on, a global
+tensor whose subclass has its own ``__torch_function__``, a memo keyed by ``(dtype, size)``
+(written in place and cleared by ``between()``) and backward asking its grad whether it is a
+view.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -138,6 +142,13 @@ KINDS = {
     # and an object eight levels down on ctx, changed by backward.
     "lru_table_changed": ("fb", ""), "lru_dict_entry": ("fb", ""), "lru_random_table": ("fb", ""),
     "deep_ctx_object_backward": ("b", ""),
+    # Round 21: torch's own answers from outside the arguments: a process setting read through
+    # a function not named as a getter (torch.backends.cuda.flash_sdp_enabled()), whether
+    # torch's modes are on (has_torch_function: True while traced), a global tensor of a
+    # subclass with its own __torch_function__ (minihop's reads must not run it), a memo keyed
+    # by (dtype, size), and backward asking its grad whether it is a view.
+    "torch_process_read": ("fb", ""), "trace_mode_probe": ("fb", ""), "subclass_code_read": ("fb", ""),
+    "tuple_key_memo": ("f", ""), "grad_view_read": ("b", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -193,6 +204,20 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return [], r.choice(["x * ctable(x.shape[0])", "x * ctable(3).sum()", "x * cpair(3)[1].mean()"])
     if kind == "lru_dict_entry":
         return [], "x * dentry(3)['w'].sum() * dentry(3)['s']"
+    if kind == "torch_process_read":
+        return [], r.choice(["x * (5.0 if torch.backends.cuda.flash_sdp_enabled() else 2.0)",
+                             "x * (5.0 if torch.backends.cuda.math_sdp_enabled() else 2.0)"])
+    if kind == "trace_mode_probe":
+        return [], r.choice(["x * (5.0 if torch.overrides.has_torch_function((x,)) else 2.0)",
+                             "x * (5.0 if torch._C._is_torch_function_mode_enabled() else 2.0)"])
+    if kind == "subclass_code_read":
+        return [], "x * LOGW.as_subclass(torch.Tensor).sum()"
+    if kind == "tuple_key_memo":
+        return ["if (x.dtype, x.shape[0]) not in TMEMO:",
+                "    TMEMO[(x.dtype, x.shape[0])] = torch.arange(x.shape[0], dtype=x.dtype) + 1"], \
+            "x * TMEMO[(x.dtype, x.shape[0])]"
+    if kind == "grad_view_read":
+        return [], r.choice(["x * (5.0 if x._is_view() else 2.0)", "x * float(x.storage_offset() + 1)"])
     if kind == "lru_random_table":
         return [], r.choice(["x * rtable(3).sum()", "x * rtable(x.shape[0])"])
     if kind in ("caught_warn_op", "caught_quiet_op"):
@@ -377,6 +402,13 @@ def generate_source(r: random.Random) -> str:
         "            v = types.SimpleNamespace(c=v)", "        return v", "",
         "    def _innermost_ns(v):", "        while hasattr(v, 'c'):", "            v = v.c", "        return v", "",
         "    DIED, KEEP = [0], []", "",
+        "    torch.backends.cuda.enable_flash_sdp(True); torch.backends.cuda.enable_math_sdp(True)",
+        "    LOGGED, TMEMO = [], {}", "",
+        "    class Logged(torch.Tensor):", "        @classmethod",
+        "        def __torch_function__(cls, func, types, args=(), kwargs=None):",
+        "            LOGGED.append(getattr(func, '__name__', '?'))",
+        "            return super().__torch_function__(func, types, args, kwargs or {})", "",
+        "    LOGW = torch.full((3,), 0.5).as_subclass(Logged)", "",
         "    ITERS, ITER_KEY = {'c': itertools.count(1)}, 'c'",
         "    NITERS = {'c': [[[itertools.count(1)]]]}", "",
         "    def _innermost(v):", "        while type(v) is list:", "            v = v[0]", "        return v", "",
@@ -462,6 +494,10 @@ def generate_source(r: random.Random) -> str:
         "        dict.__setitem__(CD, 'k', 2.0 + i); LAZY.BASE[0] = 1.0 + i; DCFG._d['scale'] = 1.0 + i",
         "        if i >= 1:", "            ctable(3).mul_(1.5); cpair(3)[1].add_(0.5); dentry(3)['s'] = 2.0 + i",
         "        if i == 1:", "            list.append(CL, 0.5); dict.__setitem__(CK, CKey(1), 3.0)",
+        *(["        torch.backends.cuda.enable_flash_sdp(i != 1); torch.backends.cuda.enable_math_sdp(i != 2)"]
+          if any(k == "torch_process_read" for k, _ in effects) else []),
+        "        for _v in TMEMO.values():", "            _v.add_(0.5)",
+        "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
           "replace": ["        if i == 2:", "            for k in list(STASH):",
                       "                STASH[k] = torch.full(STASH[k].shape, 7.0)",
@@ -511,7 +547,8 @@ def generate_source(r: random.Random) -> str:
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
         f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
-        f"torch.nn.functional.minihop_fuzz, list(DEEPLOG.a.b.lines)])",
+        f"torch.nn.functional.minihop_fuzz, list(DEEPLOG.a.b.lines), list(LOGGED), "
+        f"{{str(k): v for k, v in TMEMO.items()}}])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
