@@ -134,7 +134,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 20: what an lru_cache helper hands back, changed by the caller: its table
            # written in place, a tensor of a cached tuple written in place, a plain value of a
            # cached dict entry rebound.
-           "cached_table_global", "cached_tuple_global", "cached_dict_entry_global")
+           "cached_table_global", "cached_tuple_global", "cached_dict_entry_global",
+           # Round 21: a tensor argument whose memory format changes between calls, read by
+           # ``dim_order()`` (listed as held by the key: it was not), and one that is autograd's
+           # efficient zeros on some calls (``_is_zerotensor()``: a fake copy has no such flag).
+           "dim_order_arg", "zerotensor_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -619,6 +623,13 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
         return (["KORDER = [9, 1]", "", "", "def _kset():", "    s = set()", "    for u in KORDER:", "        s.add(u)",
                  "    return s"], ["KORDER[:] = (9, 1) if v > 1 else (1, 9)"],
                 "[u for u in ks][0]", ["_kset()"], "ks")
+    if holder == "dim_order_arg":
+        return (["TDO = torch.ones(1, 2, 2, 2)"],
+                ["globals()['TDO'] = TDO.contiguous(memory_format=torch.channels_last if v > 1 else torch.contiguous_format)"],
+                "float(td.dim_order()[1] + 1)", ["TDO"], "td")
+    if holder == "zerotensor_arg":
+        return (["TZT = torch.zeros(())"], ["globals()['TZT'] = torch._efficientzerotensor(()) if v > 1 else torch.zeros(())"],
+                "(3.0 if tz._is_zerotensor() else 2.0)", ["TZT"], "tz")
     if holder == "inference_flag_arg":
         return (["def _maybe_inference(flag):", "    with torch.inference_mode(flag):", "        return torch.ones(())",
                  "", "", "TINF = torch.ones(())"], ["globals()['TINF'] = _maybe_inference(v > 1)"],
