@@ -529,3 +529,59 @@ def test_torch_ops_of_c_namespaces_stay_reusable(op: str) -> None:
         x = torch.linspace(-1.0, 1.0, 4).add(i).reshape(2, 2)
         torch.testing.assert_close(f(x), Op.apply(x), rtol=0, atol=0)
     assert f.stats.captures == 1, f.stats
+
+
+# -- what ctx is, asked by the user's code -----------------------------------------------------
+
+
+def _asks_ctx(fwd: Any = None, bwd: Any = None) -> type:
+    class AsksCtx(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.k = 1
+            return x * (fwd(ctx) if fwd else 2.0)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * (bwd(ctx) if bwd else 2.0)
+    return AsksCtx
+
+
+_CTX_QUESTIONS = {
+    "type name": lambda c: float(len(type(c).__name__)),
+    "__class__ name": lambda c: float(len(c.__class__.__name__)),
+    "isinstance FunctionCtx": lambda c: 5.0 if isinstance(c, torch.autograd.function.FunctionCtx) else 2.0,
+    "isinstance BackwardCFunction": lambda c: 5.0 if isinstance(c, torch.autograd.function.BackwardCFunction) else 2.0,
+    "vars": lambda c: float(len(vars(c))),
+    "__dict__": lambda c: float(len(c.__dict__)),
+    "repr": lambda c: 5.0 if "Backward object" in repr(c) else 2.0,
+    "hasattr to_save": lambda c: 5.0 if hasattr(c, "to_save") else 2.0,
+    "getattr dirty_tensors": lambda c: 5.0 if getattr(c, "dirty_tensors", 1) is None else 2.0,
+    "dir": lambda c: float(len(dir(c)) % 5),
+    "_forward_cls": lambda c: float(len(c._forward_cls.__name__)),
+}
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("question", sorted(_CTX_QUESTIONS))
+def test_what_ctx_is(question: str, phase: str) -> None:
+    """forward or backward asks ctx what it is: ``type(ctx).__name__`` (eager: ``AsksCtxBackward``),
+    ``isinstance(ctx, FunctionCtx)``, ``vars(ctx)`` (the user's attributes), its text, whether it
+    has autograd's ``to_save``. minihop's proxy ctx answered with its own class, dict and text,
+    silently in strict mode; now it answers as eager's (class, text, a dict of the user's
+    attributes), or refuses (``dir``, autograd's own attributes: MH104)."""
+    ask = _CTX_QUESTIONS[question]
+    fn_cls = _asks_ctx(fwd=ask) if phase == "forward" else _asks_ctx(bwd=ask)
+    matches_eager(fn_cls, lambda i: (_x(i),))
+
+
+def test_ctx_class_answered_without_refusal() -> None:
+    """What eager's ctx is (its class, ``isinstance``, text) is answered, not refused: one capture
+    serves every call. (``vars(...)`` of anything makes a capture single-use: reads.md.)"""
+    fn_cls = _asks_ctx(fwd=lambda c: float(len(type(c).__name__) + len(repr(c).split()[0]))
+                       + (1.0 if isinstance(c, torch.autograd.function.FunctionCtx) else 0.0))
+    matches_eager(fn_cls, lambda i: (_x(i),), refusable=False)
+    f = minihop.function(fn_cls)
+    for i in range(3):
+        f(_x(i))
+    assert f.stats.captures == 1, f.stats

@@ -14,15 +14,18 @@ when eager refuses it: ``save_for_forward`` at the call, the others once forward
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..errors import CtxArgumentError
+from ..errors import CtxArgumentError, UnsupportedOperationError
 from .frames import format_frame, user_frame
 
 __all__ = ["CtxRecord", "ProxyCtx", "check_ctx_arguments"]
+
+_LACKS = object()
 
 
 @dataclasses.dataclass
@@ -55,15 +58,25 @@ class CtxRecord:
 
 
 class ProxyCtx:
-    """Stands in for ``torch.autograd.function.FunctionCtx`` during tracing."""
+    """Stands in for ``torch.autograd.function.FunctionCtx`` during tracing. What the user's
+    code asks of what ctx is answers as eager's ctx (``F._backward_cls``, an ``FBackward``):
+    its ``__class__`` (so ``isinstance(ctx, FunctionCtx)``), its text, and its ``__dict__``,
+    which holds the user's attributes only (minihop's own live in slots)."""
 
+    __slots__ = ("_minihop_record", "_minihop_describe", "_minihop_eager", "_minihop_shared", "__dict__",
+                 "__weakref__")
     _minihop_record: CtxRecord
 
     def __init__(self, needs_input_grad: tuple[bool, ...],
-                 describe: Callable[[], str] = lambda: "Function.forward") -> None:
+                 describe: Callable[[], str] = lambda: "Function.forward", eager_cls: type | None = None) -> None:
         object.__setattr__(self, "_minihop_record", CtxRecord(needs_input_grad))
         # Names the method running now ("F.forward", "F.setup_context"), for messages.
         object.__setattr__(self, "_minihop_describe", describe)
+        object.__setattr__(self, "_minihop_eager", eager_cls)  # (type(ctx) in eager: identity.TYPE)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # (``type(ctx)`` stays ProxyCtx: minihop's own code asks that)
+        return object.__getattribute__(self, "_minihop_eager") or ProxyCtx
 
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
@@ -106,12 +119,27 @@ class ProxyCtx:
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:  # only for names the ctx lacks
+        eager = None if name.startswith(("__", "_minihop")) else object.__getattribute__(self, "_minihop_eager")
+        found = inspect.getattr_static(eager, name, _LACKS) if eager is not None else _LACKS
+        if issubclass(type(found), type):
+            return found  # (``ctx._forward_cls``: the Function)
+        if found is not _LACKS:  # (``ctx.to_save``, ``ctx.metadata``, ``ctx.name()``: autograd's node)
+            raise UnsupportedOperationError(
+                f"{self._minihop_describe()} reads ctx.{name}, an attribute of eager's ctx (a {eager.__name__}, "
+                "autograd's node) that minihop's ctx does not model.",
+                "While traced, ctx is minihop's recorder of what forward and backward tell it; autograd's "
+                "own state of the node (what it saved, its hooks, its metadata, its name) is not there.",
+                "Keep what the Function needs as ctx attributes of its own, or run it eagerly with "
+                "minihop.function(F, fallback='eager').", where=format_frame(user_frame()))
         if not name.startswith(("__", "_minihop")):
             self._minihop_record.missing.append(name)
         raise AttributeError(f"'FunctionCtx' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
-        return "<minihop proxy ctx>"
+        eager = object.__getattribute__(self, "_minihop_eager")
+        if eager is None:
+            return "<minihop proxy ctx>"
+        return f"<{eager.__module__}.{eager.__qualname__} object at {hex(id(self))}>"
 
 
 # Eager's words for each refusal (``torch/csrc/autograd/python_function.cpp``'s checks).

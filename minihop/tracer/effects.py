@@ -142,7 +142,7 @@ def ctx_values(ctx: Any) -> dict[str, Any]:
     judged elsewhere)."""
     # (an argument kept on ctx, ``ctx.log = log``, is the caller's: its writes are replayed
     # where it lives, and backward reads it there; ``share_arguments`` names them)
-    shared = vars(ctx).get("_minihop_shared", ())
+    shared = getattr(ctx, "_minihop_shared", ())
     copied = {k: _copied(v) for k, v in vars(ctx).items() if not k.startswith("_minihop") and k not in shared}
     return {k: v for k, v in copied.items() if v is not _OTHER}
 
@@ -174,7 +174,7 @@ def ctx_objects(ctx: Any, existed: Callable[[Any], bool] = lambda value: False) 
     the call reads, and backward's case is keyed on plain values only. An object that
     ``existed`` before the call (a global's) counts by identity: what backward changes in it
     is the heap watch's, replayed where it lives."""
-    shared = vars(ctx).get("_minihop_shared", ())
+    shared = getattr(ctx, "_minihop_shared", ())
     return {k: (id(v), held(v, 0, existed)) for k, v in vars(ctx).items()
             if not k.startswith("_minihop") and k not in shared and _copied(v) is _OTHER}
 

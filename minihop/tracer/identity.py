@@ -60,6 +60,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..errors import UnsupportedOperationError
 from . import handlers
 from .atoms import ATOMS
+from .ctx import ProxyCtx
 from .bytecode import instructions
 
 __all__ = ["ISINSTANCE", "KEY_HELD", "STAND_INS", "TENSOR_LAYOUT", "TENSOR_STATE", "TENSOR_STORAGE", "TYPE", "IdentityWatch", "TypeAsEager", "names_identity",
@@ -112,6 +113,8 @@ class _TypeAsEager(type):
             return torch.nn.Parameter if getattr(args[0], "_is_param", False) else torch.Tensor
         if len(args) == 1 and not kwargs and type(args[0]) in _SYMBOLIC:
             return _SYMBOLIC[type(args[0])]  # a symbolic size or number: eager's is a plain one
+        if len(args) == 1 and not kwargs and type(args[0]) is ProxyCtx:
+            return args[0].__class__  # eager's ctx: the Function's ``FBackward``
         made = type(*args, **kwargs)
         return cls if made is type else made  # (``type(C) is type``: the name the code compares with)
 
@@ -187,13 +190,13 @@ class TextAsEager:
 _TENSOR_FILE = torch.Tensor.__format__.__code__.co_filename  # (``Tensor.__format__`` asks for the text)
 
 
-def _refuse_listing(name: str) -> UnsupportedOperationError:
+def _refuse_listing(name: str, what: str = "a tensor's") -> UnsupportedOperationError:
     frame = sys._getframe(2)
     where = f'File "{frame.f_code.co_filename}", line {frame.f_lineno}'
     return handlers.note(UnsupportedOperationError(
-        f"The traced code lists a tensor's attributes with {name}() ({where}).",
-        "A traced tensor is a fake copy: its __dict__ holds the tracer's entries besides what the "
-        "caller set, and its class has methods eager's tensor lacks, so the listing is not eager's.",
+        f"The traced code lists {what} attributes with {name}() ({where}).",
+        "A traced tensor is a fake copy (its __dict__ holds the tracer's entries, its class has methods "
+        "eager's lacks) and ctx minihop's recorder (eager's is autograd's node): the listing is not eager's.",
         "Read the attributes it needs by name (getattr(x, 'scale', None)), or run it eagerly with "
         "minihop.function(F, fallback='eager').", where=where), frame)
 
@@ -213,8 +216,9 @@ def DIR(*args: Any) -> Any:
     ``dir()`` is the caller's local names, as eager's."""
     if not args:
         return sorted(sys._getframe(1).f_locals)
-    if len(args) == 1 and issubclass(type(args[0]), FakeTensor):
-        raise _refuse_listing("dir")
+    if len(args) == 1 and (issubclass(type(args[0]), FakeTensor) or type(args[0]) is ProxyCtx):
+        # (eager's ctx lists autograd's own names: no stand-in has them)
+        raise _refuse_listing("dir", "ctx's" if type(args[0]) is ProxyCtx else "a tensor's")
     return dir(*args)
 
 

@@ -156,7 +156,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         fake_args = tuple(t.symbolic_int(i, a) if i in dynamic and type(a) is int else a
                           for i, a in enumerate(fake_args))
     ctx = ProxyCtx(tuple(issubclass(type(a), torch.Tensor) and a.requires_grad and grad_on for a in args),
-                   t._describe)
+                   t._describe, getattr(fn_cls, "_backward_cls", None))
     # Python state: what the user's code reads is guarded, what it writes is replayed or
     # refused, and whatever tracing changed is put back (see pystate).
     state = StateTracker(parts, fake_args, fn_cls, real_args=args)
