@@ -51,7 +51,7 @@ from .tracer.roots import arg_masks
 from .tracer.messages import take_held
 from .tracer.recorder import tracing
 from .tracer.run_context import modes_refusal, observing_modes
-from .tracer.trace import GradSpec, TraceInputs, function_parts, trace_function
+from .tracer.trace import ASKED_WHAT, GradSpec, TraceInputs, function_parts, trace_function
 from .user_code import lazy_module_refusal
 
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
@@ -153,9 +153,9 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
             or reads_grad_mode(pair.bwd_graph) or reads_default_dtype(pair.bwd_graph, torch.get_default_dtype()) \
             or raw.python_state.ctx_state is not None:  # create_graph=True; another default dtype; a second backward
         retrace = _backward_retracer(fn_cls, raw, pair, runner)
-    cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start,
-                       retrace, dims, raw.shape_guards, raw.python_state,
-                       layout_key(args) if raw.reads_layout else None, masks, args, reads, eager=runner)
+    cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start, retrace, dims, raw.shape_guards,
+                       raw.python_state, layout_key(args) if raw.reads_layout else None, masks, args, reads, eager=runner,
+                       eager_transformed=ASKED_WHAT in raw.ctx_features)
     return raw, cap
 
 

@@ -585,3 +585,39 @@ def test_ctx_class_answered_without_refusal() -> None:
     for i in range(3):
         f(_x(i))
     assert f.stats.captures == 1, f.stats
+
+
+class AsksCtxClass(Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.name_len = len(type(ctx).__name__)
+        ctx.is_ctx = isinstance(ctx, torch.autograd.function.FunctionCtx)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.name_len + (1.0 if ctx.is_ctx else 0.0)
+
+
+@pytest.mark.parametrize("transform", ["none", "vmap", "grad"])
+def test_what_ctx_is_under_transforms(transform: str) -> None:
+    """Under ``torch.vmap`` eager's ``setup_context`` gets functorch's wrapper ctx
+    (``CtxCustomSave``: not a ``FunctionCtx``), under ``torch.func.grad`` a generated
+    ``...GeneratedBackward``; a capture (traced outside the transform) that asked what ctx is runs
+    the user's Function there, as a custom ``vmap`` rule does."""
+    def run(call: Any) -> tuple[torch.Tensor, ...]:
+        x = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_()
+        if transform == "grad":
+            return (torch.func.grad(lambda t: call(t).sum())(x.detach()),)
+        y = torch.vmap(call)(x) if transform == "vmap" else call(x)
+        y.sum().backward()
+        return y.detach(), x.grad
+    eager = run(AsksCtxClass.apply)
+    for fallback in ("raise", "eager"):
+        minihop.reset()
+        torch.testing.assert_close(run(minihop.function(AsksCtxClass, fallback=fallback)), eager, rtol=0, atol=0)

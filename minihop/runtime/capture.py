@@ -197,15 +197,16 @@ class Capture:
 
 def _runner(function: type[torch.autograd.Function], inputs: tuple[InputSource, ...], arity: int,
             spec: OutputSpec, top_level: tuple[bool, ...],
-            user_function: type | None = None, writer: Writer | None = None) -> Callable[[tuple[Any, ...]], Any]:
+            user_function: type | None = None, writer: Writer | None = None,
+            eager_transformed: bool = False) -> Callable[[tuple[Any, ...]], Any]:
     """``args -> the user's output``: fetch, apply, rebuild, in the fewest steps this capture
     allows (decided here, once; see ``make_function`` for the Function's calling forms).
     ``writer`` puts what forward wrote outside its return value in place (``writes.py``)."""
     fetch = fetch_positional(inputs, arity)
     run = _plain_runner(function, fetch, spec, top_level, writer)
     transformable = getattr(function, "transformable", None)
-    custom_vmap = user_function is not None and \
-        getattr(user_function, "vmap", None) is not torch.autograd.Function.vmap
+    custom_vmap = user_function is not None and (eager_transformed or  # (the code asked what ctx is)
+                                                 getattr(user_function, "vmap", None) is not torch.autograd.Function.vmap)
     if transformable is None and not custom_vmap:
         return run  # an old-style Function: torch.func refuses it, as it refuses eager's
 
@@ -314,7 +315,7 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  layout: tuple[Any, ...] | None = None,
                  masks: dict[int, frozenset[str]] | None = None,
                  args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = (),
-                 eager: EagerRunner | None = None) -> Capture:
+                 eager: EagerRunner | None = None, eager_transformed: bool = False) -> Capture:
     """``eager`` (``fallback="eager"``): runs the user's backward for a call where the
     captured one cannot stand for it (``eager_runs``); forward then keeps the call's arguments
     on ctx wherever that may happen (a backward traced again, attributes on ``y.grad_fn``)."""
@@ -331,7 +332,8 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                                  eager=eager)
     assumptions, run = once(pair.function_name, python_state.single_use, assumed,
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
-                             function if setup_style else None, make_writer(pair.outside_writes)), python_state, pair,
+                             function if setup_style else None, make_writer(pair.outside_writes), eager_transformed),
+                     python_state, pair,
                      keep_args))
     methods = None if function is None else methods_key(function)
     return Capture(

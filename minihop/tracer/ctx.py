@@ -23,9 +23,12 @@ import torch
 from ..errors import CtxArgumentError, UnsupportedOperationError
 from .frames import format_frame, user_frame
 
-__all__ = ["CtxRecord", "ProxyCtx", "check_ctx_arguments"]
+__all__ = ["ASKED_WHAT", "CtxRecord", "ProxyCtx", "check_ctx_arguments"]
 
 _LACKS = object()
+# The ctx feature noted where the code asks what ctx is (its class, text or dict): under torch.func
+# transforms eager's ctx is functorch's wrapper, so such a capture runs the user's Function there.
+ASKED_WHAT = "what ctx is (its class, text or dict)"
 
 
 @dataclasses.dataclass
@@ -76,6 +79,7 @@ class ProxyCtx:
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # (``type(ctx)`` stays ProxyCtx: minihop's own code asks that)
+        object.__getattribute__(self, "_minihop_record").use(ASKED_WHAT)  # (under torch.func, eager's differs)
         return object.__getattribute__(self, "_minihop_eager") or ProxyCtx
 
     @property
@@ -136,6 +140,7 @@ class ProxyCtx:
         raise AttributeError(f"'FunctionCtx' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
+        object.__getattribute__(self, "_minihop_record").use(ASKED_WHAT)
         eager = object.__getattribute__(self, "_minihop_eager")
         if eager is None:
             return "<minihop proxy ctx>"

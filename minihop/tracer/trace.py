@@ -34,7 +34,7 @@ from ..returned import describe_output
 from . import handlers
 from .backward import GradSpec, may_trace_backward_again, reads_data_in_backward, rerun_backward, run_backward, save_everything
 from .eager_backward import EagerBackward
-from .ctx import ProxyCtx, check_ctx_arguments
+from .ctx import ASKED_WHAT, ProxyCtx, check_ctx_arguments
 from .ctx_held import refuse_unkeyed_ctx_holders
 from .death_code import refuse_death_code
 from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
@@ -57,7 +57,7 @@ from .symvalues import resolve_symbolic
 from .torchlogs import quiet_torch_logs
 from .unbacked import Plan, Retrace
 
-__all__ = ["TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
+__all__ = ["ASKED_WHAT", "TRACE_LOCK", "GradAssumption", "GradSpec", "RawCapture", "TraceInputs", "function_parts", "trace_function"]
 
 
 @dataclasses.dataclass(frozen=True)
