@@ -22,6 +22,7 @@ Differences from eager before this round:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -119,6 +120,9 @@ _PROBES = {
     "dispatch_mode": lambda x: torch.utils._python_dispatch._get_current_dispatch_mode() is not None,
     "is_fake": lambda x: torch._subclasses.fake_tensor.is_fake(x),
     "isinstance_fake": lambda x: isinstance(x, torch._subclasses.FakeTensor),
+    # the interpreter's tracer: minihop's code watch while it traces (a getter by name, so it was
+    # guarded by the answer minihop's own check got: None, against the trace's)
+    "gettrace": lambda x: sys.gettrace() is not None,
 }
 
 

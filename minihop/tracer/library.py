@@ -153,8 +153,10 @@ def _module_of(fn: Any) -> str:
 
 def reads_trace_modes(fn: Any) -> bool:
     """Whether calling or naming ``fn`` reads what only minihop's trace sets: torch's mode
-    stacks, a tensor's fakeness (``_TRACE_MACHINERY``, ``_MODE_PROBE``)."""
+    stacks, a tensor's fakeness (``_TRACE_MACHINERY``, ``_MODE_PROBE``), the interpreter's tracer."""
     module = _module_of(fn)
+    if module == "sys" and getattr(fn, "__name__", None) == "gettrace":
+        return True  # (the trace's own code watch, ``call_watch``, is the tracer while it runs)
     return module.startswith(_TRACE_MACHINERY) or module in ("torch._C", "torch.overrides") \
         and _MODE_PROBE.match(str(getattr(fn, "__name__", ""))) is not None
 

@@ -29,7 +29,7 @@ import torch
 from ..place import walk_plain
 from ..spec import AUTOCAST_DEVICES, MISSING, Place, Root
 from .atoms import ATOMS
-from .library import is_library
+from .library import is_library, reads_trace_modes
 from .process_state import logging_levels
 from .roots import place_at, value_place
 
@@ -51,7 +51,7 @@ _GENERATOR_READS = ("initial_seed",)
 
 def _getter_place(end: Any) -> Place | None:
     if not issubclass(type(end), (types.FunctionType, types.BuiltinFunctionType)) or id(end) in _IN_THE_KEY \
-            or not _GETTER.match(getattr(end, "__name__", "")) or not is_library(end) \
+            or not _GETTER.match(getattr(end, "__name__", "")) or not is_library(end) or reads_trace_modes(end) \
             or issubclass(type(getattr(end, "__self__", None)), (type, torch.Generator, contextvars.ContextVar)):
         return None
     try:
