@@ -68,20 +68,28 @@ def tensor_code(value: Any, depth: int) -> str | None:
     """The ``__torch_function__`` or ``__torch_dispatch__`` of the user's that a tensor subclass
     runs (on ``x.shape`` and ``x.dtype`` too), for a tensor ``value`` or one in its lists,
     tuples and dicts (a few levels down), or None."""
-    import torch
     cls = type(value)
+    if cls in _NO_TENSOR:
+        return None
+    import torch
     if issubclass(cls, torch.nn.Module):  # (its own dicts: no ``__getattr__`` of the user's runs)
         held = [*own_dict(value).get("_parameters", {}).values(), *own_dict(value).get("_buffers", {}).values()]
         return next(filter(None, (tensor_code(v, depth) for v in held)), None) or (next(filter(None, (
             tensor_code(m, depth + 1) for m in own_dict(value).get("_modules", {}).values())), None) if depth < 8 else None)
+    if cls is torch.Tensor or cls is torch.nn.Parameter:
+        return None
     if issubclass(cls, torch.Tensor):
         for name in ("__torch_function__", "__torch_dispatch__"):
             if _user(getattr(cls, name, None), library_module):  # (torch's own, or ``_disabled_torch_function_impl``: none)
                 return f"{cls.__qualname__}.{name}"
         return None
     if depth < 4 and cls in (list, tuple, dict):
-        return next(filter(None, (tensor_code(v, depth + 1) for v in (value.values() if cls is dict else value))), None)
+        items = value.values() if cls is dict else value
+        return next(filter(None, (tensor_code(v, depth + 1) for v in items if type(v) not in _NO_TENSOR)), None)
     return None
+
+
+_NO_TENSOR = frozenset({int, float, bool, str, bytes, complex, type(None)})  # (nothing below them: skipped fast)
 
 
 def tensor_code_refusal(found: str, code: str, where: str | None = None) -> UnsupportedArgumentError:
