@@ -50,7 +50,7 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
     one it is, and which of them are one of ``state.outside_tensors``."""
     arg_idx = tuple(i for i, a in enumerate(args) if _holder(a) or issubclass(type(a), torch.Tensor))
     along = {p: f for p, f in _along(state, held).items() if _holder(_fetched(f, args))}
-    inner = _inner_tensors(args, argnames)
+    inner = _inner_objects(args, argnames)
     outside = {id(t): r for r in state.outside_tensors if (t := r()) is not None}
     if len(arg_idx) + len(along) + len(inner) < 2 and not outside:
         return None
@@ -59,7 +59,7 @@ def sharing_of(state: PythonState, held: frozenset[str], args: Args, argnames: t
 
     def now(call: Args) -> tuple[Any, ...]:
         objs = [call[i] if i < len(call) else MISSING for i in arg_idx] + [_fetched(f, call) for f in fetches] \
-            + [t for _, t in _inner_tensors(call, ())]
+            + [t for _, t in _inner_objects(call, ())]
         first: dict[int, int] = {}
         shared = tuple(first.setdefault(id(o), k) for k, o in enumerate(objs))
         # (a tensor the trace would see as the caller's, while the argument is its fake copy)
@@ -91,8 +91,8 @@ def _distinct_check(args: Args, arg_idx: tuple[int, ...], at_capture: tuple[Any,
     return check
 
 
-def _inner_tensors(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """The tensors inside the call's arguments: in lists, tuples, dicts and user objects'
+def _inner_objects(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """The tensors (and objects holding state) inside the call's arguments: in lists, tuples, dicts and user objects'
     attributes (however nested), and a module's parameters and buffers, with their names
     (``argnames`` given); and the objects holding state there (a list, a dict, a user's
     object inside an argument: a global the code reads may be one of them, ``box[0] is G``)."""
