@@ -92,7 +92,7 @@ def _distinct_check(args: Args, arg_idx: tuple[int, ...], at_capture: tuple[Any,
 
 
 def _inner_objects(call: Args, argnames: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """The tensors (and objects holding state) inside the call's arguments: in lists, tuples, dicts and user objects'
+    """The tensors inside the call's arguments: in lists, tuples, dicts and user objects'
     attributes (however nested), and a module's parameters and buffers, with their names
     (``argnames`` given); and the objects holding state there (a list, a dict, a user's
     object inside an argument: a global the code reads may be one of them, ``box[0] is G``)."""
