@@ -12,7 +12,9 @@ Differences from eager before this round:
   capture is single-use, unless ``settings`` names the call as a getter it guards;
 - ``torch.overrides.has_torch_function((x,))`` answered True while minihop traced (its recorder
   is a torch function mode; eager: False), and ``isinstance(x, FakeTensor)`` likewise. What
-  tells whether torch's modes are on or a tensor is fake is refused now (MH104);
+  tells whether torch's modes are on or a tensor is fake is refused now (MH104), as is
+  ``sys.gettrace()`` (minihop's code watch) and torch.func's probes (``is_batchedtensor(x)``:
+  a capture is traced outside transforms);
 - a tensor subclass with a ``__torch_function__`` of the user's, passed in (also in a list, or
   as a module's parameter) or read from a global: minihop's key, guards and snapshots read its
   shape and dtype (and the heap watch pickled it), running that code dozens of times per call,
@@ -126,6 +128,54 @@ _PROBES = {
 }
 
 
+def _probes_transform(probe: Any) -> type:
+    class ProbesTransform(Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return x * (5.0 if probe(x) else 2.0)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+            pass
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2.0
+    return ProbesTransform
+
+
+_TRANSFORM_PROBES = {
+    "is_batchedtensor": lambda x: torch._C._functorch.is_batchedtensor(x),
+    "is_functorch_wrapped_tensor": lambda x: torch._C._functorch.is_functorch_wrapped_tensor(x),
+    "transforms_active": lambda x: torch._C._are_functorch_transforms_active(),
+    "maybe_get_level": lambda x: torch._C._functorch.maybe_get_level(x) >= 0,
+}
+
+
+@pytest.mark.parametrize("transform", ["none", "vmap", "grad"])
+@pytest.mark.parametrize("probe", sorted(_TRANSFORM_PROBES))
+def test_transform_probe(probe: str, transform: str) -> None:
+    """forward asks torch.func whether a transform is on, or its tensor is wrapped (under
+    ``torch.vmap`` eager's is a BatchedTensor): a capture, traced outside the transform, answered
+    False under vmap, silently. Refused (MH104); fallback equals eager under every transform."""
+    fn_cls = _probes_transform(_TRANSFORM_PROBES[probe])
+
+    def run(call: Any) -> tuple[torch.Tensor, ...]:
+        x = torch.linspace(-1.0, 1.0, 6).reshape(2, 3).requires_grad_()
+        if transform == "grad":
+            return (torch.func.grad(lambda t: call(t).sum())(x.detach()),)
+        y = torch.vmap(call)(x) if transform == "vmap" else call(x)
+        y.sum().backward()
+        return y.detach(), x.grad
+    eager = run(fn_cls.apply)
+    minihop.reset()
+    torch.testing.assert_close(run(minihop.function(fn_cls, fallback="eager")), eager, rtol=0, atol=0)
+    with pytest.raises(UnsupportedOperationError, match="torch._C._"):
+        run(minihop.function(fn_cls))
+
+
 @pytest.mark.parametrize("probe", sorted(_PROBES))
 def test_trace_machinery_probe(probe: str) -> None:
     """forward asks whether torch's modes are on or its tensor is fake: while minihop traces
@@ -133,7 +183,7 @@ def test_trace_machinery_probe(probe: str) -> None:
     equals eager."""
     fn_cls = _mode_probe(_PROBES[probe])
     matches_eager(fn_cls, lambda i: (_x(i),))
-    with pytest.raises(UnsupportedOperationError, match="modes are on or a tensor is fake"):
+    with pytest.raises(UnsupportedOperationError, match="transform are on, or a tensor is fake or wrapped"):
         minihop.function(fn_cls)(_x(0))
 
 

@@ -149,11 +149,13 @@ def refuse_torch_io(function: str, phase: str, code: types.CodeType, line: int |
     or a tensor is fake (``library.reads_trace_modes``): refused (MH104)."""
     what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     if reads_trace_modes(fn):
+        named = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__name__', '')}".lstrip(".")
         raise UnsupportedOperationError(
-            f"{function}.{phase} calls or names torch's {what}, which tells whether torch's function or dispatch "
-            f'modes are on or a tensor is fake (File "{code.co_filename}", line {line}).',
-            "minihop traces under modes of its own (its recorder, FakeTensorMode) and on fake tensors: the code "
-            "would read there what eager never does (has_torch_function((x,)) answers True; eager, False).",
+            f"{function}.{phase} calls or names {named}, which tells whether torch's modes or a torch.func "
+            f'transform are on, or a tensor is fake or wrapped (File "{code.co_filename}", line {line}).',
+            "minihop traces under modes of its own (its recorder, FakeTensorMode), on fake tensors, outside "
+            "any torch.func transform and under its own code watch (sys.gettrace): the code would read there "
+            "what eager does not (has_torch_function((x,)) answers True; eager, False).",
             "Drop the check from the Function (eager answers it the same way on every call of plain tensors), "
             "or run it eagerly with minihop.function(F, fallback='eager').")
     if not torch_io(fn):

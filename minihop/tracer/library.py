@@ -140,10 +140,13 @@ TORCH_PROCESS = ("torch.backends", "torch.cuda", "torch.cpu", "torch.mps", "torc
 # What tells whether torch's function or dispatch modes are on, or whether a tensor is fake:
 # while minihop traces, its recorder and FakeTensorMode are, and the tensors are fake, so the
 # code would read there what eager never does (``has_torch_function((x,))``: True, eager False).
+# And whether a torch.func transform is on or a tensor is wrapped by one (``torch._C._functorch``'s
+# probes): minihop traces outside transforms, so a capture made for a vmap call would answer False.
 _TRACE_MACHINERY = ("torch._subclasses", "torch.utils._python_dispatch", "torch._guards",
-                    "torch.fx.experimental.proxy_tensor")
+                    "torch.fx.experimental.proxy_tensor", "torch._C._functorch")
 _MODE_PROBE = re.compile(r"^_?(has_torch_function|is_torch_function_mode_enabled|len_torch_(function|dispatch)_stack"
-                         r"|get_(function|dispatch)_stack_at|get_dispatch_mode|get_current_function_mode|dispatch_keys)")
+                         r"|get_(function|dispatch)_stack_at|get_dispatch_mode|get_current_function_mode|dispatch_keys"
+                         r"|are_functorch_transforms_active)")
 
 
 def _module_of(fn: Any) -> str:
