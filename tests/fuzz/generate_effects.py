@@ -209,7 +209,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
                              "x * (5.0 if torch.backends.cuda.math_sdp_enabled() else 2.0)"])
     if kind == "trace_mode_probe":
         return [], r.choice(["x * (5.0 if torch.overrides.has_torch_function((x,)) else 2.0)",
-                             "x * (5.0 if torch._C._is_torch_function_mode_enabled() else 2.0)"])
+                             "x * (5.0 if torch._C._is_torch_function_mode_enabled() else 2.0)",
+                             "x * (5.0 if sys.gettrace() is not None else 2.0)"])
     if kind == "subclass_code_read":
         return [], "x * LOGW.as_subclass(torch.Tensor).sum()"
     if kind == "tuple_key_memo":
