@@ -65,4 +65,4 @@ def test_help_opens_with_the_example_and_functions_before_errors() -> None:
     assert functions < first_error
     # The errors' inherited exception methods (hundreds of lines before) are not listed.
     assert "with_traceback" not in text
-    assert len(lines) < 920, len(lines)  # (a shared module adds a line to PACKAGE CONTENTS)
+    assert len(lines) < 945, len(lines)  # (a shared module adds a line to PACKAGE CONTENTS; copying.py ~20)
