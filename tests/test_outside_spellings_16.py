@@ -675,3 +675,30 @@ def test_what_ctx_is_under_transforms(transform: str) -> None:
     for fallback in ("raise", "eager"):
         minihop.reset()
         torch.testing.assert_close(run(minihop.function(AsksCtxClass, fallback=fallback)), eager, rtol=0, atol=0)
+
+
+class _Phase(__import__("enum").IntEnum):
+    TRAIN = 1
+
+
+_BY_PHASE: dict[Any, torch.Tensor] = {}
+
+
+class ByPhase(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        if (_Phase.TRAIN, "w") not in _BY_PHASE:
+            _BY_PHASE[(_Phase.TRAIN, "w")] = torch.arange(4.0)
+        return x * _BY_PHASE[(_Phase.TRAIN, "w")]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * _BY_PHASE[(_Phase.TRAIN, "w")]
+
+
+def test_memo_keyed_by_an_int_enum_stays_captured() -> None:
+    """A memo keyed by an ``IntEnum`` member (alone, or in a tuple) is named again as before the
+    round (a subclass of int); the tuple rule's first cut took ``type(k) in (int, ...)`` and
+    refused it (a guard: passes on 1f51872)."""
+    matches_eager(ByPhase, lambda i: (_x(i),), reset=_BY_PHASE.clear, state=lambda: _memo_state(_BY_PHASE),
+                  refusable=False)

@@ -278,7 +278,7 @@ def _plain_key(key: Any) -> bool:
     float (NaN never equals itself, eager's next call adds a key of its own)."""
     if issubclass(type(key), tuple):
         return all(_plain_key(k) for k in key)
-    return key is None or type(key) in (str, int, bool, torch.device, torch.dtype)
+    return key is None or issubclass(type(key), (str, int)) or type(key) in (torch.device, torch.dtype)
 
 
 def _check_value(value: Any, place: Place, is_traced: Callable[[Any], bool], who: _Who) -> None:
