@@ -290,8 +290,9 @@ class Tracing:
         return fake
 
     def _lift_real(self, real: torch.Tensor) -> torch.Tensor:
-        if type(real) not in (torch.Tensor, torch.nn.Parameter) and tensor_code(real, 0) is not None:
-            raise tensor_code_refusal(f"{self._describe()} reads", str(tensor_code(real, 0)))  # (before any read runs it)
+        code = tensor_code(real, 0)  # (a subclass's own __torch_function__: refused before any read runs it)
+        if code is not None:
+            raise tensor_code_refusal(f"{self._describe()} reads", code)
         late = self.backward_reads.lift(real) if self.phase == "backward" else None
         if late is not None:
             return late  # read from its place when backward runs (tracer/backward_reads.py)
