@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..errors import UnsupportedOperationError
 from . import kinds
@@ -61,7 +62,9 @@ class CallWatch:
         self.phase = "forward"
         self.ran_in: set[str] = set()  # the phases in which such code ran
         self.previous = sys.gettrace()
-        self.ok: set[types.CodeType] = set()
+        # The code seen to be analysed or a library's, by id (a code object's hash walks its
+        # bytecode: too slow per call event), holding the codes so that no id is reused.
+        self.ok: dict[int, types.CodeType] = {}
         self.undo: list[Callable[[], None]] = []  # puts back what unanalysed code could write
         self.backward_from: int | None = None  # where backward's entries in ``undo`` begin
         self.kept: set[Any] = set()  # ids (and (globals, name)) whose state ``undo`` holds
@@ -80,10 +83,10 @@ class CallWatch:
 
     def _trace(self, frame: Any, event: str, arg: Any) -> Any:
         code = frame.f_code
-        if code not in self.ok:
+        if id(code) not in self.ok:
             library = code not in self.analysed and self.is_library_frame(frame)
             if code in self.analysed or library:
-                self.ok.add(code)
+                self.ok[id(code)] = code
                 if library:
                     self.library_codes[id(code)] = code
             else:
@@ -99,7 +102,7 @@ class CallWatch:
                 # back, a symbol's assumptions cache lost what it learnt meanwhile; minihop's
                 # own frames hold minihop's state, never the user's)
                 self._keep(frame)
-                if code not in self.ok and self.on_unanalysed is not None:  # (the user's, unanalysed)
+                if id(code) not in self.ok and self.on_unanalysed is not None:  # (the user's, unanalysed)
                     # (``isinstance(n, int)`` of a symbolic size in a callback no analysis
                     # reached answers as eager's too)
                     self.on_unanalysed(code, frame.f_globals)
@@ -127,7 +130,7 @@ class CallWatch:
         self.backward_from, self.kept = len(self.undo), set()
         if self.backward_analysed is not None:
             self.analysed = self.backward_analysed
-            self.ok = set()
+            self.ok = {}
         self.library_codes.update(self.noted)
         self.noted = {}
         self.callers = {id(c) for c in self.analysed}
@@ -215,3 +218,53 @@ def _refill(container: Any, contents: Any, base: type) -> None:
         base.update(container, contents)
     else:
         base.extend(container, contents)
+
+
+# torch's ops written in C: below them run only torch's dispatch and its fake kernels (never the
+# call's own code, nor the user's: but ``apply_``/``map_``, which call a Python function).
+_C_CODE = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+           types.MethodWrapperType)
+_CALLS_BACK = frozenset({"apply_", "map_", "map2_"})
+
+
+def pause(func: Any) -> Any:
+    """Pause a call watch while the recorder handles op ``func``, where ``func`` is written in C:
+    recording it and its fake tensors' dispatch are thousands of Python frames that are not the
+    call's (watched, a capture's trace took twice as long). Returns what ``resume`` restores:
+    the watch, or None where none was paused (none is on, another tracer is chained to it)."""
+    watch = sys.gettrace()
+    if watch is None or type(func) not in _C_CODE or getattr(func, "__name__", None) in _CALLS_BACK \
+            or not _alone(watch):
+        return None
+    sys.settrace(None)
+    return watch
+
+
+def resume(watch: Any) -> None:
+    if watch is not None:
+        sys.settrace(watch)
+
+
+def _alone(watch: Any) -> bool:
+    """Whether ``watch`` is a CallWatch's with no tracer of another (a debugger's) chained to it."""
+    owner = getattr(watch, "__self__", None)
+    return issubclass(type(owner), CallWatch) and owner.previous is None
+
+
+class UnwatchedFakeMode(FakeTensorMode):
+    """The trace's fake tensor mode: torch's own ops (``aten``, ``prims``) are dispatched with a
+    call watch paused, as ``run_op`` runs a C op (an op of a library the user registered, whose
+    fake kernel is the user's Python code, stays watched)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        watch = sys.gettrace()
+        if watch is None or getattr(func, "namespace", None) not in _TORCH_OPS or not _alone(watch):
+            return super().__torch_dispatch__(func, types, args, kwargs or {})
+        sys.settrace(None)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs or {})
+        finally:
+            sys.settrace(watch)
+
+
+_TORCH_OPS = frozenset({"aten", "prims", "prim"})

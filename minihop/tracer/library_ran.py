@@ -28,7 +28,7 @@ import sys
 import types
 from typing import Any
 
-from ..spec import Place, Root
+from ..spec import MISSING, Place, Root
 from .chains import code_facts
 from .module_reads import library_binding
 from .roots import global_place, place_at
@@ -74,13 +74,25 @@ def _places(code: types.CodeType, g: dict[str, Any]) -> tuple[Place, ...]:
     found = _PLACES.get(code)
     if found is not None:
         return found
-    places = _homes(code, g)
+    owner = _owner(code, g)
+    places = _homes(code, g, owner)
+    first = code.co_varnames[0] if code.co_argcount else None
     for chain in code_facts(code).chains:
-        value = g.get(chain.root) if chain.root_kind == "global" else None
+        value = g.get(chain.root, MISSING) if chain.root_kind == "global" else MISSING
+        described = f"{g.get('__name__')}:{chain.root}"
         if issubclass(type(value), types.ModuleType):
             steps = chain.steps if chain.method is None else (*chain.steps, ("attr", chain.method))
-            root = global_place(g, chain.root, f"{g.get('__name__')}:{chain.root}").root  # (its global)
+            root = global_place(g, chain.root, described).root  # (its global)
             places += [p for p in library_binding(root, value, steps, 0) if _stored(value, p.steps)]
+        elif type(value) in _CONSTANT and not chain.steps:
+            places.append(global_place(g, chain.root, described))  # a module's flag
+        elif chain.steps[:1] and chain.steps[0][0] == "attr":
+            # ``Distribution._validate_args`` read as ``self._validate_args`` in its method, or
+            # through the class's global name
+            cls = value if issubclass(type(value), type) else \
+                owner if chain.root_kind == "fast" and chain.root == first else None
+            if cls is not None and _class_constant(cls, chain.steps[0][1]):
+                places.append(place_at(_class_root(cls), chain.steps[:1]))
     _PLACES[code] = found = tuple(places)
     return found
 
@@ -96,25 +108,57 @@ def _stored(module: types.ModuleType, steps: tuple[tuple[str, Any], ...]) -> boo
     return True
 
 
-def _homes(code: types.CodeType, g: dict[str, Any]) -> list[Place]:
-    """The places of the function whose code ``code`` is, where its module defines it
-    (``torch.nn.modules.linear:Linear.forward``), under each name that holds it there
-    (``Module.__call__`` is ``Module._wrapped_call_impl``: ``m(x)`` looks up the first); none
-    for a nested or generated function."""
+def _owner(code: types.CodeType, g: dict[str, Any]) -> Any:
+    """The module or class whose namespace defines the function of ``code`` by its qualified
+    name (``Linear`` for ``Linear.forward``), or None (a nested or generated function's)."""
     module = sys.modules.get(g.get("__name__") or "")
     parts = code.co_qualname.split(".")
     if module is None or any(p.startswith("<") for p in parts):
-        return []
+        return None
     holder: Any = module
     for part in parts[:-1]:
         holder = vars(holder).get(part) if issubclass(type(holder), (type, types.ModuleType)) else None
         if not issubclass(type(holder), type):
-            return []
-    found = vars(holder).get(parts[-1])
+            return None
+    return holder
+
+
+def _class_root(cls: type) -> Root:
+    owner = f"{cls.__module__}:{cls.__qualname__}"
+    # (``home``: the class itself, read directly by the record's generated check)
+    return Root("value", owner, owner, lambda args, h=cls: h, home=cls)
+
+
+# A library's own constants its code reads (a module's flag; a class's default that its methods
+# read as ``self._validate_args``, set by ``Distribution.set_default_validate_args``): anyone may
+# set one between calls, and what the code computed depends on it. Guarded by value. (A
+# library's containers are its caches and registries: not guarded, reads.md's open items.)
+_CONSTANT = (bool, int, float, str, bytes, complex, type(None))
+
+
+def _class_constant(cls: type, name: Any) -> bool:
+    """Whether ``cls`` (a library class) holds a constant as ``name``, itself or by a base."""
+    for k in cls.__mro__:
+        held = vars(k)
+        if name in held:
+            return type(held[name]) in _CONSTANT
+    return False
+
+
+def _homes(code: types.CodeType, g: dict[str, Any], holder: Any) -> list[Place]:
+    """The places of the function whose code ``code`` is, where its module defines it
+    (``torch.nn.modules.linear:Linear.forward``), under each name that holds it there
+    (``Module.__call__`` is ``Module._wrapped_call_impl``: ``m(x)`` looks up the first); none
+    for a nested or generated function."""
+    if holder is None:
+        return []
+    name = code.co_qualname.rsplit(".", 1)[-1]
+    found = vars(holder).get(name)
     if not issubclass(type(found), types.FunctionType) or found.__code__ is not code:
         return []  # (a staticmethod, a property, a decorated function: its wrapper ran too)
-    owner = module.__name__ if holder is module else f"{module.__name__}:{code.co_qualname.rsplit('.', 1)[0]}"
+    module = g.get("__name__")
+    owner = module if issubclass(type(holder), types.ModuleType) else f"{module}:{code.co_qualname.rsplit('.', 1)[0]}"
     # (``home``: the holder itself, read directly by the record's generated check)
     root = Root("value", owner, owner, lambda args, h=holder: h, home=holder)
-    names = [parts[-1], *(n for n, v in vars(holder).items() if v is found and n != parts[-1] and n.isidentifier())]
+    names = [name, *(n for n, v in vars(holder).items() if v is found and n != name and n.isidentifier())]
     return [place_at(root, (("attr", n),)) for n in names]

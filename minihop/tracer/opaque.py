@@ -35,7 +35,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import UnsupportedOperationError
-from ..library_state import global_module_hooks, own_dict
+from ..library_state import global_module_hooks, own_attr, own_dict
 from ..spec import MISSING
 from ..user_code import tensor_code, tensor_code_refusal
 from .bytecode import instructions
@@ -172,6 +172,15 @@ def may_call_unanalysed(values: Iterable[Any]) -> bool:
     traced_add``): a method call on any tensor runs it. So can a module's call, where a hook is
     registered for every module (``register_module_forward_hook``)."""
     return not all(_plain(v) for v in values) or tensor_patched() or any(global_module_hooks())
+
+
+def runs_library_python(values: Iterable[Any]) -> bool:
+    """Whether any of ``values`` is a library's Python function or class (``F.softmax``,
+    ``torch.distributions.Normal``): calling it runs library code whose names and constants
+    the capture reads (``library_ran``: ``Distribution._validate_args``), seen only by the watch."""
+    return any(issubclass(type(v), (types.FunctionType, type)) and _library_name(getattr(v, "__module__", None))
+               and str(getattr(v, "__module__", "")).split(".")[0] not in ("builtins", "minihop")
+               and own_attr(v, "__module__") != "torch._C" for v in values)
 
 
 def tensor_patched() -> bool:
@@ -325,7 +334,7 @@ class Finder:
         """``library``: where the CallWatch keeps the library code the call runs
         (``library_ran.LibraryRan``; required: the watch hands it every library frame it keeps).
         ``backward_codes``: the codes analysed for backward (others run there are unanalysed)."""
-        if may_call_unanalysed([*args, *self.reachable]):
+        if may_call_unanalysed([*args, *self.reachable]) or runs_library_python(self.reachable):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
                                    lambda frame: library_frame(frame, self.library_module), library,
                                    self.function, args)

@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_map
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from . import handlers, messages, operators, recompute
+from . import call_watch, handlers, messages, operators, recompute
 from .frames import format_frame, stack_trace, user_frame, user_frame_object
 from .call_forms import graph_call, passed_kwargs
 from .names import DISCARD, STORE, UNPACK, result_use
@@ -98,8 +98,7 @@ class GraphRecorder:
         # Dynamic shapes: a size symbol the graph has not seen -> its placeholder.
         self.resolve_symbol = resolve_symbol
         self.expr_nodes: dict[sympy.Expr, Any] = {}
-        # Unbacked symbols this graph makes (see unbacked): symbol -> (node, how to read it:
-        # () the node itself, (i, ...) items of its list, ("size", d) its size d).
+        # Unbacked symbols this graph makes: symbol -> (node, how to read it: () the node, (i, ...) its items, ("size", d)).
         self.defs: dict[sympy.Symbol, tuple[fx.Node, tuple[Any, ...]]] = {}
         # ``(expr, where, how) -> error`` for an unbacked expression the graph cannot compute.
         self.escape: Callable[[Any, str | None, str], Exception] | None = None
@@ -108,8 +107,7 @@ class GraphRecorder:
         self.node_of: dict[int, fx.Node] = {}
         # Keeps every fake alive so ``id`` keys stay unique for the life of the recording.
         self.alive: list[Any] = []
-        # Calls that wrote into a tensor argument (its version counter moved), in call order:
-        # (node, the tensors written). ``on_mutation`` is told of each, as it happens.
+        # Calls that wrote into a tensor argument (its version moved), in order: (node, tensors written), told to ``on_mutation``.
         self.mutations: list[tuple[fx.Node, tuple[torch.Tensor, ...]]] = []
         self.on_mutation: Callable[[fx.Node], None] | None = None
         # node -> the local the user's code stored it in as it was made (see names.result_use).
@@ -263,10 +261,9 @@ class GraphRecorder:
                 use = result_use(frame)
         if issubclass(type(result), torch.Tensor):
             if direct and (use is None or use[0] == DISCARD) and id(result) in self.node_of:
-                # The op returned a tensor the user already names (``r.mul_(2)``, ``+x``) and
-                # did not store it: the user's ``r`` still names the tensor it named (Dynamo's
-                # later uses of ``r`` read that node, not the write's), and only the expression
-                # it is part of (``r.mul_(2).add_(1)``) reads this node.
+                # The op returned a tensor the user names (``r.mul_(2)``, ``+x``), unstored: ``r``
+                # still names its node (as Dynamo's later uses of ``r``), and only the expression
+                # it is part of (``r.mul_(2).add_(1)``) reads this one.
                 node.meta["val"] = result
                 self.pending_alias = None if use is not None or not direct else (result, node)
                 return node
@@ -349,11 +346,14 @@ class RecordingMode(PreDispatchTorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
+        paused = call_watch.pause(func)  # (no frame added: the handler reads its callers' by depth)
         try:
             return self._torch_function(func, types, args, kwargs)
         except MinihopError as e:
             handlers.note(e)  # (raised into the user's code, which may catch it: see handlers)
             raise
+        finally:
+            call_watch.resume(paused)
 
     def _torch_function(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                         kwargs: dict[str, Any] | None = None) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from .call_watch import UnwatchedFakeMode
 
 from ..errors import release_frames
 from ..spec import MISSING, RawCapture
@@ -131,7 +132,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         args = bind_arguments(fn_cls, args, kwargs)
         grad_on = torch.is_grad_enabled()
         dynamic = dict(dynamic or {})
-        mode = FakeTensorMode(shape_env=shape_env()) if dynamic or plan.unbacked else FakeTensorMode()
+        mode = UnwatchedFakeMode(shape_env=shape_env()) if dynamic or plan.unbacked else UnwatchedFakeMode()
         if dynamic:
             # FakeTensorMode's op cache is shared by every mode; an entry made with this
             # trace's own ShapeEnv symbols is never hit again, and making it (sympy work per op)
