@@ -31,7 +31,7 @@ from .rewire.outer import make_outer_graph
 from .rewire.pair import make_pair
 from .runtime.capture import Capture, make_capture
 from .runtime.backwards import Fetched, live_slots
-from .runtime.eager_runs import EagerRunner, with_eager_fallback
+from .runtime.eager_runs import EagerRunner, refusing_fake_text, with_eager_fallback
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.graph_reads import reads_default_dtype, reads_grad_mode
 from .runtime.op import autograd_function_apply
@@ -288,7 +288,7 @@ def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair, eager: EagerRu
     values backward reads that changed since forward ran (see runtime). ``eager``: where that
     trace is refused, a variant that runs the user's backward eagerly for this call."""
     traced = _backward_tracer(fn_cls, raw, pair)
-    return traced if eager is None else with_eager_fallback(traced, eager)
+    return refusing_fake_text(traced, pair.function_name) if eager is None else with_eager_fallback(traced, eager)
 
 
 def _backward_tracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import MinihopError, notice
+from ..errors import MinihopError, UnsupportedOperationError, notice
 from ..spec import KeepsUserCtx, Pair, ServedOnce
 from .backwards import EagerVariant
 
-__all__ = ["EagerRunner", "with_eager_fallback"]
+__all__ = ["EagerRunner", "refusing_fake_text", "with_eager_fallback"]
 
 
 class EagerRunner:
@@ -80,6 +80,10 @@ def with_eager_fallback(traced: Callable[..., tuple[Any, ...]], runner: EagerRun
             return traced(layout, call_args, grads, saved, grad_mode, ctx_state)
         except MinihopError as refused:
             reason = refused.found
+        except Exception as raised:
+            # The user's code raised while traced on fake values (a message that shows them):
+            # eager decides, as for a forward traced (``cache``), its own exception or none.
+            reason = f"backward, traced again for this call, raised {type(raised).__name__} on fake values"
 
         held: list[Any] = []  # the user's ctx it ran on, kept for the call's later backwards
 
@@ -93,6 +97,31 @@ def with_eager_fallback(traced: Callable[..., tuple[Any, ...]], runner: EagerRun
 
         return (EagerVariant(run), identity_saved, identity_inputs,
                 (ServedOnce((f"backward ran eagerly: {reason}",)), KeepsUserCtx(held)), ())
+
+    return retrace
+
+
+def refusing_fake_text(traced: Callable[..., tuple[Any, ...]], name: str) -> Callable[..., tuple[Any, ...]]:
+    """``traced`` (a ``Retrace``, strict mode: no eager backward to run), where the user's code,
+    traced again for a call, raises an exception whose text shows a traced value (a fake tensor's
+    repr or class name, ``Normal(loc: FakeTensor(...))``): not eager's exception, whose text shows
+    the call's values. Refused (MH104), the user's exception chained; others propagate as eager's."""
+
+    def retrace(*args: Any) -> tuple[Any, ...]:
+        try:
+            return traced(*args)
+        except MinihopError:
+            raise
+        except Exception as raised:
+            if "FakeTensor" not in str(raised):
+                raise
+            raise UnsupportedOperationError(
+                f"{name}.backward, traced again for this call, raised {type(raised).__name__} with a message "
+                f"that shows fake values: {str(raised)[:200]!r}.",
+                "minihop traces backward on fake tensors; eager's backward, run on this call's values, "
+                "raises with its own text (or does not raise).",
+                f"Run it eagerly with minihop.function({name}, fallback='eager'), which runs backward "
+                "eagerly for such a call.") from raised
 
     return retrace
 

@@ -24,6 +24,7 @@ in each phase that ran it (backward's reads are checked again when backward runs
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 from typing import Any
@@ -55,8 +56,9 @@ class LibraryRan:
         is kept (the call's own code, not torch's tracing machinery)."""
         code = frame.f_code
         name = frame.f_globals.get("__name__") or ""
-        if code.co_name in _MACHINERY or name.startswith(_MACHINERY_MODULES):
-            return False
+        if code.co_name in _MACHINERY or name.startswith(_MACHINERY_MODULES) \
+                or any(getattr(c, "__code__", None) is code for c in gc.callbacks):
+            return False  # (a collection's callback, hypothesis's: run by whatever allocated, not called)
         self.ran.setdefault((code, phase), (frame.f_globals, f'File "{code.co_filename}", line {code.co_firstlineno}'))
         return True
 
@@ -91,7 +93,7 @@ def _places(code: types.CodeType, g: dict[str, Any]) -> tuple[Place, ...]:
             # through the class's global name
             cls = value if issubclass(type(value), type) else \
                 owner if chain.root_kind == "fast" and chain.root == first else None
-            if cls is not None and _class_constant(cls, chain.steps[0][1]):
+            if issubclass(type(cls), type) and _class_constant(cls, chain.steps[0][1]):
                 places.append(place_at(_class_root(cls), chain.steps[:1]))
     _PLACES[code] = found = tuple(places)
     return found
