@@ -1,0 +1,171 @@
+"""Hostile spellings, round 17 (issue #28, round 22): what library code reads of its own, and
+the user's exception raised by a backward traced again, tried from outside against eager in
+strict, apply and fallback mode (``eager_modes.matches_eager``).
+
+Differences from eager before this round:
+
+- a library's constant that its own code reads: ``torch.distributions.Distribution``'s methods
+  read ``self._validate_args``, a class attribute that ``Distribution.set_default_validate_args``
+  sets (and that a user may set on ``Normal``). torch was bounded whole, and library code a
+  Function called was watched only where the user's code could run too: a capture made with
+  validation off served a call after it was turned on (no ``ValueError`` where eager raised one),
+  in every mode. Library code that runs is now watched wherever the code reaches a library's
+  Python function or class, and what it reads of its module's and classes' constants is guarded
+  (``tracer.library_ran``), as the names it resolves were;
+- the same in the standard library: ``json.JSONEncoder.item_separator``, read by the encoder's
+  method;
+- a backward traced again for a call (a data-dependent branch went the other way) that raises
+  the user's exception with a message built from tensors (``Normal``'s validation, ``f"... {g}"``):
+  the message showed fake tensors (``FakeTensor(..., size=())``), where eager's shows the call's
+  values. Strict mode refuses it now (MH104, the user's exception chained); fallback runs that
+  backward eagerly, whose exception is eager's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch.autograd import Function
+from torch.distributions import Distribution, Normal
+
+import minihop
+from minihop.errors import UnsupportedOperationError
+
+from eager_modes import matches_eager
+
+
+def _x(i: int, n: int = 4) -> torch.Tensor:
+    return (torch.linspace(-1.0, 1.0, n) + i).requires_grad_()
+
+
+def _scale(i: int) -> torch.Tensor:
+    return torch.tensor(-1.0 if i >= 2 else 1.0)  # invalid from the third call on
+
+
+@pytest.fixture(autouse=True)
+def _validation_restored() -> Any:
+    was = Distribution._validate_args
+    yield
+    Distribution.set_default_validate_args(was)
+    Normal.__dict__.get("_validate_args") is not None and delattr(Normal, "_validate_args")
+
+
+class LogProb(Function):
+    """forward builds a ``Normal`` of its arguments (validated where torch's default says so)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return Normal(x, s).log_prob(x + 1)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g, None
+
+
+def test_default_validation_toggled_between_calls() -> None:
+    """``Distribution.set_default_validate_args`` toggled between calls: eager raises
+    ``ValueError`` on the fourth call (validation on, scale -1); a capture made with it off
+    served that call (NaNs) before."""
+    matches_eager(LogProb, lambda i: (_x(i), _scale(i)),
+                  between=lambda i: Distribution.set_default_validate_args(i % 2 == 1),
+                  reset=lambda: Distribution.set_default_validate_args(True))
+
+
+def test_validation_set_on_the_subclass() -> None:
+    """The flag set on ``Normal`` itself (a subclass's own class attribute)."""
+    def between(i: int) -> None:
+        Normal._validate_args = i % 2 == 1
+
+    def reset() -> None:
+        Normal.__dict__.get("_validate_args") is not None and delattr(Normal, "_validate_args")
+    matches_eager(LogProb, lambda i: (_x(i), _scale(i)), between=between, reset=reset)
+
+
+def test_validation_toggled_before_backward() -> None:
+    """backward builds the ``Normal``; the flag toggled between forward and ``.backward()``:
+    backward's read is eager's (and its ``ValueError`` eager's text, in fallback mode)."""
+    class InBackward(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            ctx.s = s
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return g * Normal(torch.zeros(()), ctx.s).log_prob(torch.ones(())), None
+    matches_eager(InBackward, lambda i: (_x(i), _scale(i)),
+                  mid=lambda i: Distribution.set_default_validate_args(i % 2 == 1),
+                  reset=lambda: Distribution.set_default_validate_args(True))
+
+
+def test_explain_lists_the_library_constant() -> None:
+    """The flag is an assumption of the capture, named where torch's code reads it."""
+    Distribution.set_default_validate_args(False)
+    text = str(minihop.explain(minihop.function(LogProb), _x(0), _scale(0)))
+    assert "Distribution._validate_args read by forward: == False" in text
+    assert "distribution.py" in text
+
+
+def test_standard_library_class_constant() -> None:
+    """``json.JSONEncoder``'s separators, class attributes its methods read (forward encodes,
+    backward dumps): changed between calls and before backward."""
+    class Encoded(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * len(json.JSONEncoder().encode([1, 2, 3]))
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * len(json.dumps({"a": 1}))
+
+    def between(i: int) -> None:
+        json.JSONEncoder.item_separator = ", " if i % 2 == 0 else ","
+
+    def mid(i: int) -> None:
+        json.JSONEncoder.key_separator = ": " if i % 2 else ":"
+    try:
+        matches_eager(Encoded, lambda i: (_x(i),), between=between, mid=mid, refusable=False)
+    finally:
+        json.JSONEncoder.item_separator, json.JSONEncoder.key_separator = ", ", ": "
+
+
+class CheckedGrad(Function):
+    """backward validates its grad, in a message built from it (a data-dependent branch)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        if (g < 0).any():
+            raise ValueError(f"negative grad: {g}")
+        return g * 2
+
+
+def _signed(i: int) -> torch.Tensor:
+    return torch.linspace(1.0, 2.0, 4) * (-1.0 if i == 2 else 1.0)
+
+
+def test_backward_exception_text_from_its_grad() -> None:
+    """The third call's grad is negative: eager raises ``ValueError("negative grad: tensor([...])")``.
+    The backward traced again for it raised the text of a fake grad; strict refuses (MH104)."""
+    eager: list[str] = []
+    for call in (CheckedGrad.apply, minihop.function(CheckedGrad, fallback="eager")):
+        minihop.reset()
+        for i in range(4):
+            x = _x(i)
+            try:
+                (call(x) * _signed(i)).sum().backward()
+                eager.append(repr(x.grad))
+            except ValueError as e:
+                eager.append(str(e))
+    assert eager[:4] == eager[4:] and eager[2].startswith("negative grad: tensor(")
+    strict = minihop.function(CheckedGrad)
+    (strict(_x(0)) * _signed(0)).sum().backward()
+    with pytest.raises(UnsupportedOperationError, match="fake values") as info:
+        (strict(_x(2)) * _signed(2)).sum().backward()
+    assert type(info.value.__cause__) is ValueError
