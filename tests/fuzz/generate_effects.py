@@ -149,6 +149,10 @@ KINDS = {
     # by (dtype, size), and backward asking its grad whether it is a view.
     "torch_process_read": ("fb", ""), "trace_mode_probe": ("fb", ""), "subclass_code_read": ("fb", ""),
     "tuple_key_memo": ("f", ""), "grad_view_read": ("b", ""),
+    # Round 22: a library's constant its own code reads, set by the caller between calls
+    # (``Distribution.set_default_validate_args``: a Normal of an invalid scale raises where it
+    # is on; ``json.JSONEncoder.item_separator``, read by the encoder's method).
+    "library_class_flag": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -217,6 +221,9 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["if (x.dtype, x.shape[0]) not in TMEMO:",
                 "    TMEMO[(x.dtype, x.shape[0])] = torch.arange(x.shape[0], dtype=x.dtype) + 1"], \
             "x * TMEMO[(x.dtype, x.shape[0])]"
+    if kind == "library_class_flag":
+        return [], r.choice(["torch.distributions.Normal(x, torch.full_like(x, DSCALE[0])).log_prob(x)",
+                             "x * float(len(json.JSONEncoder().encode([1, 2, 3])))"])
     if kind == "grad_view_read":
         return [], r.choice(["x * (5.0 if x._is_view() else 2.0)", "x * float(x.storage_offset() + 1)"])
     if kind == "lru_random_table":
@@ -376,7 +383,8 @@ def generate_source(r: random.Random) -> str:
     gl = [f"    global {', '.join(globals_)}"] if globals_ else []
     args = ", ".join(["x", *extra_args])
     out = [
-        "import array, collections, functools, io, itertools, logging, queue, sys, threading, types, warnings, weakref",
+        "import array, collections, functools, io, itertools, json, logging, queue, sys, threading, types, warnings, weakref",
+        "import torch.distributions",
         "import torch", "",
         "def make():",
         "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
@@ -404,7 +412,7 @@ def generate_source(r: random.Random) -> str:
         "    def _innermost_ns(v):", "        while hasattr(v, 'c'):", "            v = v.c", "        return v", "",
         "    DIED, KEEP = [0], []", "",
         "    torch.backends.cuda.enable_flash_sdp(True); torch.backends.cuda.enable_math_sdp(True)",
-        "    LOGGED, TMEMO = [], {}", "",
+        "    LOGGED, TMEMO, DSCALE = [], {}, [1.0]", "",
         "    class Logged(torch.Tensor):", "        @classmethod",
         "        def __torch_function__(cls, func, types, args=(), kwargs=None):",
         "            LOGGED.append(getattr(func, '__name__', '?'))",
@@ -497,6 +505,11 @@ def generate_source(r: random.Random) -> str:
         "        if i == 1:", "            list.append(CL, 0.5); dict.__setitem__(CK, CKey(1), 3.0)",
         *(["        torch.backends.cuda.enable_flash_sdp(i != 1); torch.backends.cuda.enable_math_sdp(i != 2)"]
           if any(k == "torch_process_read" for k, _ in effects) else []),
+        # (the last call leaves torch's and json's defaults: validation on, ", ")
+        *(["        torch.distributions.Distribution.set_default_validate_args(i % 2 == 1)",
+           "        json.JSONEncoder.item_separator = ',' if i == 2 else ', '",
+           "        DSCALE[0] = -1.0 if i >= 2 else 1.0"]
+          if any(k == "library_class_flag" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
