@@ -169,3 +169,29 @@ def test_backward_exception_text_from_its_grad() -> None:
     with pytest.raises(UnsupportedOperationError, match="fake values") as info:
         (strict(_x(2)) * _signed(2)).sum().backward()
     assert type(info.value.__cause__) is ValueError
+
+
+def test_redirected_stream_written_through_sys() -> None:
+    """The caller redirects ``sys.stderr`` to an ``io.StringIO`` (``contextlib.redirect_stderr``,
+    as a test does); forward writes to it through ``sys.stderr.write``, backward prints to it.
+    The trace's own write stayed in the buffer (fallback wrote every first line twice): an
+    object of a library's reached through a library module, whose method the code calls, is
+    watched now as a library module's list is (a real file is refused before tracing)."""
+    import contextlib
+    import io
+    import sys
+
+    class Writes(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            sys.stderr.write(f"forward {x.shape[0]}\n")
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            print("backward", file=sys.stderr)
+            return g
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        matches_eager(Writes, lambda i: (_x(i, 3 + i % 2),), state=buf.getvalue,
+                      reset=lambda: (buf.seek(0), buf.truncate()))

@@ -32,6 +32,7 @@ import torch
 
 from ..spec import MISSING, Place, Root
 from .heap import LIBRARY_MODULE
+from ..library_state import library_object
 from .library import is_library, is_user_module, module_data
 from .roots import global_place, guarded_value, place_at, walk
 from .userattr import UserAttribute
@@ -167,9 +168,13 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
             name = place_at(root, owner_steps).description  # (an increment there is refused too: no counter)
             return ThroughLibrary(Root("value", LIBRARY_MODULE, name, lambda args, m=owner: m), owner)
     held = walk(value, steps) if steps and all(kind == "attr" for kind, _ in steps) else None
-    if issubclass(type(held), (list, dict, set)) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)):
-        # A plain container a library module holds (``sys.argv.append(s)``): the heap watch's,
-        # as the user's own containers are (sys.path and warnings' filters: process settings).
+    if issubclass(type(held), (list, dict, set)) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)) \
+            or (chain.method is not None or chain.use == "receiver") and library_object(held) \
+            and (type(held).__module__ or "").split(".")[0] != "torch":
+        # A plain container a library module holds (``sys.argv.append(s)``), or an object of a
+        # library's whose method the code calls there (``sys.stderr.write(s)`` where the caller
+        # put an ``io.StringIO``: a file is refused, ``iterators``): the heap watch's, as the
+        # user's own containers are (sys.path and warnings' filters: process settings).
         name = place_at(root, steps).description
         return ThroughLibrary(Root("value", name, name, lambda args, v=value, s=steps: walk(v, s)), held)
     return ThroughLibrary(computed=computed)
