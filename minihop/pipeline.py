@@ -238,7 +238,7 @@ def load(path: str) -> Capture:
 
     saved = read_capture(path)
     return make_capture(saved.pair, functools.partial(make_outer_graph, saved.pair), None, saved.key, 0.0,
-                        dynamic_dims=saved.dynamic_dims, shape_guards=saved.shape_guards)
+                        dynamic_dims=saved.dynamic_dims, shape_guards=saved.shape_guards, python_state=saved.python_state)
 
 
 def _runtime_reads(reads: tuple[DataRead, ...], pair: Pair) -> tuple[DataRead, ...]:

@@ -195,3 +195,21 @@ def test_redirected_stream_written_through_sys() -> None:
     with contextlib.redirect_stderr(buf):
         matches_eager(Writes, lambda i: (_x(i, 3 + i % 2),), state=buf.getvalue,
                       reset=lambda: (buf.seek(0), buf.truncate()))
+
+
+def test_saved_capture_carries_the_library_constant(tmp_path: Any) -> None:
+    """A saved capture that ran ``Normal``'s code carries ``Distribution._validate_args``: loaded
+    where it holds another value, the load refuses (the graphs were made for the saved one);
+    loaded where it holds the same, a later change fails the loaded capture's guard."""
+    Distribution.set_default_validate_args(False)
+    path = str(tmp_path / "logprob.minihop")
+    minihop.capture(LogProb, _x(0), _scale(0)).save(path)
+    Distribution.set_default_validate_args(True)
+    with pytest.raises(minihop.GuardMismatchError, match="_validate_args was False when it was saved"):
+        minihop.load(path)
+    Distribution.set_default_validate_args(False)
+    loaded = minihop.load(path)
+    torch.testing.assert_close(loaded(_x(0), _scale(0)), LogProb.apply(_x(0), _scale(0)))
+    Distribution.set_default_validate_args(True)
+    with pytest.raises(minihop.GuardMismatchError, match="_validate_args"):
+        loaded(_x(0), _scale(0))

@@ -38,10 +38,12 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import _get_qualified_name
 
-from ..errors import UnsupportedOutputError
-from ..spec import GRAD_TOGGLE, NO_WORLD, InputSource, Pair, arg_place
+from ..errors import GuardMismatchError, UnsupportedOutputError
+from ..spec import GRAD_TOGGLE, MISSING, NO_STATE, NO_WORLD, InputSource, Pair, PythonState, Root, StateRead, arg_place
+from ..place import Place, walk_plain
 from ..structure import Computed
 from ..returned import OutputSpec, has_computed
+from .guards import library_name
 
 __all__ = ["FORMAT", "SavedCapture", "VERSION", "read_capture", "save_capture"]
 
@@ -167,6 +169,7 @@ def save_capture(cap: Any, path: str) -> None:
             "arg_indices": list(cap.shape_guards.arg_indices),
             "expression": cap.shape_guards.expression},
         "guards_readable": repr(cap.key),
+        "library_reads": [found for found in map(_library_read, cap.python_state.reads) if found is not None],
     }
     try:
         key_bytes = pickle.dumps(cap.key)
@@ -188,7 +191,7 @@ def _outside_reads_and_writes(cap: Any) -> list[str]:
     state, argnames = cap.python_state, cap.pair.argnames
     found = [f"its {w.phase} writes {w.place.describe(argnames)}" for w in state.writes]
     found += [f"its {r.phase} reads {r.place.describe(argnames)}" for r in state.reads
-              if not _resolved_in_graphs(r.place, argnames)]
+              if not _resolved_in_graphs(r.place, argnames) and _library_read(r) is None]
     found += [f"it may serve only the call it was traced for ({why})" for why in state.single_use]
     found += [f"its forward reads the tensor at {s.description}" for s in cap.pair.inputs if s.fetched]
     return found
@@ -212,6 +215,55 @@ def _resolved_in_graphs(place: Any, argnames: tuple[str, ...]) -> bool:
         return issubclass(type(place.get(())), _CODE)
     except Exception:  # gone since the capture: nothing to carry
         return False
+
+
+# A library's constant its code read (``tracer.library_ran``: ``Distribution._validate_args``,
+# ``torch.preserve_format`` in ``torch.autograd``): carried by module and path with its value
+# as text, checked when the capture is loaded and guarded as a read from then on.
+_CONSTANTS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.memory_format, torch.layout)
+
+
+def _library_read(r: Any) -> dict[str, Any] | None:
+    """``r`` as the manifest carries it, where its place is a library module's global (and
+    attributes below it) or a library class's attribute holding a constant; else None."""
+    root, steps = r.place.root, r.place.steps
+    if any(kind != "attr" for kind, _ in steps):
+        return None
+    if root.kind == "global" and issubclass(type(root.home), dict):
+        module, path = root.home.get("__name__"), [root.key, *(name for _, name in steps)]
+    elif root.kind == "value" and issubclass(type(root.home), type) and len(steps) == 1:
+        module, path = root.home.__module__, [*root.home.__qualname__.split("."), steps[0][1]]
+    else:
+        return None
+    if not issubclass(type(module), str) or not library_name(module) or "<" in ".".join(map(str, path)):
+        return None
+    try:
+        value = r.place.get(())
+    except Exception:
+        return None
+    if type(value) not in _CONSTANTS:
+        return None
+    return {"module": module, "path": path, "phase": r.phase, "line": r.line, "value": repr(value)}
+
+
+def _library_state(entries: list[dict[str, Any]], function: str) -> PythonState:
+    """The loaded capture's reads of the library constants it was saved with: each must hold
+    the value it held when saved (else the graphs are not this process's), then is guarded."""
+    reads = []
+    for e in entries:
+        module = importlib.import_module(e["module"])
+        root = Root("global", e["path"][0], f"{e['module']}:{'.'.join(e['path'])}",
+                    lambda args, g=vars(module), k=e["path"][0]: g.get(k, MISSING), home=vars(module))
+        steps = tuple(("attr", name) for name in e["path"][1:])
+        place = Place(root, steps, lambda args, f=root.fetch, s=steps: walk_plain(f(args), s))
+        now = place.get(())
+        if repr(now) != e["value"] or type(now) not in _CONSTANTS:
+            raise GuardMismatchError(
+                f"Capture of {function}, loaded: {root.description} was {e['value']} when it was saved, "
+                f"it is {now!r} here.", "What the library's code computed with it is baked into the graphs.",
+                "Set it as it was, or capture the Function again in this process.")
+        reads.append(StateRead(place, e["phase"], e["line"]))
+    return PythonState(reads=tuple(reads))
 
 
 def _qualified_name(target: Any) -> str:
@@ -340,6 +392,7 @@ class SavedCapture:
     key: tuple[Any, ...]
     dynamic_dims: dict[int, tuple[int, ...]]
     shape_guards: _ShapeGuards | None
+    python_state: PythonState = NO_STATE
 
 
 def read_capture(path: str) -> SavedCapture:
@@ -374,7 +427,8 @@ def read_capture(path: str) -> SavedCapture:
     return SavedCapture(
         pair, _key_of_v1(pickle.loads(data["key"])),
         {int(k): tuple(v) for k, v in manifest["dynamic_dims"].items()},
-        None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]))
+        None if guards is None else _ShapeGuards(tuple(guards["arg_indices"]), guards["expression"]),
+        _library_state(manifest.get("library_reads", []), manifest["function"]))
 
 
 def _key_of_v1(key: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -107,9 +107,9 @@ def refusing_fake_text(traced: Callable[..., tuple[Any, ...]], name: str) -> Cal
     repr or class name, ``Normal(loc: FakeTensor(...))``): not eager's exception, whose text shows
     the call's values. Refused (MH104), the user's exception chained; others propagate as eager's."""
 
-    def retrace(*args: Any) -> tuple[Any, ...]:
+    def retrace(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
         try:
-            return traced(*args)
+            return traced(*args, **kwargs)
         except MinihopError:
             raise
         except Exception as raised:
