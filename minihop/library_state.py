@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import operator
 import random
 import sys
 import sysconfig
@@ -42,7 +43,7 @@ import weakref
 from collections.abc import MutableMapping, MutableSequence, MutableSet
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
+__all__ = ["Entries", "LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
            "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "own_attr", "own_dict", "subclass_attributes", "view_items"]
 
@@ -275,6 +276,29 @@ class LibraryState:
 
     def __repr__(self) -> str:
         return "its own state"
+
+
+class Entries:
+    """What a library's container holds, as one value compared by identity, entry by entry
+    (``torch.distributions.kl._KL_REGISTRY``: a ``register_kl`` between calls is seen). Its key
+    is itself (``runtime.guards.value_key``): keying 87 entries value by value cost 0.8 ms a call."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, held: Any) -> None:
+        # (a dict's keys and values apart: each compared by ``map(operator.is_)``, in C)
+        self.parts = (tuple(dict.keys(held)), tuple(dict.values(held))) if issubclass(type(held), dict) else \
+            (tuple(held),) if issubclass(type(held), (list, set, frozenset)) else ((held,),)
+
+    def __eq__(self, other: object) -> bool:
+        return issubclass(type(other), Entries) and len(self.parts) == len(other.parts) and all(
+            len(a) == len(b) and all(map(operator.is_, a, b)) for a, b in zip(self.parts, other.parts))
+
+    def __hash__(self) -> int:
+        return len(self.parts[0])
+
+    def __repr__(self) -> str:
+        return f"<{len(self.parts[0])} entries>"
 
 
 class Same:

@@ -213,3 +213,37 @@ def test_saved_capture_carries_the_library_constant(tmp_path: Any) -> None:
     Distribution.set_default_validate_args(True)
     with pytest.raises(minihop.GuardMismatchError, match="_validate_args"):
         loaded(_x(0), _scale(0))
+
+
+class _Mine(Normal):
+    """A user's distribution, for ``register_kl``."""
+
+
+def test_register_kl_between_calls() -> None:
+    """forward takes ``kl_divergence`` of two of the user's ``Normal`` subclass; the caller
+    registers its own KL for that pair before the third call (``register_kl``, which fills
+    torch's ``_KL_REGISTRY``). torch's code reads that registry: a capture kept torch's rule."""
+    import torch.distributions.kl as kl
+
+    class KL(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return kl.kl_divergence(_Mine(x, torch.ones(4)), _Mine(x * 0, torch.ones(4)))
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+    saved = dict(kl._KL_REGISTRY)
+
+    def between(i: int) -> None:
+        if i == 2:
+            kl.register_kl(_Mine, _Mine)(lambda p, q: (p.loc - q.loc).abs())
+
+    def reset() -> None:
+        kl._KL_REGISTRY.clear()
+        kl._KL_REGISTRY.update(saved)
+        kl._KL_MEMOIZE.clear()
+    try:
+        matches_eager(KL, lambda i: (_x(i),), between=between, reset=reset, refusable=False)
+    finally:
+        reset()

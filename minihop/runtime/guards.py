@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import is_dynamo_mark, marks
-from ..library_state import (READ_ONLY_VIEWS, STATE, Same, c_method_owner, global_module_hooks, library_object, minihops,
+from ..library_state import (READ_ONLY_VIEWS, STATE, Entries, Same, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, native_state, own_attr, own_dict, state_of, subclass_attributes, torch_tensor_entries,
                              view_items)
 from ..spec import AUTOCAST_DEVICES
@@ -80,6 +80,8 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
         return ("V", type(value), plain_atom(value), *_own(value, _open))
     if id(value) in _open:
         return ("cycle", type(value), id(value))  # an object that contains itself
+    if type(value) is Entries:
+        return value  # (a library's container: compared entry by entry, by identity)
     if issubclass(type(value), (tuple, list)):
         inner = _open | {id(value)}
         items = plain_items(value)  # (not a subclass's own ``__iter__``)

@@ -29,6 +29,7 @@ import sys
 import types
 from typing import Any
 
+from ..library_state import Entries
 from ..spec import MISSING, Place, Root
 from .chains import code_facts
 from .module_reads import library_binding
@@ -88,13 +89,18 @@ def _places(code: types.CodeType, g: dict[str, Any]) -> tuple[Place, ...]:
             places += [p for p in library_binding(root, value, steps, 0) if _stored(value, p.steps)]
         elif type(value) in _CONSTANT and not chain.steps:
             places.append(global_place(g, chain.root, described))  # a module's flag
+        elif _registry(value, g.get("__name__")) and not chain.steps:
+            places.append(_entries_place(global_place(g, chain.root, described)))  # torch's registry
         elif chain.steps[:1] and chain.steps[0][0] == "attr":
             # ``Distribution._validate_args`` read as ``self._validate_args`` in its method, or
             # through the class's global name
             cls = value if issubclass(type(value), type) else \
                 owner if chain.root_kind == "fast" and chain.root == first else None
-            if issubclass(type(cls), type) and _class_constant(cls, chain.steps[0][1]):
+            held = _class_held(cls, chain.steps[0][1]) if issubclass(type(cls), type) else MISSING
+            if type(held) in _CONSTANT:
                 places.append(place_at(_class_root(cls), chain.steps[:1]))
+            elif held is not MISSING and _registry(held, cls.__module__):  # (``Normal.arg_constraints``)
+                places.append(_entries_place(place_at(_class_root(cls), chain.steps[:1])))
     _PLACES[code] = found = tuple(places)
     return found
 
@@ -138,13 +144,26 @@ def _class_root(cls: type) -> Root:
 _CONSTANT = (bool, int, float, str, bytes, complex, type(None))
 
 
-def _class_constant(cls: type, name: Any) -> bool:
-    """Whether ``cls`` (a library class) holds a constant as ``name``, itself or by a base."""
+def _class_held(cls: type, name: Any) -> Any:
+    """What ``cls`` (a library class) holds as ``name``, itself or by a base (no descriptor run)."""
     for k in cls.__mro__:
         held = vars(k)
         if name in held:
-            return type(held[name]) in _CONSTANT
-    return False
+            return held[name]
+    return MISSING
+
+
+# torch's own containers its code reads (``torch.distributions.kl._KL_REGISTRY``, which
+# ``register_kl`` fills; ``Normal.arg_constraints``): guarded entry by entry, by identity
+# (``library_state.Entries``). Other libraries' are their caches (``linecache.cache``,
+# ``sys.modules``), changed by any call: not guarded (reads.md's open items).
+def _registry(value: Any, module: Any) -> bool:
+    return type(value) in (dict, list, set) and len(value) <= 1024 and issubclass(type(module), str) \
+        and module.split(".")[0] == "torch"
+
+
+def _entries_place(place: Place) -> Place:
+    return Place(place.root, place.steps, lambda args, f=place.get: Entries(f(args)))
 
 
 def _homes(code: types.CodeType, g: dict[str, Any], holder: Any) -> list[Place]:
