@@ -247,3 +247,27 @@ def test_register_kl_between_calls() -> None:
         matches_eager(KL, lambda i: (_x(i),), between=between, reset=reset, refusable=False)
     finally:
         reset()
+
+
+def _shared_on_odd_calls(i: int) -> tuple[torch.Tensor]:
+    t = torch.linspace(-1.0, 1.0, 4) + i
+    if i % 2:
+        t.share_memory_()  # (as a DataLoader worker's batch, or a tensor shared with a process)
+    return (t.requires_grad_(),)
+
+
+def test_argument_in_shared_memory() -> None:
+    """forward asks ``x.is_shared()`` (where its data lives, as ``data_ptr``): a fake copy lives
+    in no shared memory (False, where eager answered True on the odd calls), and the key does
+    not hold it. Refused now as the argument's storage (MH104); fallback is eager."""
+    class ByShared(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * (5.0 if x.is_shared() else 2.0)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+    matches_eager(ByShared, _shared_on_odd_calls)
+    with pytest.raises(UnsupportedOperationError, match="is_shared"):
+        minihop.function(ByShared)(_shared_on_odd_calls(1)[0])

@@ -334,7 +334,7 @@ def outside_tensors(tensors: dict[int, list[Any]]) -> tuple[weakref.ref[torch.Te
 TENSOR_STATE = frozenset({"grad", "is_leaf", "grad_fn", "_version", "_base", "retains_grad",
                           "output_nr", "_backward_hooks", "_is_zerotensor"})  # (autograd's efficient zeros)
 # ... where its data lives (a fake tensor has no storage of the caller's): read as identity ...
-TENSOR_STORAGE = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "is_set_to"})
+TENSOR_STORAGE = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "is_set_to", "is_shared", "is_pinned"})
 # ... and how it lies there (a fake copy keeps it; the key holds it for tensor arguments only).
 TENSOR_LAYOUT = frozenset({"stride", "is_contiguous", "is_non_overlapping_and_dense", "storage_offset", "_is_view",
                            "dim_order"})
