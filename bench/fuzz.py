@@ -139,7 +139,9 @@ ABOUT = {
         "`functools.cache` helper hands out; in round 20, an `lru_cache` helper's table written "
         "in place, a tensor of a cached tuple written in place, a plain value of a cached dict "
         "entry rebound; in round 21, a tensor argument whose memory format changes, read by "
-        "`dim_order()`, and one that is autograd's efficient zeros on some calls), "
+        "`dim_order()`, and one that is autograd's efficient zeros on some calls; in round 22, a "
+        "tensor argument in shared memory on some calls, read by `is_shared()`, and json's "
+        "encoder's separator set on the user's subclass, read by the encoder's method), "
         "the state changed between calls and before backward; run by "
         "`tests/fuzz/oracle_state.py` through `minihop.apply` and `fallback=\"eager\"`."),
     "Fuzzing: outside spellings": (

@@ -54,12 +54,15 @@ from __future__ import annotations
 import collections
 import hashlib
 import importlib.util
+import json
 import pathlib
 import random
 import sys
 import tempfile
 import time
 from typing import Any
+
+import torch.distributions
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -387,6 +390,9 @@ def generate_source(r: random.Random) -> str:
         "import torch.distributions",
         "import torch", "",
         "def make():",
+        # (each mode starts from torch's and json's defaults, whatever the last call left)
+        "    torch.distributions.Distribution.set_default_validate_args(True)",
+        "    json.JSONEncoder.item_separator = ', '",
         "    LOG, STORE, MEMO, RAISES = [], {}, {}, [0]",
         *[f"    global_{g} = 0" for g in globals_],
         "    heard = []", "",
@@ -586,6 +592,9 @@ def run_case(source: str, directory: pathlib.Path, index: int) -> tuple[str, str
         verdicts = compare(module.make, calls=4)
     except Exception as e:  # an error outside the user's code, in the oracle's own run
         return "error", f"{type(e).__name__}: {e}"
+    finally:  # (the defaults library_class_flag's calls change: never left to the next case)
+        torch.distributions.Distribution.set_default_validate_args(True)
+        json.JSONEncoder.item_separator = ", "
     if verdicts["fallback"] != "same":
         return "silent", f"fallback {verdicts['fallback']}"
     if verdicts["strict"] == "same":

@@ -138,7 +138,11 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 21: a tensor argument whose memory format changes between calls, read by
            # ``dim_order()`` (listed as held by the key: it was not), and one that is autograd's
            # efficient zeros on some calls (``_is_zerotensor()``: a fake copy has no such flag).
-           "dim_order_arg", "zerotensor_arg")
+           "dim_order_arg", "zerotensor_arg",
+           # Round 22: a tensor argument in shared memory on some calls (``is_shared()``: a fake
+           # copy lives in none), and a library's constant its code reads (json's encoder's
+           # separator, read by its method).
+           "shared_memory_arg", "library_flag_global")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -630,6 +634,16 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "zerotensor_arg":
         return (["TZT = torch.zeros(())"], ["globals()['TZT'] = torch._efficientzerotensor(()) if v > 1 else torch.zeros(())"],
                 "(3.0 if tz._is_zerotensor() else 2.0)", ["TZT"], "tz")
+    if holder == "shared_memory_arg":
+        return (["def _maybe_shared(flag):", "    t = torch.ones(())", "    return t.share_memory_() if flag else t",
+                 "", "", "TSH = torch.ones(())"], ["globals()['TSH'] = _maybe_shared(v > 1)"],
+                "(3.0 if tsh.is_shared() else 2.0)", ["TSH"], "tsh")
+    if holder == "library_flag_global":
+        # (json's encoder's methods read ``self.item_separator``, a class attribute: set on the
+        # user's subclass, so json's own default stays as the other cases find it)
+        return (["import json", "", "", "class LEnc(json.JSONEncoder):", "    pass"],
+                ["LEnc.item_separator = ',' if v > 1 else ', '"],
+                "float(len(LEnc().encode([1, 2, 3])))", [], "")
     if holder == "inference_flag_arg":
         return (["def _maybe_inference(flag):", "    with torch.inference_mode(flag):", "        return torch.ones(())",
                  "", "", "TINF = torch.ones(())"], ["globals()['TINF'] = _maybe_inference(v > 1)"],
