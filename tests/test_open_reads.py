@@ -813,7 +813,9 @@ def test_names_holding_modules_are_one_assumption():
     assert len(forward) == 1 and forward[0].phase == "forward"
     assert "F is module torch.nn.functional" in forward[0].show()
     # (and the library function backward calls through it: F.silu, by identity too)
-    assert [a.place for a in cap.assumptions if a.phase == "backward" and "module" in a.description] == ["F", "F.silu"]
+    # (and, since round 22, the names silu's own code resolved: torch.nn.functional's)
+    backward_names = [a.place for a in cap.assumptions if a.phase == "backward" and "module" in a.description]
+    assert backward_names[:2] == ["F", "F.silu"] and all(n.startswith("torch.nn.functional") for n in backward_names[2:])
     assert "F is module torch.nn.functional" in str(minihop.explain(_FunctionalAlias, x))
     try:
         globals()["F"] = _FSHIM

@@ -81,9 +81,12 @@ def with_eager_fallback(traced: Callable[..., tuple[Any, ...]], runner: EagerRun
         except MinihopError as refused:
             reason = refused.found
         except Exception as raised:
-            # The user's code raised while traced on fake values (a message that shows them):
-            # eager decides, as for a forward traced (``cache``), its own exception or none.
-            reason = f"backward, traced again for this call, raised {type(raised).__name__} on fake values"
+            # The user's code raised while traced, with a message that shows fake values: eager
+            # decides, its own exception or none. (Another exception is eager's, its writes
+            # before it made, as eager's are: it propagates.)
+            if not shows_fakes(raised):
+                raise
+            reason = f"backward, traced again for this call, raised {type(raised).__name__} with fake values in its text"
 
         held: list[Any] = []  # the user's ctx it ran on, kept for the call's later backwards
 
@@ -101,6 +104,15 @@ def with_eager_fallback(traced: Callable[..., tuple[Any, ...]], runner: EagerRun
     return retrace
 
 
+def shows_fakes(raised: BaseException) -> bool:
+    """Whether an exception's text shows a fake tensor (its repr or class name): one raised by
+    the user's code traced on fakes, which eager, on the call's values, never raises as such."""
+    try:
+        return "FakeTensor" in str(raised)
+    except Exception:  # (a user's __str__ that fails)
+        return False
+
+
 def refusing_fake_text(traced: Callable[..., tuple[Any, ...]], name: str) -> Callable[..., tuple[Any, ...]]:
     """``traced`` (a ``Retrace``, strict mode: no eager backward to run), where the user's code,
     traced again for a call, raises an exception whose text shows a traced value (a fake tensor's
@@ -113,7 +125,7 @@ def refusing_fake_text(traced: Callable[..., tuple[Any, ...]], name: str) -> Cal
         except MinihopError:
             raise
         except Exception as raised:
-            if "FakeTensor" not in str(raised):
+            if not shows_fakes(raised):
                 raise
             raise UnsupportedOperationError(
                 f"{name}.backward, traced again for this call, raised {type(raised).__name__} with a message "
