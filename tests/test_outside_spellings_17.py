@@ -271,3 +271,35 @@ def test_argument_in_shared_memory() -> None:
     matches_eager(ByShared, _shared_on_odd_calls)
     with pytest.raises(UnsupportedOperationError, match="is_shared"):
         minihop.function(ByShared)(_shared_on_odd_calls(1)[0])
+
+
+def test_library_class_passed_in() -> None:
+    """The distribution class is an argument (``dist(x, s)``), the default toggled between calls."""
+    class ByClass(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, dist: type, s: torch.Tensor) -> torch.Tensor:
+            return dist(x, s).log_prob(x + 1)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+            return g, None, None
+    matches_eager(ByClass, lambda i: (_x(i), Normal, _scale(i)),
+                  between=lambda i: Distribution.set_default_validate_args(i % 2 == 1),
+                  reset=lambda: Distribution.set_default_validate_args(True))
+
+
+def test_library_function_in_a_list_argument() -> None:
+    """``json.dumps`` handed in a list; its encoder's separator set between calls."""
+    class ByList(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, fns: list[Any]) -> torch.Tensor:
+            return x * len(fns[0]([1, 2, 3]))
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return g, None
+    try:
+        matches_eager(ByList, lambda i: (_x(i), [json.dumps]),
+                      between=lambda i: setattr(json.JSONEncoder, "item_separator", "," if i % 2 else ", "))
+    finally:
+        json.JSONEncoder.item_separator = ", "

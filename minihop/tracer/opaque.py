@@ -334,7 +334,7 @@ class Finder:
         """``library``: where the CallWatch keeps the library code the call runs
         (``library_ran.LibraryRan``; required: the watch hands it every library frame it keeps).
         ``backward_codes``: the codes analysed for backward (others run there are unanalysed)."""
-        if may_call_unanalysed([*args, *self.reachable]) or runs_library_python(self.reachable):
+        if may_call_unanalysed([*args, *self.reachable]) or runs_library_python([*args, *self.reachable]):
             self.calls = CallWatch({c for code in codes for c in nested_codes(code)},
                                    lambda frame: library_frame(frame, self.library_module), library,
                                    self.function, args)
