@@ -303,3 +303,59 @@ def test_library_function_in_a_list_argument() -> None:
                       between=lambda i: setattr(json.JSONEncoder, "item_separator", "," if i % 2 else ", "))
     finally:
         json.JSONEncoder.item_separator = ", "
+
+
+class _Encoded(Function):
+    """A setup_context Function (torch.func can transform it) whose forward and backward run json's
+    encoder: its separator, a class attribute the encoder's method reads, set between calls."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x * len(json.JSONEncoder().encode([1, 2, 3]))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * len(json.dumps({"a": 1}))
+
+
+def _transformed(call: Any, transform: str) -> list[Any]:
+    out: list[Any] = []
+    try:
+        for i in range(4):
+            json.JSONEncoder.item_separator = "," if i % 2 else ", "
+            x = torch.linspace(-1.0, 1.0, 6).view(2, 3) + i
+            try:
+                if transform == "vmap":
+                    out.append(torch.func.vmap(call)(x))
+                elif transform == "grad":
+                    out.append(torch.func.grad(lambda t: call(t).sum())(x))
+                else:
+                    leaf = x.clone().requires_grad_()
+                    call(leaf).sum().backward()
+                    out.append(leaf.grad)
+            except minihop.MinihopError:
+                out.append("refused")
+    finally:
+        json.JSONEncoder.item_separator = ", "
+    return out
+
+
+@pytest.mark.parametrize("transform", ["none", "vmap", "grad"])
+def test_library_constant_under_transforms(transform: str) -> None:
+    """The crossing: the separator toggled between calls, each call under ``vmap``, ``grad`` or
+    none; strict equals eager or refuses, fallback equals eager."""
+    eager = _transformed(_Encoded.apply, transform)
+    for mode in ("strict", "fallback"):
+        minihop.reset()
+        call = minihop.function(_Encoded) if mode == "strict" else minihop.function(_Encoded, fallback="eager")
+        for e, got in zip(eager, _transformed(call, transform), strict=True):
+            if isinstance(got, str):
+                assert mode == "strict"
+                continue
+            assert torch.equal(e, got), (transform, mode)
