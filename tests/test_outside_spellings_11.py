@@ -44,7 +44,7 @@ Silent differences from eager before this round (values equal, the user's own co
 - ``Tensor.apply_``/``map_`` (a Python callable run on each value of a CPU tensor) or
   ``__dlpack__`` inside forward: called on a fake tensor's missing data, they crashed the
   process (a segmentation fault, no error at all). Refused now as the value reads they are
-  (MH103, ``tracer.recorder._VALUE_READS``);
+  (MH103, ``tracer.special_calls.VALUE_READS``);
 - a dict keyed by objects whose ``__hash__`` is the user's, read by forward, in a Function
   refused later in its trace (its backward calls ``apply_``): putting back what the failed
   trace might have changed rebuilt the dict, hashing every key once more, so

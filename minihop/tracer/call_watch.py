@@ -222,27 +222,34 @@ def _refill(container: Any, contents: Any, base: type) -> None:
 
 # torch's ops written in C: below them run only torch's dispatch and its fake kernels (never the
 # call's own code, nor the user's: but ``apply_``/``map_``, which call a Python function).
-_C_CODE = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+C_CODE = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
            types.MethodWrapperType)
 _CALLS_BACK = frozenset({"apply_", "map_", "map2_"})
 
 
 def pause(func: Any) -> Any:
-    """Pause a call watch while the recorder handles op ``func``, where ``func`` is written in C:
-    recording it and its fake tensors' dispatch are thousands of Python frames that are not the
-    call's (watched, a capture's trace took twice as long). Returns what ``resume`` restores:
-    the watch, or None where none was paused (none is on, another tracer is chained to it)."""
+    """Pause a call watch while the recorder handles op ``func``: recording it and its fake
+    tensors' dispatch are thousands of Python frames that are not the call's (watched, a
+    capture's trace took twice as long). The recorder watches again what runs the call's code
+    (``resume``: a library's Python function run on fakes, a special row). Returns the watch
+    paused, or None (none is on, another tracer is chained to it, ``func`` calls back)."""
     watch = sys.gettrace()
-    if watch is None or type(func) not in _C_CODE or getattr(func, "__name__", None) in _CALLS_BACK \
-            or not _alone(watch):
+    if watch is None or getattr(func, "__name__", None) in _CALLS_BACK or not _alone(watch):
         return None
     sys.settrace(None)
     return watch
 
 
-def resume(watch: Any) -> None:
+def resume(watch: Any) -> Any:
+    """The paused ``watch`` on again (None: nothing to do); what ``pause_again`` takes."""
     if watch is not None:
         sys.settrace(watch)
+    return watch
+
+
+def pause_again(watch: Any) -> None:
+    if watch is not None:
+        sys.settrace(None)
 
 
 def _alone(watch: Any) -> bool:

@@ -45,7 +45,7 @@ from .names import DISCARD, STORE, UNPACK, result_use
 from .op_args import any_leaf, is_tensor, map_plain, tensors_in, version_of
 from .operators import Form
 from .refusals import fake_data_missing, refusal_for
-from .special_calls import AUTOCAST_SWITCHES, NOT_SPECIAL, special_call
+from .special_calls import AUTOCAST_SWITCHES, COPY_READS, NOT_SPECIAL, SCALAR_READS, VALUE_READS, special_call
 from .tensor_state import rewrite_autograd_call
 from ..errors import MinihopError, UnsupportedOperationError
 from ..fxgraph import append_node
@@ -67,19 +67,6 @@ _SYMPY_OPS: dict[type, Callable[..., Any]] = {
     sympy.Lt: operator.lt, sympy.Le: operator.le, sympy.Gt: operator.gt, sympy.Ge: operator.ge,
     sympy.And: operator.and_, sympy.Or: operator.or_,
 }
-# Calls that take values out of a tensor into Python; a fake tensor has none to give.
-_VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
-                          "__index__", "__complex__", "__array__",
-                          # CPU methods that run a Python callable on each value, and DLPack's
-                          # export of the data (on a fake tensor's missing data they crash).
-                          "apply_", "map_", "map2_", "__dlpack__",
-                          # torch.save, pickle and copy.deepcopy copy the values too.
-                          "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
-# Value reads that give unbacked symbols when the tensor depends on the call (see unbacked).
-_SCALAR_READS = frozenset({"item", "tolist"})
-# Value reads whose result leaves torch (an array, a pickle): refused, never answered.
-_COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
-                         "__getstate__", "apply_", "map_", "map2_", "__dlpack__"})
 
 
 class GraphRecorder:
@@ -346,13 +333,15 @@ class RecordingMode(PreDispatchTorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        paused = call_watch.pause(func)  # (no frame added: the handler reads its callers' by depth)
+        paused, outer = call_watch.pause(func), getattr(self, "_paused", None)  # (inline: the handler reads callers by depth)
+        self._paused = paused
         try:
             return self._torch_function(func, types, args, kwargs)
         except MinihopError as e:
             handlers.note(e)  # (raised into the user's code, which may catch it: see handlers)
             raise
         finally:
+            self._paused = outer
             call_watch.resume(paused)
 
     def _torch_function(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -366,7 +355,11 @@ class RecordingMode(PreDispatchTorchFunctionMode):
             # Autocast has switched itself already: nothing to record, nothing to run.
             return None if special in AUTOCAST_SWITCHES else func(*args, **kwargs)
         if special is not None:
-            result = special(self, recorder, func, args, kwargs)
+            on = call_watch.resume(self._paused)  # (code a row runs is watched as the call's)
+            try:
+                result = special(self, recorder, func, args, kwargs)
+            finally:
+                call_watch.pause_again(on)
             if result is not NOT_SPECIAL:
                 return result
         func, args = rewrite_autograd_call(func, args, self.describe, lambda: format_frame(user_frame()))
@@ -389,15 +382,19 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         unbacked = self.unbacked
         setitem = func is torch.Tensor.__setitem__  # returns None but writes into its first argument
         try:
-            if name in _VALUE_READS:
-                if unbacked is not None and name in _SCALAR_READS:
+            if name in VALUE_READS:
+                if unbacked is not None and name in SCALAR_READS:
                     return unbacked.scalar(func, args, kwargs, format_frame(user_frame()))
                 raise DataDependentOutputException(func)
             heard = messages.op_begin()  # (messages the op gives: the graph's, once recorded)
             if heard is not None:  # (C++'s is located at this frame: the filters' memory of it here is not eager's)
                 globals().pop("__warningregistry__", None)
             try:
-                result = func(*args, **kwargs)
+                on = call_watch.resume(self._paused if type(func) not in call_watch.C_CODE else None)
+                try:  # (a library's Python function, ``F.layer_norm``: its body is the call's code)
+                    result = func(*args, **kwargs)
+                finally:
+                    call_watch.pause_again(on)
             finally:
                 messages.op_end(heard)
         except Exception as e:
@@ -408,7 +405,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                 recorder.note_mutation(recorder.record(operator.setitem, args, kwargs, None), (args[0],))
                 messages.op_recorded()
                 return None
-            if self.on_constant is not None and name not in _VALUE_READS and \
+            if self.on_constant is not None and name not in VALUE_READS and \
                     (type(e) in (DynamicOutputShapeException, DataDependentOutputException)
                      or fake_data_missing(e)):
                 result = self.on_constant(func, args, kwargs)
@@ -417,7 +414,7 @@ class RecordingMode(PreDispatchTorchFunctionMode):
                     messages.op_recorded()
                     return result
             if type(e) is DataDependentOutputException and self.on_value is not None \
-                    and name not in _COPY_READS:
+                    and name not in COPY_READS:
                 return self.on_value(func, args, kwargs, format_frame(user_frame()))
             if unbacked is not None and issubclass(type(e), GuardOnDataDependentSymNode):
                 raise unbacked.on_guard(e, format_frame(user_frame())) from e

@@ -14,7 +14,7 @@ result`` and replaces running and recording the call the ordinary way, or answer
 - ``BY_KIND`` (by a test on the callable): ``torch.distributed``'s collectives are written as
   their functional collectives or refused (``collectives``).
 
-The other calls special to the recorder are keyed by name (``recorder._VALUE_READS``: values
+The other calls special to the recorder are keyed by name (``VALUE_READS``, here: values
 read out of tensors) or are ``Tensor.__setitem__`` (recorded as ``operator.setitem`` after it
 runs, since it returns None). A new special call is a handler and a row here.
 
@@ -37,7 +37,22 @@ from . import collectives, grad_modes, numpy_bridge, recompute
 # (typed Any: recorder imports this module).
 RecordingMode = GraphRecorder = Any
 
-__all__ = ["AUTOCAST_SWITCHES", "BEFORE_RUN", "BY_KIND", "BY_NAME", "NOT_SPECIAL", "special_call"]
+__all__ = ["AUTOCAST_SWITCHES", "BEFORE_RUN", "BY_KIND", "BY_NAME", "COPY_READS", "NOT_SPECIAL", "SCALAR_READS",
+           "VALUE_READS", "special_call"]
+
+# Calls that take values out of a tensor into Python; a fake tensor has none to give.
+VALUE_READS = frozenset({"numpy", "tolist", "item", "__bool__", "__int__", "__float__",
+                         "__index__", "__complex__", "__array__",
+                         # CPU methods that run a Python callable on each value, and DLPack's
+                         # export of the data (on a fake tensor's missing data they crash).
+                         "apply_", "map_", "map2_", "__dlpack__",
+                         # torch.save, pickle and copy.deepcopy copy the values too.
+                         "__reduce_ex__", "__reduce__", "__deepcopy__", "__getstate__"})
+# Value reads that give unbacked symbols when the tensor depends on the call (see unbacked).
+SCALAR_READS = frozenset({"item", "tolist"})
+# Value reads whose result leaves torch (an array, a pickle): refused, never answered.
+COPY_READS = frozenset({"numpy", "__array__", "__reduce_ex__", "__reduce__", "__deepcopy__",
+                        "__getstate__", "apply_", "map_", "map2_", "__dlpack__"})
 
 # A handler's answer for a call it leaves alone: run and record it the ordinary way.
 NOT_SPECIAL: Any = object()
