@@ -359,3 +359,28 @@ def test_library_constant_under_transforms(transform: str) -> None:
                 assert mode == "strict"
                 continue
             assert torch.equal(e, got), (transform, mode)
+
+
+def test_forward_writes_a_library_class_attribute() -> None:
+    """forward reads json's separator and sets it (``json.JSONEncoder.item_separator = ...``): a
+    library class's attribute the user's code writes. The trace's write stayed made and went
+    unseen (the capture then guarded the value it had written, not the one it read). Watched
+    now as a library module's namespace is: the change is refused (MH106), fallback is eager."""
+    class Flips(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            n = len(json.JSONEncoder().encode([1, 2]))
+            json.JSONEncoder.item_separator = "," if n > 5 else ", "
+            return x * n
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * len(json.dumps([1, 2]))
+    try:
+        matches_eager(Flips, lambda i: (_x(i),), state=lambda: json.JSONEncoder.item_separator,
+                      reset=lambda: setattr(json.JSONEncoder, "item_separator", ", "))
+        with pytest.raises(minihop.MinihopError, match="item_separator"):
+            minihop.function(Flips)(_x(0))
+        assert json.JSONEncoder.item_separator == ", "  # (put back by the refused trace)
+    finally:
+        json.JSONEncoder.item_separator = ", "

@@ -131,6 +131,11 @@ def snapshot(roots: Iterable[Root], args: tuple[Any, ...], argnames: tuple[str, 
                                 {k: v for k, v in g.items() if not dunder(k) and not stand_in(v)}, library=True)
             found[id(value)] = Seen(value, root, steps, "module", None)
             continue
+        if depth == 0 and root.key == LIBRARY_MODULE and issubclass(type(value), type):
+            # A library class whose attributes the code writes (``json.JSONEncoder.item_separator
+            # = ","``): its data attributes, by identity; any change is refused, as above.
+            found[id(value)] = Seen(value, root, steps, "attrs", class_state(value), library=True)
+            continue
         if is_user_module(value):
             # The user's module (``import cfg; cfg.step += 1``) or a ModuleType namespace: its
             # names are globals of its own functions, watched as their globals dict (one place

@@ -164,7 +164,8 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
             owner = walk(value, owner_steps) if owner_steps else value
         except Exception:
             owner = None
-        if issubclass(type(owner), types.ModuleType) and not is_user_module(owner):
+        if issubclass(type(owner), types.ModuleType) and not is_user_module(owner) or \
+                issubclass(type(owner), type) and is_library(owner):  # (or a library class's: ``json.JSONEncoder.x = v``)
             name = place_at(root, owner_steps).description  # (an increment there is refused too: no counter)
             return ThroughLibrary(Root("value", LIBRARY_MODULE, name, lambda args, m=owner: m), owner)
     held = walk(value, steps) if steps and all(kind == "attr" for kind, _ in steps) else None
