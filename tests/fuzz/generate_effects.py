@@ -261,7 +261,9 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
     if kind == "library_module_write":
         return [r.choice(["sys.minihop_fuzz = getattr(sys, 'minihop_fuzz', 0) + 1",
                           "torch.nn.functional.minihop_fuzz += 1",
-                          "setattr(sys, 'minihop_fuzz', getattr(sys, 'minihop_fuzz', 0) + 1)"])], ""
+                          "setattr(sys, 'minihop_fuzz', getattr(sys, 'minihop_fuzz', 0) + 1)",
+                          # (round 22: a library class's attribute, through its module)
+                          "json.JSONEncoder.minihop_fuzz += 1"])], ""
     if kind == "container_iterator":
         return [], "x * float(next(ITERS[ITER_KEY]))"
     if kind == "generator":
@@ -430,7 +432,7 @@ def generate_source(r: random.Random) -> str:
         "    DEEPLOG = types.SimpleNamespace(a=types.SimpleNamespace(b=types.SimpleNamespace(lines=[])))", "",
         "    def _dh6(v):", "        DEEPLOG.a.b.lines.append(v)", "        return v", "",
         *(line for k in range(5, -1, -1) for line in (f"    def _dh{k}(v):", f"        return _dh{k + 1}(v)", "")),
-        "    sys.minihop_fuzz = torch.nn.functional.minihop_fuzz = 0", "",
+        "    sys.minihop_fuzz = torch.nn.functional.minihop_fuzz = json.JSONEncoder.minihop_fuzz = 0", "",
         "    class Dying:", "        def __del__(self):", "            DIED[0] += 1", "",
         "    DUNDER = [0]", "",
         "    class CDict(dict):", "        def __getitem__(self, k):", "            DUNDER[0] += 1",
@@ -567,7 +569,7 @@ def generate_source(r: random.Random) -> str:
         f"list(ARR), bytes(BA), dict(CNT), list(OD), EVT.is_set(), list(UL), SQ.qsize(), STATS._n, STATS._last, "
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
         f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
-        f"torch.nn.functional.minihop_fuzz, list(DEEPLOG.a.b.lines), list(LOGGED), "
+        f"torch.nn.functional.minihop_fuzz, json.JSONEncoder.minihop_fuzz, list(DEEPLOG.a.b.lines), list(LOGGED), "
         f"{{str(k): v for k, v in TMEMO.items()}}])",
         "", "    return Fn, args, state, between",
     ]
