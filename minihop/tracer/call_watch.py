@@ -223,7 +223,7 @@ def _refill(container: Any, contents: Any, base: type) -> None:
 # torch's ops written in C: below them run only torch's dispatch and its fake kernels (never the
 # call's own code, nor the user's: but ``apply_``/``map_``, which call a Python function).
 C_CODE = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-           types.MethodWrapperType)
+          types.MethodWrapperType)
 _CALLS_BACK = frozenset({"apply_", "map_", "map2_"})
 
 
@@ -260,8 +260,9 @@ def _alone(watch: Any) -> bool:
 
 class UnwatchedFakeMode(FakeTensorMode):
     """The trace's fake tensor mode: torch's own ops (``aten``, ``prims``) are dispatched with a
-    call watch paused, as ``run_op`` runs a C op (an op of a library the user registered, whose
-    fake kernel is the user's Python code, stays watched)."""
+    call watch paused, as the recorder's handling of an op is (``pause``: a library function's
+    body, run on fakes, dispatches its ops here). An op of a library the user registered, whose
+    fake kernel is the user's Python code, stays watched."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         watch = sys.gettrace()

@@ -2,21 +2,26 @@
 
 Place in the pipeline: tracer, made by ``pystate.StateTracker``, fed by ``call_watch.CallWatch``
 (installed where the code reaches an object whose methods run more code: a module, a user
-object), read by ``StateTracker.finish``. The user's code is analysed for what it reads; a
+object, a library's Python function or class), read by ``StateTracker.finish``. The user's code is analysed for what it reads; a
 library's code is not followed (its state is not the user's). Yet what it computed depends on
 which function each of its names was bound to when it ran, and anyone may rebind one after a
 capture:
 ``nn.Linear.forward = lora_forward``, ``nn.Conv1d._conv_forward = ...``, ``F.gelu = fast_gelu``
-under ``nn.GELU``. So, for each library function the call ran (reached from the user's code
-through library calls: not torch's tracing machinery, which eager never runs), two reads:
+under ``nn.GELU``; and on which constants of its own it read, which anyone may set
+(``Distribution.set_default_validate_args``, ``register_kl``). So, for each library function
+the call ran (reached from the user's code through library calls: not torch's tracing
+machinery, which eager never runs, nor a collection's callback), these reads:
 
 - its home, the class or module defining it, and its name there (``Linear.forward``): the
   capture holds while that name holds that very function;
 - each library module's function its code names (``F.gelu`` in ``GELU.forward``), as a chain
-  in the user's code is read (``module_reads``).
+  in the user's code is read (``module_reads``);
+- each constant of its module (a flag) or of a class, read by the class's name or as
+  ``self.x``/``cls.x`` in its method (``Distribution._validate_args``), by value; and torch's
+  own containers so read (the KL registry), entry by entry (``library_state.Entries``).
 
-Both are in the one record of names holding modules and library functions
-(``runtime.module_reads``): one ``is`` each per call.
+The first two are in the one record of names holding modules and library functions
+(``runtime.module_reads``): one ``is`` each per call; the others are value reads.
 
 Invariant: only code that ran is read (a branch not taken reads nothing, as eager's would not),
 in each phase that ran it (backward's reads are checked again when backward runs).
@@ -139,8 +144,8 @@ def _class_root(cls: type) -> Root:
 
 # A library's own constants its code reads (a module's flag; a class's default that its methods
 # read as ``self._validate_args``, set by ``Distribution.set_default_validate_args``): anyone may
-# set one between calls, and what the code computed depends on it. Guarded by value. (A
-# library's containers are its caches and registries: not guarded, reads.md's open items.)
+# set one between calls, and what the code computed depends on it. Guarded by value (torch's
+# containers entry by entry: ``_registry``; other libraries' are their caches, not guarded).
 _CONSTANT = (bool, int, float, str, bytes, complex, type(None))
 
 

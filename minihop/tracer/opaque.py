@@ -41,6 +41,7 @@ from ..user_code import tensor_code, tensor_code_refusal
 from .bytecode import instructions
 from .call_watch import CallWatch, library_module_name as _library_name
 from .chains import Chain, constant_global
+from .library import is_library
 from .identity import STAND_INS, TENSOR_STATE, IdentityWatch, TypeAsEager, names_identity, refuse_identity_alias
 from .userattr import UserAttribute
 
@@ -178,8 +179,8 @@ def runs_library_python(values: Iterable[Any]) -> bool:
     """Whether any of ``values`` is a library's Python function or class (``F.softmax``,
     ``torch.distributions.Normal``): calling it runs library code whose names and constants
     the capture reads (``library_ran``: ``Distribution._validate_args``), seen only by the watch."""
-    return any(issubclass(type(v), (types.FunctionType, type)) and _library_name(getattr(v, "__module__", None))
-               and str(getattr(v, "__module__", "")).split(".")[0] not in ("builtins", "minihop")
+    return any(issubclass(type(v), (types.FunctionType, type)) and is_library(v)
+               and str(own_attr(v, "__module__") or "").split(".")[0] not in ("builtins", "minihop")
                and own_attr(v, "__module__") != "torch._C" for v in values)
 
 
