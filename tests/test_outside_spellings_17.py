@@ -384,3 +384,33 @@ def test_forward_writes_a_library_class_attribute() -> None:
         assert json.JSONEncoder.item_separator == ", "  # (put back by the refused trace)
     finally:
         json.JSONEncoder.item_separator = ", "
+
+
+def test_library_module_written_beside_a_library_call() -> None:
+    """Found by round 22's effects run at b904304 (seed 1175206): forward calls a function of a
+    library module through it (``torch.nn.functional.mse_loss``), backward bumps a name in that
+    module (``torch.nn.functional.k += 1``). The round's watch of library objects whose methods the
+    code calls took the module for one, watched it as a user's namespace, and replayed the bump
+    as a counter: the trace's own bump stayed, and fallback bumped twice per call. A library
+    module is watched as one again (any change refused, put back)."""
+    import torch.nn.functional as nnf
+
+    class Bumps(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 + torch.nn.functional.mse_loss(x, torch.zeros_like(x))
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            torch.nn.functional.minihop_round22 += 1
+            return g * 2
+    nnf.minihop_round22 = 0
+    try:
+        matches_eager(Bumps, lambda i: (_x(i),), state=lambda: nnf.minihop_round22,
+                      reset=lambda: setattr(nnf, "minihop_round22", 0))
+        nnf.minihop_round22 = 0
+        with pytest.raises(minihop.MinihopError, match="minihop_round22"):
+            minihop.function(Bumps)(_x(0))
+        assert nnf.minihop_round22 == 0  # (the trace's own bump put back)
+    finally:
+        del nnf.minihop_round22

@@ -171,7 +171,7 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
     held = walk(value, steps) if steps and all(kind == "attr" for kind, _ in steps) else None
     if issubclass(type(held), (list, dict, set)) and not any(held is p for p in (sys.modules, sys.path, warnings.filters)) \
             or (chain.method is not None or chain.use == "receiver") and library_object(held) \
-            and (type(held).__module__ or "").split(".")[0] != "torch":
+            and not issubclass(type(held), (types.ModuleType, type)) and (type(held).__module__ or "").split(".")[0] != "torch":
         # A plain container a library module holds (``sys.argv.append(s)``), or an object of a
         # library's whose method the code calls there (``sys.stderr.write(s)`` where the caller
         # put an ``io.StringIO``: a file is refused, ``iterators``): the heap watch's, as the
