@@ -28,7 +28,7 @@ __all__ = [
     "CtxArgumentError",
 ]
 # (Not errors, so not in ``__all__``, which tests read as the error classes: ``MinihopWarning``,
-# public as ``minihop.MinihopWarning``, and ``notice``, which gives one.)
+# public as ``minihop.MinihopWarning``, ``notice``, which gives one, and ``shows_fakes``.)
 
 
 class _ErrorType(type):
@@ -170,3 +170,12 @@ def release_frames(error: BaseException, drop: bool = True) -> None:
         if drop:
             e.__traceback__ = None
         todo += [e.__cause__, e.__context__]
+
+
+def shows_fakes(raised: BaseException) -> bool:
+    """Whether an exception's text shows a fake tensor (its repr or class name): one raised by
+    the user's code traced on fakes, which eager, on the call's values, never raises as such."""
+    try:
+        return "FakeTensor" in str(raised)
+    except Exception:  # (a user's __str__ that fails)
+        return False

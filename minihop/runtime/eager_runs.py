@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import MinihopError, UnsupportedOperationError, notice
+from ..errors import MinihopError, UnsupportedOperationError, notice, shows_fakes
 from ..spec import KeepsUserCtx, Pair, ServedOnce
 from .backwards import EagerVariant
 
@@ -102,15 +102,6 @@ def with_eager_fallback(traced: Callable[..., tuple[Any, ...]], runner: EagerRun
                 (ServedOnce((f"backward ran eagerly: {reason}",)), KeepsUserCtx(held)), ())
 
     return retrace
-
-
-def shows_fakes(raised: BaseException) -> bool:
-    """Whether an exception's text shows a fake tensor (its repr or class name): one raised by
-    the user's code traced on fakes, which eager, on the call's values, never raises as such."""
-    try:
-        return "FakeTensor" in str(raised)
-    except Exception:  # (a user's __str__ that fails)
-        return False
 
 
 def refusing_fake_text(traced: Callable[..., tuple[Any, ...]], name: str) -> Callable[..., tuple[Any, ...]]:
