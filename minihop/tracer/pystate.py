@@ -330,6 +330,9 @@ class StateTracker:
                 heap.restore(self.before)
             store_marks.unmark(self.marked)
             self.marked = []
+        # (the snapshots hold the caller's objects, in a cycle with the watches: an object eager frees
+        # when the caller lets go dies then, not at the collector's next run: a weak reference's entry)
+        self.before, self.after_forward, self.forward_diff = {}, None, []
 
     def is_user(self, frame: types.FrameType) -> bool:
         """Whether ``frame`` runs the user's code (not torch's, minihop's or a library's)."""
@@ -353,15 +356,13 @@ class StateTracker:
     def _snapshot(self, tensors: dict[int, list[Any]] | None = None) -> dict[int, Seen]:
         real_of = None if self.hidden_reads is None else self.hidden_reads.real_of
         try:
-            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of, tensors,
-                                 self.logs)
+            return heap.snapshot([root for root, _ in self.roots], self.args, self.parts.argnames, real_of, tensors, self.logs)
         except heap.TooMuchState as e:
             raise too_much_state(self.name, str(e)) from None
 
     def existed_before(self, value: Any) -> bool:
         """Whether ``value`` is an object of the Python state forward found (not its own)."""
-        seen = self.before.get(id(value))
-        return seen is not None and seen.kind != "tensor"
+        return (seen := self.before.get(id(value))) is not None and seen.kind != "tensor"
 
     def forward_changes(self) -> tuple[list[Difference], dict[int, Seen]]:
         """Forward's differences, diffed once, and the snapshot after it (``outside.claim``)."""
@@ -370,8 +371,7 @@ class StateTracker:
         return self.forward_diff, self.after_forward
 
     def forward_done(self, rest: list[Difference] | None = None) -> None:
-        """Forward's differences ``outside.claim`` left, classified now: a value forward set (a
-        fresh dict) is copied as forward left it, before backward changes it."""
+        """Forward's differences ``outside.claim`` left, classified now (a value forward set is copied as it left it)."""
         if self.after_forward is None:
             self.forward_changes()
         self.forward_writes = self._classify(self.forward_diff if rest is None else rest, "forward")
