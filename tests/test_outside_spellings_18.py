@@ -8,11 +8,20 @@ Differences from eager before this round:
   trace's pop was kept (a user's error keeps its writes, as eager's do), and fallback's eager
   backward, run for that call, then found the memo gone (``KeyError`` where eager raised
   ``ValueError``). A trace whose exception shows fakes is not eager's exception: its writes are
-  put back before eager's backward runs (effects fuzz seed 1209874).
+  put back before eager's backward runs (effects fuzz seed 1209874);
+- an object of the caller's whose death runs code or empties a weak reference (a ``__del__``, a
+  ``weakref.finalize``, a ``WeakValueDictionary`` entry), dropped by the user's code mid-call:
+  eager's dies there, and what the code reads after it (the log its ``__del__`` appends to, the
+  cache's ``get``) shows it; the heap watch's snapshot kept the trace's alive to the end of the
+  trace, and a capture's replay dropped it after the graph ran. Such a drop is refused now (MH106),
+  and a replayed write checks, before each call, that what it will drop dies quietly;
+- a ``WeakValueDictionary`` entry that died on eager's next line lived on until the garbage
+  collector ran: the finished trace's snapshots were kept in a cycle with its watches.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import pytest
@@ -64,3 +73,132 @@ def test_backward_pops_memo_then_raises_with_fakes() -> None:
     sizes = [3, 4, 3, 3]
     matches_eager(PopsMemo, lambda i: (torch.linspace(-1.0, 1.0, sizes[i]).add(i).requires_grad_(),),
                   mid=mid, reset=reset, state=lambda: sorted(STASH))
+
+
+LOG: list[int] = []
+HOLD: dict[str, Any] = {}
+
+
+class Noisy:
+    """Logs its death."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __del__(self) -> None:
+        LOG.append(self.v)
+
+
+class Box:
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+
+def _x(i: int) -> torch.Tensor:
+    return torch.linspace(-1.0, 1.0, 3).add(i).requires_grad_()
+
+
+def _reset() -> None:
+    HOLD.clear()
+    LOG.clear()
+
+
+class PopsHeld(Function):
+    """forward drops what the caller put in ``HOLD["o"]``, then reads the log."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        HOLD.pop("o", None)
+        return x * len(LOG)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def test_del_runs_where_forward_drops_the_object() -> None:
+    """Eager's ``Noisy.__del__`` runs at the pop, before ``len(LOG)``."""
+    def between(i: int) -> None:
+        HOLD["o"] = Noisy(i)
+    matches_eager(PopsHeld, lambda i: (_x(i),), between=between, reset=_reset, state=lambda: list(LOG))
+
+
+def test_plain_value_then_an_object_with_del() -> None:
+    """The first two calls drop an int (a capture replays the pop); the next two a ``Noisy``:
+    the capture's check sees the value its replay would drop runs code when it dies."""
+    def between(i: int) -> None:
+        HOLD["o"] = Noisy(i) if i >= 2 else 5
+    matches_eager(PopsHeld, lambda i: (_x(i),), between=between, reset=_reset, state=lambda: list(LOG))
+
+
+def test_finalizer_of_a_dropped_object() -> None:
+    """``weakref.finalize`` on the caller's object, dropped by forward's ``HOLD.clear()``."""
+    class Clears(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            HOLD.clear()
+            return x * len(LOG)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    def between(i: int) -> None:
+        HOLD["o"] = Box(i)
+        weakref.finalize(HOLD["o"], LOG.append, i)
+    matches_eager(Clears, lambda i: (_x(i),), between=between, reset=_reset, state=lambda: list(LOG))
+
+
+CACHE: "weakref.WeakValueDictionary[str, Box]" = weakref.WeakValueDictionary()
+
+
+class ReadsCache(Function):
+    """backward drops the caller's last reference, then reads a weak cache."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        HOLD.clear()
+        box = CACHE.get("k")
+        return g * (box.v if box is not None else 1.0)
+
+
+def test_weak_cache_entry_dies_inside_backward() -> None:
+    def mid(i: int) -> None:
+        HOLD["o"] = CACHE["k"] = Box(2.0 + i)
+    matches_eager(ReadsCache, lambda i: (_x(i),), mid=mid, reset=lambda: (_reset(), CACHE.clear()))
+
+
+class MakesCached(Function):
+    """forward makes a cache entry only the caller may keep alive."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        box = CACHE.get("k")
+        if box is None:
+            box = CACHE["k"] = Box(1.0)
+        return x * box.v
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def test_weak_cache_entry_dies_when_the_caller_lets_go() -> None:
+    """The caller keeps the entry for two calls, then lets go: eager's next call finds it gone
+    (refcounting); the trace's snapshots had kept it until the collector ran."""
+    keep: list[Box] = []
+
+    def between(i: int) -> None:
+        if i == 0:
+            keep.append(Box(2.0))
+            CACHE["k"] = keep[0]
+        elif i == 1:
+            keep[0].v = 3.0
+        elif i == 2:
+            keep.clear()
+    matches_eager(MakesCached, lambda i: (_x(i),), between=between,
+                  reset=lambda: (keep.clear(), CACHE.clear()), refusable=False)

@@ -11,14 +11,22 @@ as long as its graphs, what its ctx keeps as long as the capture. The code would
 an unrelated time, or never. An object made and dropped inside the trace runs its code while
 the heap watch looks (what it writes is the watch's: replayed, or the capture single-use).
 
+The caller's own objects die when the caller's code drops them, as in eager, except where the
+user's code drops one the heap watch holds in its snapshot (``state_writes.write_of`` asks
+``dropped_death`` of each write's old value): eager's may die there, mid-call, running its code
+or emptying a weak reference the code reads next; the trace's lives to the end of the trace, a
+capture's replay drops it after the graph. Refused where the old value has such code or a weak
+reference minihop cannot place; a replayed write checks before each call that the value it will
+drop has none (``quiet_death``).
+
 Which code is the user's is decided the "unknown means unsafe" way: a callback counts as a
 library's bookkeeping only where it is a Python function of a library module (a
 ``WeakKeyDictionary``'s own ``remove``); a builtin method (``log.append``), a callable object or
 a user function is the user's.
 
 Invariant: every tensor value of the graph and every value ctx keeps (however deep, within
-``MAX_HELD`` containers: ``held_first``, the one walk of what ctx keeps) that existed only since the trace began is asked, by its
-type's MRO and ``gc.get_referents`` of its weak references, never by running its code.
+``MAX_HELD`` containers: ``held_first``, the one walk of what ctx keeps) that existed only since
+the trace began is asked, by its type's MRO and ``gc.get_referents`` of its weak references, never by running its code.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ import torch
 
 from ..errors import SideEffectError
 from ..library_state import own_dict
+from ..spec import MISSING as _MISSING
 from ..user_code import plain_items
+from .atoms import ATOMS
 from .library import is_library
 
 # How many containers and objects below ctx a held value is looked for in (here and in
@@ -43,7 +53,8 @@ from .library import is_library
 MAX_HELD = 4096
 PAST_BUDGET = f"value too large to ask (more than {MAX_HELD} containers below it)"
 
-__all__ = ["MAX_HELD", "applied_death_code", "held_first", "local_callbacks", "refuse_death_code", "refuse_local_death_code"]
+__all__ = ["MAX_HELD", "applied_death_code", "dropped_death", "held_first", "local_callbacks", "quiet_death",
+           "refuse_death_code", "refuse_local_death_code"]
 
 
 def refuse_death_code(name: str, phase: str, values: Iterable[Any], ctx: Any, returned: Any = None,
@@ -137,6 +148,67 @@ def held_first(value: Any, test: Callable[[Any], str | None], seen: set[int], en
         if found is not None:
             return found
     return None
+
+
+def dropped_death(step: tuple[str, Any], before: Any, after: Any) -> str | None:
+    """What runs or watches when a value a write of the caller's state drops dies (the old value
+    of an attribute, item or cell; the items a container lost): eager's object may die there,
+    mid-call (its last reference gone), running that code or emptying that weak reference then;
+    the trace's lives on in the heap watch's snapshot, and a capture's replay drops it after the
+    graph ran. None where nothing would (unknown is unsafe: a weak reference minihop cannot
+    place counts)."""
+    if step[0] == "whole":
+        kept = {id(v) for v in _items(after)}
+        values = [v for v in _items(before) if id(v) not in kept]
+    elif step[0] == "extend" or before is after or before is _MISSING:
+        values = []
+    else:
+        values = [before]
+    seen: set[int] = set()
+    for value in values:
+        found = held_first(value, _watched_death, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def quiet_death(value: Any) -> str | None:
+    """``dropped_death`` of the value a replayed write finds at its place on a later call (the
+    capture's check, per call): None where it dies quietly."""
+    return None if value is _MISSING else held_first(value, _watched_death, set())
+
+
+def _items(contents: Any) -> list[Any]:
+    return list(contents.values()) if issubclass(type(contents), dict) else \
+        list(contents) if issubclass(type(contents), (list, tuple)) else []
+
+
+def _watched_death(value: Any) -> str | None:
+    """``_death_code``, or a live weak reference minihop cannot place that the user's code may
+    read (a ``WeakValueDictionary``'s entry, a ``weakref.ref`` it keeps): torch's and minihop's
+    own (a tensor's memo entries) are bookkeeping."""
+    found = _death_code(value)
+    if found is not None or issubclass(type(value), (*ATOMS, type, types.ModuleType, types.FunctionType)):
+        return found
+    try:
+        refs = weakref.getweakrefs(value)
+    except TypeError:
+        return None
+    tensor = issubclass(type(value), torch.Tensor)
+    for ref in refs:
+        if ref() is None or _own_module(type(ref)) or (tensor and type(ref) is not weakref.KeyedRef):
+            continue  # (a tensor's plain weak references: torch's and minihop's memos)
+        callback = getattr(ref, "__callback__", None)
+        if callback is not None and _own_module(getattr(callback, "__func__", callback)):
+            continue
+        return ("an entry of a WeakValueDictionary" if type(ref) is weakref.KeyedRef
+                else f"a weak reference to it ({type(ref).__qualname__})")
+    return None
+
+
+def _own_module(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return issubclass(type(module), str) and module.split(".")[0] in ("torch", "minihop")
 
 
 def _kept(value: Any, seen: set[int], existed: Callable[[Any], bool]) -> str | None:

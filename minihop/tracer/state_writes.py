@@ -20,7 +20,7 @@ import torch
 
 from ..errors import SideEffectError
 from ..spec import MISSING, StateWrite
-from . import heap, hidden
+from . import death_code, heap, hidden
 from .heap import Seen
 from .roots import cell_place, global_place, place_at, value_place
 
@@ -49,6 +49,10 @@ def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after:
     if symbolic and tracker.on_symbolic is not None:
         # A number read from data (an unbacked symbol): written out, it must be a value.
         raise tracker.on_symbolic(symbolic[0], where, f"it is written to {place.description}")
+    found = death_code.dropped_death(step, before, after)
+    if found is not None:  # (refused even by a backward that stands for its call: it read otherwise)
+        raise death_code.refusal(tracker.name, phase, f"it drops {place.description}'s value, {found}",
+                                 "where the code drops its last reference, mid-call")
     root = place.description.removeprefix("global ").removeprefix("closure variable ")
     root = root.split(".")[0].split("[")[0]
     rule = heap.classify(heap.Change(was.kind, step, before, after, place.description in read_places,
@@ -66,6 +70,12 @@ def write_of(tracker: Any, was: Seen, step: tuple[str, Any], before: Any, after:
                                 "may depend on what was there,")
         # (its source line: the call on the container, ``C.update(...)``, where the code names it)
         tracker._add_read(place, "forward", None, None, tracker.stores.get((phase, root)))
+    if rule.outcome in ("set", "copy"):
+        # What a later call finds there is dropped by the replay, after the graph ran: it must
+        # die quietly then (checked before each call; for backward's, when backward runs).
+        quiet = value_place(f"code run when {place.description}'s old value dies (the replay drops it)",
+                            lambda args: death_code.quiet_death(place.get(args)))
+        tracker._add_read(quiet, phase, None, None, where)
     value = {"extend": lambda: tuple(after), "add": lambda: after - before,
              "copy": lambda: copy.deepcopy(after)}.get(rule.outcome, lambda: after)()
     return StateWrite(place, rule.outcome, value, phase, where)
