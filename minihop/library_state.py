@@ -303,21 +303,39 @@ class Entries:
 
 class Same:
     """An object a key or a frozen state holds, equal only to that very object (never by
-    ``==``: a tensor's is elementwise). Shared with ``runtime.function_keys``."""
+    ``==``: a tensor's is elementwise). Shared with ``runtime.function_keys``.
 
-    __slots__ = ("obj",)
+    Held weakly where its type takes weak references: a capture's key must not keep the
+    caller's object alive after the caller lets go of it (eager frees it then, running its
+    ``__del__``, emptying a ``WeakValueDictionary`` entry); once dead it equals no other."""
+
+    __slots__ = ("_ref", "_strong", "_id")
 
     def __init__(self, obj: Any) -> None:
-        self.obj = obj
+        self._id = id(obj)
+        weak = type(obj).__weakrefoffset__ != 0
+        self._ref = weakref.ref(obj) if weak else None
+        self._strong = None if weak else obj
+
+    @property
+    def obj(self) -> Any:
+        """The object (None once a weakly held one died)."""
+        return self._strong if self._ref is None else self._ref()
 
     def __eq__(self, other: object) -> bool:
-        return issubclass(type(other), Same) and other.obj is self.obj
+        if not issubclass(type(other), Same) or other._id != self._id:
+            return False
+        if self._ref is None or other._ref is None:
+            return self._ref is None and other._ref is None and self._strong is other._strong
+        mine = self._ref()
+        return mine is not None and mine is other._ref()
 
     def __hash__(self) -> int:
-        return id(self.obj)
+        return self._id
 
     def __repr__(self) -> str:
-        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
+        obj = self.obj
+        return f"<{type(obj).__name__ if obj is not None or self._ref is None else 'dead object'} at {self._id:#x}>"
 
 
 _OWN_DICT = ("the object's attributes",)  # stands for its __dict__, compared as attributes

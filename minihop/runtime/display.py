@@ -182,8 +182,9 @@ def _difference(a: Any, b: Any, where: str, kind: str = "") -> tuple[str, Any, A
 def _leaf(key: Any) -> str:
     """One part of a key as the value it stands for."""
     if issubclass(type(key), Same):
-        key = key.obj
-        return f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', repr(key))}"
+        if (obj := key.obj) is None:
+            return repr(key)  # (held weakly, since died: ``<dead object at 0x...>``)
+        return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
     if issubclass(type(key), tuple) and key[:1] == ("T",):
         _, cls, shape, dtype, device, _layout, rg, attrs = key
         extra = "".join(f", .{name}={_leaf(v)}" for name, v in attrs)

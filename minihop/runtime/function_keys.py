@@ -67,7 +67,7 @@ def same_function(key: Any) -> bool:
     if not (issubclass(type(key), tuple) and key and key[0] == "fn" and key[5] is None):
         return False
     fn = key[2].obj
-    return fn.__kwdefaults__ is None and not fn.__dict__ and function_key(fn) == key
+    return fn is not None and fn.__kwdefaults__ is None and not fn.__dict__ and function_key(fn) == key
 
 
 def _show_default(key: Any) -> str:
@@ -79,12 +79,14 @@ def _show_default(key: Any) -> str:
 def show_function_key(key: tuple[Any, ...]) -> str:
     """A function's key as a person reads it: ``function helper (defaults (2.0,))``."""
     fn = key[2].obj
+    if fn is None:  # (held weakly by its key: ``library_state.Same``)
+        return f"function {key[7]} (no longer alive)"
     text = f"function {getattr(fn, '__qualname__', fn)}"
     if key[4]:
         text += f" (defaults ({', '.join(_show_default(d) for d in key[4])}{',' if len(key[4]) == 1 else ''}))"
     if key[5]:
         text += f" (keyword defaults {{{', '.join(f'{k!r}: {_show_default(d)}' for k, d in key[5])}}})"
-    if key[3].obj is not fn.__code__:
+    if key[3].obj is not fn.__code__:  # (a dead code object: replaced too)
         text += " (its code since replaced)"
     return text
 

@@ -168,8 +168,10 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
     try:
         hash(value)
     except TypeError:
-        # By identity, the object held (a key that lives keeps its id from being reused).
+        # By identity, the object held (weakly where it can be: ``Same``).
         return ("id", cls, id(value), Same(value), *of_class)
+    if cls.__eq__ is object.__eq__ and cls.__hash__ is object.__hash__:
+        return ("id", cls, id(value), Same(value), *of_class)  # (its == is identity: not kept alive)
     return ("V", cls, value, *of_class)
 
 
