@@ -22,7 +22,7 @@ from typing import Any
 from .bytecode import Instruction, instructions
 from .imports import Callee, bindings, rebased
 
-__all__ = ["Chain", "CodeFacts", "code_facts", "constant_global"]
+__all__ = ["STATE_DEPENDENT_CALLS", "Chain", "CodeFacts", "code_facts", "constant_global"]
 
 # Instructions that start a chain of attribute reads, and what they read from.
 _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_FAST": "fast",
@@ -30,6 +30,9 @@ _ROOTS = {"LOAD_GLOBAL": "global", "LOAD_DEREF": "deref", "LOAD_FAST": "fast",
 _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "add",
                        "discard", "setdefault", "popitem", "appendleft", "extendleft", "sort",
                        "reverse", "__setitem__", "__delitem__", "__iadd__"})
+# Of those, the ones whose effect depends on what the container holds (``heap.changes`` sees only
+# what the traced call's did, nothing where it did nothing): their receiver is a read.
+STATE_DEPENDENT_CALLS = frozenset({"pop", "popitem", "clear", "setdefault", "discard", "remove", "popleft"})
 
 @dataclasses.dataclass(frozen=True)
 class Chain:

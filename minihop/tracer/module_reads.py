@@ -37,7 +37,7 @@ from .library import is_library, is_user_module, module_data
 from .roots import global_place, guarded_value, place_at, walk
 from .userattr import UserAttribute
 
-__all__ = ["ThroughLibrary", "builtin_places", "library_binding", "places_held", "through_library"]
+__all__ = ["ThroughLibrary", "builtin_places", "library_binding", "note_through_library", "places_held", "through_library"]
 
 
 def places_held(root: Root, value: Any, steps: tuple[tuple[str, Any], ...]) -> list[Place]:
@@ -179,3 +179,23 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
         name = place_at(root, steps).description
         return ThroughLibrary(Root("value", name, name, lambda args, v=value, s=steps: walk(v, s)), held)
     return ThroughLibrary(computed=computed)
+
+
+def note_through_library(tracker: Any, root: Root, value: Any, chain: Any, phases: tuple[str, ...], seen: set[str],
+                         code: Any) -> None:
+    """A chain from a library module that reaches the user's module, recorded in ``tracker``
+    (a ``pystate.StateTracker``): a root of its own (``through_library``), its counter or its
+    read place; or an unknown read."""
+    found, phase = through_library(root, value, chain), phases[0]
+    where = f'(File "{code.co_filename}", line {chain.line})'
+    if found.computed:
+        tracker.opaque.unknown(phase, f"{phase} reads sys.modules by a computed name, any module's state {where}")
+    if found.root is None:
+        return
+    if found.root.description not in seen:
+        seen.add(found.root.description)
+        tracker.roots.append((found.root, found.held))
+    if found.counter is not None:
+        tracker.increments.add((phase, found.counter, found.counter))  # (as the heap names a module's global)
+    if found.read is not None:
+        tracker._add_read(found.read, phases, code, chain.line)

@@ -49,11 +49,12 @@ from .opaque import constant_getattrs
 from .library_ran import LibraryRan
 from .atoms import ATOMS
 from .cache_entries import lru_sites, lru_sites_of
+from .chains import STATE_DEPENDENT_CALLS
 from .heap import Difference, Seen, argument_seen
 from .iterators import refuse_iterator_read
 from .library import NEVER_DRAW, bounded, is_library, library_module
 from .method_reads import places_named
-from .module_reads import builtin_places, through_library
+from .module_reads import builtin_places, note_through_library
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, analysed, arg_masks, guarded_value, method_objects,
                     methods_and_passed, place_at, reads_environment, resolve_root, tensor_holder, walk)
@@ -63,6 +64,7 @@ from .tensor_attr_reads import tensor_attribute_reads
 from .userattr import UserAttribute
 
 __all__ = ["StateTracker", "arg_masks", "is_library"]
+
 
 
 class StateTracker:
@@ -175,7 +177,7 @@ class StateTracker:
                 if issubclass(type(value), types.ModuleType) and is_library(value):
                     # torch.sin, math.pi: the module's attributes are not the user's state; the
                     # user's own module reached through one is (``sys.modules["cfg"].n += 1``).
-                    self._through_library(root, value, chain, phases, seen_roots, code)
+                    note_through_library(self, root, value, chain, phases, seen_roots, code)
                     continue
                 if root.description not in seen_roots:
                     seen_roots.add(root.description)
@@ -185,6 +187,8 @@ class StateTracker:
                             walk(value, chain.steps)):  # defines reads one when backward calls it)
                         self._add_read(place_at(root, chain.steps), "backward", code, chain.line)
                     continue
+                if chain.use == "receiver" and chain.method in STATE_DEPENDENT_CALLS:  # ``D.pop("k", None)``
+                    self._add_read(place_at(root, chain.steps), phases, code, chain.line)
                 if chain.use in ("receiver", "increment"):
                     continue
                 end = walk(value, chain.steps)
@@ -204,24 +208,6 @@ class StateTracker:
             self._add_read(found, phase, None, None, found.description) if issubclass(type(found), Place) \
                 else self.opaque.unknown(phase, found)
         # The Function class is watched when its code names it (``MyFn.calls += 1``): a root above.
-
-    def _through_library(self, root: Root, value: Any, chain: Any, phases: tuple[str, ...], seen: set[str],
-                         code: Any) -> None:
-        """A chain from a library module that reaches the user's module: a root of its own
-        (``module_reads.through_library``), its counter or its read place; or an unknown read."""
-        found, phase = through_library(root, value, chain), phases[0]
-        where = f'(File "{code.co_filename}", line {chain.line})'
-        if found.computed:
-            self.opaque.unknown(phase, f"{phase} reads sys.modules by a computed name, any module's state {where}")
-        if found.root is None:
-            return
-        if found.root.description not in seen:
-            seen.add(found.root.description)
-            self.roots.append((found.root, found.held))
-        if found.counter is not None:
-            self.increments.add((phase, found.counter, found.counter))  # (as the heap names a module's global)
-        if found.read is not None:
-            self._add_read(found.read, phases, code, chain.line)
 
     def _find_hidden_read(self, root: Root, value: Any, steps: tuple[tuple[str, Any], ...], end: Any, where: str) -> None:
         """A clock read, a process-wide generator's function or an lru_cache helper that the code names
