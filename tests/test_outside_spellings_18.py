@@ -16,7 +16,15 @@ Differences from eager before this round:
   trace, and a capture's replay dropped it after the graph ran. Such a drop is refused now (MH106),
   and a replayed write checks, before each call, that what it will drop dies quietly;
 - a ``WeakValueDictionary`` entry that died on eager's next line lived on until the garbage
-  collector ran: the finished trace's snapshots were kept in a cycle with its watches.
+  collector ran: the finished trace's snapshots were kept in a cycle with its watches;
+- a capture's keys held the caller's objects they name by identity (a guard's key, a backward
+  variant's), keeping them alive after the caller let go: eager's ``__del__`` ran then, minihop's
+  never. Keys hold such objects weakly now (``library_state.Same``; an object whose ``==`` is
+  identity is keyed by it, not held);
+- ``D.pop("w", None)`` with no "w", ``D.clear()`` of an empty dict: a trace that changed nothing
+  replayed nothing and guarded nothing, and a later call with "w" there kept it where eager
+  removed it (effects fuzz, round 23's ``caller_death`` kind). The receiver of a container method
+  whose effect depends on what is there is a read now.
 """
 
 from __future__ import annotations
@@ -85,8 +93,8 @@ class Noisy:
     def __init__(self, v: int) -> None:
         self.v = v
 
-    def __del__(self) -> None:
-        LOG.append(self.v)
+    def __del__(self, log: list[int] = LOG) -> None:  # (bound now: at exit the global is gone)
+        log.append(self.v)
 
 
 class Box:
@@ -202,3 +210,67 @@ def test_weak_cache_entry_dies_when_the_caller_lets_go() -> None:
             keep.clear()
     matches_eager(MakesCached, lambda i: (_x(i),), between=between,
                   reset=lambda: (keep.clear(), CACHE.clear()), refusable=False)
+
+
+class ReadsHeld(Function):
+    """forward reads whether the caller's object is there (keyed by identity: a capture's guard)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if HOLD.get("o") is not None else 1.0) + len(LOG)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * (3.0 if HOLD.get("o") is not None else 1.0)
+
+
+def test_a_guard_does_not_keep_the_callers_object_alive() -> None:
+    """The caller replaces the object between calls: eager's old one dies then (its ``__del__``
+    logs). A capture's key of the read held it (and a backward variant's key), so it lived on."""
+    def between(i: int) -> None:
+        HOLD["o"] = Noisy(i)
+
+    def mid(i: int) -> None:
+        if i == 1:
+            HOLD["o"] = Noisy(10 + i)
+    matches_eager(ReadsHeld, lambda i: (_x(i),), between=between, mid=mid, reset=_reset,
+                  state=lambda: list(LOG), refusable=False)
+
+
+D: dict[str, Any] = {}
+
+
+def _no_op_write(stmt: str, phase: str) -> type:
+    """A Function whose ``phase`` runs ``stmt`` on ``D``: a write that changes nothing where the
+    trace ran (the key absent, the dict empty) and something on a later call."""
+    body = {"forward": "", "backward": ""}
+    body[phase] = stmt
+    namespace: dict[str, Any] = {"Function": Function, "D": D}
+    exec(f"""
+class NoOp(Function):
+    @staticmethod
+    def forward(ctx, x):
+        {body["forward"] or "pass"}
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        {body["backward"] or "pass"}
+        return g * 2
+""", namespace)
+    return namespace["NoOp"]
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("stmt", ["D.pop('w', None)", "D.clear()", "D.setdefault('w', 0)"])
+def test_a_write_that_changed_nothing_while_traced(stmt: str, phase: str) -> None:
+    """``D.pop("w", None)`` with no "w", ``D.clear()`` of an empty dict: the trace saw no
+    change, so nothing was replayed, and nothing guarded what the call depends on; the caller
+    puts "w" in from the second call on. The receiver of such a call is read, whole.
+    (``setdefault``, whose result the code may use, was read already: the crossing.)"""
+    def put(i: int) -> None:
+        if i >= 1:
+            D["w"] = i
+    hook = {"between": put} if phase == "forward" else {"mid": put}
+    matches_eager(_no_op_write(stmt, phase), lambda i: (_x(i),), reset=D.clear,
+                  state=lambda: sorted(D.items()), **hook)

@@ -156,6 +156,10 @@ KINDS = {
     # (``Distribution.set_default_validate_args``: a Normal of an invalid scale raises where it
     # is on; ``json.JSONEncoder.item_separator``, read by the encoder's method).
     "library_class_flag": ("fb", ""),
+    # Round 23: the caller's object whose death runs code (a __del__) or empties a weak
+    # reference the code reads (a WeakValueDictionary entry), dropped by the phase (popped,
+    # overwritten, cleared); the caller puts a fresh one, or a plain int, between calls.
+    "caller_death": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -227,6 +231,10 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
     if kind == "library_class_flag":
         return [], r.choice(["torch.distributions.Normal(x, torch.full_like(x, DSCALE[0])).log_prob(x)",
                              "x * float(len(json.JSONEncoder().encode([1, 2, 3])))"])
+    if kind == "caller_death":
+        return [r.choice(["HELD.pop('o', None)", "HELD['o'] = 0", "HELD.clear()", "HELD.pop('w', None)",
+                          "del HELD['w']" if phase == "forward" else "HELD.pop('w', None)"])], \
+            r.choice(["x * float(DIED[0] % 3 + 1)", "x * (2.0 if WVD.get('w') is None else WVD['w'].v)"])
     if kind == "grad_view_read":
         return [], r.choice(["x * (5.0 if x._is_view() else 2.0)", "x * float(x.storage_offset() + 1)"])
     if kind == "lru_random_table":
@@ -419,6 +427,8 @@ def generate_source(r: random.Random) -> str:
         "            v = types.SimpleNamespace(c=v)", "        return v", "",
         "    def _innermost_ns(v):", "        while hasattr(v, 'c'):", "            v = v.c", "        return v", "",
         "    DIED, KEEP = [0], []", "",
+        "    class WBox:", "        def __init__(self, v):", "            self.v = v", "",
+        "    HELD, WVD = {'o': 5, 'w': 1}, weakref.WeakValueDictionary()", "",
         "    torch.backends.cuda.enable_flash_sdp(True); torch.backends.cuda.enable_math_sdp(True)",
         "    LOGGED, TMEMO, DSCALE = [], {}, [1.0]", "",
         "    class Logged(torch.Tensor):", "        @classmethod",
@@ -518,6 +528,9 @@ def generate_source(r: random.Random) -> str:
            "        json.JSONEncoder.item_separator = ',' if i == 2 else ', '",
            "        DSCALE[0] = -1.0 if i >= 2 else 1.0"]
           if any(k == "library_class_flag" for k, _ in effects) else []),
+        *(["        HELD['o'] = Dying() if i % 2 == 0 else 5",
+           "        HELD['w'] = WVD['w'] = WBox(2.0 + i)"]
+          if any(k == "caller_death" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
@@ -570,7 +583,7 @@ def generate_source(r: random.Random) -> str:
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
         f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
         f"torch.nn.functional.minihop_fuzz, json.JSONEncoder.minihop_fuzz, list(DEEPLOG.a.b.lines), list(LOGGED), "
-        f"{{str(k): v for k, v in TMEMO.items()}}])",
+        f"{{str(k): v for k, v in TMEMO.items()}}, sorted(HELD), sorted(WVD.keys())])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
