@@ -85,6 +85,7 @@ def test_backward_pops_memo_then_raises_with_fakes() -> None:
 
 LOG: list[int] = []
 HOLD: dict[str, Any] = {}
+L: list[int] = []
 
 
 class Noisy:
@@ -238,6 +239,7 @@ def test_a_guard_does_not_keep_the_callers_object_alive() -> None:
 
 
 D: dict[str, Any] = {}
+L: list[int] = []
 
 
 def _no_op_write(stmt: str, phase: str) -> type:
@@ -245,7 +247,7 @@ def _no_op_write(stmt: str, phase: str) -> type:
     trace ran (the key absent, the dict empty) and something on a later call."""
     body = {"forward": "", "backward": ""}
     body[phase] = stmt
-    namespace: dict[str, Any] = {"Function": Function, "D": D}
+    namespace: dict[str, Any] = {"Function": Function, "D": D, "L": L}
     exec(f"""
 class NoOp(Function):
     @staticmethod
@@ -274,3 +276,18 @@ def test_a_write_that_changed_nothing_while_traced(stmt: str, phase: str) -> Non
     hook = {"between": put} if phase == "forward" else {"mid": put}
     matches_eager(_no_op_write(stmt, phase), lambda i: (_x(i),), reset=D.clear,
                   state=lambda: sorted(D.items()), **hook)
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("stmt", ["L.sort()", "L.reverse()"])
+def test_a_list_method_that_changed_nothing_while_traced(stmt: str, phase: str) -> None:
+    """``L.sort()`` of a list already sorted (empty), ``L.reverse()`` of an empty one: the caller
+    puts an item at the front from the second call on."""
+    def put(i: int) -> None:
+        if i >= 1:
+            L.insert(0, 10 + i)
+
+    def reset() -> None:
+        L.clear()
+    hook = {"between": put} if phase == "forward" else {"mid": put}
+    matches_eager(_no_op_write(stmt, phase), lambda i: (_x(i),), reset=reset, state=lambda: list(L), **hook)

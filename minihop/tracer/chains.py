@@ -32,7 +32,8 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
                        "reverse", "__setitem__", "__delitem__", "__iadd__"})
 # Of those, the ones whose effect depends on what the container holds (``heap.changes`` sees only
 # what the traced call's did, nothing where it did nothing): their receiver is a read.
-STATE_DEPENDENT_CALLS = frozenset({"pop", "popitem", "clear", "setdefault", "discard", "remove", "popleft"})
+STATE_DEPENDENT_CALLS = _MUTATORS - {"append", "extend", "appendleft", "extendleft", "add", "update", "insert",
+                                     "__setitem__", "__iadd__"}
 
 @dataclasses.dataclass(frozen=True)
 class Chain:
