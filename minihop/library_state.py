@@ -301,25 +301,27 @@ class Entries:
         return f"<{len(self.parts[0])} entries>"
 
 
+class _KeyRef(weakref.ref):
+    """A key's weak reference: minihop's own (not one ``tracer.death_code`` counts as the user's)."""
+    __slots__ = ()
+
+
 class Same:
     """An object a key or a frozen state holds, equal only to that very object (never by
     ``==``: a tensor's is elementwise). Shared with ``runtime.function_keys``.
 
-    Held weakly where its type takes weak references: a capture's key must not keep the
-    caller's object alive after the caller lets go of it (eager frees it then, running its
-    ``__del__``, emptying a ``WeakValueDictionary`` entry); once dead it equals no other."""
+    Held weakly where its type takes weak references: a key must not keep the caller's object
+    alive after the caller lets go (eager frees it then, running its ``__del__``); dead, it equals none."""
 
     __slots__ = ("_ref", "_strong", "_id")
 
     def __init__(self, obj: Any) -> None:
         self._id = id(obj)
         weak = type(obj).__weakrefoffset__ != 0
-        self._ref = weakref.ref(obj) if weak else None
-        self._strong = None if weak else obj
+        self._ref, self._strong = (_KeyRef(obj), None) if weak else (None, obj)
 
     @property
-    def obj(self) -> Any:
-        """The object (None once a weakly held one died)."""
+    def obj(self) -> Any:  # (None once a weakly held one died)
         return self._strong if self._ref is None else self._ref()
 
     def __eq__(self, other: object) -> bool:
@@ -327,15 +329,14 @@ class Same:
             return False
         if self._ref is None or other._ref is None:
             return self._ref is None and other._ref is None and self._strong is other._strong
-        mine = self._ref()
-        return mine is not None and mine is other._ref()
+        return (mine := self._ref()) is not None and mine is other._ref()
 
     def __hash__(self) -> int:
         return self._id
 
     def __repr__(self) -> str:
-        obj = self.obj
-        return f"<{type(obj).__name__ if obj is not None or self._ref is None else 'dead object'} at {self._id:#x}>"
+        alive = self.obj is not None or self._ref is None
+        return f"<{type(self.obj).__name__ if alive else 'dead object'} at {self._id:#x}>"
 
 
 _OWN_DICT = ("the object's attributes",)  # stands for its __dict__, compared as attributes

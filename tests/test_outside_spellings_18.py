@@ -291,3 +291,35 @@ def test_a_list_method_that_changed_nothing_while_traced(stmt: str, phase: str) 
         L.clear()
     hook = {"between": put} if phase == "forward" else {"mid": put}
     matches_eager(_no_op_write(stmt, phase), lambda i: (_x(i),), reset=reset, state=lambda: list(L), **hook)
+
+
+class Tag:
+    """An object the code compares by identity (its key holds it weakly)."""
+
+
+TAG = Tag()
+
+
+class DropsTag(Function):
+    """forward reads the caller's tag, then drops it from the dict (the caller keeps ``TAG``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        tag = HOLD.get("t")
+        HOLD["t"] = None
+        return x * (2.0 if tag is TAG else 1.0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def test_a_keys_own_weak_reference_is_not_the_users() -> None:
+    """The crossing: a capture's key of ``TAG`` holds a weak reference to it (minihop's own); a
+    second capture (another size) drops it from ``HOLD`` again, which is no death to watch (the
+    caller holds ``TAG``): captured, not refused."""
+    def between(i: int) -> None:
+        HOLD["t"] = TAG
+    sizes = [3, 3, 4, 5]
+    matches_eager(DropsTag, lambda i: (torch.linspace(-1.0, 1.0, sizes[i]).requires_grad_(),),
+                  between=between, reset=_reset, refusable=False)
