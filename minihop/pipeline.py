@@ -51,6 +51,7 @@ from .tracer.roots import arg_masks
 from .tracer.messages import take_held
 from .tracer.recorder import tracing
 from .tracer.run_context import modes_refusal, observing_modes
+from .tracer.kept_args import WeakArgument
 from .tracer.trace import ASKED_WHAT, GradSpec, TraceInputs, function_parts, trace_function
 from .user_code import lazy_module_refusal
 
@@ -155,7 +156,8 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         retrace = _backward_retracer(fn_cls, raw, pair, runner)
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start, retrace, dims, raw.shape_guards,
                        raw.python_state, layout_key(args) if raw.reads_layout else None, masks, args, reads, eager=runner,
-                       eager_transformed=ASKED_WHAT in raw.ctx_features)
+                       eager_transformed=ASKED_WHAT in raw.ctx_features, args_for_retrace=any(
+                           type(a) is WeakArgument for a in raw.inputs_for_retrace.fake_args))
     return raw, cap
 
 
@@ -284,9 +286,8 @@ def _normal_copies(value: Any) -> Any:
 
 
 def _backward_retracer(fn_cls: type, raw: RawCapture, pair: Pair, eager: EagerRunner | None = None) -> Retrace:
-    """Trace backward again for grads unlike the ones it was traced with, or for Python
-    values backward reads that changed since forward ran (see runtime). ``eager``: where that
-    trace is refused, a variant that runs the user's backward eagerly for this call."""
+    """Trace backward again for other grads or Python values backward reads (see runtime). ``eager``:
+    where that trace is refused, a variant that runs the user's backward eagerly for this call."""
     traced = _backward_tracer(fn_cls, raw, pair)
     return refusing_fake_text(traced, pair.function_name) if eager is None else with_eager_fallback(traced, eager)
 
@@ -330,8 +331,7 @@ def _backward_tracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
 
 
 def _served_once(state: PythonState) -> tuple[ServedOnce, ...]:
-    """A variant that may serve only its own call (its code read or wrote what minihop cannot
-    bound or repeat): marked so, among its writes (``runtime.backwards`` never files it)."""
+    """A variant that may serve only its own call, marked so among its writes (never filed)."""
     return (ServedOnce(state.single_use),) if state.single_use else ()
 
 

@@ -37,6 +37,8 @@ import torch
 from torch.autograd import Function
 from torch.distributions import Distribution, Normal
 
+import minihop
+
 from eager_modes import matches_eager
 
 
@@ -323,3 +325,75 @@ def test_a_keys_own_weak_reference_is_not_the_users() -> None:
     sizes = [3, 3, 4, 5]
     matches_eager(DropsTag, lambda i: (torch.linspace(-1.0, 1.0, sizes[i]).requires_grad_(),),
                   between=between, reset=_reset, refusable=False)
+
+
+class Scale:
+    """A config object passed as an argument."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+
+class ByConfig(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cfg: Scale) -> torch.Tensor:
+        return x * cfg.s
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * SCALE[0], None
+
+
+class ByModule(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, m: torch.nn.Module) -> torch.Tensor:
+        return m(x) * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * 2, None
+
+
+class BySentinel(Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tag: Any) -> torch.Tensor:
+        return x * (2.0 if tag is not None else 1.0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * 2, None
+
+
+def _deaths(call: Any, make: Any, backward_reads_change: bool = False) -> list[Any]:
+    """Four calls, each with a fresh argument object the caller drops after ``.backward()``
+    (a ``weakref.finalize`` logs its death): what died after each call, and the grads."""
+    died: list[int] = []
+    seen: list[Any] = []
+    SCALE[0] = 1.0
+    for i in range(4):
+        obj = make()
+        weakref.finalize(obj, died.append, i)
+        x = torch.ones(3, requires_grad=True)
+        y = call(x, obj)
+        if backward_reads_change:
+            SCALE[0] = 1.0 + i  # backward reads another value: traced again for the call
+        y.sum().backward()
+        seen.append(x.grad.tolist())
+        del obj, y
+        seen.append(list(died))
+    SCALE[0] = 1.0
+    return seen
+
+
+@pytest.mark.parametrize("case", ["config", "module", "sentinel", "traced again"])
+def test_argument_objects_die_when_the_caller_lets_go(case: str) -> None:
+    """A capture kept the objects of the call it was traced for (a config, an ``nn.Module``, a
+    sentinel) as long as it lived (the trace's kept arguments, its state tracker's roots and its
+    watches): their finalizers never ran, and a module's tensors were never freed. Kept weakly
+    now; a backward traced again for a later call (the value it reads changed) uses that call's."""
+    fn, make = {"config": (ByConfig, lambda: Scale(2.0)), "module": (ByModule, lambda: torch.nn.Tanh()),
+                "sentinel": (BySentinel, Tag), "traced again": (ByConfig, lambda: Scale(2.0))}[case]
+    eager = _deaths(fn.apply, make, case == "traced again")
+    for call in (minihop.function(fn), minihop.function(fn, fallback="eager"), lambda *a: minihop.apply(fn, *a)):
+        minihop.reset()
+        assert _deaths(call, make, case == "traced again") == eager, case

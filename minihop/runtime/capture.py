@@ -315,11 +315,15 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  layout: tuple[Any, ...] | None = None,
                  masks: dict[int, frozenset[str]] | None = None,
                  args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = (),
-                 eager: EagerRunner | None = None, eager_transformed: bool = False) -> Capture:
+                 eager: EagerRunner | None = None, eager_transformed: bool = False,
+                 args_for_retrace: bool = False) -> Capture:
     """``eager`` (``fallback="eager"``): runs the user's backward for a call where the
     captured one cannot stand for it (``eager_runs``); forward then keeps the call's arguments
-    on ctx wherever that may happen (a backward traced again, attributes on ``y.grad_fn``)."""
-    keep_args = eager is not None and (retrace is not None or bool(python_state.ctx_forward))
+    on ctx wherever that may happen (a backward traced again, attributes on ``y.grad_fn``).
+    ``args_for_retrace``: a backward traced again needs the call's argument objects (the
+    capture keeps its own weakly: ``tracer.kept_args``); forward keeps them on ctx too."""
+    keep_args = (eager is not None and (retrace is not None or bool(python_state.ctx_forward))) \
+        or (args_for_retrace and retrace is not None)
     setup_style = function is not None and uses_setup_context(function)
     assumed = assumptions_of(pair, key, masks, dynamic_dims or {}, shape_guards, python_state, layout,
                              args, data_reads)

@@ -31,6 +31,7 @@ from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
 from .function_parts import FunctionParts
+from .kept_args import live_arguments
 from .memo_writes import seen_by_backward, with_seen
 from .tensor_attr_reads import as_called, saved_outputs_bare
 from .names import FrameSnapshot, name_hints
@@ -174,13 +175,13 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         t.reset_backward()
         t.backward_reads.arguments(call_args)  # a module argument's tensors as they are now
         as_called(fake_args, call_args)  # (and a tensor argument's own attributes)
+        kept, fake_args = fake_args, live_arguments(fake_args, call_args, parts.name)  # (the kept: weakly)
         swapped: dict[str, Any] = {}
-        if call_args:
-            for name, value in vars(ctx).items():
-                for fake, real in zip(fake_args, call_args):
-                    if value is fake and not issubclass(type(fake), torch.Tensor):
-                        swapped[name] = value
-                        object.__setattr__(ctx, name, real)
+        for name, value in vars(ctx).items():
+            for held, real in zip(kept, call_args or fake_args):
+                if value is held and not issubclass(type(held), torch.Tensor):
+                    swapped[name] = value
+                    object.__setattr__(ctx, name, real)
         if ctx_state is not None:
             seed_ctx(ctx, ctx_state)
         ctx_before = ctx_values(ctx)
@@ -227,6 +228,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
         finally:
             t.backward_grad_on = False
             state.abort()
+            state.release()
             t.values.call_data = None  # the call's tensors are not kept
             for name, value in swapped.items():
                 object.__setattr__(ctx, name, value)

@@ -316,9 +316,14 @@ class StateTracker:
                 heap.restore(self.before)
             store_marks.unmark(self.marked)
             self.marked = []
-        # (the snapshots hold the caller's objects, in a cycle with the watches: an object eager frees
-        # when the caller lets go dies then, not at the collector's next run: a weak reference's entry)
-        self.before, self.after_forward, self.forward_diff = {}, None, []
+        self.before, self.after_forward, self.forward_diff = {}, None, []  # (see ``release``)
+
+    def release(self) -> None:
+        """What it holds of the caller's objects, let go once the trace is done: the tracker lives
+        on in a cycle with its watches, and an object eager frees when the caller lets go must die
+        then (its ``__del__``, a weak reference's entry), not at the collector's next run."""
+        self.args, self.roots, self.before, self.after_forward, self.forward_diff = (), [], {}, None, []
+        self.opaque.reachable, self.opaque.calls, self.opaque.getattrs = [], None, None
 
     def is_user(self, frame: types.FrameType) -> bool:
         """Whether ``frame`` runs the user's code (not torch's, minihop's or a library's)."""

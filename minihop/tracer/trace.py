@@ -41,6 +41,7 @@ from .death_code import refuse_death_code
 from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_values, refuse_ctx_rebinding, refuse_symbolic_ctx_write,
                       share_arguments)
 from .frames import format_frame, user_frame_of
+from .kept_args import keep_weakly
 from .function_parts import FunctionParts, function_parts
 from .memo_writes import backward_writes, seen_by_backward, with_seen
 from .names import FrameSnapshot, code_of, name_hints
@@ -183,6 +184,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
         raise
     finally:
         state.abort()
+        state.release()
         # However it ended, the trace keeps none of the caller's tensors (a refused one is
         # collected only with its cycles: eager frees them when the caller drops them).
         t.values.real_args = None
@@ -306,6 +308,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     fwd_inputs = tuple((node, t.placeholder_sources[node])
                        for node in t.fwd.graph.nodes if node.op == "placeholder")
     made: list[RawCapture] = []
+    fake_args = keep_weakly(fake_args, ctx, t.ctx_after_forward)  # (the call's objects die with the caller's)
     raw = RawCapture(
         function_name=parts.name, argnames=parts.argnames,
         fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
