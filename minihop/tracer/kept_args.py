@@ -41,15 +41,16 @@ class WeakArgument:
         self.ref, self.position = weakref.ref(obj), position
 
 
-def keep_weakly(fake_args: tuple[Any, ...], ctx: Any, ctx_copies: Any = None) -> tuple[Any, ...]:
-    """``fake_args`` with each argument object (not a tensor, a constant, a class, a function or
-    a module) a ``WeakArgument``, and the same on ``ctx`` and in ``ctx_copies`` (an
+def keep_weakly(fake_args: tuple[Any, ...], callers: tuple[bool, ...], ctx: Any, ctx_copies: Any = None) -> tuple[Any, ...]:
+    """``fake_args`` with each of the caller's argument objects (``callers[i]``: the call's own
+    object, not minihop's copy holding fake tensors; not a tensor, a constant, a class, a
+    function or a module) a ``WeakArgument``, and the same on ``ctx`` and in ``ctx_copies`` (an
     ``effects.ctx_as_forward_left_it``'s saved attributes) where they hold it."""
     weak: dict[int, WeakArgument] = {}
     kept = []
     for i, a in enumerate(fake_args):
-        if issubclass(type(a), (torch.Tensor, *ATOMS, type, types.FunctionType, types.ModuleType)) \
-                or type(a).__weakrefoffset__ == 0:
+        if i >= len(callers) or not callers[i] or type(a).__weakrefoffset__ == 0 \
+                or issubclass(type(a), (torch.Tensor, *ATOMS, type, types.FunctionType, types.ModuleType)):
             kept.append(a)
             continue
         kept.append(weak.setdefault(id(a), WeakArgument(a, i)))

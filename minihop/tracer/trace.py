@@ -275,7 +275,8 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         ctx_after = ctx_values(ctx)
         refuse_ctx_rebinding(parts.name, objects_before, ctx_objects(ctx, state.existed_before))
     # Backward's value reads have computed forward's values from the caller's arguments; a
-    # capture holds none of the caller's tensors.
+    # capture holds none of the caller's tensors (and its objects weakly: below).
+    callers = tuple(f is a for f, a in zip(fake_args, t.values.real_args or ()))
     t.values.real_args = None
     state.ctx_view = outside.replayed
     left_names = {k for k, _ in forward_left}
@@ -308,7 +309,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
     fwd_inputs = tuple((node, t.placeholder_sources[node])
                        for node in t.fwd.graph.nodes if node.op == "placeholder")
     made: list[RawCapture] = []
-    fake_args = keep_weakly(fake_args, ctx, t.ctx_after_forward)  # (the call's objects die with the caller's)
+    fake_args = keep_weakly(fake_args, callers, ctx, t.ctx_after_forward)  # (they die when the caller lets go)
     raw = RawCapture(
         function_name=parts.name, argnames=parts.argnames,
         fwd_graph=t.fwd.graph, fwd_inputs=fwd_inputs, fwd_outputs=fwd_outputs,
