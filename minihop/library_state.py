@@ -35,6 +35,7 @@ import enum
 import functools
 import operator
 import random
+import struct
 import sys
 import sysconfig
 import threading
@@ -43,7 +44,7 @@ import weakref
 from collections.abc import MutableMapping, MutableSequence, MutableSet
 from typing import Any
 
-__all__ = ["Entries", "LIBRARY_PACKAGES", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
+__all__ = ["Entries", "LIBRARY_PACKAGES", "float_bits", "STATE", "LibraryState", "global_module_hooks", "kept_by_library", "library_module", "library_object",
            "module_attributes", "plain_holder", "set_attr", "del_attr", "tensor_attributes", "torch_tensor_entries", "put_back", "Same", "state_of", "unseen",
            "READ_ONLY_VIEWS", "c_method_owner", "ITEMS_IN_DATA", "minihops", "native_state", "own_attr", "own_dict", "subclass_attributes", "view_items"]
 
@@ -58,10 +59,16 @@ _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
 STATE = "<its own state>"  # the key of what ``__reduce_ex__`` shows, beside the attributes
 
 
+def float_bits(value: float) -> str:
+    """A float as keys and the heap watch compare it: its ``hex`` (-0.0 is not 0.0), a NaN's by
+    its IEEE bits (``hex`` writes every NaN as "nan"; code reads its sign and payload back)."""
+    text = float.hex(value)
+    return text if text != "nan" else struct.pack("<d", value).hex()
+
+
 @functools.lru_cache(maxsize=1)
 def _module_bookkeeping() -> frozenset[str]:
     import torch
-
     return frozenset(k for k in vars(torch.nn.Module()) if k.startswith("_"))
 
 
@@ -78,7 +85,6 @@ def global_module_hooks() -> tuple[tuple[int, ...], ...]:
     ``register_module_forward_hook``), by their handles' ids (never reused, where a function's
     id may be): any module's call runs them, one the code builds inside forward too."""
     import torch
-
     hooks = torch.nn.modules.module
     return tuple(hooks._global_forward_pre_hooks), tuple(hooks._global_forward_hooks)
 
@@ -119,9 +125,8 @@ def plain_holder(value: Any) -> bool:
     """A library object that only holds the user's values as attributes (``SimpleNamespace``,
     ``argparse.Namespace``, ``threading.local``): watched like the user's own objects. Other
     library objects keep their own bookkeeping (a logger's cache), which is not the user's."""
-    cls = type(value)
     return issubclass(type(value), (types.SimpleNamespace, threading.local)) or \
-        (cls.__module__ == "argparse" and cls.__name__ == "Namespace")
+        (type(value).__module__ == "argparse" and type(value).__name__ == "Namespace")
 
 
 def library_object(value: Any) -> bool:
@@ -146,8 +151,6 @@ _NO_STATE_LEFT = (type(threading.Lock()), type(threading.RLock()), weakref.ref, 
 _SEEN_WHOLE = (object, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset,
                threading.local, types.SimpleNamespace)
 _NATIVE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
-
-
 _VALUES = (str, bytes, int, float, complex, tuple, list, dict, set, frozenset)
 _BUILTIN_VALUES = frozenset({*_VALUES, bool, type(None)})
 
@@ -346,7 +349,7 @@ def _frozen(value: Any, own: Any, depth: int = 0) -> Any:
     if value is own and own is not None:
         return _OWN_DICT
     if issubclass(type(value), float):
-        return ("float", value.hex())  # -0.0 and 0.0 differ; a NaN equals itself
+        return ("float", float_bits(value))  # -0.0 and 0.0 differ; a NaN equals itself
     if value is None or issubclass(type(value), (bool, int, str, bytes, complex)):
         return (type(value), value)
     if depth < 4 and issubclass(type(value), (tuple, list)):
@@ -442,9 +445,6 @@ def del_attr(obj: Any, name: str) -> None:
 def _module_slot(obj: Any, name: str) -> dict[str, Any] | None:
     """The ``_parameters`` or ``_buffers`` dict of module ``obj`` that holds ``name``, if any."""
     import torch
-
     if issubclass(type(obj), torch.nn.Module):
-        for held in (obj._parameters, obj._buffers):
-            if name in held:
-                return held
+        return next((held for held in (obj._parameters, obj._buffers) if name in held), None)
     return None

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..library_state import Same as _Same
+from ..library_state import Same as _Same, float_bits
 
 __all__ = ["function_key", "methods_check", "methods_held", "methods_key", "same_function", "show_function_key"]
 
@@ -42,7 +42,7 @@ _CONSTANTS = (str, bytes, int, bool, complex, type(None))
 
 def _default_key(value: Any) -> Any:
     if type(value) is float:
-        return ("F", value.hex())
+        return ("F", float_bits(value))
     if type(value) in _CONSTANTS or issubclass(type(value), type):
         return ("V", type(value), value)
     return ("id", _Same(value))

@@ -26,7 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..arguments import is_dynamo_mark, marks
-from ..library_state import (READ_ONLY_VIEWS, STATE, Entries, Same, c_method_owner, global_module_hooks, library_object, minihops,
+from ..library_state import (READ_ONLY_VIEWS, STATE, Entries, Same, float_bits, c_method_owner, global_module_hooks, library_object, minihops,
                              module_attributes, native_state, own_attr, own_dict, state_of, subclass_attributes, torch_tensor_entries,
                              view_items)
 from ..spec import AUTOCAST_DEVICES
@@ -58,10 +58,11 @@ def value_key(value: Any, _open: frozenset[int] = frozenset()) -> Any:
                 value.requires_grad, python_attributes(value))
     if issubclass(type(value), float) and ((plain := plain_atom(value)) == 0.0 or plain != plain):
         # 0.0 == -0.0 and nan != nan in Python: keyed by their bits, so -0.0 never hits a
-        # 0.0 capture (copysign, 1/x tell them apart) and a NaN capture is ever hit again.
-        return ("F", type(value), plain.hex())
+        # 0.0 capture (copysign, 1/x tell them apart), a NaN capture is hit again, and only
+        # by a NaN of the same sign and payload (``struct.pack`` reads them back).
+        return ("F", type(value), float_bits(plain))
     if issubclass(type(value), complex) and any(p == 0.0 or p != p for p in (value.real, value.imag)):
-        return ("F", type(value), value.real.hex(), value.imag.hex())
+        return ("F", type(value), float_bits(value.real), float_bits(value.imag))
     if issubclass(type(value), type) and issubclass(value, torch.autograd.Function) and value.__module__ != "torch.autograd.function":
         # Another Function (``Inner.apply`` inside forward, one passed in): which forward,
         # backward and setup_context it runs, with their code and defaults, and its other class

@@ -40,7 +40,7 @@ from .library import is_user_module
 from .process_state import LOGGING, PROCESS
 from .process_state import put_back as put_back_setting
 from .process_state import state as process_state
-from ..library_state import STATE, del_attr, put_back, set_attr
+from ..library_state import STATE, del_attr, float_bits, put_back, set_attr
 from .holders import class_state, contents_of, dunder, held_by
 from ..user_code import library_base
 from .roots import cell_value
@@ -303,7 +303,7 @@ def _identical(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b) or type(a) not in (int, float, bool):
         return False
-    return a.hex() == b.hex() if type(a) is float else a == b
+    return float_bits(a) == float_bits(b) if type(a) is float else a == b
 
 
 def differences(kind: str, old: Any, new: Any) -> Iterator[tuple[tuple[str, Any], Any, Any]]:

@@ -13,6 +13,11 @@ than make a tensor:
   the caller's real tensor and the outer autograd graph. A graph has no such node: run on the
   fake tensor, the hook would be lost, silently. They are refused (MH104), so
   ``fallback="eager"`` runs the Function as eager does.
+- Every other setter of a tensor's own state (``t.grad = g``, ``t.data = v``, ``del t.grad``,
+  ``t.real = v``, ``t._backward_hooks = ...``) on any tensor: no op makes it, so the graph has
+  no node for it. Run on the fake tensor it would be lost for the caller's tensor (a ``.grad``
+  set on an input, a global, a saved tensor) and for the phase's own (later reads of ``y``
+  after ``y.data = v`` are the old value's node in the graph): refused (MH104).
 - ``torch.autograd.grad`` (and ``backward()``, see ``recompute``) over an autograd graph that
   holds another ``autograd.Function``'s node: the graph records that Function's forward ops
   inlined, so at run time autograd differentiates those ops and never calls its own
@@ -23,6 +28,7 @@ Invariant: every other call passes through unchanged.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +40,7 @@ __all__ = ["refuse_inner_function_nodes", "rewrite_autograd_call"]
 
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _HOOKS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
+_SETTERS = frozenset({"__set__", "__delete__"})
 
 
 def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[], str],
@@ -42,6 +49,19 @@ def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[
     if getattr(func, "__self__", None) is _REQUIRES_GRAD and getattr(func, "__name__", "") == "__set__":
         return torch.Tensor.requires_grad_, (args[0], bool(args[1]))
     name = getattr(func, "__name__", None)
+    if name in _SETTERS and issubclass(type(owner := getattr(func, "__self__", None)), types.GetSetDescriptorType) \
+            and owner.__objclass__ is torch._C.TensorBase:
+        spelled = f"del t.{owner.__name__}" if name == "__delete__" else f"t.{owner.__name__} = ..."
+        raise UnsupportedOperationError(
+            f"{describe()} sets a tensor's own `.{owner.__name__}` (`{spelled}`).",
+            "No tensor operation makes that change, so a captured graph has no node for it: on "
+            "minihop's fake tensor it is lost for the real one (a `.grad` set on an input, a "
+            "global, a saved tensor stays unset), and the graph keeps using the value the "
+            "tensor had before (`y.data = v`, then `y`).",
+            "Make the change outside the Function (before or after apply), write it as an "
+            "operation (`y = y.clamp(min=0)` for `y.data = y.data.clamp(min=0)`; return a "
+            "gradient as an output), or run this Function eagerly "
+            "(minihop.function(F, fallback='eager')).", where=where())
     if name in _HOOKS and args and issubclass(type(args[0]), torch.Tensor) and args[0].requires_grad:
         raise UnsupportedOperationError(
             f"{describe()} calls {name}() on a tensor that requires grad.",

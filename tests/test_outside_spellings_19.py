@@ -1,0 +1,368 @@
+"""Hostile spellings, round 19 (issue #28, round 24), tried from outside against eager in
+strict, apply and fallback mode (``eager_modes.matches_eager``).
+
+Differences from eager before this round:
+
+- NaNs of different sign or payload (``struct.unpack`` of a chosen pattern, ``-math.nan``) were
+  one value to every key and to the heap watch: ``float.hex`` writes each as "nan". Code that
+  reads the bits back (``struct.pack``, ``math.copysign``) got the first call's answer on every
+  later call, as an argument, inside a tuple, as a global, an attribute, a list's item or a
+  helper's default. Floats are compared by ``library_state.float_bits`` now, everywhere.
+- A tensor's own state set by assignment (``y.grad = g``, ``del y.grad``, ``y.data = v``) in
+  forward or backward, on an input, a global, a module's parameter, a saved tensor or a tensor
+  the phase made: the setter makes no op, so the graph had no node for it. The caller's tensor
+  was never changed, and the phase's own tensor kept its old value's node (``y.data =
+  y.data.clamp(min=0)``, then ``y``): every mode, fallback too, silently. Refused now (MH104,
+  ``tracer/tensor_state.py``), so fallback runs eagerly.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import minihop
+from minihop.errors import UnsupportedOperationError
+
+from eager_modes import matches_eager
+
+
+def _x(i: int) -> torch.Tensor:
+    return torch.linspace(-1.0, 1.0, 3).add(i).requires_grad_()
+
+
+# -- NaNs told apart by their bits ----------------------------------------------------------
+
+def _nan(payload: int, negative: bool = False) -> float:
+    return struct.unpack("<d", bytes([payload, 0, 0, 0, 0, 0, 0xF8, 0xFF if negative else 0x7F]))[0]
+
+
+NANS = [_nan(1), _nan(2), _nan(1, negative=True), _nan(1)]
+
+
+def _bits(f: float) -> float:
+    """What code reads back of a NaN: its payload byte, and its sign."""
+    return float(struct.pack("<d", f)[0] + (10 if math.copysign(1.0, f) < 0 else 0))
+
+
+class ScaledByBits(Function):
+    @staticmethod
+    def forward(ctx, x, f):
+        return x * _bits(f)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class ScaledByFirstBits(Function):
+    @staticmethod
+    def forward(ctx, x, t):
+        return x * _bits(t[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+def test_nan_argument_payloads_and_signs() -> None:
+    matches_eager(ScaledByBits, lambda i: (_x(i), NANS[i]))
+
+
+def test_nan_inside_a_tuple_argument() -> None:
+    matches_eager(ScaledByFirstBits, lambda i: (_x(i), (NANS[i], 1.0)))
+
+
+def test_minus_nan_is_not_nan() -> None:
+    values = [math.nan, -math.nan, math.nan, -math.nan]
+    matches_eager(ScaledByBits, lambda i: (_x(i), values[i]))
+
+
+GLOBAL_NAN = [NANS[0]]
+HOLDER = type("Holder", (), {})()
+HOLDER.f = NANS[0]
+
+
+def _global_reads(i: int) -> None:
+    GLOBAL_NAN[0] = NANS[i]
+
+
+class ReadsGlobalNan(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _bits(GLOBAL_NAN[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _bits(GLOBAL_NAN[0])
+
+
+def test_nan_global_changed_between_calls_and_before_backward() -> None:
+    matches_eager(ReadsGlobalNan, lambda i: (_x(i),), between=_global_reads,
+                  mid=lambda i: _global_reads((i + 1) % 4), reset=lambda: _global_reads(0))
+
+
+class ReadsAttributeNan(Function):
+    @staticmethod
+    def forward(ctx, x, holder):
+        return x * _bits(holder.f)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+def test_nan_attribute_changed_between_calls() -> None:
+    matches_eager(ReadsAttributeNan, lambda i: (_x(i), HOLDER),
+                  between=lambda i: setattr(HOLDER, "f", NANS[i]), reset=lambda: setattr(HOLDER, "f", NANS[0]))
+
+
+def _scaled(x: torch.Tensor, f: float = NANS[0]) -> torch.Tensor:
+    return x * _bits(f)
+
+
+class HelperDefault(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _scaled(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_nan_default_of_a_helper_changed_between_calls() -> None:
+    matches_eager(HelperDefault, lambda i: (_x(i),),
+                  between=lambda i: setattr(_scaled, "__defaults__", (NANS[i],)),
+                  reset=lambda: setattr(_scaled, "__defaults__", (NANS[0],)))
+
+
+class FlipsNan(Function):
+    """forward swaps the global NaN for the other payload: a write the heap watch must see."""
+
+    @staticmethod
+    def forward(ctx, x):
+        GLOBAL_NAN[0] = NANS[1] if _bits(GLOBAL_NAN[0]) == 1.0 else NANS[0]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_nan_written_to_another_payload() -> None:
+    matches_eager(FlipsNan, lambda i: (_x(i),), state=lambda: struct.pack("<d", GLOBAL_NAN[0]).hex(),
+                  reset=lambda: _global_reads(0))
+
+
+# -- a tensor's own state set by assignment ------------------------------------------------
+
+OTHERS = [torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)]
+W = torch.ones(3, requires_grad=True)
+
+
+def _others_reset() -> None:
+    for t in (*OTHERS, W):
+        t.grad = None
+    W.data = torch.ones(3)
+    for t in OTHERS:
+        t.data = torch.ones(3)
+
+
+def _grads() -> list[Any]:
+    return [t.grad for t in (*OTHERS, W)] + [t.detach().clone() for t in (*OTHERS, W)]
+
+
+class SetsArgumentGrad(Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        y.grad = torch.full_like(y, 7.0)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class ClearsArgumentGrad(Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        y.grad = None
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class DeletesArgumentGrad(Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        del y.grad
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class AssignsArgumentData(Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        y.data = y.data * 2
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+class SetsCtxTensorGradInBackward(Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.y = y
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.y.grad = g.clone()
+        return g * 2, None
+
+
+@pytest.mark.parametrize("fn", [SetsArgumentGrad, ClearsArgumentGrad, DeletesArgumentGrad, AssignsArgumentData,
+                                SetsCtxTensorGradInBackward])
+def test_tensor_state_of_an_argument_set(fn: type) -> None:
+    def between(i: int) -> None:
+        OTHERS[i % 2].grad = torch.full((3,), float(i))
+
+    matches_eager(fn, lambda i: (_x(i), OTHERS[i % 2]), between=between, state=_grads, reset=_others_reset)
+
+
+class SetsGlobalGradFromInput(Function):
+    @staticmethod
+    def forward(ctx, x):
+        W.grad = x.detach() * 2
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class AssignsGlobalData(Function):
+    @staticmethod
+    def forward(ctx, x):
+        W.data = W.data + 1
+        return x * W.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class ClearsSavedGradInBackward(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        x.grad = None
+        return g * 2
+
+
+class ClampsThroughData(Function):
+    """The old idiom: ``y.data = y.data.clamp(...)`` on a tensor forward made itself."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 2
+        y.data = y.data.clamp(min=0)
+        return y + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class ScalesGradThroughData(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        r = g * 2
+        r.data = r.data * 3
+        return r
+
+
+class KeepsLocalGrad(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.zeros_like(x)
+        y.grad = x * 3
+        return x * 2 + y.grad
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 5
+
+
+@pytest.mark.parametrize("fn", [SetsGlobalGradFromInput, AssignsGlobalData, ClampsThroughData,
+                                ScalesGradThroughData, KeepsLocalGrad])
+def test_tensor_state_of_a_global_or_a_local_set(fn: type) -> None:
+    matches_eager(fn, lambda i: (_x(i),), state=_grads, reset=_others_reset)
+
+
+def test_saved_input_grad_cleared_in_backward() -> None:
+    inputs = [_x(0), _x(1)]
+
+    def between(i: int) -> None:
+        inputs[i % 2].grad = torch.ones(3)
+
+    def reset() -> None:
+        for t in inputs:
+            t.grad = None
+
+    matches_eager(ClearsSavedGradInBackward, lambda i: (inputs[i % 2],), between=between,
+                  state=lambda: [t.grad for t in inputs], reset=reset)
+
+
+@pytest.mark.parametrize(("fn", "spelled"), [(SetsArgumentGrad, r"\.grad = "), (DeletesArgumentGrad, "del t.grad"),
+                                             (ClampsThroughData, r"\.data = ")])
+def test_strict_names_the_setter(fn: type, spelled: str) -> None:
+    args = (_x(0), OTHERS[0]) if fn is not ClampsThroughData else (_x(0),)
+    try:
+        with pytest.raises(UnsupportedOperationError, match=rf"MH104.*{fn.__name__}.forward sets a tensor's own .*{spelled}"):
+            minihop.function(fn)(*args)
+    finally:
+        _others_reset()
+
+
+def test_setter_of_requires_grad_is_still_captured() -> None:
+    """``t.requires_grad = True`` is the one setter a graph holds (as ``requires_grad_``)."""
+
+    class Recomputes(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                xd = x.detach()
+                xd.requires_grad = True
+                (gx,) = torch.autograd.grad(xd.sin(), xd, g)
+            return gx
+
+    matches_eager(Recomputes, lambda i: (_x(i),), refusable=False)
