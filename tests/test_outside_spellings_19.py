@@ -14,6 +14,11 @@ Differences from eager before this round:
   was never changed, and the phase's own tensor kept its old value's node (``y.data =
   y.data.clamp(min=0)``, then ``y``): every mode, fallback too, silently. Refused now (MH104,
   ``tracer/tensor_state.py``), so fallback runs eagerly.
+- A backward that asks its grad what only a real grad answers, no plain value (``g._base``,
+  which is a tensor where autograd hands backward a view, as a loss through ``y.t()`` does;
+  ``g.grad_fn`` under ``create_graph=True``): the fake grad answered None, the check of a later
+  grad traced a variant with the same fake answer and ran it. Refused now where the call's grad
+  answers otherwise (``runtime/assumptions.refuse_unlike_grads``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from torch.autograd import Function
 import minihop
 from minihop.errors import UnsupportedOperationError
 
-from eager_modes import matches_eager
+from eager_modes import caller, matches_eager, normalized, same_normalized
 
 
 def _x(i: int) -> torch.Tensor:
@@ -366,3 +371,53 @@ def test_setter_of_requires_grad_is_still_captured() -> None:
             return gx
 
     matches_eager(Recomputes, lambda i: (_x(i),), refusable=False)
+
+
+# -- a grad asked what only a real grad answers -----------------------------------------------
+
+class AsksGradBase(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (2.0 if g._base is None else 3.0)
+
+
+class AsksGradHistory(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (2.0 if g.grad_fn is None else 3.0)
+
+
+LOSSES = [lambda y: y.sum(), lambda y: (y.t() * torch.arange(6.0).reshape(3, 2)).sum(), lambda y: (y * 2).sum(),
+          lambda y: y.t().sum(0).sum()]
+
+
+def _grads_through_losses(mode: str, fn: type, create_graph: bool) -> list[Any]:
+    call, found = caller(mode, fn), []
+    for i, loss in enumerate(LOSSES * 2):
+        x = torch.linspace(-1.0, 1.0, 6).add(i).reshape(2, 3).requires_grad_()
+        y = call(x)
+        w = torch.ones(2, 3, requires_grad=True)
+        (gx,) = torch.autograd.grad(loss(y * w if create_graph and i % 2 else y), x, create_graph=create_graph)
+        found.append((y, gx))
+    return found
+
+
+@pytest.mark.parametrize(("fn", "create_graph"), [(AsksGradBase, False), (AsksGradHistory, True)])
+def test_grad_asked_what_only_a_real_grad_answers(fn: type, create_graph: bool) -> None:
+    eager = _grads_through_losses("eager", fn, create_graph)
+    for mode in ("strict", "apply", "fallback"):
+        minihop.reset()
+        try:
+            got = _grads_through_losses(mode, fn, create_graph)
+        except UnsupportedOperationError as e:
+            assert mode != "fallback" and "the fake grad minihop traces with" in str(e), e
+            continue
+        assert same_normalized(normalized(got), normalized(eager)), mode

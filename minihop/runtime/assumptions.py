@@ -75,17 +75,14 @@ class Assumption:
     def mismatch(self, args: Args) -> GuardMismatchError | None:
         """The error naming this assumption's place, its value at capture and in this call;
         None while it holds (and for a backward assumption, which backward checks)."""
-        if self.check is None or self.phase == "backward" or self.check(args):
-            return None
-        return self.explain_failure(args) if self.explain_failure is not None else None
+        held = self.check is None or self.phase == "backward" or self.check(args)
+        return None if held or self.explain_failure is None else self.explain_failure(args)
 
     def show(self) -> str:
         """The line ``explain`` prints: description, phase where it is not a call's property,
         source line."""
-        text = self.description
-        if self.phase == "backward" and "backward" not in text:
-            text += " (checked when backward runs)"
-        return text + (f"  [{self.line}]" if self.line else "")
+        late = self.phase == "backward" and "backward" not in self.description
+        return self.description + (" (checked when backward runs)" if late else "") + (f"  [{self.line}]" if self.line else "")
 
 
 def compile_fits(assumptions: tuple[Assumption, ...]) -> Callable[[Args], bool]:
@@ -96,16 +93,13 @@ def compile_fits(assumptions: tuple[Assumption, ...]) -> Callable[[Args], bool]:
         ok = a.batch or a.check
         if a.phase != "backward" and ok is not None and not any(ok is o for o in oks):
             oks.append(ok)
-    if not oks:
-        return lambda args: True
-    if len(oks) == 1:
-        return oks[0]
+    if len(oks) <= 1:
+        return oks[0] if oks else (lambda args: True)
     merged = merge_checks(oks)
     if merged is not None:
         return merged
     names = {f"ok{i}": ok for i, ok in enumerate(oks)}
-    fits: Callable[[Args], bool] = eval(f"lambda args: {' and '.join(f'{n}(args)' for n in names)}", names)
-    return fits
+    return eval(f"lambda args: {' and '.join(f'{n}(args)' for n in names)}", names)  # type: ignore[no-any-return]
 
 
 def _error(found: str, why: str, fix: str = _AGAIN, where: str | None = None) -> GuardMismatchError:
@@ -434,17 +428,22 @@ def backward_values(assumptions: tuple[Assumption, ...]) -> tuple[Assumption, ..
     return tuple(a for a in assumptions if a.phase == "backward" and a.fetch is not None)
 
 
+def _plain(v: Any) -> bool:
+    return v is None or type(v) in (bool, int, float, str) or (issubclass(type(v), tuple) and all(map(_plain, v)))
+
+
 def refuse_unlike_grads(name: str, variant: Pair, grads: Any) -> None:
     """A backward traced again for this call's grads (one per fwd output) asked its fake grads what
-    they answer unlike the call's own (``g._is_view()``, ``g.storage_offset()``): refused (MH104)."""
+    they answer unlike the call's own (``g._is_view()``, ``g.storage_offset()``), or what only the fake
+    answers, no plain value (``g._base``'s tensor, ``g.grad_fn``'s node): refused (MH104)."""
     for a in variant.grad_assumptions:
         g = grads[a.index] if a.index < len(grads) else None
-        if issubclass(type(g), torch.Tensor) and type(a.expected) in (bool, int, float, str, tuple) \
-                and a.query(g, *a.args, **dict(a.kwargs)) != a.expected:
-            query = getattr(a.query, "__name__", a.query)
-            raise UnsupportedOperationError(f"{name}.backward asks output {a.index}'s grad {query}(): the fake grad "
-                                            f"minihop traces with answers {a.expected!r}, this call's grad otherwise.",
+        if issubclass(type(g), torch.Tensor) and not (_plain(a.expected) and _plain(
+                answer := a.query(g, *a.args, **dict(a.kwargs))) and answer == a.expected):
+            asked = a.query.__self__.__name__ if getattr(a.query, "__name__", "") == "__get__" else f"{getattr(a.query, '__name__', a.query)}()"
+            shown = repr(a.expected) if _plain(a.expected) else "with an object of its own"
+            raise UnsupportedOperationError(f"{name}.backward asks output {a.index}'s grad {asked}: the fake grad minihop "
+                                            f"traces with answers {shown}, this call's grad otherwise.",
                 "A fake grad is made with the grad's shape, dtype, strides and requires_grad; whether autograd "
-                "hands backward a view, at which storage offset, with which flags, it does not reproduce.",
-                "Read only the grad's shape, dtype or strides in backward, or run it eagerly "
-                "(minihop.function(F, fallback='eager')).")
+                "hands backward a view, of which base, at which storage offset, with which history, it does not reproduce.",
+                "Read only the grad's shape, dtype or strides in backward, or run it eagerly (minihop.function(F, fallback='eager')).")
