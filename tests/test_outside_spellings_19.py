@@ -19,6 +19,10 @@ Differences from eager before this round:
   ``g.grad_fn`` under ``create_graph=True``): the fake grad answered None, the check of a later
   grad traced a variant with the same fake answer and ran it. Refused now where the call's grad
   answers otherwise (``runtime/assumptions.refuse_unlike_grads``).
+- torch's thread-local dispatch state read by a private getter
+  (``torch._C._dispatch_tls_local_include_set()``, ``_dispatch_tls_is_dispatch_key_included``):
+  the Python key is on while minihop traces, off in eager; the trace's answer was kept. Such
+  getters are trace-mode probes now (``tracer/library.reads_trace_modes``: MH104).
 """
 
 from __future__ import annotations
@@ -421,3 +425,36 @@ def test_grad_asked_what_only_a_real_grad_answers(fn: type, create_graph: bool) 
             assert mode != "fallback" and "the fake grad minihop traces with" in str(e), e
             continue
         assert same_normalized(normalized(got), normalized(eager)), mode
+
+
+# -- torch's dispatch state read by the code (what only minihop's trace sets) ----------------
+
+_TLS_PROBES = {
+    "include_set": lambda: torch._C._dispatch_tls_local_include_set().has(torch._C.DispatchKey.Python),
+    "key_included": lambda: torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Python),
+    "exclude_set": lambda: torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Python),
+}
+
+
+def _tls_probe(probe: Any, phase: str) -> type:
+    class ProbesDispatch(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * (5.0 if phase == "forward" and probe() else 2.0)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * (5.0 if phase == "backward" and probe() else 2.0)
+
+    return ProbesDispatch
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("probe", sorted(_TLS_PROBES))
+def test_dispatch_state_probe(probe: str, phase: str) -> None:
+    """A private getter of torch's thread-local dispatch state: the Python key is on while minihop
+    traces (its fake mode), off in eager. Before round 24 the trace's answer was kept."""
+    fn_cls = _tls_probe(_TLS_PROBES[probe], phase)
+    matches_eager(fn_cls, lambda i: (_x(i),))
+    with pytest.raises(UnsupportedOperationError, match="MH104"):
+        minihop.function(fn_cls)(_x(0)).sum().backward()

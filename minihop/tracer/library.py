@@ -146,7 +146,7 @@ _TRACE_MACHINERY = ("torch._subclasses", "torch.utils._python_dispatch", "torch.
                     "torch.fx.experimental.proxy_tensor", "torch._C._functorch")
 _MODE_PROBE = re.compile(r"^_?(has_torch_function|is_torch_function_mode_enabled|len_torch_(function|dispatch)_stack"
                          r"|get_(function|dispatch)_stack_at|get_dispatch_mode|get_current_function_mode|dispatch_keys"
-                         r"|are_functorch_transforms_active)")
+                         r"|are_functorch_transforms_active|dispatch_tls|meta_in_tls|dispatch_key_set|is_key_in_tls)")
 
 
 def _module_of(fn: Any) -> str:

@@ -32,7 +32,8 @@ backward changes, and a dict a cached helper returned, changed; in round 21, tor
 settings read through a function not named as a getter, whether torch's modes are on, a global
 tensor whose subclass has its own ``__torch_function__``, a memo keyed by ``(dtype, size)``
 (written in place and cleared by ``between()``) and backward asking its grad whether it is a
-view.
+view; in round 24, a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``)
+and a grad asked its ``_base``.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -160,6 +161,9 @@ KINDS = {
     # reference the code reads (a WeakValueDictionary entry), dropped by the phase (popped,
     # overwritten, cleared); the caller puts a fresh one, or a plain int, between calls.
     "caller_death": ("fb", ""),
+    # Round 24: a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``) on a
+    # global parameter or a tensor the phase made, and a grad asked its ``_base``.
+    "tensor_state_set": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -236,7 +240,14 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
                           "del HELD['w']" if phase == "forward" else "HELD.pop('w', None)"])], \
             r.choice(["x * float(DIED[0] % 3 + 1)", "x * (2.0 if WVD.get('w') is None else WVD['w'].v)"])
     if kind == "grad_view_read":
-        return [], r.choice(["x * (5.0 if x._is_view() else 2.0)", "x * float(x.storage_offset() + 1)"])
+        return [], r.choice(["x * (5.0 if x._is_view() else 2.0)", "x * float(x.storage_offset() + 1)",
+                             "x * (5.0 if x._base is None else 2.0)"])
+    if kind == "tensor_state_set":
+        return r.choice([([f"GP.grad = x.detach()[:1].sum().reshape(()) * {n + 1}"], ""),
+                         (["GP.grad = None"], ""), (["del GP.grad"], ""),
+                         (["GP.data = GP.data + 0.5"], "x * GP.detach()"),
+                         ([f"_sd{n} = x * 2", f"_sd{n}.data = _sd{n}.data.clamp(min=0)"], f"_sd{n}"),
+                         ([f"_sg{n} = torch.zeros_like(x)", f"_sg{n}.grad = x * 3"], f"_sg{n}.grad")])
     if kind == "lru_random_table":
         return [], r.choice(["x * rtable(3).sum()", "x * rtable(x.shape[0])"])
     if kind in ("caught_warn_op", "caught_quiet_op"):
@@ -431,6 +442,7 @@ def generate_source(r: random.Random) -> str:
         "    HELD, WVD = {'o': 5, 'w': 1}, weakref.WeakValueDictionary()", "",
         "    torch.backends.cuda.enable_flash_sdp(True); torch.backends.cuda.enable_math_sdp(True)",
         "    LOGGED, TMEMO, DSCALE = [], {}, [1.0]", "",
+        "    GP = torch.nn.Parameter(torch.full((), 1.5))", "",
         "    class Logged(torch.Tensor):", "        @classmethod",
         "        def __torch_function__(cls, func, types, args=(), kwargs=None):",
         "            LOGGED.append(getattr(func, '__name__', '?'))",
@@ -531,6 +543,8 @@ def generate_source(r: random.Random) -> str:
         *(["        HELD['o'] = Dying() if i % 2 == 0 else 5",
            "        HELD['w'] = WVD['w'] = WBox(2.0 + i)"]
           if any(k == "caller_death" for k, _ in effects) else []),
+        *(["        if i == 2:", "            GP.grad = torch.full((), 4.0)"]
+          if any(k == "tensor_state_set" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
@@ -583,7 +597,7 @@ def generate_source(r: random.Random) -> str:
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
         f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
         f"torch.nn.functional.minihop_fuzz, json.JSONEncoder.minihop_fuzz, list(DEEPLOG.a.b.lines), list(LOGGED), "
-        f"{{str(k): v for k, v in TMEMO.items()}}, sorted(HELD), sorted(WVD.keys())])",
+        f"{{str(k): v for k, v in TMEMO.items()}}, sorted(HELD), sorted(WVD.keys()), GP.detach(), GP.grad])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"

@@ -6,7 +6,8 @@ read through its training flag and attributes; a library module whose own code r
 attribute; a user object's attribute; a class attribute of a user class passed as an argument
 or held in a global; a bound method passed as an argument; a dict item or list item of a
 global; a closure cell; a global holding a library function; a global tensor; a tensor class
-attribute; a float whose sign is the value, ``-0.0`` included; an attribute named by a
+attribute; a float whose sign is the value, ``-0.0`` included (and a NaN's sign and payload,
+round 24); an attribute named by a
 variable; and paths the analysis was not written for: a module nested in a ModuleDict and
 a Sequential, a callable object whose ``__call__`` reads its own attribute, a classmethod, a
 property, a closure over a closure, a helper module made at run time with
@@ -142,7 +143,10 @@ HOLDERS = ("user_module_arg", "user_module_global", "user_module_closure", "libr
            # Round 22: a tensor argument in shared memory on some calls (``is_shared()``: a fake
            # copy lives in none), and a library's constant its code reads (json's encoder's
            # separator, read by its method).
-           "shared_memory_arg", "library_flag_global")
+           "shared_memory_arg", "library_flag_global",
+           # Round 24: NaNs of another sign or payload (one value to ``float.hex``), read back by
+           # ``struct.pack`` and ``math.copysign``, in a global and passed in.
+           "nan_payload_global", "nan_payload_arg")
 ACCESS = ("direct", "helper", "lambda", "method", "inner_apply", "getattr_const", "nested_helper",
           "partial", "inner_apply_backward",
           # Round 13: a lambda forward makes and keeps on ctx, called by backward (the read
@@ -163,6 +167,7 @@ import io
 import logging
 import math
 import queue
+import struct
 import sys
 import threading
 import types
@@ -358,6 +363,12 @@ def _holder(c: Chooser, holder: str) -> tuple[list[str], list[str], str, list[st
     if holder == "signed_zero_global":
         return (["ZERO = 0.0"], ["global ZERO", "ZERO = 0.0 if v > 0 else -0.0"],
                 "math.copysign(2.0, ZERO)", [], "")
+    if holder in ("nan_payload_global", "nan_payload_arg"):
+        made = "struct.unpack('<d', bytes([int(v * 2) % 5 + 1, 0, 0, 0, 0, 0, 0xF8, 0x7F if v > 1 else 0xFF]))[0]"
+        bits = "(float(struct.pack('<d', {0})[0]) + (10.0 if math.copysign(1.0, {0}) < 0 else 0.0))"
+        if holder == "nan_payload_global":
+            return (["NANG = [float('nan')]"], [f"NANG[0] = {made}"], bits.format("NANG[0]"), [], "")
+        return (["NANA = [float('nan')]"], [f"NANA[0] = {made}"], bits.format("nz"), ["NANA[0]"], "nz")
     if holder == "signed_zero_arg":
         return (["ZARG = [0.0]"], ["ZARG[0] = 0.0 if v > 1 else -0.0"], "math.copysign(2.0, z)", ["ZARG[0]"], "z")
     if holder == "nested_module_container":
