@@ -23,6 +23,12 @@ Differences from eager before this round:
   (``torch._C._dispatch_tls_local_include_set()``, ``_dispatch_tls_is_dispatch_key_included``):
   the Python key is on while minihop traces, off in eager; the trace's answer was kept. Such
   getters are trace-mode probes now (``tracer/library.reads_trace_modes``: MH104).
+- autograd engine state set up by the phase outside any op: forward-mode AD (a dual level
+  entered, dual tensors made: the graph's run named a level that no longer existed and raised,
+  in every mode, fallback too: backward's tangents), saved-tensor hooks pushed around a recompute in backward (the
+  pack hook's change to what is saved was lost), a version counter bumped by hand
+  (``increment_version``). Refused now (MH104: ``library.autograd_state``, and the dual ops
+  however reached, ``tracer/tensor_state.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch.autograd import Function
 
 import minihop
@@ -458,3 +465,92 @@ def test_dispatch_state_probe(probe: str, phase: str) -> None:
     matches_eager(fn_cls, lambda i: (_x(i),))
     with pytest.raises(UnsupportedOperationError, match="MH104"):
         minihop.function(fn_cls)(_x(0)).sum().backward()
+
+
+# -- autograd engine state set up by the phase (forward AD, saved-tensor hooks, versions) -----
+
+class TangentByDualNumbers(Function):
+    """backward takes a derivative by forward-mode AD (a dual number's tangent; forward AD is
+    off inside forward, on in backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x.detach(), torch.ones_like(x))
+            tangent = fwAD.unpack_dual(dual.sin()).tangent
+        return g * tangent
+
+
+class TangentByTorchLevel(Function):
+    """The same through torch's own level and dual ops (as library code reaches them)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        level = torch._C._enter_dual_level()
+        try:
+            dual = torch._make_dual(x.detach(), torch.ones_like(x), level=level)
+            tangent = torch._unpack_dual(dual.sin(), level=level).tangent
+        finally:
+            torch._C._exit_dual_level(level=level)
+        return g * tangent
+
+
+class RecomputesUnderPackHooks(Function):
+    """backward recomputes under saved-tensor hooks whose pack changes what is saved."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_()
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 2, lambda t: t):
+                y = xd * xd
+        (gx,) = torch.autograd.grad(y, xd, g)
+        return gx
+
+
+class BumpsVersion(Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        torch.autograd.graph.increment_version(y)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+@pytest.mark.parametrize("fn", [TangentByDualNumbers, TangentByTorchLevel, RecomputesUnderPackHooks])
+def test_autograd_engine_state_set_up_by_the_phase(fn: type) -> None:
+    fn.apply(_x(0)).sum().backward()  # (torch's own warn-once notices, given before the comparison)
+    matches_eager(fn, lambda i: (_x(i),))
+    with pytest.raises(UnsupportedOperationError, match="MH104"):
+        minihop.function(fn)(_x(0)).sum().backward()
+
+
+def test_version_counter_bumped_by_hand() -> None:
+    held = [torch.ones(3), torch.ones(3)]
+
+    def reset() -> None:
+        held[:] = [torch.ones(3), torch.ones(3)]
+
+    matches_eager(BumpsVersion, lambda i: (_x(i), held[i % 2]), state=lambda: [t._version for t in held], reset=reset)
+    with pytest.raises(UnsupportedOperationError, match=r"MH104.*increment_version"):
+        minihop.function(BumpsVersion)(_x(0), torch.ones(3))

@@ -36,7 +36,7 @@ import torch
 from ..errors import UnsupportedOperationError
 from .bytecode import instructions
 from .identity import _FAKE_ONLY, _SYMBOLIC
-from .library import reads_trace_modes, torch_io
+from .library import autograd_state, reads_trace_modes, torch_io
 
 __all__ = ["numpy_value", "reads_stack", "refuse_class_reads", "symbolic"]
 
@@ -145,8 +145,9 @@ def refuse_class_reads(function: str, phase: str, code: types.CodeType, args: tu
 
 def refuse_torch_io(function: str, phase: str, code: types.CodeType, line: int | None, fn: Any) -> None:
     """Where ``fn`` is one of torch's file or process readers and writers (``library.torch_io``:
-    ``torch.load``, ``torch.save``, ``torch.from_file``), or reads whether torch's modes are on
-    or a tensor is fake (``library.reads_trace_modes``): refused (MH104)."""
+    ``torch.load``, ``torch.save``, ``torch.from_file``), reads whether torch's modes are on
+    or a tensor is fake (``library.reads_trace_modes``), or sets up autograd engine state no op
+    holds (``library.autograd_state``: forward AD, saved-tensor hooks): refused (MH104)."""
     what = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     if reads_trace_modes(fn):
         named = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__name__', '')}".lstrip(".")
@@ -158,6 +159,14 @@ def refuse_torch_io(function: str, phase: str, code: types.CodeType, line: int |
             "what eager does not (has_torch_function((x,)) answers True; eager, False).",
             "Drop the check from the Function (eager answers it the same way on every call of plain tensors), "
             "or run it eagerly with minihop.function(F, fallback='eager').")
+    if autograd_state(fn):
+        raise UnsupportedOperationError(
+            f"{function}.{phase} calls or names torch.autograd's {getattr(fn, '__module__', '')}.{what}, which sets up "
+            f'or reads autograd engine state outside any op (File "{code.co_filename}", line {line}).',
+            "A captured graph records tensor operations: a forward-AD level entered, saved-tensor hooks pushed or "
+            "a version counter bumped while traced act on minihop's fake tensors once, and the graph's run "
+            "would not enter the level (its dual ops then fail), run the hooks, or bump the caller's counter.",
+            "Do it outside the Function, or run it eagerly with minihop.function(F, fallback='eager').")
     if not torch_io(fn):
         return
     raise UnsupportedOperationError(

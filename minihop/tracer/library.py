@@ -17,7 +17,7 @@ from typing import Any
 
 from ..library_state import LIBRARY_PACKAGES, library_module, own_attr, own_dict
 
-__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "TORCH_IO", "TORCH_PROCESS", "bounded", "torch_io", "is_exec_class",
+__all__ = ["BOUNDED", "LIBRARY_PACKAGES", "NEVER_DRAW", "TORCH_AUTOGRAD_STATE", "TORCH_IO", "TORCH_PROCESS", "autograd_state", "bounded", "torch_io", "is_exec_class",
            "is_library", "is_user_function", "library_module", "reads_trace_modes"]
 
 
@@ -118,6 +118,24 @@ ONLY: dict[str, frozenset[str]] = {
 TORCH_IO = ("torch.serialization", "torch.hub", "torch.package", "torch.jit._serialization",
             "torch.utils.tensorboard", "torch.utils.cpp_extension", "torch.onnx",
             "torch.distributed.checkpoint", "torch.profiler", "torch.multiprocessing")
+
+
+# torch's autograd engine state outside any op: forward-mode AD's levels and dual tensors
+# (``dual_level``, ``make_dual``), the saved-tensor hooks stack (``saved_tensors_hooks``,
+# ``save_on_cpu``), a tensor's version counter bumped by hand (``increment_version``), a
+# tensor's gradient edge. A graph records ops: the trace would set these up on fake tensors
+# once, and the graph's run would neither enter the level (its dual ops then raise) nor run the
+# hooks. Refused where the code names them (``kinds.refuse_torch_io``); the classes code only
+# asks about (``isinstance(ctx, Node)``) are not.
+TORCH_AUTOGRAD_STATE = ("torch.autograd.forward_ad", "torch.autograd.graph")
+_AUTOGRAD_TYPES = frozenset({"Node", "GradientEdge"})
+
+
+def autograd_state(fn: Any) -> bool:
+    """Whether ``fn`` sets up or reads autograd engine state no op holds (``TORCH_AUTOGRAD_STATE``)."""
+    module = getattr(fn, "__module__", None)
+    return issubclass(type(module), str) and module.startswith(TORCH_AUTOGRAD_STATE) \
+        and getattr(fn, "__name__", None) not in _AUTOGRAD_TYPES
 
 
 def torch_io(fn: Any) -> bool:

@@ -18,6 +18,8 @@ than make a tensor:
   no node for it. Run on the fake tensor it would be lost for the caller's tensor (a ``.grad``
   set on an input, a global, a saved tensor) and for the phase's own (later reads of ``y``
   after ``y.data = v`` are the old value's node in the graph): refused (MH104).
+- forward-mode AD's dual ops (``torch._make_dual``, ``_unpack_dual``), however reached: refused
+  (MH104; ``kinds.refuse_torch_io`` refuses the level and hooks set up by name).
 - ``torch.autograd.grad`` (and ``backward()``, see ``recompute``) over an autograd graph that
   holds another ``autograd.Function``'s node: the graph records that Function's forward ops
   inlined, so at run time autograd differentiates those ops and never calls its own
@@ -41,6 +43,7 @@ __all__ = ["refuse_inner_function_nodes", "rewrite_autograd_call"]
 _REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 _HOOKS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad"})
 _SETTERS = frozenset({"__set__", "__delete__"})
+_DUAL = frozenset({"_make_dual", "_unpack_dual"})
 
 
 def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[], str],
@@ -61,6 +64,14 @@ def rewrite_autograd_call(func: Any, args: tuple[Any, ...], describe: Callable[[
             "Make the change outside the Function (before or after apply), write it as an "
             "operation (`y = y.clamp(min=0)` for `y.data = y.data.clamp(min=0)`; return a "
             "gradient as an output), or run this Function eagerly "
+            "(minihop.function(F, fallback='eager')).", where=where())
+    if name in _DUAL and (getattr(func, "__module__", None) or "torch").split(".")[0] == "torch":
+        # (forward AD reached through library code: the level it names is the trace's, gone when the graph runs)
+        raise UnsupportedOperationError(
+            f"{describe()} calls torch.{name}, forward-mode AD.",
+            "Its dual tensors live at a forward-AD level entered while traced; the captured graph would "
+            "name that level when it runs, where no such level is entered.",
+            "Compute the tangent outside the Function, or run this Function eagerly "
             "(minihop.function(F, fallback='eager')).", where=where())
     if name in _HOOKS and args and issubclass(type(args[0]), torch.Tensor) and args[0].requires_grad:
         raise UnsupportedOperationError(
