@@ -29,6 +29,11 @@ Differences from eager before this round:
   pack hook's change to what is saved was lost), a version counter bumped by hand
   (``increment_version``). Refused now (MH104: ``library.autograd_state``, and the dual ops
   however reached, ``tracer/tensor_state.py``).
+- a ``TorchDispatchMode`` the phase enters itself (counting aten ops): it ran on the trace's fake
+  tensors with the heap watch paused, and the graphs run without it: its record was the trace's,
+  once. And a profiler range the phase opens (``record_function``): in eager's profile once per
+  call, in a capture's never. Both refused now (MH104: ``run_context.refuse_entered_dispatch_modes``;
+  ``torch.autograd.profiler`` among torch's process readers and writers).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch.autograd import Function
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import minihop
 from minihop.errors import UnsupportedOperationError
@@ -554,3 +560,61 @@ def test_version_counter_bumped_by_hand() -> None:
     matches_eager(BumpsVersion, lambda i: (_x(i), held[i % 2]), state=lambda: [t._version for t in held], reset=reset)
     with pytest.raises(UnsupportedOperationError, match=r"MH104.*increment_version"):
         minihop.function(BumpsVersion)(_x(0), torch.ones(3))
+
+
+# -- a dispatch mode the phase enters; a profiler range it opens ------------------------------
+
+SEEN_OPS: list[str] = []
+
+
+class CountsAtenOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        SEEN_OPS.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class CountsOwnOps(Function):
+    @staticmethod
+    def forward(ctx, x):
+        with CountsAtenOps():
+            y = x.sin() * 2
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        with CountsAtenOps():
+            return g * 2
+
+
+def test_dispatch_mode_entered_by_the_phase() -> None:
+    matches_eager(CountsOwnOps, lambda i: (_x(i),), state=lambda: list(SEEN_OPS), reset=SEEN_OPS.clear)
+    with pytest.raises(UnsupportedOperationError, match=r"MH104.*under CountsAtenOps, a dispatch mode it entered"):
+        minihop.function(CountsOwnOps)(_x(0))
+
+
+class ProfiledRange(Function):
+    @staticmethod
+    def forward(ctx, x):
+        with torch.profiler.record_function("minihop_test_range"):
+            return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def _ranges(call: Any) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(2):
+            call(_x(i)).sum().backward()
+    return sum(1 for e in prof.events() if e.name == "minihop_test_range")
+
+
+def test_profiler_range_opened_on_every_call() -> None:
+    """A profiler range the Function opens is in eager's profile once per call; a capture's graphs
+    opened none (the trace's one only). Refused now; fallback's profile is eager's."""
+    assert _ranges(ProfiledRange.apply) == 2
+    minihop.reset()
+    assert _ranges(minihop.function(ProfiledRange, fallback="eager")) == 2
+    with pytest.raises(UnsupportedOperationError, match=r"MH104.*record_function.*profiler"):
+        minihop.function(ProfiledRange)(_x(0))

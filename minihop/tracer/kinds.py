@@ -170,9 +170,10 @@ def refuse_torch_io(function: str, phase: str, code: types.CodeType, line: int |
     if not torch_io(fn):
         return
     raise UnsupportedOperationError(
-        f"{function}.{phase} calls torch's {what}, which reads or writes files "
-        f'(File "{code.co_filename}", line {line}).',
+        f"{function}.{phase} calls torch's {what}, which reads or writes files, processes or the profiler's "
+        f'record (File "{code.co_filename}", line {line}).',
         "While it is traced, tensors are fake: what torch.load or from_file reads is data no trace "
-        "holds, and a file torch.save writes would be written once, never on the calls the graphs run.",
-        "Load or save outside the Function and pass the tensors in, or run it eagerly with "
+        "holds, and a file torch.save writes (or a profiler range record_function opens) would be written "
+        "once, never on the calls the graphs run.",
+        "Load, save or profile outside the Function and pass the tensors in, or run it eagerly with "
         "minihop.function(F, fallback='eager').")

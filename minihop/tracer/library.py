@@ -117,7 +117,7 @@ ONLY: dict[str, frozenset[str]] = {
 # names them (``pystate``); the rest of torch answers from its arguments and guarded state.
 TORCH_IO = ("torch.serialization", "torch.hub", "torch.package", "torch.jit._serialization",
             "torch.utils.tensorboard", "torch.utils.cpp_extension", "torch.onnx",
-            "torch.distributed.checkpoint", "torch.profiler", "torch.multiprocessing")
+            "torch.distributed.checkpoint", "torch.profiler", "torch.autograd.profiler", "torch.multiprocessing")
 
 
 # torch's autograd engine state outside any op: forward-mode AD's levels and dual tensors

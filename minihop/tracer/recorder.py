@@ -45,6 +45,7 @@ from .names import DISCARD, STORE, UNPACK, result_use
 from .op_args import any_leaf, is_tensor, map_plain, tensors_in, version_of
 from .operators import Form
 from .refusals import fake_data_missing, refusal_for
+from .run_context import refuse_entered_dispatch_modes
 from .special_calls import AUTOCAST_SWITCHES, COPY_READS, NOT_SPECIAL, SCALAR_READS, VALUE_READS, special_call
 from .tensor_state import rewrite_autograd_call
 from ..errors import MinihopError, UnsupportedOperationError
@@ -349,6 +350,8 @@ class RecordingMode(PreDispatchTorchFunctionMode):
         kwargs = kwargs or {}
         form = operators.take_form()  # taken by this call whether or not it is recorded
         recorder = self.recorder
+        if torch._C._len_torch_dispatch_stack() > 1:  # (a mode above the fake one: the phase's own)
+            refuse_entered_dispatch_modes(self.fake_mode, self.describe(), self.where())
         # Autocast switches, grad mode, backward, numpy bridge, collectives (special_calls).
         special = special_call(func)
         if recorder is None:

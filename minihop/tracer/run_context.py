@@ -21,7 +21,8 @@ import torch
 
 from .frames import is_library_code
 
-__all__ = ["compiled_code_runs_eagerly", "modes_refusal", "observing_modes", "symbols_printed_as_values"]
+__all__ = ["compiled_code_runs_eagerly", "modes_refusal", "observing_modes", "refuse_entered_dispatch_modes",
+           "symbols_printed_as_values"]
 
 
 def observing_modes() -> list[str]:
@@ -49,6 +50,27 @@ def modes_refusal(function: str, modes: list[str], what: str = "called") -> Any:
         "tensors and bookkeeping, and a capture's graphs make other calls than eager's forward: "
         "what the mode counts, records or changes would not be eager's.",
         "Call the Function outside the mode, or use minihop.function(F, fallback=\"eager\").")
+
+
+def refuse_entered_dispatch_modes(fake_mode: Any, describe: str, where: str | None) -> None:
+    """Above the trace's ``fake_mode`` (the caller's modes are refused before tracing), a
+    dispatch mode the phase's own code entered (``with LoggingMode():``, a user's
+    ``TorchDispatchMode`` counting or rewriting aten ops): it runs on the trace's fake tensors,
+    where the heap watch is paused, and the graph's run has no such mode, so what it counts, logs
+    or rewrites is lost (before round 24, silently). Refused (MH104)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    from ..errors import UnsupportedOperationError
+    stack = _get_current_dispatch_mode_stack()
+    above = stack[next((i + 1 for i, m in enumerate(stack) if m is fake_mode), len(stack)):]
+    if not above:
+        return
+    raise UnsupportedOperationError(
+        f"{describe} runs ops under {', '.join(type(m).__qualname__ for m in above)}, a dispatch mode it entered itself.",
+        "A dispatch mode runs its code on every aten op: while traced it sees minihop's fake tensors "
+        "(what it records or counts is not put back or repeated), and the captured graph runs without "
+        "it, so what it rewrites or counts on each call is lost.",
+        "Enter the mode around the call instead (fallback='eager' then runs the Function under it), or "
+        "run this Function eagerly with minihop.function(F, fallback='eager').", where=where)
 
 
 _SYMBOLIC_TYPES = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
