@@ -34,6 +34,10 @@ Differences from eager before this round:
   once. And a profiler range the phase opens (``record_function``): in eager's profile once per
   call, in a capture's never. Both refused now (MH104: ``run_context.refuse_entered_dispatch_modes``;
   ``torch.autograd.profiler`` among torch's process readers and writers).
+- a write to a library module of its library's own module class, whose attributes its code keeps
+  (torch's config modules: a dict of their own; ``torch.utils.deterministic``: C): the namespace
+  the heap watch compares did not change, so the write was made once, while tracing. Refused now
+  (MH106, ``module_reads._attributes_run_code``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from typing import Any
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
+import torch.fx.experimental._config as fx_config
+import torch.utils.deterministic
 from torch.autograd import Function
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -618,3 +624,50 @@ def test_profiler_range_opened_on_every_call() -> None:
     assert _ranges(minihop.function(ProfiledRange, fallback="eager")) == 2
     with pytest.raises(UnsupportedOperationError, match=r"MH104.*record_function.*profiler"):
         minihop.function(ProfiledRange)(_x(0))
+
+
+# -- a library module whose attributes its own code keeps -------------------------------------
+
+class TogglesConfig(Function):
+    """forward flips a flag of one of torch's config modules (values kept in its own dict)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        fx_config.no_data_dependent_graph_break = not fx_config.no_data_dependent_graph_break
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class SetsDeterministicFill(Function):
+    """backward sets torch.utils.deterministic's flag (a property kept in C)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        torch.utils.deterministic.fill_uninitialized_memory = False
+        return g * 2
+
+
+def _library_flags() -> tuple[bool, bool]:
+    return fx_config.no_data_dependent_graph_break, torch.utils.deterministic.fill_uninitialized_memory
+
+
+def _library_flags_reset() -> None:
+    fx_config.no_data_dependent_graph_break = False
+    torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+@pytest.mark.parametrize("fn", [TogglesConfig, SetsDeterministicFill])
+def test_write_to_a_library_module_that_keeps_its_own_attributes(fn: type) -> None:
+    try:
+        matches_eager(fn, lambda i: (_x(i),), state=_library_flags, reset=_library_flags_reset)
+        with pytest.raises(minihop.SideEffectError, match=r"MH106.*a library module whose attributes are kept by its own code"):
+            minihop.function(fn)(_x(0)).sum().backward()
+    finally:
+        _library_flags_reset()

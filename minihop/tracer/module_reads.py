@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..errors import SideEffectError
 from ..spec import MISSING, Place, Root
 from .heap import LIBRARY_MODULE
 from ..library_state import library_object
@@ -133,6 +134,20 @@ class ThroughLibrary:
     counter: str | None = None  # ``sys.modules["cfg"].n += 1``: the counter ``n``
     read: Place | None = None  # what the chain reads below it (``.S[0]``)
     computed: bool = False  # ``sys.modules`` read whole (``sys.modules[__name__]``): unknown
+    unseen: str | None = None  # a library module written whose attributes are not its namespace
+
+
+def _attributes_run_code(module: Any) -> bool:
+    """A library module of its library's own ``ModuleType`` subclass whose attribute writes run
+    that class's code (its own ``__setattr__``, a property): torch's config modules keep their
+    values in a dict of their own, ``torch.utils.deterministic`` in C. A write there changes
+    nothing in the namespace the heap watch compares, and nothing minihop can put back."""
+    for klass in type(module).__mro__:
+        if klass is types.ModuleType:
+            return False
+        if "__setattr__" in vars(klass) or any(hasattr(type(v), "__set__") for v in vars(klass).values()):
+            return True
+    return False
 
 
 def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
@@ -164,6 +179,8 @@ def through_library(root: Root, value: Any, chain: Any) -> ThroughLibrary:
             owner = walk(value, owner_steps) if owner_steps else value
         except Exception:
             owner = None
+        if issubclass(type(owner), types.ModuleType) and not is_user_module(owner) and _attributes_run_code(owner):
+            return ThroughLibrary(unseen=place_at(root, owner_steps).description)
         if issubclass(type(owner), types.ModuleType) and not is_user_module(owner) or \
                 issubclass(type(owner), type) and is_library(owner):  # (or a library class's: ``json.JSONEncoder.x = v``)
             name = place_at(root, owner_steps).description  # (an increment there is refused too: no counter)
@@ -190,6 +207,14 @@ def note_through_library(tracker: Any, root: Root, value: Any, chain: Any, phase
     where = f'(File "{code.co_filename}", line {chain.line})'
     if found.computed:
         tracker.opaque.unknown(phase, f"{phase} reads sys.modules by a computed name, any module's state {where}")
+    if found.unseen is not None:
+        raise SideEffectError(
+            f"{tracker.name}.{phase} writes an attribute of {found.unseen}, a library module whose attributes are "
+            f"kept by its own code (a __setattr__ or properties of its class), not in its namespace {where}.",
+            "minihop watches a library module's namespace for writes; this one's state lives elsewhere (a config "
+            "dict, torch's C settings), so the write would be made once, while tracing, and never on the calls the "
+            "graphs run, nor put back.",
+            "Set it outside the Function, or run it eagerly with minihop.function(F, fallback='eager').")
     if found.root is None:
         return
     if found.root.description not in seen:
