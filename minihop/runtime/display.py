@@ -121,6 +121,8 @@ def show_key(key: Any) -> str:
         return f"== {show_value_key(key)}"
     if issubclass(type(key), tuple) and key[:1] in ((list,), (tuple,), (dict,)) and len(key) == 2:
         return f"== {_leaf(key)}"  # (a plain container: its items, as they read)
+    if issubclass(type(key), tuple) and key[:1] == ("fn",):
+        return f"the same {show_function_key(key)}, its code and defaults"
     return f"same structure and values ({type(key).__name__})"
 
 

@@ -24,13 +24,14 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import BackwardOutputError, MinihopError, shows_fakes
+from ..place import AUTOGRAD_CALLS
 from ..spec import READS_GRAD_MODE, PythonState, RawCapture
 from ..structure import iter_leaves
 from ..returned import describe_output
 from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
-from .function_parts import FunctionParts
+from .function_parts import FunctionParts, function_parts
 from .kept_args import live_arguments
 from .memo_writes import seen_by_backward, with_seen
 from .tensor_attr_reads import as_called, saved_outputs_bare
@@ -99,7 +100,8 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
         # forward's values, not the places'; an argument container's tensors: the places' (backward_reads.py)
         with forward_values_on_ctx(t, ctx), argument_tensors_on_ctx(t, ctx, fake_args, real_args), \
                 saved_outputs_bare(ctx._minihop_record.saved, _tensor_leaves(out), fake_args):
-            result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *grads)
+            boxed = getattr(t.fn_cls, "boxed_grads_call", False)  # (autograd hands such a backward one list)
+            result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *((list(grads),) if boxed else grads))
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)
         t.unbacked.check_ranges(t.bwd)
@@ -136,7 +138,7 @@ def may_trace_backward_again(t: Tracing, record: Any, state: PythonState) -> boo
     """Whether backward may be traced again after forward ran, for reasons other than the
     values it reads (those save everything anyway): it read its grads' layout, may be handed
     None, reads Python state or tensors from their places when it runs, or the grad mode."""
-    return bool(t.assumptions) or not record.materialize_grads or bool(state.reads_in("backward")) \
+    return bool(t.assumptions) or not record.materialize_grads or any(r.line != AUTOGRAD_CALLS for r in state.reads_in("backward")) \
         or any(s.read_in_backward for s in t.placeholder_sources.values()) \
         or any(n.meta.get(READS_GRAD_MODE) for n in t.bwd.graph.nodes)
 
@@ -146,6 +148,8 @@ def reads_data_in_backward(state: PythonState, args: tuple[Any, ...]) -> bool:
     a program does not rebind between forward and ``.backward()``) checked again when it
     runs: a new value there traces backward again, after forward ran."""
     for read in state.reads_in("backward"):
+        if read.line == AUTOGRAD_CALLS:
+            continue
         try:
             value = read.place.get(args)
         except Exception:
@@ -171,6 +175,7 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
     under ``create_graph=True`` (for a backward that reads the mode). ``ctx_state``: the plain
     values on ctx an earlier backward of the call left (``effects.ctx_values``), where backward
     writes ctx: this backward starts from them, as eager's second backward does."""
+    parts = function_parts(fn_cls)  # (the backward autograd calls now: rebound since forward, eager's calls the new one)
     with TRACE_LOCK, t.replay_outside(), t.ctx_after_forward:
         t.reset_backward()
         t.backward_reads.arguments(call_args)  # a module argument's tensors as they are now

@@ -32,7 +32,7 @@ from ..errors import MinihopError, UnsupportedOperationError
 from ..library_state import own_dict
 from ..structure import attributes, iter_leaves, make_getter, replace_tensors
 from ..returned import describe_output
-from .function_parts import FunctionParts
+from .function_parts import FunctionParts, function_parts
 from .session import Tracing
 
 __all__ = ["EagerBackward", "RebuiltCtx"]
@@ -59,8 +59,14 @@ class EagerBackward:
 
     def __init__(self, t: Tracing, parts: FunctionParts, ctx: Any, out: Any, fake_args: tuple[Any, ...]) -> None:
         self.t, self.parts, self.ctx, self.out, self.fake_args = t, parts, ctx, out, fake_args
-        # The user's backward as written (``parts`` traces the function under @once_differentiable).
-        self.backward = once_differentiable(parts.backward) if parts.once_differentiable else parts.backward
+
+    def backward(self, *args: Any) -> Any:
+        """The user's backward as autograd resolves it now (rebound since forward: the new one), as
+        written (``parts`` traces the function under @once_differentiable)."""
+        parts = function_parts(self.t.fn_cls)
+        if getattr(self.t.fn_cls, "boxed_grads_call", False):  # (autograd hands such a backward one list)
+            args = (args[0], list(args[1:]))
+        return (once_differentiable(parts.backward) if parts.once_differentiable else parts.backward)(*args)
 
     def rebuild(self, call_args: tuple[Any, ...], saved: Mapping[fx.Node, Any], reason: str) -> RebuiltCtx:
         """The ctx for a call: ``saved`` the call's saved values by raw fwd node,

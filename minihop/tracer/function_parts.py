@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import weakref
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch.autograd.function import BackwardCFunction, once_differentiable
 
 from ..errors import UnsupportedArgumentError
 from ..arguments import uses_setup_context
@@ -61,6 +62,13 @@ def function_parts(fn_cls: type) -> FunctionParts:
     return _function_parts(fn_cls)
 
 
+def _both_implemented(fn_cls: type) -> Any:
+    def backward(ctx: Any, *grads: Any) -> Any:
+        # (eager's own check, ``BackwardCFunction._get_user_fn``, raises its error from torch's code)
+        return BackwardCFunction._get_user_fn(types.SimpleNamespace(_forward_cls=fn_cls))(ctx, *grads)
+    return backward
+
+
 def _function_parts(fn_cls: type) -> FunctionParts:
     if not (issubclass(type(fn_cls), type) and issubclass(fn_cls, torch.autograd.Function)):
         raise UnsupportedArgumentError(
@@ -70,9 +78,13 @@ def _function_parts(fn_cls: type) -> FunctionParts:
         )
     setup = fn_cls.setup_context
     uses_setup = uses_setup_context(fn_cls)
-    backward = fn_cls.backward
-    if backward is torch.autograd.Function.backward and fn_cls.vjp is not torch.autograd.Function.vjp:
-        backward = fn_cls.vjp
+    # As autograd picks it when backward runs (``BackwardCFunction._get_user_fn``): vjp where the
+    # class has its own, else backward; both its own (``vjp = backward`` too), eager's backward raises.
+    backward, vjp = fn_cls.backward, fn_cls.vjp
+    if backward is not torch.autograd.Function.backward and vjp is not torch.autograd.Function.vjp:
+        backward = _both_implemented(fn_cls)
+    elif vjp is not torch.autograd.Function.vjp:
+        backward = vjp
     params = list(inspect.signature(fn_cls.forward).parameters.values())
     if not uses_setup:
         params = params[1:]  # ctx
