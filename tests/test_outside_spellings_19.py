@@ -44,6 +44,10 @@ Differences from eager before this round:
   reads of backward's now (checked when it runs; another: traced again with the new one), and a
   class with both ``backward`` and ``vjp`` of its own raises eager's error in backward; a
   ``boxed_grads_call`` backward gets its grads as one list, as from autograd.
+- a class with an ``apply`` of its own (filling in defaults, changing arguments, counting calls
+  around ``super().apply``, as some packages write one): a capture called forward as torch's
+  ``Function.apply`` does, skipping it, in every mode. Refused now (MH101,
+  ``function_parts.refuse_own_apply``); fallback calls the class's own apply.
 """
 
 from __future__ import annotations
@@ -780,3 +784,64 @@ def test_boxed_grads_call_set_before_backward() -> None:
     of it ran boxed: set back to False it stays boxed, so the test never sets it back)."""
     matches_eager(BoxedLater, lambda i: (_x(i),), mid=lambda i: setattr(BoxedLater, "boxed_grads_call", i >= 2),
                   reset=lambda: setattr(BoxedLater, "boxed_grads_call", False), steps=3)
+
+
+# -- a class with an apply of its own ----------------------------------------------------------
+
+APPLIED: list[int] = []
+
+
+class TriplesItsScale(Function):
+    """An apply of the class's own that fills in a default and changes an argument (as some
+    packages write one, for keyword arguments or defaults), counting its calls."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+    @classmethod
+    def apply(cls, x, scale=2.0):
+        APPLIED.append(1)
+        return super().apply(x, scale * 3)
+
+
+def test_own_apply_runs_as_eager_runs_it() -> None:
+    matches_eager(TriplesItsScale, lambda i: (_x(i), float(i + 1)), state=lambda: len(APPLIED), reset=APPLIED.clear)
+    matches_eager(TriplesItsScale, lambda i: (_x(i),), state=lambda: len(APPLIED), reset=APPLIED.clear)
+    with pytest.raises(minihop.UnsupportedArgumentError, match=r"MH101.*has an apply of its own \(TriplesItsScale.apply\)"):
+        minihop.function(TriplesItsScale)(_x(0), 1.0)
+
+
+def _decorated(fallback: str) -> type:
+    @minihop.captured(fallback=fallback)
+    class TriplesDecorated(Function):
+        @staticmethod
+        def forward(ctx, x, scale):
+            ctx.scale = scale
+            return x * scale
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.scale, None
+
+        @classmethod
+        def apply(cls, x, scale=2.0):
+            return super().apply(x, scale * 3)
+
+    return TriplesDecorated
+
+
+def test_own_apply_under_the_decorator() -> None:
+    """``@minihop.captured`` replaces the class's apply: the one it replaced is still its own."""
+    x = _x(0)
+    y = _decorated("eager").apply(x, 1.0)
+    y.sum().backward()
+    torch.testing.assert_close(y, _x(0) * 3.0, rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, torch.full((3,), 3.0), rtol=0, atol=0)
+    with pytest.raises(minihop.UnsupportedArgumentError, match="has an apply of its own"):
+        _decorated("raise").apply(_x(0), 1.0)

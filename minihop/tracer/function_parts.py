@@ -23,7 +23,7 @@ from torch.autograd.function import BackwardCFunction, once_differentiable
 from ..errors import UnsupportedArgumentError
 from ..arguments import uses_setup_context
 
-__all__ = ["FunctionParts", "function_parts"]
+__all__ = ["FunctionParts", "function_parts", "refuse_own_apply"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,3 +97,21 @@ def _function_parts(fn_cls: type) -> FunctionParts:
     gradnames = None if any(p.kind == p.VAR_POSITIONAL for p in bparams) else tuple(p.name for p in bparams)
     return FunctionParts(fn_cls.__qualname__, fn_cls.forward, setup if uses_setup else None,
                          backward, argnames, gradnames, once)
+
+
+def refuse_own_apply(fn_cls: type, name: str) -> None:
+    """Refuse (MH104) a class whose callers run an ``apply`` of its own (an override of torch's
+    classmethod that changes the arguments, fills in defaults or counts calls around
+    ``super().apply``; under ``@minihop.captured``, the one the decorator replaced): a capture
+    runs forward and backward as torch's ``Function.apply`` does, so that code would not run."""
+    apply = fn_cls.apply
+    apply = getattr(getattr(apply, "__self__", None), "_inline_apply", apply)  # (@captured: what it replaced)
+    func = getattr(apply, "__func__", apply)
+    if func is torch.autograd.Function.apply.__func__:
+        return
+    raise UnsupportedArgumentError(
+        f"{name} has an apply of its own ({getattr(func, '__qualname__', repr(func))}).",
+        "A capture runs forward and backward as torch's Function.apply does: what the class's own apply "
+        "does around super().apply (its arguments changed or filled in, its calls counted) would not run.",
+        "Move that code into forward or outside the Function, or run it eagerly with "
+        "minihop.function(F, fallback='eager'), which calls the class's own apply.")

@@ -42,7 +42,7 @@ from .effects import (ctx_as_forward_left_it, ctx_forward, ctx_objects, ctx_valu
                       share_arguments)
 from .frames import format_frame, user_frame_of
 from .kept_args import keep_weakly
-from .function_parts import FunctionParts, function_parts
+from .function_parts import FunctionParts, function_parts, refuse_own_apply
 from .memo_writes import backward_writes, seen_by_backward, with_seen
 from .names import FrameSnapshot, code_of, name_hints
 from .routes import module_tensors
@@ -125,6 +125,7 @@ def _trace_function(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                     dynamic: dict[int, tuple[int, ...]] | None, plan: Plan,
                     key_of: Callable[[Any], Any], eager_fallback: bool = False) -> RawCapture:
     parts = function_parts(fn_cls)
+    refuse_own_apply(fn_cls, parts.name)
     if retrace is not None:
         args = retrace.fake_args
         grad_on = retrace.grad_enabled
