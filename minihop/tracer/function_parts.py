@@ -104,11 +104,17 @@ def refuse_own_apply(fn_cls: type, name: str) -> None:
     classmethod that changes the arguments, fills in defaults or counts calls around
     ``super().apply``; under ``@minihop.captured``, the one the decorator replaced): a capture
     runs forward and backward as torch's ``Function.apply`` does, so that code would not run."""
-    apply = fn_cls.apply
-    apply = getattr(getattr(apply, "__self__", None), "_inline_apply", apply)  # (@captured: what it replaced)
-    func = getattr(apply, "__func__", apply)
-    if func is torch.autograd.Function.apply.__func__:
+    # (by the classes' own dicts: torch's Function.apply is minihop's watcher while another thread traces)
+    held = next((vars(k)["apply"] for k in fn_cls.__mro__ if "apply" in vars(k)
+                 and k not in torch.autograd.Function.__mro__), None)
+    cf = getattr(getattr(held, "__func__", None), "__self__", None)
+    if cf is not None and hasattr(cf, "_inline_apply"):  # (@captured's: what it replaced)
+        replaced = cf._inline_apply
+        held = None if getattr(replaced, "__func__", None) is torch.autograd.Function.__dict__["apply"].__func__ \
+            or getattr(replaced, "__qualname__", "").startswith("watching_applies") else replaced
+    if held is None:
         return
+    func = getattr(held, "__func__", held)
     raise UnsupportedArgumentError(
         f"{name} has an apply of its own ({getattr(func, '__qualname__', repr(func))}).",
         "A capture runs forward and backward as torch's Function.apply does: what the class's own apply "
