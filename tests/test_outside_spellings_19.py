@@ -52,6 +52,7 @@ Differences from eager before this round:
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from typing import Any
@@ -845,3 +846,25 @@ def test_own_apply_under_the_decorator() -> None:
     torch.testing.assert_close(x.grad, torch.full((3,), 3.0), rtol=0, atol=0)
     with pytest.raises(minihop.UnsupportedArgumentError, match="has an apply of its own"):
         _decorated("raise").apply(_x(0), 1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _ramp(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) + 1
+
+
+class ScalesByCachedRamp(Function):
+    """An lru_cache helper: minihop watches its ops under a dispatch mode of its own, which is
+    not one the phase entered (found by the effects fuzz: refused after the round's first fix)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * _ramp(x.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _ramp(g.shape[0])
+
+
+def test_minihops_own_dispatch_mode_is_not_the_phases() -> None:
+    matches_eager(ScalesByCachedRamp, lambda i: (_x(i),), refusable=False, reset=_ramp.cache_clear)

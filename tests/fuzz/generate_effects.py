@@ -33,7 +33,9 @@ settings read through a function not named as a getter, whether torch's modes ar
 tensor whose subclass has its own ``__torch_function__``, a memo keyed by ``(dtype, size)``
 (written in place and cleared by ``between()``) and backward asking its grad whether it is a
 view; in round 24, a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``)
-and a grad asked its ``_base``.
+and a grad asked its ``_base``; autograd engine state set up by the phase (a version bumped,
+saved-tensor hooks), a dispatch mode it enters, and the class's backward rebound by the caller
+before ``.backward()``.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -164,6 +166,10 @@ KINDS = {
     # Round 24: a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``) on a
     # global parameter or a tensor the phase made, and a grad asked its ``_base``.
     "tensor_state_set": ("fb", ""),
+    # ... autograd engine state set up by the phase (a version bumped by hand, saved-tensor hooks
+    # around ops), a dispatch mode it enters (counting aten ops), and the class's backward
+    # rebound by the caller between forward and ``.backward()``.
+    "engine_state": ("fb", ""), "dispatch_mode_entered": ("fb", ""), "class_backward_rebound": ("b", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -242,6 +248,15 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
     if kind == "grad_view_read":
         return [], r.choice(["x * (5.0 if x._is_view() else 2.0)", "x * float(x.storage_offset() + 1)",
                              "x * (5.0 if x._base is None else 2.0)"])
+    if kind == "engine_state":
+        return r.choice([([f"_iv{n} = x.detach() * 1", f"torch.autograd.graph.increment_version(_iv{n})"],
+                          f"x * float(_iv{n}._version)"),
+                         ([f"with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 2, lambda t: t):",
+                           f"    _hk{n} = x * 3"], f"_hk{n}")])
+    if kind == "dispatch_mode_entered":
+        return [f"with CountingMode():", f"    _dm{n} = x.sin()"], f"_dm{n} * float(len(ATEN) % 3 + 1)"
+    if kind == "class_backward_rebound":
+        return [], ""  # (between() rebinds the class's backward before the third call's .backward())
     if kind == "tensor_state_set":
         return r.choice([([f"GP.grad = x.detach()[:1].sum().reshape(()) * {n + 1}"], ""),
                          (["GP.grad = None"], ""), (["del GP.grad"], ""),
@@ -408,6 +423,7 @@ def generate_source(r: random.Random) -> str:
     args = ", ".join(["x", *extra_args])
     out = [
         "import array, collections, functools, io, itertools, json, logging, queue, sys, threading, types, warnings, weakref",
+        "import torch.utils._python_dispatch",
         "import torch.distributions",
         "import torch", "",
         "def make():",
@@ -443,6 +459,10 @@ def generate_source(r: random.Random) -> str:
         "    torch.backends.cuda.enable_flash_sdp(True); torch.backends.cuda.enable_math_sdp(True)",
         "    LOGGED, TMEMO, DSCALE = [], {}, [1.0]", "",
         "    GP = torch.nn.Parameter(torch.full((), 1.5))", "",
+        "    ATEN = []", "",
+        "    class CountingMode(torch.utils._python_dispatch.TorchDispatchMode):",
+        "        def __torch_dispatch__(self, func, types, args=(), kwargs=None):",
+        "            ATEN.append(str(func))", "            return func(*args, **(kwargs or {}))", "",
         "    class Logged(torch.Tensor):", "        @classmethod",
         "        def __torch_function__(cls, func, types, args=(), kwargs=None):",
         "            LOGGED.append(getattr(func, '__name__', '?'))",
@@ -545,6 +565,11 @@ def generate_source(r: random.Random) -> str:
           if any(k == "caller_death" for k, _ in effects) else []),
         *(["        if i == 2:", "            GP.grad = torch.full((), 4.0)"]
           if any(k == "tensor_state_set" for k, _ in effects) else []),
+        # (the backward autograd calls, rebound before the third call's .backward(): the class is
+        # make()'s, fresh per mode)
+        *(["        if i == 2:",
+           f"            Fn.backward = staticmethod(lambda ctx, x: (x * 5{', None' * len(extra_args)}))"]
+          if any(k == "class_backward_rebound" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
@@ -597,7 +622,7 @@ def generate_source(r: random.Random) -> str:
         f"DEEPW, ALIASD, NBUF.getvalue(), KNOB.calls, LOGGER.level, LOGGER.disabled, sys.argv.count(ARGV_MARK), len(LOGGER.handlers), "
         f"DIED, cfg_cache(), DUNDER, dict(SINKC), list(SINKQ), len(KEEP), sys.minihop_fuzz, "
         f"torch.nn.functional.minihop_fuzz, json.JSONEncoder.minihop_fuzz, list(DEEPLOG.a.b.lines), list(LOGGED), "
-        f"{{str(k): v for k, v in TMEMO.items()}}, sorted(HELD), sorted(WVD.keys()), GP.detach(), GP.grad])",
+        f"{{str(k): v for k, v in TMEMO.items()}}, sorted(HELD), sorted(WVD.keys()), GP.detach(), GP.grad, len(ATEN)])",
         "", "    return Fn, args, state, between",
     ]
     return "\n".join(out) + "\n"
