@@ -24,14 +24,7 @@ from .library_state import del_attr, library_module, set_attr
 from .user_code import item_served_by_code, served_by_user_code
 from .structure import Path, Step, argname
 
-__all__ = ["AUTOGRAD_CALLS", "MISSING", "UNMATCHED", "Place", "Root", "arg_place", "walk_plain"]
-
-# Where autograd's own reads of the Function class are made (``F.backward``, ``F.vjp``,
-# ``F.boxed_grads_call``, looked up when backward runs; ``StateRead.line``): checked then, so a
-# rebinding since forward is seen (``tracer.pystate``). Code a program rarely rebinds there: they
-# alone neither save everything for a retrace nor keep arguments, and a saved capture (which has
-# no class) does not carry them.
-AUTOGRAD_CALLS = "autograd, when backward runs"
+__all__ = ["MISSING", "UNMATCHED", "Place", "Root", "arg_place", "walk_plain"]
 
 
 class _Missing:

@@ -38,12 +38,10 @@ Differences from eager before this round:
   (torch's config modules: a dict of their own; ``torch.utils.deterministic``: C): the namespace
   the heap watch compares did not change, so the write was made once, while tracing. Refused now
   (MH106, ``module_reads._attributes_run_code``).
-- the backward autograd calls, rebound on the class between forward and ``.backward()``
-  (``F.backward = ...``, a base class's, ``F.vjp`` set beside it, ``F.boxed_grads_call``):
-  eager's autograd looks them up when backward runs, the capture ran the traced one. They are
-  reads of backward's now (checked when it runs; another: traced again with the new one), and a
-  class with both ``backward`` and ``vjp`` of its own raises eager's error in backward; a
-  ``boxed_grads_call`` backward gets its grads as one list, as from autograd.
+- the backward autograd calls, resolved as eager's autograd does: a class with both
+  ``backward`` and ``vjp`` of its own (``vjp = backward`` too) ran its backward where eager's
+  raises; a ``boxed_grads_call`` backward was handed its grads one by one where autograd hands
+  it one list.
 - a class with an ``apply`` of its own (filling in defaults, changing arguments, counting calls
   around ``super().apply``, as some packages write one): a capture called forward as torch's
   ``Function.apply`` does, skipping it, in every mode. Refused now (MH101,
@@ -684,72 +682,25 @@ def test_write_to_a_library_module_that_keeps_its_own_attributes(fn: type) -> No
         _library_flags_reset()
 
 
-# -- the backward autograd calls, rebound between forward and .backward() -------------------
+# -- the backward autograd calls -------------------------------------------------------------
 
-def _times_two(ctx, g):
-    return g * 2
+class AliasedVjp(Function):
+    """``vjp = backward`` in the class body: both are the class's own, so eager's autograd raises
+    when backward runs (``BackwardCFunction._get_user_fn``)."""
 
-
-def _times_five(ctx, g):
-    return g * 5
-
-
-class Rebindable(Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    backward = staticmethod(_times_two)
-
-
-class BaseWithBackward(Function):
     @staticmethod
     def forward(ctx, x):
         return x * 2
 
     @staticmethod
     def backward(ctx, g):
-        return g * ctx.k()
+        return g * 2
+
+    vjp = backward
 
 
-class InheritsBackward(BaseWithBackward):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.k = lambda: 3.0
-        return x * 2
-
-
-_INHERITED = BaseWithBackward.__dict__["backward"]
-
-
-def test_backward_rebound_on_the_class_before_backward() -> None:
-    matches_eager(Rebindable, lambda i: (_x(i),),
-                  mid=lambda i: setattr(Rebindable, "backward", staticmethod(_times_five if i % 2 else _times_two)),
-                  reset=lambda: setattr(Rebindable, "backward", staticmethod(_times_two)))
-
-
-def test_inherited_backward_rebound_on_the_base_before_backward() -> None:
-    matches_eager(InheritsBackward, lambda i: (_x(i),),
-                  mid=lambda i: setattr(BaseWithBackward, "backward",
-                                        staticmethod(lambda ctx, g: g * 7) if i % 2 else _INHERITED),
-                  reset=lambda: setattr(BaseWithBackward, "backward", _INHERITED))
-
-
-def test_vjp_set_beside_backward_before_backward() -> None:
-    """Both backward and vjp the class's own: eager's autograd raises when backward runs."""
-    def reset() -> None:
-        if "vjp" in vars(Rebindable):
-            del Rebindable.vjp
-
-    def mid(i: int) -> None:
-        reset()
-        if i % 2:
-            Rebindable.vjp = staticmethod(_times_five)
-
-    try:
-        matches_eager(Rebindable, lambda i: (_x(i),), mid=mid, reset=reset)
-    finally:
-        reset()
+def test_backward_and_vjp_both_the_classes_own() -> None:
+    matches_eager(AliasedVjp, lambda i: (_x(i),))
 
 
 class BoxedGrads(Function):
@@ -768,23 +719,6 @@ class BoxedGrads(Function):
 
 def test_boxed_grads_call() -> None:
     matches_eager(BoxedGrads, lambda i: (_x(i),))
-
-
-class BoxedLater(Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g[0] * 2 if isinstance(g, list) else g * 3
-
-
-def test_boxed_grads_call_set_before_backward() -> None:
-    """Set once, before the third call's backward (torch keeps a class's boxing once a backward
-    of it ran boxed: set back to False it stays boxed, so the test never sets it back)."""
-    matches_eager(BoxedLater, lambda i: (_x(i),), mid=lambda i: setattr(BoxedLater, "boxed_grads_call", i >= 2),
-                  reset=lambda: setattr(BoxedLater, "boxed_grads_call", False), steps=3)
 
 
 # -- a class with an apply of its own ----------------------------------------------------------

@@ -40,7 +40,7 @@ from torch.fx.node import _get_qualified_name
 
 from ..errors import GuardMismatchError, UnsupportedOutputError
 from ..spec import GRAD_TOGGLE, MISSING, NO_STATE, NO_WORLD, InputSource, Pair, PythonState, Root, StateRead, arg_place
-from ..place import AUTOGRAD_CALLS, Place, walk_plain
+from ..place import Place, walk_plain
 from ..structure import Computed
 from ..returned import OutputSpec, has_computed
 from .guards import library_name
@@ -191,7 +191,7 @@ def _outside_reads_and_writes(cap: Any) -> list[str]:
     state, argnames = cap.python_state, cap.pair.argnames
     found = [f"its {w.phase} writes {w.place.describe(argnames)}" for w in state.writes]
     found += [f"its {r.phase} reads {r.place.describe(argnames)}" for r in state.reads
-              if not _resolved_in_graphs(r.place, argnames) and _library_read(r) is None and r.line != AUTOGRAD_CALLS]
+              if not _resolved_in_graphs(r.place, argnames) and _library_read(r) is None]
     found += [f"it may serve only the call it was traced for ({why})" for why in state.single_use]
     found += [f"its forward reads the tensor at {s.description}" for s in cap.pair.inputs if s.fetched]
     return found

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from ..errors import GuardMismatchError, UnsupportedOperationError
-from ..place import AUTOGRAD_CALLS
 from ..spec import MISSING, UNMATCHED, DataRead, Pair, PythonState
 from ..structure import argname
 from .display import describe_argument, show_key, show_value_key
@@ -202,8 +201,8 @@ def _live_assumptions(name: str, pair: Pair, state: PythonState, args: Args,
     lines: dict[str, str | None] = {}
     phases: dict[str, str] = {}
     for r in state.reads:
-        if r.place.description in held or r.seen is UNMATCHED or r.line == AUTOGRAD_CALLS:
-            continue  # (UNMATCHED: backward's own, never true; autograd's: the class's, when backward runs)
+        if r.place.description in held or r.seen is UNMATCHED:
+            continue  # (UNMATCHED: backward's own, never true: checked when backward runs)
         places.setdefault(r.place.description, r.place.get)
         lines.setdefault(r.place.description, r.line)  # forward's line first
         phases[r.place.description] = "forward" if r.phase == "forward" else phases.get(r.place.description, r.phase)

@@ -24,7 +24,6 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import BackwardOutputError, MinihopError, shows_fakes
-from ..place import AUTOGRAD_CALLS
 from ..spec import READS_GRAD_MODE, PythonState, RawCapture
 from ..structure import iter_leaves
 from ..returned import describe_output
@@ -138,7 +137,7 @@ def may_trace_backward_again(t: Tracing, record: Any, state: PythonState) -> boo
     """Whether backward may be traced again after forward ran, for reasons other than the
     values it reads (those save everything anyway): it read its grads' layout, may be handed
     None, reads Python state or tensors from their places when it runs, or the grad mode."""
-    return bool(t.assumptions) or not record.materialize_grads or any(r.line != AUTOGRAD_CALLS for r in state.reads_in("backward")) \
+    return bool(t.assumptions) or not record.materialize_grads or bool(state.reads_in("backward")) \
         or any(s.read_in_backward for s in t.placeholder_sources.values()) \
         or any(n.meta.get(READS_GRAD_MODE) for n in t.bwd.graph.nodes)
 
@@ -148,8 +147,6 @@ def reads_data_in_backward(state: PythonState, args: tuple[Any, ...]) -> bool:
     a program does not rebind between forward and ``.backward()``) checked again when it
     runs: a new value there traces backward again, after forward ran."""
     for read in state.reads_in("backward"):
-        if read.line == AUTOGRAD_CALLS:
-            continue
         try:
             value = read.place.get(args)
         except Exception:

@@ -43,7 +43,6 @@ import torch
 
 from ..errors import release_frames
 from ..library_state import subclass_attributes
-from ..place import AUTOGRAD_CALLS
 from ..spec import MISSING, UNMATCHED, Place, PythonState, Root, StateRead, StateWrite
 from . import collectives, heap, hidden, identity, kinds, messages, opaque, store_marks
 from .opaque import constant_getattrs
@@ -58,7 +57,7 @@ from .method_reads import places_named
 from .module_reads import builtin_places, note_through_library
 from .names import code_of
 from .roots import (ENVIRONMENT, FLAG_PLACES, MODULE_HOOKS, UNANALYSED, analysed, arg_masks, guarded_value, method_objects,
-                    methods_and_passed, place_at, reads_environment, resolve_root, tensor_holder, value_place, walk)
+                    methods_and_passed, place_at, reads_environment, resolve_root, tensor_holder, walk)
 from .settings import backends_place, setting_place
 from .state_writes import drawn, refuse_hidden_reads, refused, too_much_state, write_of
 from .tensor_attr_reads import tensor_attribute_reads
@@ -96,9 +95,6 @@ class StateTracker:
         self.library = LibraryRan()  # the library code the call runs, where the CallWatch runs
         self.analysed = tuple(analysed(methods_and_passed(self.parts, self.args)))  # read once: three passes use it
         self._find_reads()
-        for name in ("backward", "vjp", "boxed_grads_call"):  # (autograd reads them on the class when backward runs)
-            self._add_read(value_place(f"{fn_cls.__qualname__}.{name}", lambda args, n=name: getattr(fn_cls, n, False)),
-                           "backward", None, None, AUTOGRAD_CALLS)
         self.marked = store_marks.mark(self.analysed, self.reads, self.args)
         reached: dict[int, list[Any]] = {}  # the tensors the walk reached, and where (identity)
         try:

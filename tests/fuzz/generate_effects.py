@@ -34,8 +34,7 @@ tensor whose subclass has its own ``__torch_function__``, a memo keyed by ``(dty
 (written in place and cleared by ``between()``) and backward asking its grad whether it is a
 view; in round 24, a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``)
 and a grad asked its ``_base``; autograd engine state set up by the phase (a version bumped,
-saved-tensor hooks), a dispatch mode it enters, and the class's backward rebound by the caller
-before ``.backward()``.
+saved-tensor hooks) and a dispatch mode it enters.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -167,9 +166,8 @@ KINDS = {
     # global parameter or a tensor the phase made, and a grad asked its ``_base``.
     "tensor_state_set": ("fb", ""),
     # ... autograd engine state set up by the phase (a version bumped by hand, saved-tensor hooks
-    # around ops), a dispatch mode it enters (counting aten ops), and the class's backward
-    # rebound by the caller between forward and ``.backward()``.
-    "engine_state": ("fb", ""), "dispatch_mode_entered": ("fb", ""), "class_backward_rebound": ("b", ""),
+    # around ops) and a dispatch mode it enters (counting aten ops).
+    "engine_state": ("fb", ""), "dispatch_mode_entered": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -255,8 +253,6 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
                            f"    _hk{n} = x * 3"], f"_hk{n}")])
     if kind == "dispatch_mode_entered":
         return [f"with CountingMode():", f"    _dm{n} = x.sin()"], f"_dm{n} * float(len(ATEN) % 3 + 1)"
-    if kind == "class_backward_rebound":
-        return [], ""  # (between() rebinds the class's backward before the third call's .backward())
     if kind == "tensor_state_set":
         return r.choice([([f"GP.grad = x.detach()[:1].sum().reshape(()) * {n + 1}"], ""),
                          (["GP.grad = None"], ""), (["del GP.grad"], ""),
@@ -565,11 +561,6 @@ def generate_source(r: random.Random) -> str:
           if any(k == "caller_death" for k, _ in effects) else []),
         *(["        if i == 2:", "            GP.grad = torch.full((), 4.0)"]
           if any(k == "tensor_state_set" for k, _ in effects) else []),
-        # (the backward autograd calls, rebound before the third call's .backward(): the class is
-        # make()'s, fresh per mode)
-        *(["        if i == 2:",
-           f"            Fn.backward = staticmethod(lambda ctx, x: (x * 5{', None' * len(extra_args)}))"]
-          if any(k == "class_backward_rebound" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
