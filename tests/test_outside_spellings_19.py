@@ -52,7 +52,11 @@ from __future__ import annotations
 
 import functools
 import math
+import pathlib
+import random
 import struct
+import sys
+import tempfile
 from typing import Any
 
 import pytest
@@ -802,3 +806,21 @@ class ScalesByCachedRamp(Function):
 
 def test_minihops_own_dispatch_mode_is_not_the_phases() -> None:
     matches_eager(ScalesByCachedRamp, lambda i: (_x(i),), refusable=False, reset=_ramp.cache_clear)
+
+
+# -- a backward traced again that writes in place, then raises (effects fuzz seed 1282283) ----
+
+def test_backward_traced_again_writes_in_place_then_raises() -> None:
+    """Effects fuzz seed 1282283 (silent also at 0448779): backward bumps, in place, a table an
+    lru_cache helper hands out, then reads forward's stash, which the caller empties before one
+    call's ``.backward()``. Eager's backward bumps the table, then raises ``KeyError``; traced again
+    for that call (the stash changed), the bump was a node of a graph that never ran, and the
+    trace's ``KeyError`` propagated as eager's: the table stayed one behind in fallback mode. Such
+    a trace is refused now (MH104), so fallback runs that backward eagerly. (The case is the
+    generator's, by seed: reduced by hand to its Function, it no longer reached that path.)"""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "fuzz"))
+    import generate_effects
+    source = generate_effects.generate_source(random.Random(1282283))
+    with tempfile.TemporaryDirectory() as directory:
+        outcome, detail = generate_effects.run_case(source, pathlib.Path(directory), 1282283)
+    assert outcome in ("captured", "refused"), detail

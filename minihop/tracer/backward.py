@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ..errors import BackwardOutputError, MinihopError, shows_fakes
+from ..errors import BackwardOutputError, MinihopError, UnsupportedOperationError, shows_fakes
 from ..spec import READS_GRAD_MODE, PythonState, RawCapture
 from ..structure import iter_leaves
 from ..returned import describe_output
@@ -142,6 +142,15 @@ def may_trace_backward_again(t: Tracing, record: Any, state: PythonState) -> boo
         or any(n.meta.get(READS_GRAD_MODE) for n in t.bwd.graph.nodes)
 
 
+def _in_place_write(graph: fx.Graph) -> str | None:
+    """The first op of ``graph`` that writes into a tensor in place (``t.add_(v)``, ``out=``), or None."""
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", node.target) if node.op in ("call_method", "call_function") else ""
+        if issubclass(type(name), str) and (name.endswith("_") and not name.endswith("__") or "out" in node.kwargs):
+            return f"{name}()"
+    return None
+
+
 def reads_data_in_backward(state: PythonState, args: tuple[Any, ...]) -> bool:
     """Whether backward reads a Python value (not code: a function, class or module, which
     a program does not rebind between forward and ``.backward()``) checked again when it
@@ -222,10 +231,21 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
             raise
         except Exception as raised:
             # The user's own error, in this call's backward: its writes stay, as eager's do. Not
-            # where its text shows fakes: eager's backward, run on the call's values, decides
-            # what it raises (fallback runs it; strict refuses) and must start from what was.
-            if not shows_fakes(raised):
+            # where its text shows fakes, nor after an in-place write into a tensor (recorded into
+            # a graph that never runs: eager's made it): eager's backward, run on the call's
+            # values, decides what it raises (fallback runs it; strict refuses) and must start
+            # from what was.
+            unmade = _in_place_write(t.bwd.graph)
+            if not shows_fakes(raised) and unmade is None:
                 state.keep_partial()
+            if unmade is not None:
+                raise UnsupportedOperationError(
+                    f"{parts.name}.backward, traced again for this call, raised {type(raised).__name__} after "
+                    f"writing into a tensor in place ({unmade}).",
+                    "Eager's backward makes that write before it raises; minihop records it into a graph, "
+                    "which does not run when the trace raises.",
+                    f"Run it eagerly with minihop.function({parts.name}, fallback='eager'), which runs "
+                    "backward eagerly for such a call.") from raised
             raise
         finally:
             t.backward_grad_on = False
