@@ -100,7 +100,7 @@ def _function_parts(fn_cls: type) -> FunctionParts:
 
 
 def refuse_own_apply(fn_cls: type, name: str) -> None:
-    """Refuse (MH104) a class whose callers run an ``apply`` of its own (an override of torch's
+    """Refuse (MH101) a class whose callers run an ``apply`` of its own (an override of torch's
     classmethod that changes the arguments, fills in defaults or counts calls around
     ``super().apply``; under ``@minihop.captured``, the one the decorator replaced): a capture
     runs forward and backward as torch's ``Function.apply`` does, so that code would not run."""
