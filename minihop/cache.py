@@ -41,7 +41,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import MinihopError, UnsupportedOperationError, notice, release_frames
-from .pipeline import (Capture, as_called, dynamic_dims, guard_key, methods_check, methods_held, methods_key, modes_refusal, observing_modes,
+from .pipeline import (Capture, as_called, class_apply, dynamic_dims, guard_key, methods_check, methods_held, methods_key, modes_refusal, observing_modes,
                        real_run_shows, run_pipeline, take_held, tracing)
 from .arguments import bind_arguments
 from .copying import CopiedAsFunction
@@ -135,8 +135,8 @@ class CapturedFunction(CopiedAsFunction):
         self.stats = CacheStats()
         # (called as from the user's frames: a warning's stacklevel names eager's frame; inside
         # another Function's trace, inlined as it is: stand-ins there would be code no analysis reached)
-        self._inline_apply = eager_apply or fn_cls.apply
-        self._eager_apply = as_called(self._inline_apply)
+        self._inline_apply = eager_apply  # (else the class's, as eager loads it per call: class_apply)
+        self._eager_apply = as_called(eager_apply, None if eager_apply else lambda: class_apply(fn_cls))
         # The class whose ``.apply`` the compiler is given (it recognises only a Function
         # class's own apply): fn_cls, or for @captured an undecorated twin of it.
         self._compile_cls = compile_cls or fn_cls
@@ -242,7 +242,7 @@ class CapturedFunction(CopiedAsFunction):
         if tracing():
             # Applied inside another Function being traced: inline it, as eager's no-grad
             # forward would run it.
-            return self._inline_apply(*args, **kwargs)
+            return (self._inline_apply or class_apply(self.fn_cls))(*args, **kwargs)
         args = bind_arguments(self.fn_cls, args, kwargs)
         dims = self._dims(args)
         try:

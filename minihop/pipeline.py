@@ -35,7 +35,7 @@ from .runtime.eager_runs import EagerRunner, refusing_fake_text, with_eager_fall
 from .runtime.function import MAX_VALUE_VARIANTS, GradLayout, Retrace
 from .runtime.graph_reads import reads_default_dtype, reads_grad_mode
 from .runtime.op import autograd_function_apply
-from .runtime.function_keys import methods_check, methods_held, methods_key
+from .runtime.function_keys import class_apply, methods_check, methods_held, methods_key
 from .runtime.assumptions import layout_key, refuse_unlike_grads
 from .runtime.display import show_value_key
 from .runtime.located import as_called, real_run_shows
@@ -58,11 +58,10 @@ from .user_code import lazy_module_refusal
 __all__ = ["capture", "run_pipeline", "dynamic_dims", "guard_key", "load", "trace", "UNSET", "with_graphs", "refuse_shadowed_options",
            # the stages' records and helpers the layer above reads
            "Capture", "MAX_VALUE_VARIANTS", "PairShape", "autograd_function_apply", "check_consistent", "describe_autocast",
-           "as_called", "function_parts", "methods_check", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
+           "as_called", "class_apply", "function_parts", "methods_check", "methods_held", "methods_key", "modes_refusal", "observing_modes", "real_run_shows", "run_on_stream", "show_value_key", "take_held", "tracing", "value_key"]
 
 class _Unset:
     """An option the caller did not pass (told apart from one passed with its default)."""
-
     def __repr__(self) -> str:
         return "<unset>"
 
@@ -149,15 +148,16 @@ def run_pipeline(fn_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
     outer = functools.partial(make_outer_graph, pair, tuple(r for r in reads if r.guards_backward))
     retrace = None
     runner = EagerRunner(raw.eager_backward, pair) if eager_backward else None
+    rebound = _backward_retracer(fn_cls, raw, pair, runner)  # (F.backward rebound before .backward(): make_capture)
     if raw.grad_assumptions or not raw.materialize_grads or raw.python_state.reads_in("backward") \
             or any(r.guards_backward for r in reads) or any(s.read_in_backward for s in pair.inputs) \
             or reads_grad_mode(pair.bwd_graph) or reads_default_dtype(pair.bwd_graph, torch.get_default_dtype()) \
             or raw.python_state.ctx_state is not None:  # create_graph=True; another default dtype; a second backward
-        retrace = _backward_retracer(fn_cls, raw, pair, runner)
+        retrace = rebound
     cap = make_capture(pair, outer, fn_cls, key, time.perf_counter() - start, retrace, dims, raw.shape_guards,
                        raw.python_state, layout_key(args) if raw.reads_layout else None, masks, args, reads, eager=runner,
                        eager_transformed=ASKED_WHAT in raw.ctx_features, args_for_retrace=any(
-                           type(a) is WeakArgument for a in raw.inputs_for_retrace.fake_args))
+                           type(a) is WeakArgument for a in raw.inputs_for_retrace.fake_args), rebound=rebound)
     return raw, cap
 
 
@@ -314,8 +314,8 @@ def _backward_tracer(fn_cls: type, raw: RawCapture, pair: Pair) -> Retrace:
         missing += [s.name for s in variant.inputs if s.name not in input_index and not s.read_in_backward]
         if missing:
             raise UnsupportedOperationError(
-                f"{pair.function_name}.backward, traced again for this call (its grads, or "
-                f"a Python value it reads, differ from the captured backward's), reads forward "
+                f"{pair.function_name}.backward, traced again for this call (its grads, or a Python "
+                f"value it reads, differ from the captured backward's, or it was rebound), reads forward "
                 f"values ({', '.join(missing)}) that forward did not save.",
                 "Forward has already run; it saved only what the captured backward needed.",
                 "Make backward read the same forward values whatever its grads look like and "

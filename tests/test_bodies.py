@@ -37,17 +37,21 @@ class MySin(Function):
         return g * x.cos()
 
 
-def test_plain_capture_has_no_branch() -> None:
-    """A Function that saves its input and marks nothing: forward runs fwd and saves, backward
-    runs bwd on the grad and the saved tensors; not one ``if``, loop or general-path call."""
-    assert source_of(MySin, leaf(3)) == (
+def test_plain_capture_has_one_branch() -> None:
+    """A Function that saves its input and marks nothing: forward runs fwd and saves, with no
+    branch; backward, while the class's backward and vjp are the ones it was traced from (eager's
+    autograd loads them when backward runs: rebound since forward, it runs the new one), runs bwd
+    on the grad and the saved tensors directly (else the general path, which traces it again)."""
+    forward, backward = source_of(MySin, leaf(3)).split("\n\n")
+    assert forward == (
         "def forward(ctx, i0, ):\n"
         "    outs, to_save = fwd_body(i0)\n"
         "    ctx.save_for_backward(*to_save)\n"
-        "    return outs[0]\n"
-        "\n"
-        "def backward(ctx, g0, ):\n"
-        "    return bwd_body(g0, *ctx.saved_tensors)\n")
+        "    return outs[0]")
+    assert backward.splitlines()[:3] == [
+        "def backward(ctx, g0, ):",
+        "    if F.backward is user_backward and F.vjp is user_vjp:",
+        "        return bwd_body(g0, *ctx.saved_tensors)"]
 
 
 class Add(Function):
@@ -137,7 +141,8 @@ def test_backward_reading_python_state_checks_once() -> None:
     check, then the traced bwd; the general path only when the value changed."""
     source = source_of(ReadsScale, leaf(2))
     backward = source.split("\n\n")[1]
-    assert backward.splitlines()[1:3] == ["    if state_ok(()):", "        return bwd_body(g0)"]
+    assert backward.splitlines()[1:3] == [
+        "    if state_ok(()) and F.backward is user_backward and F.vjp is user_vjp:", "        return bwd_body(g0)"]
 
 
 def test_source_is_readable_in_tracebacks() -> None:
@@ -168,5 +173,6 @@ def test_tensor_read_when_backward_runs() -> None:
     """A tensor backward reads from a global is fetched when backward runs and checked against
     the traced properties in one call; then the traced bwd runs on it."""
     backward = source_of(ReadsGlobalInBackward, leaf(2)).split("\n\n")[1]
-    assert backward.splitlines()[1:4] == ["    late0 = fetch0(())", "    if traced0(late0):",
+    assert backward.splitlines()[1:4] == ["    late0 = fetch0(())",
+                                          "    if traced0(late0) and F.backward is user_backward and F.vjp is user_vjp:",
                                           "        return bwd_body(g0, late0)"]

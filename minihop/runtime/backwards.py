@@ -24,8 +24,8 @@ A backward that read ``torch.is_grad_enabled()`` (``READS_GRAD_MODE`` nodes) was
 grad mode off, as an ordinary backward runs; under ``create_graph=True`` eager's reads True, so
 that case's bwd is traced again with grad mode on (``grad_on``).
 
-A backward whose ops may read the default dtype (``graph_reads.reads_default_dtype``) runs its
-traced bwd only under the one it was traced with; another is another case (traced again).
+The default dtype where backward's ops may read it (``graph_reads.reads_default_dtype``), and the
+class's ``backward``/``vjp`` as autograd finds them when backward runs: another is another case.
 
 A backward that writes the plain values on ctx (``ctx.calls += 1``; ``PythonState.ctx_state``)
 leaves them on the runtime's ctx (``CtxAfter``, ``ctx.minihop_ctx``); they are part of the
@@ -47,6 +47,7 @@ from ..spec import GRAD_TOGGLE, NO_STATE, CtxAfter, DataRead, Pair, PythonState,
 from ..structure import make_getter
 from .codegen import emit
 from .graph_reads import applied_functions, reads_default_dtype, reads_grad_mode
+from .function_keys import backward_methods
 from .guards import value_key
 
 __all__ = ["Backwards", "EagerVariant", "Fetched", "GradLayout", "MAX_VALUE_VARIANTS", "Retrace", "Unfetched", "fetch_now", "live_key", "keeps_arguments", "live_slots",
@@ -79,8 +80,7 @@ class _Never:
     def __eq__(self, other: object) -> bool:
         return False
 
-    def __hash__(self) -> int:
-        return 0
+    __hash__ = object.__hash__
 
 
 _NEVER = _Never()
@@ -99,7 +99,7 @@ class Backwards:
 
     def __init__(self, pair: Pair, top_idx: tuple[int, ...], retrace: Retrace | None,
                  state: PythonState = NO_STATE, values: Sequence[Any] = (),
-                 reads: tuple[DataRead, ...] = ()) -> None:
+                 reads: tuple[DataRead, ...] = (), user_cls: type | None = None) -> None:
         self.pair = pair
         self.top_idx = top_idx
         self.retrace = retrace
@@ -122,6 +122,7 @@ class Backwards:
         # The default dtype bwd was traced under (with forward): backward's factory ops read it
         # (torch.ones(n)), and eager's reads it when backward runs, so another one is another case.
         self.dtype = torch.get_default_dtype() if reads_default_dtype(pair.bwd_graph, torch.get_default_dtype()) else None
+        self.user_cls, self.methods = user_cls, backward_methods(user_cls)
         self.base_key = self.key_of_expected()
         self.base_case = (self.base_key, 0)
         self.reads_values = bool(reads)
@@ -150,7 +151,7 @@ class Backwards:
     def key_of_expected(self) -> Any:
         nones = (False,) * len(self.top_idx) if not self.materialize else ()
         key = (nones, tuple(_NEVER if _symbolic(a.expected) else a.expected
-                            for a in self.pair.grad_assumptions), self.state_base, self.dtype)
+                            for a in self.pair.grad_assumptions), self.state_base, self.dtype, self.methods)
         return key if self.ctx_before is None else (key, value_key(self.ctx_before))
 
     def key_of(self, top_grads: tuple[Any, ...], call_args: tuple[Any, ...] = (), ctx_state: Any = None) -> Any:
@@ -160,7 +161,7 @@ class Backwards:
         key = (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
                             for p, q, args, kwargs in self.checks),
                tuple(value_key(read(call_args)) for read in self.state_reads),  # usually one or two
-               self.dtype and torch.get_default_dtype())
+               self.dtype and torch.get_default_dtype(), backward_methods(self.user_cls))
         if self.ctx_before is None:
             return key
         return (key, value_key(self.ctx_before if ctx_state is None else ctx_state))
@@ -240,7 +241,7 @@ class Backwards:
                 "traced with (their layout, or which are None), and this capture cannot "
                 "trace backward again (it was loaded from an artifact).",
                 "Its backward reads properties of its grads (or Python values that changed "
-                "since forward), so another case needs another trace.",
+                "since forward, or the class's backward was rebound), so another case needs another trace.",
                 "Capture the Function again in this process (minihop.capture).")
         seeded = {} if ctx_state is None else {"ctx_state": ctx_state}  # else forward's
         gm, saved_map, input_map, writes, reads = self.retrace(self.layout_of(top_grads), call_args, grads, saved,
@@ -333,9 +334,8 @@ class Fetched:
 
 
 def live_key(value: Any) -> Any:
-    """A live slot's key when backward runs: the fetched tensor's ``tensor_key``, or a key of
-    its own for what is not a tensor there (gone, or a list's position moved), so that it is
-    never the traced one and never stands for a tensor."""
+    """A live slot's key when backward runs: the fetched tensor's ``tensor_key``, or a key of its own
+    for what is not a tensor there (gone, or a list's position moved): never the traced one's."""
     return tensor_key(value) if issubclass(type(value), torch.Tensor) else ("absent", type(value).__name__)
 
 

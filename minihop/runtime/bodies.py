@@ -20,6 +20,7 @@ forward of two lines and a backward of one.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -209,7 +210,8 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
               state_only: Callable[..., bool] | None, key_of: Callable[..., Any],
               call_bwd: Callable[..., Any], writes: bool,
               late: tuple[tuple[int, Callable[..., Any], Callable[[Any], bool]], ...] = (),
-              ctx_writes: bool = False, dtype: torch.dtype | None = None) -> _Source:
+              ctx_writes: bool = False, dtype: torch.dtype | None = None,
+              methods: tuple[type, Any, Any] | None = None) -> _Source:
     """``backward(ctx, *grads)``: the traced bwd called directly where nothing can differ from
     the trace; else the grads and saved values handed to ``call_bwd``, which picks (or traces)
     the bwd variant for them, and the Python writes of that variant replayed. ``late``: per
@@ -218,7 +220,9 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
     traced bwd runs on them. ``ctx_writes``: backward writes the plain values on ctx; what
     an earlier backward of the call left (``ctx.minihop_ctx``) is part of the key. ``dtype``:
     the default dtype bwd was traced under, where it may read it (None: it does not); the
-    traced bwd runs directly only under it."""
+    traced bwd runs directly only under it. ``methods``: ``(F, backward, vjp)``, the user's class
+    and what autograd found on it at capture; the traced bwd runs directly only while it finds
+    them still (eager's autograd loads them when backward runs)."""
     L = layout
     grads = _params(len(L.top_idx), "g")
     src = _Source(f"def backward(ctx, {''.join(g + ', ' for g in grads)}):")
@@ -228,6 +232,10 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
               and not L.exact_unpacks and (not needs_key or state_only is not None or bool(late)))
     same_dtype = [] if dtype is None else \
         [f"{src.name('default_dtype', torch.get_default_dtype)}() is {src.name('traced_dtype', dtype)}"]
+    if methods is not None:  # (``==`` where a load makes a new object: a classmethod's bound method)
+        user, found = src.name("F", methods[0]), methods[1:]
+        same_dtype += [f"{user}.{name} {'is' if type(f) is types.FunctionType else '=='} {src.name('user_' + name, f)}"
+                       for name, f in zip(("backward", "vjp"), found)]
     if direct and late:
         if L.keeps_args:
             src.add("call_args = ctx.minihop_args")

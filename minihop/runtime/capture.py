@@ -316,12 +316,15 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                  masks: dict[int, frozenset[str]] | None = None,
                  args: tuple[Any, ...] = (), data_reads: tuple[DataRead, ...] = (),
                  eager: EagerRunner | None = None, eager_transformed: bool = False,
-                 args_for_retrace: bool = False) -> Capture:
+                 args_for_retrace: bool = False, rebound: Retrace | None = None) -> Capture:
     """``eager`` (``fallback="eager"``): runs the user's backward for a call where the
     captured one cannot stand for it (``eager_runs``); forward then keeps the call's arguments
     on ctx wherever that may happen (a backward traced again, attributes on ``y.grad_fn``).
     ``args_for_retrace``: a backward traced again needs the call's argument objects (the
-    capture keeps its own weakly: ``tracer.kept_args``); forward keeps them on ctx too."""
+    capture keeps its own weakly: ``tracer.kept_args``); forward keeps them on ctx too.
+    ``rebound``: traces backward again where ``retrace`` is None and the class's ``backward``
+    was rebound before ``.backward()`` (eager's autograd calls the new one); the call's arguments
+    are not kept for it (forward's cost stays): traced with the capture's own, kept weakly."""
     keep_args = (eager is not None and (retrace is not None or bool(python_state.ctx_forward))) \
         or (args_for_retrace and retrace is not None)
     setup_style = function is not None and uses_setup_context(function)
@@ -329,11 +332,11 @@ def make_capture(pair: Pair, outer: Callable[[], fx.GraphModule], function: type
                              args, data_reads)
     # Backward's Python reads, as the record has them (their values at capture): backward
     # compares them when it runs.
-    function_cls = make_function(pair, retrace, transformable=setup_style,
+    function_cls = make_function(pair, retrace or rebound, transformable=setup_style,
                                  generate_vmap_rule=bool(setup_style and function.generate_vmap_rule),
                                  state=python_state, backward_values=backward_values(assumed),
                                  bwd_reads=tuple(r for r in data_reads if r.guards_backward), keep_args=keep_args,
-                                 eager=eager)
+                                 eager=eager, user_cls=function)
     assumptions, run = once(pair.function_name, python_state.single_use, assumed,
         _with_replay(_runner(function_cls, pair.inputs, len(key[1]), pair.output_spec, pair.top_level,
                              function if setup_style else None, make_writer(pair.outside_writes), eager_transformed),

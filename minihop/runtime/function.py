@@ -33,6 +33,7 @@ from .bodies import Layout, generate, without_body_toggles
 from .codegen import emit
 from .graph_reads import applied_functions, reads_grad_mode
 from .eager_runs import EagerRunner
+from .function_keys import backward_methods
 from .grad_fn import mirror_ctx
 from .guard_checks import compile_live_check
 from .transformable import make_transformable
@@ -60,7 +61,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
                   generate_vmap_rule: bool = False, state: PythonState = NO_STATE,
                   backward_values: tuple[Any, ...] = (),
                   bwd_reads: tuple[DataRead, ...] = (), keep_args: bool = False,
-                  eager: EagerRunner | None = None) -> type[torch.autograd.Function]:
+                  eager: EagerRunner | None = None, user_cls: type | None = None) -> type[torch.autograd.Function]:
     """The ``autograd.Function`` subclass that runs ``pair``.
 
     Apply it as ``F.apply(*inputs)``, or ``F.apply(sink, *inputs)`` when ``F.uses_sink`` (some
@@ -73,14 +74,15 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
     what torch.func transforms require), ``F.transformable`` is a second class in that style,
     used while a transform is active (see ``make_transformable``). ``keep_args``: forward keeps
     the call's arguments on ctx whatever backward reads (a backward run eagerly needs them);
-    ``eager``: runs the user's backward where the caller touched ``y.grad_fn`` (``grad_fn``).
+    ``eager``: runs the user's backward where the caller touched ``y.grad_fn`` (``grad_fn``);
+    ``user_cls``: the user's Function, whose ``backward``/``vjp`` are compared when backward runs.
     """
     layout = Layout.of(pair, keeps_args=keep_args or keeps_arguments(pair, state))
     # A bwd that read the grad mode is right in one mode only: create_graph takes another (Backwards.grad_on).
     # (or applied another Function: under create_graph its backward is eager's, Backwards.get decides)
     bwd_plain = None if reads_grad_mode(pair.bwd_graph) and (retrace is not None or applied_functions(pair.bwd_graph)) \
         else without_body_toggles(pair.bwd_graph, "bwd_body")
-    backwards = Backwards(pair, layout.top_idx, retrace, state, backward_values, bwd_reads)
+    backwards = Backwards(pair, layout.top_idx, retrace, state, backward_values, bwd_reads, user_cls)
     backwards.plain = bwd_plain
     call_bwd = _bwd_caller(pair, layout, backwards, bwd_plain, state)
     # Backward's only reason for a key is the Python values it reads (not grads, not data,
@@ -101,7 +103,7 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         pair, layout, call_arguments, bwd_plain=bwd_plain, needs_key=backwards.needs_key,
         state_only=state_only, key_of=backwards.key_of, call_bwd=call_bwd, dtype=backwards.dtype,
         writes=bool(state.writes_in("backward")) or state.ctx_state is not None, late=late,
-        ctx_writes=state.ctx_state is not None)
+        ctx_writes=state.ctx_state is not None, methods=(user_cls, *backwards.methods) if user_cls else None)
     if pair.once_differentiable:
         backward = once_differentiable(backward)
     namespace = {
@@ -136,6 +138,7 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
     once = pair.once_differentiable
     needs_key = backwards.needs_key
     traced_dtype = backwards.dtype
+    user_cls, methods = backwards.user_cls, backwards.methods
 
     def call_bwd(top_grads: tuple[Any, ...], saved: Sequence[Any],
                  call_args: tuple[Any, ...] = (), key: Any = None,
@@ -158,10 +161,11 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
         create_graph = grad_mode and not once
         code = bwd_code
         writes = bwd_writes
-        other_dtype = traced_dtype is not None and _default_dtype() is not traced_dtype
-        if needs_key or (create_graph and bwd_plain is None) or other_dtype:
+        other_case = traced_dtype is not None and _default_dtype() is not traced_dtype \
+            or user_cls is not None and backward_methods(user_cls) != methods  # (rebound since forward)
+        if needs_key or (create_graph and bwd_plain is None) or other_case:
             if key is None:
-                key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key or other_dtype \
+                key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key or other_case \
                     else backwards.base_key
             code, saved_map, writes = backwards.get(key, create_graph, top_grads, call_args, grads, saved, ctx_state)
             if saved_map is not None:

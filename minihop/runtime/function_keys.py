@@ -15,7 +15,7 @@ defaults as places). Here a default is keyed by identity unless it is a plain co
 (compared by value, so setting ``(2.0,)`` again hits).
 
 And ``methods_key``: a Function class's own methods as a key, by the ids of their code and
-defaults (one attribute load each, on the hot path): the cache's key (``cache.py``) and what a
+defaults (one attribute load each, on the hot path), and the ``apply`` its callers run: the cache's key (``cache.py``) and what a
 direct capture checks before each call (``Capture.__call__``: ``F.forward`` replaced, or its
 defaults or code, since the capture was made).
 
@@ -34,7 +34,8 @@ import torch
 
 from ..library_state import Same as _Same, float_bits
 
-__all__ = ["function_key", "methods_check", "methods_held", "methods_key", "same_function", "show_function_key"]
+__all__ = ["backward_methods", "class_apply", "function_key", "methods_check", "methods_held", "methods_key", "same_function",
+           "show_function_key"]
 
 # Defaults compared by value: immutable constants (a float by its bits: -0.0 is not 0.0).
 _CONSTANTS = (str, bytes, int, bool, complex, type(None))
@@ -96,15 +97,35 @@ def methods_key(fn_cls: type) -> tuple[Any, ...]:
     its code, defaults and keyword defaults, which the caller may replace on the same function
     object (``F.forward.__defaults__ = (3.0,)``). By id, on the hot path: ``methods_held`` keeps the
     objects of every key made, so no id in a key is another object's while it lives."""
-    fwd, bwd, setup = fn_cls.forward, fn_cls.backward, fn_cls.setup_context
+    fwd, bwd, setup, app = fn_cls.forward, fn_cls.backward, fn_cls.setup_context, _apply_of(fn_cls)
     try:  # functions (staticmethods): a few attribute loads per call, no key objects built
         if fwd.__kwdefaults__ is None and bwd.__kwdefaults__ is None and setup is _NO_SETUP:
             return (fn_cls, fwd, bwd, fn_cls.vjp, setup, id(fwd.__code__), id(fwd.__defaults__),
-                    id(bwd.__code__), id(bwd.__defaults__))
-        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, *(id(part) for f in (fwd, bwd, setup) for part in (
+                    id(bwd.__code__), id(bwd.__defaults__), app)
+        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, app, *(id(part) for f in (fwd, bwd, setup) for part in (
             f.__code__, f.__defaults__, *(f.__kwdefaults__ or {}).values())))
     except AttributeError:  # a callable object: its own state is not a function's
-        return (fn_cls, fwd, bwd, fn_cls.vjp, setup)
+        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, app)
+
+
+def _apply_of(fn_cls: type) -> Any:
+    """The function ``F.apply`` runs: torch's, or an ``apply`` set on the class since a capture
+    (eager's ``F.apply`` runs it; a capture is refused for it, ``function_parts.refuse_own_apply``).
+    minihop's own watcher, set on torch's ``Function`` while a backward is traced with grad on
+    (``tracer.grad_modes.watching_applies``), stands for the one it watches."""
+    found = fn_cls.apply
+    found = getattr(found, "__func__", found)
+    return getattr(found, "minihop_watched", found)
+
+
+def class_apply(fn_cls: type) -> Any:
+    """``F.apply`` as eager's caller loads it (an ``apply`` set on the class since is its own),
+    but torch's where it is minihop's (``F.apply = minihop.function(F).apply``, as @captured does):
+    what a cache runs for a call it runs eagerly."""
+    found = fn_cls.apply
+    if getattr(getattr(found, "__self__", None), "_minihop_own", False):
+        return torch.autograd.Function.__dict__["apply"].__get__(None, fn_cls)
+    return found
 
 
 _NO_SETUP = torch.autograd.Function.setup_context
@@ -118,7 +139,8 @@ _METHODS_CHECK = compile("\n".join((
     "        f, b, v, s = F.forward, F.backward, F.vjp, F.setup_context",
     "        return (F is cls and (f is fwd or f == fwd) and (b is bwd or b == bwd) and (v is vjp or v == vjp)",
     "                and (s is setup or s == setup) and f.__kwdefaults__ is None and b.__kwdefaults__ is None",
-    "                and f.__code__ is fc and f.__defaults__ is fd and b.__code__ is bc and b.__defaults__ is bd)",
+    "                and f.__code__ is fc and f.__defaults__ is fd and b.__code__ is bc and b.__defaults__ is bd",
+    "                and F.apply.__func__ is app)",
     "    except AttributeError:",
     "        return False")), "<minihop methods check>", "exec")
 
@@ -129,11 +151,11 @@ def methods_check(fn_cls: type, key: tuple[Any, ...]) -> Callable[[type], bool]:
     ``fn_cls``'s methods, which ``key`` names: the hot path asks it before each hit, and a key
     tuple built per call costs more than the loads themselves. Any other key (or one that is
     not ``fn_cls``'s now) is compared whole."""
-    if len(key) != 9 or key[4] is not _NO_SETUP or methods_key(fn_cls) != key:
+    if len(key) != 10 or key[4] is not _NO_SETUP or methods_key(fn_cls) != key:
         return lambda F: methods_key(F) == key
     fwd, bwd = key[1], key[2]
     consts = {"cls": fn_cls, "fwd": fwd, "bwd": bwd, "vjp": key[3], "setup": _NO_SETUP,
-              "fc": fwd.__code__, "fd": fwd.__defaults__, "bc": bwd.__code__, "bd": bwd.__defaults__}
+              "fc": fwd.__code__, "fd": fwd.__defaults__, "bc": bwd.__code__, "bd": bwd.__defaults__, "app": key[9]}
     exec(_METHODS_CHECK, consts)
     check: Callable[[type], bool] = consts["check"]
     return check
@@ -146,3 +168,11 @@ def methods_held(fn_cls: type) -> list[Any]:
         kw = getattr(fn, "__kwdefaults__", None)
         found += [getattr(fn, "__code__", None), getattr(fn, "__defaults__", None), *(kw or {}).values()]
     return found
+
+
+def backward_methods(fn_cls: type | None) -> tuple[Any, Any] | None:
+    """What autograd resolves when a call's backward runs (``BackwardCFunction._get_user_fn``:
+    ``F.backward`` and ``F.vjp``, loaded then, not at ``apply``): a rebinding between forward
+    and ``.backward()`` (``mock.patch.object(F, "backward", spy)`` around the loss's backward)
+    is eager's new backward, so the runtime compares them before it runs the traced bwd."""
+    return None if fn_cls is None else (fn_cls.backward, fn_cls.vjp)

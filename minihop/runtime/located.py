@@ -55,15 +55,16 @@ def at_user_line(filename: str, line: int, module: Any, name: str = "call") -> C
 _LEVELS = 3
 
 
-def as_called(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (``F.apply``), called from stand-ins of the first frames outside minihop (each
-    an ``at_user_line`` frame at that frame's line, in its module): a warning forward or a
-    helper gives with ``stacklevel`` 3 to 5 is located at the user's frame it names in eager."""
+def as_called(fn: Callable[..., Any] | None, found: Callable[[], Callable[..., Any]] | None = None) -> Callable[..., Any]:
+    """``fn`` (``F.apply``; or what ``found()`` gives when called: the class's ``apply`` now),
+    called from stand-ins of the first frames outside minihop (each an ``at_user_line`` frame at
+    that frame's line, in its module): a warning forward or a helper gives with ``stacklevel`` 3
+    to 5 is located at the user's frame it names in eager."""
     def call(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
         while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("minihop"):
             frame = frame.f_back
-        run, stand_ins = fn, set()
+        run, stand_ins = (fn if found is None else found()), set()
         for _ in range(_LEVELS):
             if frame is None:
                 break

@@ -191,6 +191,7 @@ def watching_applies(recorder: Any, on: bool) -> Iterator[list[type]]:
             for node in made:
                 node.meta[READS_GRAD_MODE] = f"{cls.__qualname__}.apply"
 
+    apply.minihop_watched = held.__func__  # type: ignore[attr-defined]  # (the methods key's: torch's)
     torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
     try:
         yield found

@@ -1,0 +1,282 @@
+"""Hostile spellings, round 20 (issue #28, round 25), tried from outside against eager in
+strict, apply and fallback mode (``eager_modes.matches_eager``): what eager's autograd loads
+from the user's Function class, and when it loads it.
+
+Differences from eager before this round:
+
+- The class's ``backward`` (or ``vjp``) rebound between forward and ``.backward()``: eager's
+  autograd loads it when backward runs (``BackwardCFunction._get_user_fn``), so the call runs
+  the new one; a capture ran the bwd traced from the old one, in every mode, fallback too. A
+  test's ``mock.patch.object(F, "backward", spy)`` around the loss's backward only is the usual
+  spelling. The runtime's backward now compares the class's ``backward`` and ``vjp`` with the
+  ones it was traced from (``runtime/function_keys.backward_methods``) and traces backward
+  again for the call where they differ (strict: a coded refusal where the new one reads a
+  forward value forward did not save; fallback: the user's backward run eagerly).
+- An ``apply`` set on the class after a capture (``F.apply = classmethod(own)``, one that
+  changes the arguments around ``super().apply``): a capture already made kept serving
+  ``minihop.apply(F, ...)`` and ``minihop.function(F)``, and fallback's eager run called the
+  ``apply`` it had bound when it was made (torch's). The methods key holds the ``apply`` now
+  (``function_keys.methods_key``), so the next call is a miss, refused (MH101) where the class
+  has its own; fallback loads the class's ``apply`` per call, as eager's caller does
+  (``function_keys.class_apply``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import minihop
+from minihop.errors import MinihopError
+
+from eager_modes import caller, matches_eager
+
+
+def _x(i: int) -> torch.Tensor:
+    return torch.linspace(-1.0, 1.0, 3).add(i).requires_grad_()
+
+
+# -- backward (or vjp) rebound between forward and .backward() -----------------------------
+
+
+class RebindBwd(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+_ORIGINAL = RebindBwd.__dict__["backward"]
+
+
+def test_backward_rebound_before_backward_runs() -> None:
+    def mid(i: int) -> None:
+        RebindBwd.backward = staticmethod(lambda ctx, g: g * 5.0) if i == 2 else _ORIGINAL
+
+    matches_eager(RebindBwd, lambda i: (_x(i),), mid=mid, reset=lambda: setattr(RebindBwd, "backward", _ORIGINAL))
+
+
+class VjpSet(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g * 2.0 + x
+
+
+def _no_vjp() -> None:
+    if "vjp" in VjpSet.__dict__:
+        del VjpSet.vjp
+
+
+def test_vjp_set_before_backward_runs() -> None:
+    """A ``vjp`` of the class's own beside its ``backward``: eager's backward raises (both
+    implemented), in that call only."""
+    def mid(i: int) -> None:
+        if i == 1:
+            VjpSet.vjp = staticmethod(lambda ctx, g: g * 7.0)
+        else:
+            _no_vjp()
+
+    matches_eager(VjpSet, lambda i: (_x(i),), mid=mid, reset=_no_vjp)
+
+
+class ClassmethodBwd(Function):
+    k = 2.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    @classmethod
+    def backward(cls, ctx, g):
+        x, = ctx.saved_tensors
+        return g * cls.k + x
+
+
+def test_classmethod_backward_is_the_same_on_each_load() -> None:
+    """A classmethod backward is a new bound method on each load (equal, not identical): the
+    traced bwd keeps serving (one variant), and its class attribute changed before
+    ``.backward()`` is still eager's."""
+    minihop.reset()
+    f = minihop.function(ClassmethodBwd)
+    for i in range(3):
+        x = _x(i)
+        f(x).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 2.0) + x.detach())
+    assert len(f.captures) == 1 and len(f.captures[0]._function.backwards.variants) == 1
+
+    def mid(i: int) -> None:
+        ClassmethodBwd.k = 2.0 + i
+
+    matches_eager(ClassmethodBwd, lambda i: (_x(i),), mid=mid, reset=lambda: setattr(ClassmethodBwd, "k", 2.0))
+
+
+class Patched(Function):
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.s = s
+        ctx.save_for_backward(x)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g * ctx.s, None
+
+
+SPIED: list[Any] = []
+
+
+def _spy(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    SPIED.append(ctx.s)
+    return g * ctx.s + 1.0, None
+
+
+def _reads_saved(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    SPIED.append(ctx.s)
+    x, = ctx.saved_tensors
+    return g * ctx.s * x, None
+
+
+@pytest.mark.parametrize("spy", [_spy, _reads_saved], ids=["spy", "reads_saved"])
+def test_mock_patch_around_the_loss_backward(spy: Any) -> None:
+    """``mock.patch.object(F, "backward", spy)`` around ``loss.backward()`` only: eager runs
+    the spy for that call. A spy that reads a saved tensor the captured backward did not need
+    (forward did not keep it): strict refuses that backward (coded); fallback runs it eagerly."""
+    want: Any = None
+    for mode in ("eager", "strict", "apply", "fallback"):
+        minihop.reset()
+        SPIED.clear()
+        call = caller(mode, Patched)
+        got: list[Any] = []
+        for i in range(3):
+            x = _x(i)
+            y = call(x, 2.0)
+            try:
+                if i == 1:
+                    with mock.patch.object(Patched, "backward", staticmethod(spy)):
+                        y.sum().backward()
+                else:
+                    y.sum().backward()
+            except MinihopError as e:
+                assert mode in ("strict", "apply") and spy is _reads_saved and "rebound" in str(e), (mode, e)
+                got.append("refused")
+                continue
+            got.append(x.grad.tolist())
+        if mode == "eager":
+            want = (got, list(SPIED))
+        elif got[1] == "refused":
+            assert got[::2] == want[0][::2] and SPIED == [], (mode, got)
+        else:
+            assert (got, SPIED) == want, (mode, got, SPIED, want)
+
+
+# -- apply set on the class after a capture ------------------------------------------------
+
+
+class RebindApply(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def _own_apply(cls: type, x: torch.Tensor) -> Any:
+    return Function.apply.__func__(cls, x * 3.0)  # type: ignore[attr-defined]
+
+
+def _torch_apply() -> None:
+    if "apply" in RebindApply.__dict__:
+        del RebindApply.apply
+
+
+@pytest.mark.parametrize("mode", ["eager", "strict", "apply", "fallback"])
+def test_apply_set_after_a_capture(mode: str) -> None:
+    _torch_apply()
+    minihop.reset()
+    call = {"eager": lambda x: RebindApply.apply(x), "strict": minihop.function(RebindApply),
+            "apply": lambda x: minihop.apply(RebindApply, x),
+            "fallback": minihop.function(RebindApply, fallback="eager")}[mode]
+    got: list[Any] = []
+    try:
+        for i in range(4):
+            if i == 2:
+                RebindApply.apply = classmethod(_own_apply)  # type: ignore[assignment]
+            if i == 3:
+                _torch_apply()
+            x = torch.ones(3, requires_grad=True)
+            try:
+                y = call(x)
+            except MinihopError as e:
+                assert mode in ("strict", "apply") and i == 2 and "apply of its own" in str(e), (mode, i, e)
+                got.append("refused")
+                continue
+            y.sum().backward()
+            got.append((y.tolist(), x.grad.tolist()))
+    finally:
+        _torch_apply()
+    want: list[Any] = [([2.0] * 3, [2.0] * 3), ([2.0] * 3, [2.0] * 3), ([6.0] * 3, [6.0] * 3), ([2.0] * 3, [2.0] * 3)]
+    if mode in ("strict", "apply"):
+        want[2] = "refused"
+    assert got == want, (mode, got)
+
+
+@minihop.captured
+class Decorated(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def test_captured_class_still_hits() -> None:
+    """@captured sets the class's apply to its cache's: that is the apply the key holds."""
+    Decorated.minihop.clear()
+    hits = Decorated.minihop.stats.hits
+    for _ in range(3):
+        x = torch.ones(3, requires_grad=True)
+        Decorated.apply(x).sum().backward()
+        assert x.grad.tolist() == [2.0] * 3
+    assert Decorated.minihop.stats.hits == hits + 2, Decorated.minihop.stats
+
+
+class ByHand(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * (2.0 if x.grad is None else 3.0)  # (a tensor argument's grad: refused, MH104)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+ByHand.apply = minihop.function(ByHand, fallback="eager").apply  # type: ignore[assignment]
+
+
+def test_cache_apply_set_by_hand_runs_torch_apply_eagerly() -> None:
+    """``F.apply = minihop.function(F, fallback="eager").apply``, as @captured does by hand: a
+    call the cache runs eagerly runs torch's apply, not the class's (itself, endlessly)."""
+    x = torch.ones(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="running ByHand eagerly"):
+        y = ByHand.apply(x)
+    y.sum().backward()
+    assert y.tolist() == [2.0] * 3 and x.grad.tolist() == [2.0] * 3
