@@ -34,7 +34,8 @@ tensor whose subclass has its own ``__torch_function__``, a memo keyed by ``(dty
 (written in place and cleared by ``between()``) and backward asking its grad whether it is a
 view; in round 24, a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``)
 and a grad asked its ``_base``; autograd engine state set up by the phase (a version bumped,
-saved-tensor hooks) and a dispatch mode it enters.
+saved-tensor hooks) and a dispatch mode it enters; in round 25, the class's ``backward``
+rebound (or a ``vjp`` of its own set) between forward and ``.backward()``.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -168,6 +169,9 @@ KINDS = {
     # ... autograd engine state set up by the phase (a version bumped by hand, saved-tensor hooks
     # around ops) and a dispatch mode it enters (counting aten ops).
     "engine_state": ("fb", ""), "dispatch_mode_entered": ("fb", ""),
+    # Round 25: the class's backward rebound (or a vjp of its own set: eager's backward raises)
+    # between forward and .backward(), as a test's mock.patch.object around the loss's backward.
+    "method_rebound": ("fb", ""),
 }
 
 # How backward reads the stash: (its lines, its term), ``{k}`` the key, ``{t}`` a local.
@@ -375,6 +379,8 @@ def _lines(kind: str, phase: str, r: random.Random, n: int) -> tuple[list[str], 
         return ["LOGGER.addHandler(logging.NullHandler())"], "x * float(len(LOGGER.handlers) % 3 + 1)"
     if kind == "argv_append":
         return ["sys.argv.append(ARGV_MARK)"], "x * float(sys.argv.count(ARGV_MARK) % 3 + 1)"
+    if kind == "method_rebound":  # (between() rebinds; the phase reads the class as it is)
+        return [], r.choice(["", "x * float(len(vars(Fn)) % 3 + 1)", "x * (2.0 if 'vjp' in vars(Fn) else 1.0)"])
     if kind == "stash":  # where forward stores it; backward's read is chosen in generate_source
         return [f"STASH['s{n}'] = x.detach() * {r.choice([2, 3])}", f"SNS.s{n} = STASH['s{n}']",
                 f"DEEP['a']['b']['c']['s{n}'] = STASH['s{n}']"], ""
@@ -561,6 +567,11 @@ def generate_source(r: random.Random) -> str:
           if any(k == "caller_death" for k, _ in effects) else []),
         *(["        if i == 2:", "            GP.grad = torch.full((), 4.0)"]
           if any(k == "tensor_state_set" for k, _ in effects) else []),
+        *(["        if 'vjp' in vars(Fn):", "            del Fn.vjp", "        Fn.backward = _ORIG_BWD",
+           f"        if i == {r.choice([1, 2])}:",
+           f"            setattr(Fn, {r.choice(['backward', 'backward', 'vjp'])!r}, staticmethod("
+           f"lambda ctx, g, *rest: (g * 5 + 1, *[None] * {len(extra_args)})))"]
+          if any(k == "method_rebound" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
         *{"keep": [], "clear": ["        if i == 2:", "            STASH.clear(); vars(SNS).clear(); DEEP['a']['b']['c'].clear()"],
@@ -578,6 +589,7 @@ def generate_source(r: random.Random) -> str:
         *["        " + g.replace("global ", "nonlocal ") for g in gl],
         *[f"            {line}" for line in bwd],
         f"            return {' + '.join(['x * 2', *bwd_terms])}{', None' * len(extra_args)}", "",
+        "    _ORIG_BWD = vars(Fn)['backward']",
     ]
     # ``nonlocal`` needs the names bound in make(): the counters live there.
     out = [line.replace("global_COUNT", "COUNT") for line in out]
