@@ -9,7 +9,8 @@ version-counter checks and ``saved_tensors_hooks`` apply), ``mark_non_differenti
 
 The class's ``forward`` and ``backward`` are generated for the capture (``bodies.py``: Python
 source built from its layout, with no branch on it; the class's ``source`` shows it). Where
-backward can differ from the trace (its grads, Python values or data it reads), the generated
+backward can differ from the trace (its grads, Python values or data it reads, the user's class's
+``backward`` rebound since forward: its one check where nothing else can differ), the generated
 backward hands the grads and saved values to ``call_bwd`` here, which runs the bwd variant
 ``Backwards`` picks for them (``backwards.py``).
 
