@@ -19,6 +19,13 @@ Differences from eager before this round:
   (``function_keys.methods_key``), so the next call is a miss, refused (MH101) where the class
   has its own; fallback loads the class's ``apply`` per call, as eager's caller does
   (``function_keys.class_apply``).
+- A class that sets ``clear_saved_tensors_on_access = True`` (a class attribute of torch's: autograd clears
+  the saved tensors on their first unpack): eager's second read of ``ctx.saved_tensors`` raises
+  (in the same backward, which may catch it, or in a second backward under ``retain_graph``); a
+  capture's runtime class did not carry the flag, so its reads never raised. The runtime class
+  carries it now (``runtime/function.py``), and a backward that reads them a second time is
+  refused while traced (MH104, ``tracer/ctx.py``: the runtime's unpack would raise where the
+  trace's did not), so fallback runs it eagerly.
 """
 
 from __future__ import annotations
@@ -280,3 +287,52 @@ def test_cache_apply_set_by_hand_runs_torch_apply_eagerly() -> None:
         y = ByHand.apply(x)
     y.sum().backward()
     assert y.tolist() == [2.0] * 3 and x.grad.tolist() == [2.0] * 3
+
+
+# -- clear_saved_tensors_on_access: the saved tensors cleared on their first unpack --------
+
+
+class ClearedOnce(Function):
+    clear_saved_tensors_on_access = True
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g * x.cos()
+
+
+class ClearedTwice(Function):
+    clear_saved_tensors_on_access = True
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        try:
+            x2, = ctx.saved_tensors  # eager: RuntimeError, caught
+            extra = x2 * 0 + 1.0
+        except RuntimeError:
+            extra = 0.0
+        return g * x.cos() + extra
+
+
+@pytest.mark.parametrize("backwards", [1, 2])
+def test_saved_tensors_cleared_on_access(backwards: int) -> None:
+    """One read per backward: captured; a second backward of the call (``retain_graph``) raises
+    eager's own error, from the runtime class's unpack."""
+    matches_eager(ClearedOnce, lambda i: (_x(i),), backwards=backwards, refusable=False)
+
+
+def test_saved_tensors_read_twice_when_cleared_on_access() -> None:
+    matches_eager(ClearedTwice, lambda i: (_x(i),))
+    with pytest.raises(minihop.errors.UnsupportedOperationError, match="a second time"):
+        minihop.capture(ClearedTwice, _x(0))

@@ -115,6 +115,8 @@ def make_function(pair: Pair, retrace: Retrace | None = None, *, transformable: 
         "single_output": layout.single,
         "backwards": backwards,  # the bwd variants traced so far (read by tests and explain)
         "source": source,  # the generated forward and backward, for reading
+        # (eager's autograd clears the saved tensors on their first unpack: each backward's, once)
+        "clear_saved_tensors_on_access": bool(getattr(user_cls, "clear_saved_tensors_on_access", False)),
         "__qualname__": f"Captured[{pair.function_name}]",
         "__module__": __name__,
     }

@@ -68,6 +68,7 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
     """Run the user's backward into ``t.bwd`` on fake grads laid out as ``grad_specs``
     (``real_args``: the caller's arguments, whose containers' tensors backward reads anew)."""
     # Backward: one grad per top-level item of forward's return value (None for non-tensors).
+    ctx._minihop_record.reads_from = ctx._minihop_record.saved_reads  # (this backward's reads: ctx.saved_tensors)
     top_items = list(out) if issubclass(type(out), tuple) else [out]
     grads: list[Any] = []
     grad_names: list[str | None] = [None] * num_outputs

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import CtxArgumentError, UnsupportedOperationError
 from .frames import format_frame, user_frame
+from .handlers import note
 
 __all__ = ["ASKED_WHAT", "CtxRecord", "ProxyCtx", "check_ctx_arguments"]
 
@@ -46,6 +47,7 @@ class CtxRecord:
     where: dict[str, str | None] = dataclasses.field(default_factory=dict)
     caller: dict[str, str] = dataclasses.field(default_factory=dict)  # method -> "F.forward"
     saved_reads: int = 0  # reads of saved_tensors (each unpacks every saved tensor in eager)
+    reads_from: int = 0  # saved_reads when the backward being traced began
     # Attributes the user's code looked up and did not find (``getattr(ctx, "k", default)``):
     # in eager, the caller may set one on ``y.grad_fn`` before backward (``runtime.grad_fn``).
     missing: list[str] = dataclasses.field(default_factory=list)
@@ -99,9 +101,21 @@ class ProxyCtx:
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
-        self._minihop_record.use("saved_tensors")
-        self._minihop_record.saved_reads += 1
-        return self._minihop_record.saved or ()
+        record = self._minihop_record
+        record.use("saved_tensors")
+        record.saved_reads += 1
+        forward_cls = getattr(object.__getattribute__(self, "_minihop_eager"), "_forward_cls", None)
+        if record.saved_reads - record.reads_from > 1 and getattr(forward_cls, "clear_saved_tensors_on_access", False):
+            # Eager's second read raises (a RuntimeError the user's code may catch and go on
+            # from), and the runtime's unpack would raise where the trace's did not: refused.
+            raise note(UnsupportedOperationError(
+                f"{self._minihop_describe()} reads ctx.saved_tensors a second time, and "
+                f"{forward_cls.__qualname__} sets clear_saved_tensors_on_access=True.",
+                "Eager's autograd raises on that read (the saved tensors were cleared by the first); "
+                "a capture's backward unpacks them once per read, in its own code.",
+                "Read ctx.saved_tensors once and keep the tuple, or run it eagerly with "
+                "minihop.function(F, fallback='eager')."))
+        return record.saved or ()
 
     saved_variables = saved_tensors
 
