@@ -26,6 +26,8 @@ Differences from eager before this round:
   carries it now (``runtime/function.py``), and a backward that reads them a second time is
   refused while traced (MH104, ``tracer/ctx.py``: the runtime's unpack would raise where the
   trace's did not), so fallback runs it eagerly.
+- Under ``torch.func.vmap``, a class with no ``vmap`` rule: torch's own ``RuntimeError`` named
+  minihop's class (``Transformable_F``) where eager's names ``F``.
 """
 
 from __future__ import annotations
@@ -336,3 +338,32 @@ def test_saved_tensors_read_twice_when_cleared_on_access() -> None:
     matches_eager(ClearedTwice, lambda i: (_x(i),))
     with pytest.raises(minihop.errors.UnsupportedOperationError, match="a second time"):
         minihop.capture(ClearedTwice, _x(0))
+
+
+# -- under torch.func.vmap: torch's own error names the user's class ------------------------
+
+
+class NoVmapRule(Function):
+    @staticmethod
+    def forward(x):
+        return x * 2.0
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+@pytest.mark.parametrize("mode", ["strict", "apply", "fallback"])
+def test_vmap_without_a_rule_raises_eagers_error(mode: str) -> None:
+    """No ``vmap`` staticmethod and no ``generate_vmap_rule``: eager's ``RuntimeError`` names
+    the class; the capture's class under a transform was named ``Transformable_NoVmapRule``."""
+    with pytest.raises(RuntimeError) as eager:
+        torch.func.vmap(NoVmapRule.apply)(torch.ones(2, 3))
+    minihop.reset()
+    with pytest.raises(RuntimeError) as mine:
+        torch.func.vmap(caller(mode, NoVmapRule))(torch.ones(2, 3))
+    assert str(mine.value) == str(eager.value)

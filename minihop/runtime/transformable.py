@@ -117,7 +117,9 @@ def make_transformable(pair: Pair, call_bwd: Callable[..., tuple[tuple[Any, ...]
             write.replay(ctx.minihop_args, ctx)
         return found
 
-    return type(f"Transformable_{pair.function_name.replace('.', '_')}", (torch.autograd.Function,), {
+    # Named as the user's class, as make_function's is: torch's own errors name it ("You tried
+    # to vmap over F, but it does not have vmap support"), and should read as eager's do.
+    return type(pair.function_name.rsplit(".", 1)[-1], (torch.autograd.Function,), {
         "forward": staticmethod(forward),
         "setup_context": staticmethod(setup_context),
         "backward": staticmethod(backward),
