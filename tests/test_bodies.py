@@ -50,7 +50,7 @@ def test_plain_capture_has_one_branch() -> None:
         "    return outs[0]")
     assert backward.splitlines()[:3] == [
         "def backward(ctx, g0, ):",
-        "    if F.backward is user_backward and F.vjp is user_vjp:",
+        "    if F.backward is user_backward and F.vjp is user_vjp and F.boxed_grads_call is user_boxed:",
         "        return bwd_body(g0, *ctx.saved_tensors)"]
 
 
@@ -142,7 +142,7 @@ def test_backward_reading_python_state_checks_once() -> None:
     source = source_of(ReadsScale, leaf(2))
     backward = source.split("\n\n")[1]
     assert backward.splitlines()[1:3] == [
-        "    if state_ok(()) and F.backward is user_backward and F.vjp is user_vjp:", "        return bwd_body(g0)"]
+        "    if state_ok(()) and F.backward is user_backward and F.vjp is user_vjp and F.boxed_grads_call is user_boxed:", "        return bwd_body(g0)"]
 
 
 def test_source_is_readable_in_tracebacks() -> None:
@@ -174,5 +174,5 @@ def test_tensor_read_when_backward_runs() -> None:
     the traced properties in one call; then the traced bwd runs on it."""
     backward = source_of(ReadsGlobalInBackward, leaf(2)).split("\n\n")[1]
     assert backward.splitlines()[1:4] == ["    late0 = fetch0(())",
-                                          "    if traced0(late0) and F.backward is user_backward and F.vjp is user_vjp:",
+                                          "    if traced0(late0) and F.backward is user_backward and F.vjp is user_vjp and F.boxed_grads_call is user_boxed:",
                                           "        return bwd_body(g0, late0)"]

@@ -4,14 +4,16 @@ from the user's Function class, and when it loads it.
 
 Differences from eager before this round:
 
-- The class's ``backward`` (or ``vjp``) rebound between forward and ``.backward()``: eager's
-  autograd loads it when backward runs (``BackwardCFunction._get_user_fn``), so the call runs
-  the new one; a capture ran the bwd traced from the old one, in every mode, fallback too. A
-  test's ``mock.patch.object(F, "backward", spy)`` around the loss's backward only is the usual
-  spelling. The runtime's backward now compares the class's ``backward`` and ``vjp`` with the
-  ones it was traced from (``runtime/function_keys.backward_methods``) and traces backward
-  again for the call where they differ (strict: a coded refusal where the new one reads a
-  forward value forward did not save; fallback: the user's backward run eagerly).
+- The class's ``backward`` (or ``vjp``, or its ``boxed_grads_call`` flag, which autograd reads
+  at forward too) rebound between forward and ``.backward()``: eager's autograd loads it when
+  backward runs (``BackwardCFunction.apply``), so the call runs the new one; a capture ran the
+  bwd traced from the old one, in every mode, fallback too. A test's
+  ``mock.patch.object(F, "backward", spy)`` around the loss's backward only is the usual
+  spelling. The runtime's backward now compares what autograd would load with what it was
+  traced from (``runtime/function_keys.backward_methods``) and traces backward again for the
+  call where they differ (strict: a coded refusal where the new one reads a forward value
+  forward did not save; fallback: the user's backward run eagerly); the flag set between calls
+  is part of the methods key.
 - An ``apply`` set on the class after a capture (``F.apply = classmethod(own)``, one that
   changes the arguments around ``super().apply``): a capture already made kept serving
   ``minihop.apply(F, ...)`` and ``minihop.function(F)``, and fallback's eager run called the
@@ -191,6 +193,37 @@ def test_mock_patch_around_the_loss_backward(spy: Any) -> None:
             assert got[::2] == want[0][::2] and SPIED == [], (mode, got)
         else:
             assert (got, SPIED) == want, (mode, got, SPIED, want)
+
+
+class Boxed(Function):
+    boxed_grads_call = True
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if isinstance(grads[0], list):  # handed as one list
+            return grads[0][0] * 2.0
+        return grads[0] * 3.0
+
+
+@pytest.mark.parametrize("flags", [((True, True), (True, False), (False, True), (False, False)),
+                                   ((False, False), (False, True), (True, False), (True, True))],
+                         ids=["boxed_first", "unboxed_first"])
+def test_boxed_grads_call_set_between_calls_and_before_backward(flags: Any) -> None:
+    """``boxed_grads_call``, the flag by which autograd hands backward its grads as one list:
+    read when forward runs (the node is made boxed) and again when backward runs, so a call's
+    grads are boxed if either read was set. ``flags``: per call, (at forward, at backward)."""
+    def between(i: int) -> None:
+        Boxed.boxed_grads_call = flags[i][0]
+
+    def mid(i: int) -> None:
+        Boxed.boxed_grads_call = flags[i][1]
+
+    matches_eager(Boxed, lambda i: (_x(i),), between=between, mid=mid,
+                  reset=lambda: setattr(Boxed, "boxed_grads_call", True))
 
 
 # -- apply set on the class after a capture ------------------------------------------------

@@ -161,7 +161,7 @@ class Backwards:
         key = (nones, tuple(None if top_grads[p] is None else q(top_grads[p], *args, **kwargs)
                             for p, q, args, kwargs in self.checks),
                tuple(value_key(read(call_args)) for read in self.state_reads),  # usually one or two
-               self.dtype and torch.get_default_dtype(), backward_methods(self.user_cls))
+               self.dtype and torch.get_default_dtype(), backward_methods(self.user_cls, self.methods and self.methods[2]))
         if self.ctx_before is None:
             return key
         return (key, value_key(self.ctx_before if ctx_state is None else ctx_state))

@@ -211,7 +211,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
               call_bwd: Callable[..., Any], writes: bool,
               late: tuple[tuple[int, Callable[..., Any], Callable[[Any], bool]], ...] = (),
               ctx_writes: bool = False, dtype: torch.dtype | None = None,
-              methods: tuple[type, Any, Any] | None = None) -> _Source:
+              methods: tuple[type, Any, Any, Any] | None = None) -> _Source:
     """``backward(ctx, *grads)``: the traced bwd called directly where nothing can differ from
     the trace; else the grads and saved values handed to ``call_bwd``, which picks (or traces)
     the bwd variant for them, and the Python writes of that variant replayed. ``late``: per
@@ -220,7 +220,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
     traced bwd runs on them. ``ctx_writes``: backward writes the plain values on ctx; what
     an earlier backward of the call left (``ctx.minihop_ctx``) is part of the key. ``dtype``:
     the default dtype bwd was traced under, where it may read it (None: it does not); the
-    traced bwd runs directly only under it. ``methods``: ``(F, backward, vjp)``, the user's class
+    traced bwd runs directly only under it. ``methods``: ``(F, backward, vjp, boxed)``, the user's class
     and what autograd found on it at capture; the traced bwd runs directly only while it finds
     them still (eager's autograd loads them when backward runs)."""
     L = layout
@@ -234,8 +234,9 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
         [f"{src.name('default_dtype', torch.get_default_dtype)}() is {src.name('traced_dtype', dtype)}"]
     if methods is not None:  # (``==`` where a load makes a new object: a classmethod's bound method)
         user, found = src.name("F", methods[0]), methods[1:]
-        same_dtype += [f"{user}.{name} {'is' if type(f) is types.FunctionType else '=='} {src.name('user_' + name, f)}"
-                       for name, f in zip(("backward", "vjp"), found)]
+        same_dtype += [f"{user}.{name} {'is' if type(f) in (types.FunctionType, bool) else '=='} "
+                       f"{src.name('user_' + name.split('_')[0], f)}"  # (traced boxed: boxed whatever the flag now)
+                       for name, f in zip(("backward", "vjp", "boxed_grads_call"), found) if f is not True]
     if direct and late:
         if L.keeps_args:
             src.add("call_args = ctx.minihop_args")

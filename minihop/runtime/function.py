@@ -165,7 +165,7 @@ def _bwd_caller(pair: Pair, layout: Layout, backwards: Backwards, bwd_plain: Cal
         code = bwd_code
         writes = bwd_writes
         other_case = traced_dtype is not None and _default_dtype() is not traced_dtype \
-            or user_cls is not None and backward_methods(user_cls) != methods  # (rebound since forward)
+            or user_cls is not None and backward_methods(user_cls, methods[2]) != methods  # (rebound since forward)
         if needs_key or (create_graph and bwd_plain is None) or other_case:
             if key is None:
                 key = backwards.key_of(top_grads, call_args, ctx_state) if needs_key or other_case \

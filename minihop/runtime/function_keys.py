@@ -98,14 +98,15 @@ def methods_key(fn_cls: type) -> tuple[Any, ...]:
     object (``F.forward.__defaults__ = (3.0,)``). By id, on the hot path: ``methods_held`` keeps the
     objects of every key made, so no id in a key is another object's while it lives."""
     fwd, bwd, setup, app = fn_cls.forward, fn_cls.backward, fn_cls.setup_context, _apply_of(fn_cls)
+    boxed = getattr(fn_cls, "boxed_grads_call", False)  # (read at forward: autograd's node is made boxed)
     try:  # functions (staticmethods): a few attribute loads per call, no key objects built
         if fwd.__kwdefaults__ is None and bwd.__kwdefaults__ is None and setup is _NO_SETUP:
             return (fn_cls, fwd, bwd, fn_cls.vjp, setup, id(fwd.__code__), id(fwd.__defaults__),
-                    id(bwd.__code__), id(bwd.__defaults__), app)
-        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, app, *(id(part) for f in (fwd, bwd, setup) for part in (
+                    id(bwd.__code__), id(bwd.__defaults__), app, boxed)
+        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, app, boxed, *(id(part) for f in (fwd, bwd, setup) for part in (
             f.__code__, f.__defaults__, *(f.__kwdefaults__ or {}).values())))
     except AttributeError:  # a callable object: its own state is not a function's
-        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, app)
+        return (fn_cls, fwd, bwd, fn_cls.vjp, setup, app, boxed)
 
 
 def _apply_of(fn_cls: type) -> Any:
@@ -140,7 +141,7 @@ _METHODS_CHECK = compile("\n".join((
     "        return (F is cls and (f is fwd or f == fwd) and (b is bwd or b == bwd) and (v is vjp or v == vjp)",
     "                and (s is setup or s == setup) and f.__kwdefaults__ is None and b.__kwdefaults__ is None",
     "                and f.__code__ is fc and f.__defaults__ is fd and b.__code__ is bc and b.__defaults__ is bd",
-    "                and F.apply.__func__ is app)",
+    "                and F.apply.__func__ is app and F.boxed_grads_call is bx)",
     "    except AttributeError:",
     "        return False")), "<minihop methods check>", "exec")
 
@@ -151,11 +152,11 @@ def methods_check(fn_cls: type, key: tuple[Any, ...]) -> Callable[[type], bool]:
     ``fn_cls``'s methods, which ``key`` names: the hot path asks it before each hit, and a key
     tuple built per call costs more than the loads themselves. Any other key (or one that is
     not ``fn_cls``'s now) is compared whole."""
-    if len(key) != 10 or key[4] is not _NO_SETUP or methods_key(fn_cls) != key:
+    if len(key) != 11 or key[4] is not _NO_SETUP or type(key[10]) is not bool or methods_key(fn_cls) != key:
         return lambda F: methods_key(F) == key
     fwd, bwd = key[1], key[2]
     consts = {"cls": fn_cls, "fwd": fwd, "bwd": bwd, "vjp": key[3], "setup": _NO_SETUP,
-              "fc": fwd.__code__, "fd": fwd.__defaults__, "bc": bwd.__code__, "bd": bwd.__defaults__, "app": key[9]}
+              "fc": fwd.__code__, "fd": fwd.__defaults__, "bc": bwd.__code__, "bd": bwd.__defaults__, "app": key[9], "bx": key[10]}
     exec(_METHODS_CHECK, consts)
     check: Callable[[type], bool] = consts["check"]
     return check
@@ -170,9 +171,13 @@ def methods_held(fn_cls: type) -> list[Any]:
     return found
 
 
-def backward_methods(fn_cls: type | None) -> tuple[Any, Any] | None:
-    """What autograd resolves when a call's backward runs (``BackwardCFunction._get_user_fn``:
-    ``F.backward`` and ``F.vjp``, loaded then, not at ``apply``): a rebinding between forward
-    and ``.backward()`` (``mock.patch.object(F, "backward", spy)`` around the loss's backward)
-    is eager's new backward, so the runtime compares them before it runs the traced bwd."""
-    return None if fn_cls is None else (fn_cls.backward, fn_cls.vjp)
+def backward_methods(fn_cls: type | None, boxed: bool = False) -> tuple[Any, Any, bool] | None:
+    """What autograd loads when a call's backward runs (``BackwardCFunction.apply``: ``F.backward``
+    and ``F.vjp``, loaded then, not at ``apply``; whether it hands backward its grads as one list:
+    ``boxed`` (``F.boxed_grads_call`` when forward ran: the node is made boxed) or the class's
+    flag now): a rebinding between forward and ``.backward()`` (``mock.patch.object(F,
+    "backward", spy)`` around the loss's backward) is eager's new backward, so the runtime
+    compares them before it runs the traced bwd."""
+    if fn_cls is None:
+        return None
+    return (fn_cls.backward, fn_cls.vjp, bool(boxed or getattr(fn_cls, "boxed_grads_call", False)))

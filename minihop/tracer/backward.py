@@ -100,7 +100,8 @@ def run_backward(t: Tracing, parts: FunctionParts, ctx: ProxyCtx, out: Any, num_
         # forward's values, not the places'; an argument container's tensors: the places' (backward_reads.py)
         with forward_values_on_ctx(t, ctx), argument_tensors_on_ctx(t, ctx, fake_args, real_args), \
                 saved_outputs_bare(ctx._minihop_record.saved, _tensor_leaves(out), fake_args):
-            boxed = getattr(t.fn_cls, "boxed_grads_call", False)  # (autograd hands such a backward one list)
+            # (autograd hands such a backward one list: its node was made boxed at forward, or the flag is set now)
+            boxed = getattr(t, "boxed_at_forward", False) or getattr(t.fn_cls, "boxed_grads_call", False)
             result = t.run("backward", parts.backward, t.bwd, bwd_frame, ctx, *((list(grads),) if boxed else grads))
         arg_grads = _arg_grads(t, fake_args, result)
         t.unbacked.flush(t.bwd)

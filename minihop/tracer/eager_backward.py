@@ -64,7 +64,7 @@ class EagerBackward:
         """The user's backward as autograd resolves it now (rebound since forward: the new one), as
         written (``parts`` traces the function under @once_differentiable)."""
         parts = function_parts(self.t.fn_cls)
-        if getattr(self.t.fn_cls, "boxed_grads_call", False):  # (autograd hands such a backward one list)
+        if getattr(self.t, "boxed_at_forward", False) or getattr(self.t.fn_cls, "boxed_grads_call", False):  # (one list)
             args = (args[0], list(args[1:]))
         return (once_differentiable(parts.backward) if parts.once_differentiable else parts.backward)(*args)
 

@@ -269,6 +269,7 @@ def _trace_body(t: Tracing, parts: FunctionParts, fn_cls: type, fake_args: tuple
         share_arguments(ctx, (*fake_args, *(t.values.real_args or ())))
         ctx_before, objects_before = ctx_values(ctx), ctx_objects(ctx, state.existed_before)
         seen = seen_by_backward(state.reads, fake_args, t.key_of)  # forward's writes put back
+        t.boxed_at_forward = getattr(fn_cls, "boxed_grads_call", False)  # (as autograd's node is made: backward.py)
         bwd = run_backward(t, parts, ctx, out, len(flat), fake_args, grad_specs, grad_on, t.values.real_args)
         t.backward_reads.check_unbacked_memos()
         refuse_death_code(parts.name, "backward", (n.meta.get("val") for n in t.bwd.graph.nodes), ctx,
