@@ -28,6 +28,16 @@ Differences from eager before this round:
   carries it now (``runtime/function.py``), and a backward that reads them a second time is
   refused while traced (MH104, ``tracer/ctx.py``: the runtime's unpack would raise where the
   trace's did not), so fallback runs it eagerly.
+- A backward traced again for a call (a value it reads changed since forward) that keeps an
+  object of the user's with a ``__del__`` on ctx: refused (MH106), but the trace's object died
+  when minihop put ctx back as forward left it, mid-call, running the user's ``__del__`` where
+  eager's never runs (found by round 25's ``method_rebound`` fuzz kind, whose retrace made one:
+  a counter one ahead of eager's, in fallback mode). Such objects are kept alive now
+  (``tracer/effects._put_back``). And a backward traced again for a call did not ask what it
+  made whether its death runs the user's code (the capture's trace does: ``death_code``); it
+  does now, so fallback runs that call's backward eagerly, whose user ctx (its ``Dying``) the
+  capture kept until the next such call, past the call's graph (eager's dies with it): a
+  served-once variant is forgotten once its code is handed out (``runtime/backwards.get``).
 - Under ``torch.func.vmap``, a class with no ``vmap`` rule: torch's own ``RuntimeError`` named
   minihop's class (``Transformable_F``) where eager's names ``F``.
 """
@@ -400,3 +410,39 @@ def test_vmap_without_a_rule_raises_eagers_error(mode: str) -> None:
     with pytest.raises(RuntimeError) as mine:
         torch.func.vmap(caller(mode, NoVmapRule))(torch.ones(2, 3))
     assert str(mine.value) == str(eager.value)
+
+
+# -- a backward traced again for a call keeps an object whose death runs the user's code ----
+
+
+DIED = [0]
+FLAG = [False]
+
+
+class Dying:
+    def __del__(self) -> None:
+        DIED[0] += 1
+
+
+class KeepsDying(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        if FLAG[0]:
+            ctx.keep = Dying()  # (eager's dies with the call's graph)
+        return g * float(DIED[0] % 5 + 1)
+
+
+def test_retrace_keeping_an_object_with_a_del() -> None:
+    def mid(i: int) -> None:
+        FLAG[0] = i >= 2
+
+    def reset() -> None:
+        import gc
+        gc.collect()
+        DIED[0], FLAG[0] = 0, False
+
+    matches_eager(KeepsDying, lambda i: (_x(i),), mid=mid, reset=reset, state=lambda: DIED[0])

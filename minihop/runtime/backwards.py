@@ -87,9 +87,8 @@ _NEVER = _Never()
 
 
 def _symbolic(value: Any) -> bool:
-    if issubclass(type(value), (tuple, list)):
-        return any(_symbolic(v) for v in value)
-    return issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return any(_symbolic(v) for v in value) if issubclass(type(value), (tuple, list)) else \
+        issubclass(type(value), (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 class Backwards:
@@ -201,7 +200,10 @@ class Backwards:
                 code = _scatter_grads(code, input_map, self.num_inputs)
             identity = saved_map == tuple(range(self.pair.num_saved))
             found = (code, None if identity else saved_map)
-            self.code[(case, create_graph)] = found
+            if case[1] == -1:  # served once: not kept past its call (an eager run's user ctx dies with the call's graph)
+                del self.variants[case], self.writes[case]
+            else:
+                self.code[(case, create_graph)] = found
             return (*found, writes)
 
     def grad_on(self, case: tuple[Any, int], top_grads: tuple[Any, ...], call_args: tuple[Any, ...],
@@ -249,9 +251,7 @@ class Backwards:
         if _served_once(writes):
             # Traced for this call only (its writes made by the trace): never filed, so the
             # next backward of this key is traced again, as this one was.
-            case = (key, -1)
-            for create_graph in (False, True):
-                self.code.pop((case, create_graph), None)
+            case = (key, -1)  # (get() forgets it once it has its code: never in self.code)
             self.variants[case] = (gm, saved_map, input_map)
             self.writes[case] = writes
             return case

@@ -29,6 +29,7 @@ from ..structure import iter_leaves
 from ..returned import describe_output
 from .backward_reads import argument_tensors_on_ctx, forward_values_on_ctx
 from .ctx import ProxyCtx
+from .death_code import refuse_death_code
 from .effects import ctx_values, refuse_symbolic_ctx_write, seed_ctx
 from .function_parts import FunctionParts, function_parts
 from .kept_args import live_arguments
@@ -220,6 +221,9 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
             with sizes:
                 bwd = run_backward(t, parts, ctx, out, num_outputs, fake_args, grad_specs, grad_on,
                                    call_args or None)
+            # (as at capture: what this trace made that runs the user's code when it dies)
+            refuse_death_code(parts.name, "backward", (n.meta.get("val") for n in t.bwd.graph.nodes), ctx,
+                              existed=state.existed_before)
             ctx_after = ctx_values(ctx)
             python_state = with_seen(state.finish(ctx), seen)  # undone: the runtime replays them
             if ctx_after != ctx_before:

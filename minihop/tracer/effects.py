@@ -32,6 +32,7 @@ from ..library_state import library_module
 from ..spec import CTX_HELD, MISSING
 from ..structure import attributes
 from .atoms import CONSTANTS
+from .death_code import quiet_death
 
 __all__ = ["constant_container", "refuse_generators", "ctx_as_forward_left_it", "ctx_forward", "ctx_values", "refuse_symbolic_ctx_write", "seed_ctx",
            "ctx_objects", "refuse_ctx_rebinding", "share_arguments"]
@@ -93,8 +94,27 @@ def _contents(value: Any) -> Any:
         set(value) if type(value) is set else None
 
 
+# What a trace of backward put on ctx (or into a container forward left there) that runs the
+# user's code when it dies (a ``__del__``, a weak reference's callback): put back, it would die
+# then, mid-call, running that code where eager's never runs it (a retrace's backward is not
+# eager's; the capture is refused for it: ``death_code``). Kept alive here instead, for good.
+_NEVER_DIE: list[Any] = []
+
+
+def _keep_if_dying(dropped: list[Any]) -> None:
+    _NEVER_DIE.extend(v for v in dropped if quiet_death(v) is not None)
+
+
 def _put_back(ctx: Any, saved: list[tuple[str, Any, Any]]) -> None:
     names = {k for k, _, _ in saved}
+    now = vars(ctx)
+    dropped = [now[k] for k in now if not k.startswith("_minihop") and k not in names]
+    dropped += [now[k] for k, v, _ in saved if k in now and now[k] is not v]
+    for k, v, contents in saved:
+        if contents is not None and type(v) in (list, dict, set):
+            kept = {id(x) for x in (contents.values() if type(v) is dict else contents)}
+            dropped += [x for x in (v.values() if type(v) is dict else v) if id(x) not in kept]
+    _keep_if_dying(dropped)
     for k in [k for k in vars(ctx) if not k.startswith("_minihop") and k not in names]:
         object.__delattr__(ctx, k)
     for k, v, contents in saved:

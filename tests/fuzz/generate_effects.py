@@ -35,7 +35,7 @@ tensor whose subclass has its own ``__torch_function__``, a memo keyed by ``(dty
 view; in round 24, a tensor's own state set by assignment (``.grad``, ``.data``, ``del .grad``)
 and a grad asked its ``_base``; autograd engine state set up by the phase (a version bumped,
 saved-tensor hooks) and a dispatch mode it enters; in round 25, the class's ``backward``
-rebound (or a ``vjp`` of its own set) between forward and ``.backward()``.
+rebound (or a ``vjp`` of its own set, or ``boxed_grads_call``) between forward and ``.backward()``.
 
 The source defines ``make()``, the interface of ``oracle_effects.compare`` (with its
 ``between(i)`` hook, run after each forward and before its ``.backward()``): fresh module state
@@ -169,8 +169,9 @@ KINDS = {
     # ... autograd engine state set up by the phase (a version bumped by hand, saved-tensor hooks
     # around ops) and a dispatch mode it enters (counting aten ops).
     "engine_state": ("fb", ""), "dispatch_mode_entered": ("fb", ""),
-    # Round 25: the class's backward rebound (or a vjp of its own set: eager's backward raises)
-    # between forward and .backward(), as a test's mock.patch.object around the loss's backward.
+    # Round 25: the class's backward rebound (or a vjp of its own set: eager's backward raises;
+    # or boxed_grads_call set) between forward and .backward(), as a test's mock.patch.object
+    # around the loss's backward.
     "method_rebound": ("fb", ""),
 }
 
@@ -568,9 +569,10 @@ def generate_source(r: random.Random) -> str:
         *(["        if i == 2:", "            GP.grad = torch.full((), 4.0)"]
           if any(k == "tensor_state_set" for k, _ in effects) else []),
         *(["        if 'vjp' in vars(Fn):", "            del Fn.vjp", "        Fn.backward = _ORIG_BWD",
-           f"        if i == {r.choice([1, 2])}:",
-           f"            setattr(Fn, {r.choice(['backward', 'backward', 'vjp'])!r}, staticmethod("
-           f"lambda ctx, g, *rest: (g * 5 + 1, *[None] * {len(extra_args)})))"]
+           "        Fn.boxed_grads_call = False", f"        if i == {r.choice([1, 2])}:",
+           "            " + r.choice([f"setattr(Fn, {name!r}, staticmethod(lambda ctx, g, *rest: "
+                                     f"(g * 5 + 1, *[None] * {len(extra_args)})))" for name in ("backward", "backward", "vjp")]
+                                    + ["Fn.boxed_grads_call = True"])]
           if any(k == "method_rebound" for k, _ in effects) else []),
         "        for _v in TMEMO.values():", "            _v.add_(0.5)",
         "        if i == 2:", "            TMEMO.clear()",
