@@ -56,21 +56,28 @@ class MinihopError(Exception, metaclass=_ErrorType):
         lines.append(f"Why: {why}")
         lines.append(f"What to do: {todo}")
         super().__init__("\n".join(lines))
-        MADE.last = self  # (one torch then swallows is found again: ``last_made``)
+        if getattr(MADE, "depth", 0):  # (while the user's code is traced: one torch then swallows is found again)
+            MADE.last = self
 
 
-MADE = threading.local()  # .last: the MinihopError made last in this thread
+# .last: the MinihopError made last in this thread while a phase of the user's code was traced
+# (.depth: how many such phases run), and only then: raised, it holds the frames of its
+# traceback, and with them the caller's objects (a call's ctx, its tensors), which eager
+# lets go of when the call ends.
+MADE = threading.local()
+
+
+def made_in(depth: int) -> None:
+    """A phase of the user's code begins (+1) or ends (-1): ``last_made`` is kept only within."""
+    MADE.depth = getattr(MADE, "depth", 0) + depth
+    MADE.last = None
 
 
 def last_made() -> MinihopError | None:
-    """The MinihopError made last in this thread (cleared by ``forget_made``): a refusal raised
-    inside a tensor's binary operator, which torch turns into ``NotImplemented`` and Python then
-    into "unsupported operand type(s)", is found again by the trace."""
+    """The MinihopError made last in this thread (kept only while a phase is traced: ``made_in``):
+    a refusal raised inside a tensor's binary operator, which torch turns into ``NotImplemented``
+    and Python then into "unsupported operand type(s)", is found again by the trace."""
     return getattr(MADE, "last", None)
-
-
-def forget_made() -> None:
-    MADE.last = None
 
 
 class UnsupportedArgumentError(MinihopError, TypeError):

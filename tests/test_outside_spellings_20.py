@@ -446,3 +446,36 @@ def test_retrace_keeping_an_object_with_a_del() -> None:
         DIED[0], FLAG[0] = 0, False
 
     matches_eager(KeepsDying, lambda i: (_x(i),), mid=mid, reset=reset, state=lambda: DIED[0])
+
+
+class KeepsDyingWhenRebound(Function):
+    @staticmethod
+    def forward(ctx, x, opts):
+        return x * (2.0 if opts.pop("method", "sum") == "sum" else 3.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.keep = {"a": [Dying()]}
+        return g * float(DIED[0] % 5 + 1), None
+
+
+_KEEPS = KeepsDyingWhenRebound.__dict__["backward"]
+
+
+def test_eager_runs_user_ctx_dies_with_its_call() -> None:
+    """A call whose backward is run eagerly under fallback (rebound since forward, then refused
+    when traced again): its user ctx (here its ``Dying``) dies with the call's graph, as eager's
+    does, not later. Before round 25 the capture kept it until the next such call (its variant),
+    and the refusal, the last minihop error made in the thread, kept its frames
+    (``errors.MADE``: kept only while a phase is traced now)."""
+    def mid(i: int) -> None:
+        KeepsDyingWhenRebound.backward = staticmethod(lambda ctx, g: (g * 5 + 1, None)) if i == 1 else _KEEPS
+
+    def reset() -> None:
+        import gc
+        gc.collect()
+        DIED[0] = 0
+        KeepsDyingWhenRebound.backward = _KEEPS
+
+    matches_eager(KeepsDyingWhenRebound, lambda i: (torch.linspace(-1, 1, (3, 4, 3, 3)[i]).requires_grad_(), {"method": "sum"}),
+                  mid=mid, reset=reset, state=lambda: DIED[0])

@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, GuardOnDataDependentSymNode, StatelessSymbolicContext
 
-from ..errors import UnsupportedArgumentError, UnsupportedOperationError, forget_made, last_made
+from ..errors import UnsupportedArgumentError, UnsupportedOperationError, last_made, made_in
 from ..graph_names import grad_name, lifted_name, saved_name, symbol_name
 from ..spec import EFFECT, InputSource, arg_place
 from ..user_code import tensor_code, tensor_code_refusal
@@ -409,7 +409,7 @@ class Tracing:
         recorder.escape = self.unbacked.escape
         recorder.numbers = self.unbacked.numbers
         handlers.start()
-        forget_made()
+        made_in(+1)
         try:
             # no_grad is entered before the recording mode, so its own toggles are not recorded.
             # Backward traced for ``create_graph=True`` (it reads the grad mode) runs with it on.
@@ -441,6 +441,7 @@ class Tracing:
         finally:
             handlers.caught()  # (cleared)
             self.mode.recorder = None
+            made_in(-1)
 
 
 # One trace at a time in a process: torch's fake-tensor machinery keeps process-wide state
