@@ -38,6 +38,12 @@ Differences from eager before this round:
   does now, so fallback runs that call's backward eagerly, whose user ctx (its ``Dying``) the
   capture kept until the next such call, past the call's graph (eager's dies with it): a
   served-once variant is forgotten once its code is handed out (``runtime/backwards.get``).
+- The same retrace writing an object forward made and kept on ctx (``ctx.box.n += 1``), then
+  refused: the write stayed on the trace's object, from which fallback's eager run of that
+  call's backward was rebuilt (counted twice). Objects of plain state on ctx are put back as
+  forward left them now, as its lists and dicts were (``effects.ctx_as_forward_left_it``).
+  Found by the fuzzer; pinned there (``tests/fuzz/test_fuzz_effects.py::FOUND``), as no hand
+  spelling of it tried here reproduced it.
 - Under ``torch.func.vmap``, a class with no ``vmap`` rule: torch's own ``RuntimeError`` named
   minihop's class (``Transformable_F``) where eager's names ``F``.
 """

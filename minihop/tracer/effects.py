@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import SideEffectError
-from ..library_state import library_module
+from ..library_state import library_module, own_dict
 from ..spec import CTX_HELD, MISSING
 from ..structure import attributes
 from .atoms import CONSTANTS
@@ -72,7 +72,7 @@ class ctx_as_forward_left_it:  # noqa: N801  (used as a context manager, named a
     values it reads again), and a backward that writes ctx (``ctx.calls += 1``,
     ``ctx.trail.append(...)``) must not see its own earlier trace.
 
-    Only containers forward made are put back: one that existed before forward (an argument
+    Only containers and objects forward made are put back: one that existed before forward (an argument
     list, a global dict: ``existed``) is the caller's, and backward must see it as it is when
     backward runs (eager's does; the caller may change it in between). Putting its old
     contents back would also write the caller's object."""
@@ -90,8 +90,26 @@ class ctx_as_forward_left_it:  # noqa: N801  (used as a context manager, named a
 
 
 def _contents(value: Any) -> Any:
-    return list(value) if type(value) is list else dict(value) if type(value) is dict else \
-        set(value) if type(value) is set else None
+    """What of ``value`` a trace of backward may change and ``_put_back`` puts back: a list's,
+    dict's or set's items; the attributes of an object of plain Python state (a
+    ``SimpleNamespace``, the user's object: ``ctx.box.n += 1`` in a backward traced again for a
+    call, which an eager run of that call's backward then read a second time). None: nothing."""
+    if type(value) in (list, dict, set):
+        return type(value)(value)
+    plain = type(value) is types.SimpleNamespace or not (
+        issubclass(type(value), _NOT_STATE) or library_module(str(type(value).__module__)))
+    own = own_dict(value) if plain else None
+    return _Attrs(dict(own)) if type(own) is dict else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attrs:
+    """An object's instance attributes as forward left them."""
+
+    items: dict[str, Any]
+
+
+_NOT_STATE = (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.FunctionType, types.MethodType)
 
 
 # What a trace of backward put on ctx (or into a container forward left there) that runs the
@@ -111,7 +129,10 @@ def _put_back(ctx: Any, saved: list[tuple[str, Any, Any]]) -> None:
     dropped = [now[k] for k in now if not k.startswith("_minihop") and k not in names]
     dropped += [now[k] for k, v, _ in saved if k in now and now[k] is not v]
     for k, v, contents in saved:
-        if contents is not None and type(v) in (list, dict, set):
+        if type(contents) is _Attrs:
+            kept = {id(x) for x in contents.items.values()}
+            dropped += [x for x in own_dict(v).values() if id(x) not in kept]
+        elif contents is not None:
             kept = {id(x) for x in (contents.values() if type(v) is dict else contents)}
             dropped += [x for x in (v.values() if type(v) is dict else v) if id(x) not in kept]
     _keep_if_dying(dropped)
@@ -121,7 +142,11 @@ def _put_back(ctx: Any, saved: list[tuple[str, Any, Any]]) -> None:
         object.__setattr__(ctx, k, v)
         if contents is None:
             continue
-        if type(v) is list:
+        if type(contents) is _Attrs:
+            attrs = own_dict(v)
+            attrs.clear()
+            attrs.update(contents.items)
+        elif type(v) is list:
             v[:] = contents
         elif type(v) in (dict, set):
             v.clear()
