@@ -3,30 +3,28 @@
 Place in the pipeline: above it (it calls ``pipeline.run_pipeline``). One ``CapturedFunction`` per
 user Function and policy; all entry points (``entries``) share this one implementation.
 
-The key of an entry (its guards) is: the Function class and the identity of its
-``forward``/``backward``/``vjp``/``setup_context`` (a redefined method never hits a stale
-entry); per argument, what ``runtime.guards.call_key`` records (tensor shape, dtype, device,
-layout, ``requires_grad``; non-tensor values; the structure around them; grad mode); and,
-checked on each hit (``Capture.fits``), the properties of tensors reached through closures,
+The key of an entry (its guards) is: the Function class and what its callers and autograd load
+of it (``function_keys.methods_key``: ``forward``/``backward``/``vjp``/``setup_context``, ``apply``,
+``boxed_grads_call``); per argument, what ``runtime.guards.call_key`` records (tensor shape, dtype,
+device, layout, ``requires_grad``; non-tensor values; the structure around them; grad mode);
+and, checked on each hit (``Capture.fits``), the properties of tensors reached through closures,
 globals and modules and, for dynamic captures, the shape guards.
 
 Policies: ``fallback="raise"`` (default) re-raises a capture's ``MinihopError``;
-``fallback="eager"`` runs ``F.apply`` instead, warns once per Function with the reason, and
-remembers the decision for that key. Past ``cache_limit`` entries a warning is given once;
-then with ``"raise"`` the least recently used entry is evicted (always correct, costs a
-recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its recompile limit;
-the oldest capture is evicted (first in, first out: no bookkeeping on the hit path).
+``fallback="eager"`` runs ``F.apply`` instead (as its caller loads it, per call), warns once per
+Function with the reason, and remembers the decision for that key. Past ``cache_limit`` entries
+a warning is given once; then with ``"raise"`` the least recently used entry is evicted (always
+correct, costs a recapture) and with ``"eager"`` new keys run eagerly, as Dynamo does past its
+recompile limit; the oldest capture is evicted (first in, first out: no bookkeeping on the hit path).
 
-Shapes (``dynamic=``): ``None`` (default) is automatic, as ``torch.compile``'s automatic
-dynamic shapes: the first call is captured static; a later miss whose tensor argument has a
-size unlike one seen before at that position makes that dimension symbolic for every capture
-from then on, and the symbolic capture serves every size its shape guards admit (sizes 0 and
-1 are specialised, as Dynamo does, and get a capture of their own). ``False``: static, one
+Shapes (``dynamic=``): ``None`` (default) is automatic, as ``torch.compile``'s: the first call is
+captured static; a later miss whose tensor argument has a size unlike one seen before at that
+position makes that dimension symbolic from then on, and the symbolic capture serves every size
+its shape guards admit (sizes 0 and 1 are specialised, as Dynamo does). ``False``: static, one
 capture per size; ``True``: every dimension symbolic from the first call; a mapping names
-dimensions. Dimensions marked with Dynamo's ``mark_dynamic``/``maybe_mark_dynamic`` are
-symbolic and ``mark_static`` ones static under every policy (``pipeline.dynamic_dims``). An int
-argument is treated as a shape of no dimensions: a changed value makes it a SymInt (its
-dimensions ``()``) under the automatic policy; floats and bools stay part of the key.
+dimensions. Dynamo's ``mark_dynamic``/``maybe_mark_dynamic``/``mark_static`` marks hold under every
+policy (``pipeline.dynamic_dims``). An int argument is a shape of no dimensions: a changed value
+makes it a SymInt under the automatic policy; floats and bools stay part of the key.
 """
 
 from __future__ import annotations
@@ -136,7 +134,7 @@ class CapturedFunction(CopiedAsFunction):
         # (called as from the user's frames: a warning's stacklevel names eager's frame; inside
         # another Function's trace, inlined as it is: stand-ins there would be code no analysis reached)
         self._inline_apply = eager_apply  # (else the class's, as eager loads it per call: class_apply)
-        self._eager_apply = as_called(eager_apply, None if eager_apply else lambda: class_apply(fn_cls))
+        self._eager_apply = as_called(eager_apply, None if eager_apply else lambda again: class_apply(fn_cls, again))
         # The class whose ``.apply`` the compiler is given (it recognises only a Function
         # class's own apply): fn_cls, or for @captured an undecorated twin of it.
         self._compile_cls = compile_cls or fn_cls

@@ -485,3 +485,31 @@ def test_eager_runs_user_ctx_dies_with_its_call() -> None:
 
     matches_eager(KeepsDyingWhenRebound, lambda i: (torch.linspace(-1, 1, (3, 4, 3, 3)[i]).requires_grad_(), {"method": "sum"}),
                   mid=mid, reset=reset, state=lambda: DIED[0])
+
+
+class RoutesThroughMinihop(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+    @classmethod
+    def apply(cls, *args):  # (every caller through minihop, fallback on: as @captured does, by hand)
+        return _ROUTED(*args)
+
+
+_ROUTED = minihop.function(RoutesThroughMinihop, fallback="eager")
+
+
+def test_own_apply_that_calls_the_cache_runs_torchs_apply() -> None:
+    """A class whose own ``apply`` calls its ``minihop.function(F, fallback="eager")``: refused
+    (an apply of its own), so run eagerly, through the class's apply, which came back into the
+    cache: that run is torch's apply (before, the class's again, endlessly: ``RecursionError``)."""
+    x = torch.ones(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="running .*RoutesThroughMinihop eagerly"):
+        y = RoutesThroughMinihop.apply(x)
+    y.sum().backward()
+    assert y.tolist() == [2.0] * 3 and x.grad.tolist() == [2.0] * 3

@@ -119,12 +119,13 @@ def _apply_of(fn_cls: type) -> Any:
     return getattr(found, "minihop_watched", found)
 
 
-def class_apply(fn_cls: type) -> Any:
+def class_apply(fn_cls: type, again: bool = False) -> Any:
     """``F.apply`` as eager's caller loads it (an ``apply`` set on the class since is its own),
-    but torch's where it is minihop's (``F.apply = minihop.function(F).apply``, as @captured does):
-    what a cache runs for a call it runs eagerly."""
+    but torch's where it is minihop's (``F.apply = minihop.function(F).apply``, as @captured does)
+    or came back into the eager run it was called for (``again``: ``apply = classmethod(lambda
+    cls, *a: MH(*a))``, endlessly otherwise): what a cache runs for a call it runs eagerly."""
     found = fn_cls.apply
-    if getattr(getattr(found, "__self__", None), "_minihop_own", False):
+    if again or getattr(getattr(found, "__self__", None), "_minihop_own", False):
         return torch.autograd.Function.__dict__["apply"].__get__(None, fn_cls)
     return found
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -55,16 +56,20 @@ def at_user_line(filename: str, line: int, module: Any, name: str = "call") -> C
 _LEVELS = 3
 
 
-def as_called(fn: Callable[..., Any] | None, found: Callable[[], Callable[..., Any]] | None = None) -> Callable[..., Any]:
-    """``fn`` (``F.apply``; or what ``found()`` gives when called: the class's ``apply`` now),
-    called from stand-ins of the first frames outside minihop (each an ``at_user_line`` frame at
-    that frame's line, in its module): a warning forward or a helper gives with ``stacklevel`` 3
-    to 5 is located at the user's frame it names in eager."""
+def as_called(fn: Callable[..., Any] | None, found: Callable[[bool], Callable[..., Any]] | None = None) -> Callable[..., Any]:
+    """``fn`` (``F.apply``; or what ``found(again)`` gives when called: the class's ``apply`` now,
+    ``again`` where this call is already on the thread's stack), called from stand-ins of the
+    first frames outside minihop (each an ``at_user_line`` frame at that frame's line, in its
+    module): a warning forward or a helper gives with ``stacklevel`` 3 to 5 is located at the
+    user's frame it names in eager."""
+    running = threading.local()
+
     def call(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
         while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("minihop"):
             frame = frame.f_back
-        run, stand_ins = (fn if found is None else found()), set()
+        depth = getattr(running, "depth", 0)
+        run, stand_ins = (fn if found is None else found(depth > 0)), set()
         for _ in range(_LEVELS):
             if frame is None:
                 break
@@ -73,11 +78,14 @@ def as_called(fn: Callable[..., Any] | None, found: Callable[[], Callable[..., A
             stand_ins.add(stand_in.__code__)
             run = functools.partial(stand_in, run)
             frame = frame.f_back
+        running.depth = depth + 1
         try:
             return run(*args, **kwargs)
         except BaseException as e:
             _without_stand_ins(e.__traceback__, stand_ins)  # (a traceback shows the user's frames once)
             raise
+        finally:
+            running.depth = depth
     return call
 
 
