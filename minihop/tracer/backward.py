@@ -226,6 +226,14 @@ def rerun_backward(t: Tracing, parts: FunctionParts, fn_cls: type, ctx: ProxyCtx
                               existed=state.existed_before)
             ctx_after = ctx_values(ctx)
             python_state = with_seen(state.finish(ctx), seen)  # undone: the runtime replays them
+            if not call_args and python_state.backward_uses_args:
+                raise UnsupportedOperationError(  # (the runtime would replay them on no arguments)
+                    f"{parts.name}.backward, traced again for this call, reads or writes Python state in "
+                    "the call's arguments, which the capture did not keep for it.",
+                    "The backward captured with forward used none (the class's backward was rebound "
+                    "since forward ran, say), so forward kept no arguments on ctx.",
+                    f"Run it eagerly with minihop.function({parts.name}, fallback='eager'), or keep "
+                    "the class's backward as it was when forward ran.")
             if ctx_after != ctx_before:
                 refuse_symbolic_ctx_write(parts.name, ctx_before, ctx_after)
                 python_state = dataclasses.replace(python_state, ctx_state=(ctx_before, ctx_after))
