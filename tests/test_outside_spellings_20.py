@@ -513,3 +513,37 @@ def test_own_apply_that_calls_the_cache_runs_torchs_apply() -> None:
         y = RoutesThroughMinihop.apply(x)
     y.sum().backward()
     assert y.tolist() == [2.0] * 3 and x.grad.tolist() == [2.0] * 3
+
+
+class ArgsUnused(Function):
+    @staticmethod
+    def forward(ctx, x, log):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0, None
+
+
+_UNUSED = ArgsUnused.__dict__["backward"]
+
+
+def test_rebound_backward_writing_an_argument() -> None:
+    """The captured backward uses no argument, so forward keeps none on ctx; the one rebound
+    before ``.backward()`` appends to the list the call passed (reached through the caller's own
+    alias of it, a closure): eager's makes the append, a capture ran the old backward."""
+    logs: list[list[int]] = []
+
+    def rebound(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        logs[-1].append(len(logs))
+        return g * 3.0, None
+
+    def mid(i: int) -> None:
+        ArgsUnused.backward = staticmethod(rebound) if i == 2 else _UNUSED
+
+    def make(i: int) -> tuple[Any, ...]:
+        logs.append([])
+        return (_x(i), logs[-1])
+
+    matches_eager(ArgsUnused, make, mid=mid, reset=lambda: (logs.clear(), setattr(ArgsUnused, "backward", _UNUSED)),
+                  state=lambda: [list(v) for v in logs])
