@@ -230,11 +230,11 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
     all_top = not L.nested_idx
     direct = (bwd_plain is not None and all_top and order is not None and not writes
               and not L.exact_unpacks and (not needs_key or state_only is not None or bool(late)))
-    same_dtype = [] if dtype is None else \
+    same_case = [] if dtype is None else \
         [f"{src.name('default_dtype', torch.get_default_dtype)}() is {src.name('traced_dtype', dtype)}"]
     if methods is not None:  # (``==`` where a load makes a new object: a classmethod's bound method)
         user, found = src.name("F", methods[0]), methods[1:]
-        same_dtype += [f"{user}.{name} {'is' if type(f) in (types.FunctionType, bool) else '=='} "
+        same_case += [f"{user}.{name} {'is' if type(f) in (types.FunctionType, bool) else '=='} "
                        f"{src.name('user_' + name.split('_')[0], f)}"  # (traced boxed: boxed whatever the flag now)
                        for name, f in zip(("backward", "vjp", "boxed_grads_call"), found) if f is not True]
     if direct and late:
@@ -244,7 +244,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
             args_name = "call_args" if L.keeps_args else "()"
             src.add(f"late{k} = {src.name('fetch' + str(k), fetch)}({args_name})")
         checks = [f"{src.name('traced' + str(k), check)}(late{k})" for k, (_, _, check) in enumerate(late)]
-        src.add(f"if {' and '.join([*checks, *same_dtype])}:")
+        src.add(f"if {' and '.join([*checks, *same_case])}:")
     if direct:
         code = bwd_plain
         if order != tuple(range(L.num_saved)):
@@ -262,7 +262,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
         line = f"return {src.name('bwd_body', code)}({', '.join(args)})"
         if late:
             src.add(line, 2)
-        elif not needs_key and not same_dtype:
+        elif not needs_key and not same_case:
             src.add(line)
             return src
         else:
@@ -271,7 +271,7 @@ def _backward(pair: Pair, layout: Layout, *, bwd_plain: Callable[..., Any] | Non
             # (its places in the arguments, a tensor argument's attributes, read off those forward kept)
             state = [f"{src.name('state_ok', state_only)}({'ctx.minihop_args' if L.keeps_args else '()'})"] \
                 if needs_key else []
-            src.add(f"if {' and '.join([*state, *same_dtype])}:")
+            src.add(f"if {' and '.join([*state, *same_case])}:")
             src.add(line, 2)
     # Unpack what the user saved, as eager does (version checks, unpack hooks): once per read
     # of ctx.saved_tensors in the user's backward.

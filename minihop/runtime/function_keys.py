@@ -15,9 +15,11 @@ defaults as places). Here a default is keyed by identity unless it is a plain co
 (compared by value, so setting ``(2.0,)`` again hits).
 
 And ``methods_key``: a Function class's own methods as a key, by the ids of their code and
-defaults (one attribute load each, on the hot path), and the ``apply`` its callers run: the cache's key (``cache.py``) and what a
+defaults (one attribute load each, on the hot path), with the ``apply`` its callers run and the
+``boxed_grads_call`` flag autograd reads at forward: the cache's key (``cache.py``) and what a
 direct capture checks before each call (``Capture.__call__``: ``F.forward`` replaced, or its
-defaults or code, since the capture was made).
+defaults or code, since the capture was made). ``backward_methods``: what autograd loads again
+when backward runs, which the runtime's backward compares.
 
 Invariant: the key holds the function, its code and each default it keys by identity, so no
 id in it is reused by another object while the key lives (``methods_held``: what a holder of
